@@ -1,0 +1,143 @@
+"""Load a local Hugging Face style model folder: config.json + *.safetensors + tokenizer.json.
+
+Safetensors only (never pickle), no hub, no remote code. Sharded checkpoints are read through
+``model.safetensors.index.json`` when present, otherwise every ``*.safetensors`` file in the
+folder is read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+
+from engine.config import ModelConfig, rope_inv_freq
+from engine.errors import EngineInputError
+from engine.model import Transformer
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """``"bf16"`` / ``"bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise EngineInputError(f"dtype: unknown value {name!r} (choose from float32, bfloat16, float16)")
+    return DTYPES[name]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` picks cuda when present; ``"cuda"`` without a GPU is a user error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise EngineInputError(f"device: {name!r} requested but torch sees no CUDA device")
+    if not (name == "cpu" or name.startswith("cuda")):
+        raise EngineInputError(f"device: unknown value {name!r} (choose from auto, cpu, cuda)")
+    return torch.device(name)
+
+
+def _checkpoint_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise EngineInputError(f"{index}: not a valid safetensors index ({exc})") from None
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise EngineInputError(f"{folder}: no *.safetensors weights (pickled .bin checkpoints are not loaded)")
+    return files
+
+
+def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for path in _checkpoint_files(folder):
+        if not path.is_file():
+            raise EngineInputError(f"{path}: listed in the index but missing")
+        try:
+            state.update(load_file(str(path)))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise EngineInputError(f"{path}: corrupt safetensors file ({str(exc).splitlines()[0]})") from None
+    return state
+
+
+def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> Transformer:
+    """Build a :class:`Transformer` from a model folder, weights cast to ``dtype`` on ``device``.
+
+    Example:
+        >>> model = load_model("engine/demo/pair/target", dtype="float32")  # doctest: +SKIP
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise EngineInputError(f"{folder}: model folder not found")
+    cfg = ModelConfig.from_folder(folder)
+    state = load_state_dict(folder)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = expected - state.keys(), state.keys() - expected
+    if missing or unexpected:
+        what = f"missing {sorted(missing)[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
+        raise EngineInputError(f"{folder}: weights do not match config.json ({what})")
+    torch_dtype, dev = parse_dtype(dtype), resolve_device(device)
+    for name, tensor in state.items():
+        want = model.get_parameter(name).shape
+        if tensor.shape != want:
+            raise EngineInputError(f"{folder}: tensor {name} has shape {tuple(tensor.shape)}, config implies {tuple(want)}")
+    model.load_state_dict({k: v.to(dtype=torch_dtype) for k, v in state.items()}, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = rope_inv_freq(cfg)  # buffers built on "meta" hold no values
+    return model.to(dev).eval().requires_grad_(False)
+
+
+def load_tokenizer(folder: str | Path) -> Tokenizer:
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise EngineInputError(f"{folder}: no tokenizer.json")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception on malformed files
+        raise EngineInputError(f"{path}: not a valid tokenizer.json ({str(exc).splitlines()[0]})") from None
+
+
+@dataclass
+class ModelPair:
+    """A target, an optional draft model and the shared tokenizer."""
+
+    target: Transformer
+    draft: Transformer | None
+    tokenizer: Tokenizer | None
+    target_path: Path
+    draft_path: Path | None
+
+
+def load_pair(
+    target: str | Path, draft: str | Path | None = None, dtype: str = "float32", device: str = "cpu"
+) -> ModelPair:
+    """Load a target (and draft) folder; refuse a draft whose vocabulary differs from the target's.
+
+    Example:
+        >>> pair = load_pair("engine/demo/pair/target", "engine/demo/pair/draft")  # doctest: +SKIP
+    """
+    tgt = load_model(target, dtype, device)
+    drf = load_model(draft, dtype, device) if draft is not None else None
+    if drf is not None and drf.config.vocab_size != tgt.config.vocab_size:
+        raise EngineInputError(
+            f"{draft}: draft vocab_size {drf.config.vocab_size} != target vocab_size {tgt.config.vocab_size}"
+        )
+    tok_path = Path(target) / "tokenizer.json"
+    tokenizer = load_tokenizer(target) if tok_path.is_file() else None
+    return ModelPair(tgt, drf, tokenizer, Path(target), Path(draft) if draft is not None else None)

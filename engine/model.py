@@ -1,0 +1,150 @@
+"""Llama-family decoder in plain torch (RMSNorm, RoPE, SwiGLU, grouped-query attention).
+
+Parameter names mirror Hugging Face's ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` so a
+``model.safetensors`` state dict loads without renaming, and the demo pair trained here loads
+in transformers unchanged.
+
+Two entry points share one code path:
+
+- ``model(tokens)``: full causal forward without a cache (training, reference checks).
+- ``model(tokens, cache=cache, start=start, kv_len=L)``: rows 0..B-1 of the cache; row b's
+  T new tokens sit at positions ``start[b] .. start[b]+T-1`` (ragged rows are right-padded;
+  the padding writes cache entries past the row's length, which causality hides and the
+  next step overwrites). ``kv_len`` is any upper bound on ``start + T`` over the batch.
+
+References: Touvron et al. 2023 (Llama); Su et al. 2021 (RoPE); Ainslie et al. 2023 (GQA).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import ModelConfig, rope_inv_freq
+from engine.kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.hidden_size, bias=cfg.o_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, T, C)
+        cos: torch.Tensor,  # (B, 1, T, hd)
+        sin: torch.Tensor,
+        cache: KVCache | None,
+        positions: torch.Tensor | None,  # (B, T)
+        kv_len: int,
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        gqa = self.n_kv != self.n_heads
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            cache.write(self.layer, positions, k, v)
+            keys, values = cache.view(self.layer, b, kv_len)  # (B, nkv, L, hd)
+            key_pos = torch.arange(kv_len, device=x.device)
+            mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, L)
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, cache, positions, kv_len):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, positions, kv_len)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    """A causal LM with HF-compatible parameter names (``model.*``, ``lm_head``)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
+        cfg = self.config
+        w = self.lm_head.weight
+        return KVCache(
+            cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_seq_len, cfg.head_dim, w.dtype, w.device
+        )
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # (B, T) int64
+        cache: KVCache | None = None,
+        start: torch.Tensor | None = None,  # (B,) int64: each row's first new position
+        kv_len: int = 0,
+    ) -> torch.Tensor:  # (B, T, V) logits
+        b, t = tokens.shape
+        offs = torch.arange(t, device=tokens.device)
+        positions = offs[None, :].expand(b, t) if cache is None else start[:, None] + offs[None, :]  # (B, T)
+        freqs = positions[..., None].float() * self.inv_freq  # (B, T, hd/2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
+        x = self.model.embed_tokens(tokens)  # (B, T, C)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, cache, positions, kv_len)
+        return self.lm_head(self.model.norm(x))
