@@ -32,16 +32,17 @@ class KVCache:
         self.slots = slots
         self.max_seq_len = max_seq_len
 
-    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k/v (B, n_kv, T, hd) of rows 0..B-1 at their positions (B, T)."""
+    def write(self, layer: int, slot0: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k/v (B, n_kv, T, hd) of slots slot0..slot0+B-1 at their positions (B, T)."""
         b = positions.shape[0]
-        rows = torch.arange(b, device=positions.device)[:, None]  # (B, 1)
+        rows = torch.arange(slot0, slot0 + b, device=positions.device)[:, None]  # (B, 1)
         self.k[layer][rows, :, positions] = k.transpose(1, 2)  # (B, T, n_kv, hd)
         self.v[layer][rows, :, positions] = v.transpose(1, 2)
 
-    def view(self, layer: int, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of rows 0..batch-1 up to ``length`` positions: (batch, n_kv, length, hd) views."""
-        return self.k[layer][:batch, :, :length], self.v[layer][:batch, :, :length]
+    def view(self, layer: int, slot0: int, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of slots slot0..slot0+batch-1 up to ``length`` positions: (batch, n_kv, length, hd) views."""
+        rows = slice(slot0, slot0 + batch)
+        return self.k[layer][rows, :, :length], self.v[layer][rows, :, :length]
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy slot ``src``'s first ``length`` positions into slot ``dst`` (row compaction)."""

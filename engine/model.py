@@ -7,7 +7,7 @@ in transformers unchanged.
 Two entry points share one code path:
 
 - ``model(tokens)``: full causal forward without a cache (training, reference checks).
-- ``model(tokens, cache=cache, start=start, kv_len=L)``: rows 0..B-1 of the cache; row b's
+- ``model(tokens, cache=cache, start=start, kv_len=L, slot0=s)``: cache slots s..s+B-1; row b's
   T new tokens sit at positions ``start[b] .. start[b]+T-1`` (ragged rows are right-padded;
   the padding writes cache entries past the row's length, which causality hides and the
   next step overwrites). ``kv_len`` is any upper bound on ``start + T`` over the batch.
@@ -61,6 +61,7 @@ class Attention(nn.Module):
         cache: KVCache | None,
         positions: torch.Tensor | None,  # (B, T)
         kv_len: int,
+        slot0: int,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.hd).transpose(1, 2)  # (B, nh, T, hd)
@@ -72,8 +73,8 @@ class Attention(nn.Module):
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
-            cache.write(self.layer, positions, k, v)
-            keys, values = cache.view(self.layer, b, kv_len)  # (B, nkv, L, hd)
+            cache.write(self.layer, slot0, positions, k, v)
+            keys, values = cache.view(self.layer, slot0, b, kv_len)  # (B, nkv, L, hd)
             key_pos = torch.arange(kv_len, device=x.device)
             mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, L)
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
@@ -99,8 +100,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache, positions, kv_len):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, positions, kv_len)
+    def forward(self, x, cos, sin, cache, positions, kv_len, slot0):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, positions, kv_len, slot0)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -137,6 +138,7 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
         start: torch.Tensor | None = None,  # (B,) int64: each row's first new position
         kv_len: int = 0,
+        slot0: int = 0,
     ) -> torch.Tensor:  # (B, T, V) logits
         b, t = tokens.shape
         offs = torch.arange(t, device=tokens.device)
@@ -146,5 +148,5 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(tokens)  # (B, T, C)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, cache, positions, kv_len)
+            x = layer(x, cos, sin, cache, positions, kv_len, slot0)
         return self.lm_head(self.model.norm(x))

@@ -1,0 +1,599 @@
+"""Reproducible training of the demo draft/target pair shipped in ``engine/demo/pair``.
+
+Run::
+
+    python -m engine.demo.train [--out engine/demo/pair] [--budget-minutes 45] [--seed 0]
+
+Everything is offline and CPU-only. The steps:
+
+1. **Corpus.** The ``*.py`` sources of the running interpreter's standard library
+   (``sysconfig.get_paths()["stdlib"]``), paths sorted. Skipped: any path with a component
+   ``test``, ``tests``, ``idle_test``, ``site-packages``, ``dist-packages`` or ``__pycache__``;
+   ``pydoc_data/`` (generated help text); files over 256 KB; files that are not valid UTF-8.
+2. **Split, by file.** ``bucket = int(sha256(relpath)[:8 hex], 16) % 100`` where ``relpath`` is
+   the POSIX path relative to the stdlib root (e.g. ``json/decoder.py``):
+   ``bucket < 5`` -> held-out prompt files, ``5 <= bucket < 10`` -> validation,
+   otherwise train. The rule depends only on the path, so it is stable across runs and machines.
+3. **Tokenizer.** Byte-level BPE (``tokenizers``: ByteLevel pre-tokenizer and decoder) trained on
+   the train files, with one special token ``<|endoftext|>`` (id 0) used as BOS/EOS: the training
+   stream is ``<|endoftext|> file_1 <|endoftext|> file_2 ...``.
+4. **Joint phase.** The target (deep Llama) trains on next-token cross-entropy while the draft
+   (one layer) trains on ``KL(target || draft)`` against the detached target logits at
+   temperature 1, plus a little cross-entropy. Random windows of the train stream; AdamW, linear
+   warmup then cosine decay, gradient clipping, bf16 autocast on CPU.
+5. **Distill phase.** The target is frozen; the draft alone keeps distilling so it matches the
+   final target.
+6. **Export.** Hugging Face style folders ``target/`` and ``draft/`` (``config.json``,
+   bf16 ``model.safetensors``, ``tokenizer.json``, ``generation_config.json``), reloaded with
+   :func:`engine.loader.load_model` to compute the reported figures; ``train_log.json`` holds the
+   hyper-parameters, validation losses, teacher-forced acceptance estimates and the measured
+   per-token latency of both models.
+7. **Prompts.** ``prompts.jsonl``: function headers with their docstrings and plain runs of lines,
+   32-384 tokens long, cut from the held-out prompt files only (seeded).
+
+The number of optimizer steps is sized from a short throughput calibration so the run fits
+``--budget-minutes``; phases also stop on a wall-clock deadline, and outputs are always written.
+``--joint-steps``/``--distill-steps`` replay a run with fixed step counts (see ``train_log.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import math
+import platform
+import random
+import re
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from engine.config import ModelConfig
+from engine.loader import load_model
+from engine.model import Transformer
+
+EOT = "<|endoftext|>"
+EXCLUDED_PARTS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+EXCLUDED_PREFIXES = ("pydoc_data/",)
+MAX_FILE_BYTES = 256_000
+PROMPT_BUCKETS = 5  # bucket < 5: held-out prompt files
+VAL_BUCKETS = 10  # 5 <= bucket < 10: validation files
+
+PROMPT_MIN_TOKENS, PROMPT_MAX_TOKENS = 32, 384
+PROMPT_MAX_NEW_TOKENS = 64
+PROMPTS_PER_KIND = 130
+PROMPTS_PER_FILE_PER_KIND = 8
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of a run (all written to ``train_log.json``)."""
+
+    seed: int = 0
+    budget_minutes: float = 45.0
+    vocab_size: int = 4096
+    seq_len: int = 256
+    batch_size: int = 16
+    target_lr: float = 1.5e-3
+    draft_lr: float = 2e-3
+    distill_lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 40
+    distill_warmup_steps: int = 10
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    draft_ce_weight: float = 0.1
+    distill_fraction: float = 0.15  # share of the training time spent in the distill phase
+    reserve_seconds: float = 120.0  # kept back for evaluation and export
+    autocast_bf16: bool = True
+    val_windows: int = 64
+    threads: int = 2
+
+
+def target_config(vocab: int, eot: int) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=vocab, hidden_size=320, intermediate_size=960, num_hidden_layers=12,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=40, max_position_embeddings=1024,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, model_type="llama",
+        bos_token_id=eot, eos_token_ids=(eot,),
+    )
+
+
+def draft_config(vocab: int, eot: int) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=vocab, hidden_size=256, intermediate_size=768, num_hidden_layers=1,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, model_type="llama",
+        bos_token_id=eot, eos_token_ids=(eot,),
+    )
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------- corpus
+
+
+def split_of(rel: str) -> str:
+    """``"prompt"``, ``"val"`` or ``"train"`` from a hash of the stdlib-relative path."""
+    bucket = int(hashlib.sha256(rel.encode()).hexdigest()[:8], 16) % 100
+    if bucket < PROMPT_BUCKETS:
+        return "prompt"
+    return "val" if bucket < VAL_BUCKETS else "train"
+
+
+def collect_corpus(root: Path) -> dict[str, list[tuple[str, str]]]:
+    """``{split: [(relpath, text), ...]}`` over the stdlib sources, paths sorted."""
+    splits: dict[str, list[tuple[str, str]]] = {"train": [], "val": [], "prompt": []}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if EXCLUDED_PARTS.intersection(rel.split("/")[:-1]) or rel.startswith(EXCLUDED_PREFIXES):
+            continue
+        if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
+            continue
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if text.strip():
+            splits[split_of(rel)].append((rel, text))
+    return splits
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    return tok
+
+
+def token_stream(tok: Tokenizer, texts: list[str], eot: int) -> torch.Tensor:
+    """``<eot> file_1 <eot> file_2 ...`` as one int64 tensor."""
+    ids: list[int] = []
+    for enc in tok.encode_batch(texts):
+        ids.append(eot)
+        ids.extend(enc.ids)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+# ---------------------------------------------------------------------------- prompts
+
+DEF_RE = re.compile(r"^\s*(async\s+)?def\s+\w+\s*\(")
+DOC_OPEN_RE = re.compile(r'^\s*[rRuU]?("""|\'\'\')')
+
+
+def _docstring_end(lines: list[str], def_line: int) -> int | None:
+    """Index of the last line of the docstring right after the ``def`` at ``def_line``."""
+    i = def_line
+    while i < len(lines) and i < def_line + 12 and not lines[i].rstrip().endswith(":"):
+        i += 1
+    i += 1
+    if i >= len(lines):
+        return None
+    m = DOC_OPEN_RE.match(lines[i])
+    if not m:
+        return None
+    quote = m.group(1)
+    rest = lines[i][m.end():]
+    if quote in rest:
+        return i
+    for j in range(i + 1, min(len(lines), i + 80)):
+        if quote in lines[j]:
+            return j
+    return None
+
+
+def build_prompts(files: list[tuple[str, str]], tok: Tokenizer, seed: int) -> list[dict[str, object]]:
+    """Prompts cut from the held-out files: ``def`` + docstring (with some preceding context) and
+    plain runs of lines, each 32-384 tokens, ending at a line boundary."""
+    rng = random.Random(seed)
+
+    def n_tokens(text: str) -> int:
+        return len(tok.encode(text).ids)
+
+    def_cands: list[dict[str, object]] = []
+    line_cands: list[dict[str, object]] = []
+    for rel, text in files:
+        lines = text.splitlines(keepends=True)
+        per_kind = {"def": 0, "lines": 0}
+        def_starts = [i for i, line in enumerate(lines) if DEF_RE.match(line)]
+        rng.shuffle(def_starts)
+        for start in def_starts:
+            if per_kind["def"] >= PROMPTS_PER_FILE_PER_KIND:
+                break
+            end = _docstring_end(lines, start)
+            if end is None:
+                continue
+            want = math.exp(rng.uniform(math.log(PROMPT_MIN_TOKENS), math.log(PROMPT_MAX_TOKENS)))
+            first = start
+            while first > 0 and n_tokens("".join(lines[first - 1: end + 1])) <= want:
+                first -= 1
+            prompt = "".join(lines[first: end + 1])
+            if PROMPT_MIN_TOKENS <= n_tokens(prompt) <= PROMPT_MAX_TOKENS:
+                def_cands.append({"prompt": prompt, "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel})
+                per_kind["def"] += 1
+        starts = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
+        rng.shuffle(starts)
+        for start in starts[: 3 * PROMPTS_PER_FILE_PER_KIND]:
+            if per_kind["lines"] >= PROMPTS_PER_FILE_PER_KIND:
+                break
+            want = math.exp(rng.uniform(math.log(PROMPT_MIN_TOKENS), math.log(PROMPT_MAX_TOKENS)))
+            end = start + 1
+            while end < len(lines) and n_tokens("".join(lines[start: end + 1])) <= want:
+                end += 1
+            prompt = "".join(lines[start:end])
+            if PROMPT_MIN_TOKENS <= n_tokens(prompt) <= PROMPT_MAX_TOKENS:
+                line_cands.append({"prompt": prompt, "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel})
+                per_kind["lines"] += 1
+    rng.shuffle(def_cands)
+    rng.shuffle(line_cands)
+    seen: set[str] = set()
+    out: list[dict[str, object]] = []
+    for cand in def_cands[:PROMPTS_PER_KIND] + line_cands[:PROMPTS_PER_KIND]:
+        if cand["prompt"] not in seen:
+            seen.add(str(cand["prompt"]))
+            out.append(cand)
+    return out
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def init_weights(model: Transformer) -> None:
+    """GPT-2/Llama style init: N(0, 0.02); residual output projections scaled by 1/sqrt(2L)."""
+    n_layers = model.config.num_hidden_layers
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            torch.nn.init.normal_(p, mean=0.0, std=std)
+        elif name.endswith("bias"):
+            torch.nn.init.zeros_(p)
+
+
+def make_optimizer(model: Transformer, lr: float, tc: TrainConfig) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=tc.betas)
+
+
+def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def sample_batch(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, len(stream) - seq_len - 1, (batch,), generator=gen)
+    return torch.stack([stream[s: s + seq_len + 1] for s in starts.tolist()])
+
+
+def kl_target_draft(t_logits: torch.Tensor, d_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(p_target || p_draft), temperature 1."""
+    t_logp = F.log_softmax(t_logits.float(), dim=-1)
+    d_logp = F.log_softmax(d_logits.float(), dim=-1)
+    return (t_logp.exp() * (t_logp - d_logp)).sum(-1).mean()
+
+
+class Trainer:
+    def __init__(self, target: Transformer, draft: Transformer, tc: TrainConfig) -> None:
+        self.target, self.draft, self.tc = target, draft, tc
+        self.opt_t = make_optimizer(target, tc.target_lr, tc)
+        self.opt_d = make_optimizer(draft, tc.draft_lr, tc)
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.tc.autocast_bf16)
+
+    def joint_step(self, batch: torch.Tensor) -> dict[str, float]:
+        tc, vocab = self.tc, self.target.config.vocab_size
+        x, y = batch[:, :-1], batch[:, 1:].reshape(-1)
+        with self._autocast():
+            t_logits = self.target(x)
+            d_logits = self.draft(x)
+        ce_t = F.cross_entropy(t_logits.float().view(-1, vocab), y)
+        ce_d = F.cross_entropy(d_logits.float().view(-1, vocab), y)
+        kl = kl_target_draft(t_logits.detach().view(-1, vocab), d_logits.view(-1, vocab))
+        (ce_t + kl + tc.draft_ce_weight * ce_d).backward()
+        gn_t = torch.nn.utils.clip_grad_norm_(self.target.parameters(), tc.grad_clip)
+        gn_d = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), tc.grad_clip)
+        self.opt_t.step()
+        self.opt_d.step()
+        self.opt_t.zero_grad(set_to_none=True)
+        self.opt_d.zero_grad(set_to_none=True)
+        return {"ce_t": ce_t.item(), "ce_d": ce_d.item(), "kl": kl.item(), "gn_t": gn_t.item(), "gn_d": gn_d.item()}
+
+    def distill_step(self, batch: torch.Tensor) -> dict[str, float]:
+        tc, vocab = self.tc, self.target.config.vocab_size
+        x, y = batch[:, :-1], batch[:, 1:].reshape(-1)
+        with self._autocast():
+            with torch.no_grad():
+                t_logits = self.target(x)
+            d_logits = self.draft(x)
+        ce_d = F.cross_entropy(d_logits.float().view(-1, vocab), y)
+        kl = kl_target_draft(t_logits.view(-1, vocab), d_logits.view(-1, vocab))
+        (kl + tc.draft_ce_weight * ce_d).backward()
+        gn_d = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), tc.grad_clip)
+        self.opt_d.step()
+        self.opt_d.zero_grad(set_to_none=True)
+        return {"ce_d": ce_d.item(), "kl": kl.item(), "gn_d": gn_d.item()}
+
+
+def calibrate(target: Transformer, draft: Transformer, tc: TrainConfig, stream: torch.Tensor) -> tuple[float, float]:
+    """Seconds per joint step and per distill step, timed on throwaway copies (2 timed steps each)."""
+    trainer = Trainer(copy.deepcopy(target), copy.deepcopy(draft), tc)
+    gen = torch.Generator().manual_seed(12345)
+    out = []
+    for step_fn in (trainer.joint_step, trainer.distill_step):
+        step_fn(sample_batch(stream, tc.batch_size, tc.seq_len, gen))  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(2):
+            step_fn(sample_batch(stream, tc.batch_size, tc.seq_len, gen))
+        out.append((time.perf_counter() - t0) / 2)
+    return out[0], out[1]
+
+
+def run_phase(
+    name: str,
+    step_fn: Callable[[torch.Tensor], dict[str, float]],
+    opts: list[tuple[torch.optim.Optimizer, float, int]],
+    total_steps: int,
+    deadline: float,
+    tc: TrainConfig,
+    stream: torch.Tensor,
+    gen: torch.Generator,
+    val_fn: Callable[[], str],
+) -> dict[str, object]:
+    """Run ``total_steps`` steps (or until ``deadline``); ``opts`` = (optimizer, peak lr, warmup)."""
+    t0 = time.time()
+    done, last = 0, {}
+    tokens_per_step = tc.batch_size * tc.seq_len
+    for step in range(total_steps):
+        if time.time() > deadline:
+            log(f"{name}: wall-clock deadline reached after {step} of {total_steps} steps")
+            break
+        for opt, peak, warmup in opts:
+            set_lr(opt, peak * lr_factor(step, total_steps, warmup, tc.min_lr_ratio))
+        last = step_fn(sample_batch(stream, tc.batch_size, tc.seq_len, gen))
+        done = step + 1
+        if done % 10 == 0 or done == total_steps or done == 1:
+            el = time.time() - t0
+            stats = " ".join(f"{k} {v:.3f}" for k, v in last.items())
+            log(f"{name} step {done}/{total_steps} {stats} lr {opts[0][0].param_groups[0]['lr']:.2e} "
+                f"{done * tokens_per_step / el:.0f} tok/s elapsed {el / 60:.1f} min")
+        if done % 200 == 0:
+            log(f"{name} step {done} val: {val_fn()}")
+    wall = time.time() - t0
+    return {"steps": done, "planned_steps": total_steps, "tokens": done * tokens_per_step, "wall_s": round(wall, 1),
+            "tokens_per_s": round(done * tokens_per_step / max(wall, 1e-9), 1), "last": last}
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+def val_windows(stream: torch.Tensor, seq_len: int, limit: int) -> torch.Tensor:
+    n = min(limit, (len(stream) - 1) // seq_len)
+    return torch.stack([stream[i * seq_len: i * seq_len + seq_len + 1] for i in range(n)])
+
+
+@torch.no_grad()
+def evaluate(target: Transformer, draft: Transformer, windows: torch.Tensor, autocast: bool = False) -> dict[str, float]:
+    """Validation loss of both models and teacher-forced acceptance estimates."""
+    totals = {"target_loss": 0.0, "draft_loss": 0.0, "greedy_match": 0.0, "expected_accept_t1": 0.0}
+    count = 0
+    for chunk in windows.split(8):
+        x, y = chunk[:, :-1], chunk[:, 1:].reshape(-1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            t_logits = target(x).float()
+            d_logits = draft(x).float()
+        vocab = t_logits.shape[-1]
+        t_logits, d_logits = t_logits.view(-1, vocab), d_logits.view(-1, vocab)
+        n = y.numel()
+        totals["target_loss"] += F.cross_entropy(t_logits, y, reduction="sum").item()
+        totals["draft_loss"] += F.cross_entropy(d_logits, y, reduction="sum").item()
+        totals["greedy_match"] += (t_logits.argmax(-1) == d_logits.argmax(-1)).sum().item()
+        totals["expected_accept_t1"] += torch.minimum(t_logits.softmax(-1), d_logits.softmax(-1)).sum().item()
+        count += n
+    return {k: v / count for k, v in totals.items()}
+
+
+@torch.no_grad()
+def per_token_latency(model: Transformer, positions: int = 100, warmup: int = 10) -> float:
+    """Median seconds of a single-token forward with a KV cache at batch 1."""
+    cache = model.new_cache(1, 512)
+    tok = torch.tensor([[0]])
+    times = []
+    for pos in range(warmup + positions):
+        t0 = time.perf_counter()
+        model(tok, cache=cache, start=torch.tensor([pos]), kv_len=pos + 1)
+        if pos >= warmup:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+# ---------------------------------------------------------------------------- export
+
+
+def save_model(model: Transformer, folder: Path, tokenizer_json: Path, max_new_tokens: int = 128) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    hf = cfg.to_hf_dict()
+    hf["torch_dtype"] = "bfloat16"
+    (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    state = {
+        k: v.detach().to(torch.bfloat16).contiguous().clone()
+        for k, v in model.state_dict().items()
+        if not (cfg.tie_word_embeddings and k == "lm_head.weight")
+    }
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
+    eos = cfg.eos_token_ids[0]
+    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": eos, "do_sample": False, "max_new_tokens": max_new_tokens}
+    (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Train the demo draft/target pair on the Python stdlib (CPU).")
+    p.add_argument("--out", type=Path, default=Path("engine/demo/pair"), help="output folder (target/, draft/)")
+    p.add_argument("--prompts", type=Path, default=None, help="prompt file (default: <out>/../prompts.jsonl)")
+    p.add_argument("--budget-minutes", type=float, default=45.0, help="wall-clock budget for the whole run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--joint-steps", type=int, default=None, help="fixed joint-phase steps (default: fit budget)")
+    p.add_argument("--distill-steps", type=int, default=None, help="fixed distill-phase steps (default: fit budget)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    wall0 = time.time()
+    end_time = wall0 + args.budget_minutes * 60
+    tc = TrainConfig(seed=args.seed, budget_minutes=args.budget_minutes)
+    torch.set_num_threads(tc.threads)
+    torch.manual_seed(tc.seed)
+    out: Path = args.out
+    prompts_path: Path = args.prompts or out.parent / "prompts.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    splits = collect_corpus(root)
+    log(f"corpus {root}: " + ", ".join(f"{k} {len(v)} files" for k, v in splits.items()))
+
+    tok = train_tokenizer([t for _, t in splits["train"]], tc.vocab_size)
+    eot = tok.token_to_id(EOT)
+    vocab = tok.get_vocab_size()
+    tok_path = out / "tokenizer.json"
+    tok.save(str(tok_path))
+    train_stream = token_stream(tok, [t for _, t in splits["train"]], eot)
+    val_stream = token_stream(tok, [t for _, t in splits["val"]], eot)
+    chars = sum(len(t) for _, t in splits["train"])
+    log(f"tokenizer: vocab {vocab}, eot id {eot}; train {len(train_stream)} tokens "
+        f"({chars / len(train_stream):.2f} chars/token), val {len(val_stream)} tokens")
+
+    prompts = build_prompts(splits["prompt"], tok, tc.seed)
+    prompts_path.parent.mkdir(parents=True, exist_ok=True)
+    prompts_path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    log(f"wrote {len(prompts)} prompts from {len({p['source'] for p in prompts})} held-out files to {prompts_path}")
+
+    tcfg, dcfg = target_config(vocab, eot), draft_config(vocab, eot)
+    target, draft = Transformer(tcfg), Transformer(dcfg)
+    init_weights(target)
+    init_weights(draft)
+    n_t = sum(p.numel() for p in target.parameters())
+    n_d = sum(p.numel() for p in draft.parameters())
+    log(f"target {n_t / 1e6:.2f}M params, draft {n_d / 1e6:.2f}M params")
+
+    windows = val_windows(val_stream, tc.seq_len, tc.val_windows)
+    quick = windows[:8]
+
+    def quick_val() -> str:
+        target.eval()
+        draft.eval()
+        r = evaluate(target, draft, quick, autocast=tc.autocast_bf16)
+        target.train()
+        draft.train()
+        return " ".join(f"{k} {v:.3f}" for k, v in r.items())
+
+    joint_s, distill_s = calibrate(target, draft, tc, train_stream)
+    tokens_per_step = tc.batch_size * tc.seq_len
+    log(f"calibration: joint {joint_s:.2f} s/step ({tokens_per_step / joint_s:.0f} tok/s), "
+        f"distill {distill_s:.2f} s/step ({tokens_per_step / distill_s:.0f} tok/s)")
+    train_seconds = max(0.0, end_time - time.time() - tc.reserve_seconds)
+    joint_time = train_seconds * (1 - tc.distill_fraction)
+    joint_steps = args.joint_steps or max(1, int(joint_time / joint_s))
+    distill_steps = args.distill_steps or max(1, int(train_seconds * tc.distill_fraction / distill_s))
+    log(f"plan: {train_seconds / 60:.1f} min of training: {joint_steps} joint steps, {distill_steps} distill steps")
+
+    gen = torch.Generator().manual_seed(tc.seed)
+    trainer = Trainer(target, draft, tc)
+    target.train()
+    draft.train()
+    joint_deadline = time.time() + joint_time * 1.03 if args.joint_steps is None else end_time - tc.reserve_seconds
+    joint = run_phase(
+        "joint", trainer.joint_step,
+        [(trainer.opt_t, tc.target_lr, tc.warmup_steps), (trainer.opt_d, tc.draft_lr, tc.warmup_steps)],
+        joint_steps, min(joint_deadline, end_time - tc.reserve_seconds), tc, train_stream, gen, quick_val,
+    )
+    target.eval().requires_grad_(False)
+    distill = run_phase(
+        "distill", trainer.distill_step, [(trainer.opt_d, tc.distill_lr, tc.distill_warmup_steps)],
+        distill_steps, end_time - tc.reserve_seconds, tc, train_stream, gen, quick_val,
+    )
+    draft.eval()
+
+    save_model(target, out / "target", tok_path)
+    save_model(draft, out / "draft", tok_path)
+    tok_path.unlink()
+    log(f"saved {out}/target ({folder_bytes(out / 'target') / 1e6:.1f} MB), "
+        f"{out}/draft ({folder_bytes(out / 'draft') / 1e6:.1f} MB)")
+
+    # Figures on the shipped (bf16 -> fp32) weights, reloaded through the engine's loader.
+    tgt, drf = load_model(out / "target", "float32"), load_model(out / "draft", "float32")
+    metrics = evaluate(tgt, drf, windows)
+    lat_t, lat_d = per_token_latency(tgt), per_token_latency(drf)
+    wall = time.time() - wall0
+    result = {
+        "wall_seconds": round(wall, 1),
+        "validation": {k: round(v, 4) for k, v in metrics.items()} | {"tokens": int(windows[:, 1:].numel())},
+        "latency_fp32_batch1_ms": {"target": round(lat_t * 1e3, 3), "draft": round(lat_d * 1e3, 3),
+                                   "draft_over_target": round(lat_d / lat_t, 4)},
+        "joint_phase": joint,
+        "distill_phase": distill,
+        "calibration_s_per_step": {"joint": round(joint_s, 3), "distill": round(distill_s, 3)},
+        "train_config": asdict(tc),
+        "target_config": tcfg.to_hf_dict(),
+        "draft_config": dcfg.to_hf_dict(),
+        "params": {"target": n_t, "draft": n_d},
+        "corpus": {
+            "stdlib": str(root),
+            "files": {k: len(v) for k, v in splits.items()},
+            "split_rule": "bucket = int(sha256(relpath).hexdigest()[:8], 16) % 100; <5 prompt, <10 val, else train",
+            "train_tokens": len(train_stream),
+            "val_tokens": len(val_stream),
+        },
+        "tokenizer": {"type": "byte-level BPE", "vocab_size": vocab, "eot": EOT, "eot_id": eot},
+        "prompts": {"file": str(prompts_path), "count": len(prompts)},
+        "output_bytes": folder_bytes(out),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+    }
+    (out / "train_log.json").write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wall time {wall / 60:.1f} min")
+    log(f"validation: target loss {metrics['target_loss']:.4f}, draft loss {metrics['draft_loss']:.4f}")
+    log(f"acceptance (teacher-forced): greedy argmax match {metrics['greedy_match']:.3f}, "
+        f"expected at T=1 sum min(p,q) {metrics['expected_accept_t1']:.3f}")
+    log(f"per-token latency batch 1 fp32: target {lat_t * 1e3:.2f} ms, draft {lat_d * 1e3:.2f} ms, "
+        f"ratio {lat_d / lat_t:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Drafters: who proposes the tokens the target verifies.
+
+One small interface, three implementations:
+
+- :class:`ModelDrafter`: a small draft model with its own KV cache (the classic pairing);
+- :class:`NgramDrafter`: prompt lookup, no model (vLLM's ``ngram`` method): find the latest
+  earlier occurrence of the row's last n tokens and propose what followed it;
+- :class:`NoDrafter`: proposes nothing, so every step is a plain autoregressive decode.
+
+Rows are packed in slots ``0..B-1``; the engine owns the token buffer and the per-row lengths
+and tells the drafter when rows are prefilled, committed or moved.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.model import Transformer
+from engine.sampling import process_logits, sample
+
+
+class Drafter:
+    """Interface: ``propose`` returns (tokens (B, G), probs (B, G, V) or None, n_proposed (B,))."""
+
+    name = "none"
+
+    def reset(self, slots: int, max_seq_len: int) -> None:
+        """(Re)allocate per-slot state for ``slots`` rows of up to ``max_seq_len`` tokens."""
+
+    def prefill(self, slot0: int, prompts: torch.Tensor, prompt_lens: torch.Tensor, kv_len: int) -> None:
+        """Rows slot0..slot0+m-1 start with ``prompts`` (m, P), right-padded to ``prompt_lens``."""
+
+    def propose(
+        self,
+        tokens: torch.Tensor,  # (B, S) the engine's token buffer (rows 0..B-1)
+        length: torch.Tensor,  # (B,) tokens per row, the pending (not yet verified) one included
+        gammas: torch.Tensor,  # (B,) proposals wanted per row
+        gamma_max: int,
+        threshold: float,
+        sampling: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+        kv_len: int,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        b = tokens.shape[0]
+        empty = torch.zeros(b, 0, dtype=torch.long, device=tokens.device)
+        return empty, None, torch.zeros(b, dtype=torch.long, device=tokens.device)
+
+    def commit(self, new_length: torch.Tensor) -> None:
+        """Rows now hold ``new_length`` tokens (pending one included); roll back what was rejected."""
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Slot ``src`` now lives in slot ``dst`` (the engine compacts finished rows away)."""
+
+
+NoDrafter = Drafter
+
+
+class ModelDrafter(Drafter):
+    """A draft model with its own static KV cache and per-row committed length."""
+
+    name = "model"
+
+    def __init__(self, model: Transformer) -> None:
+        self.model = model
+        self.cache = None
+        self.draft_len: torch.Tensor | None = None  # (slots,) tokens of the row held in the draft cache
+        self._fed: torch.Tensor | None = None
+
+    def reset(self, slots: int, max_seq_len: int) -> None:
+        self.cache = self.model.new_cache(slots, max_seq_len)
+        device = self.model.lm_head.weight.device
+        self.draft_len = torch.zeros(slots, dtype=torch.long, device=device)
+        self._fed = torch.zeros(slots, dtype=torch.long, device=device)
+
+    def prefill(self, slot0: int, prompts: torch.Tensor, prompt_lens: torch.Tensor, kv_len: int) -> None:
+        m = prompts.shape[0]
+        start = torch.zeros(m, dtype=torch.long, device=prompts.device)
+        self.model(prompts, cache=self.cache, start=start, kv_len=kv_len, slot0=slot0)
+        self.draft_len[slot0 : slot0 + m] = prompt_lens
+
+    def propose(self, tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator):
+        b = tokens.shape[0]
+        device = tokens.device
+        dlen = self.draft_len[:b]
+        n_pending = length - dlen  # (B,) tokens the draft has not seen yet (>= 1)
+        width = int(n_pending.max())
+        offs = torch.arange(width, device=device)
+        idx = (dlen[:, None] + offs[None, :]).clamp(max=tokens.shape[1] - 1)  # (B, W)
+        inp = tokens.gather(1, idx)  # (B, W) right-padded pending tokens
+        temperature, top_k, top_p = sampling
+        greedy = temperature <= 0
+        out_tokens = torch.zeros(b, gamma_max, dtype=torch.long, device=device)
+        out_probs = []
+        n_proposed = torch.zeros(b, dtype=torch.long, device=device)
+        active = gammas > 0
+        start, last = dlen, n_pending - 1
+        iters = 0
+        for i in range(gamma_max):
+            logits = self.model(inp, cache=self.cache, start=start, kv_len=kv_len, slot0=0)  # (B, W, V)
+            logits = logits.gather(1, last[:, None, None].expand(-1, 1, logits.shape[-1]))  # (B, 1, V)
+            probs = process_logits(logits, temperature, top_k, top_p)[:, 0]  # (B, V)
+            iters += 1
+            tok = sample(probs, generator)  # one-hot rows (greedy) give their argmax
+            if threshold > 0:
+                conf = torch.where(greedy, logits[:, 0].float().softmax(-1).amax(-1), probs.amax(-1))
+                active = active & (conf >= threshold)
+            out_tokens[:, i] = tok
+            out_probs.append(probs)
+            n_proposed += active.long()
+            active = active & (gammas > i + 1)
+            if i + 1 == gamma_max or (threshold > 0 and not bool(active.any())):
+                break
+            start = start + last + 1
+            inp, last = tok[:, None], torch.zeros_like(last)
+        self._fed[:b] = dlen + n_pending + iters - 1  # positions written with valid inputs
+        probs_t = torch.stack(out_probs, 1)  # (B, iters, V)
+        return out_tokens[:, :iters], probs_t, n_proposed
+
+    def commit(self, new_length: torch.Tensor) -> None:
+        b = new_length.shape[0]
+        # The target's cache holds every committed token but the pending one.
+        self.draft_len[:b] = torch.minimum(self._fed[:b], new_length - 1)
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.cache.move(src, dst, length)
+        self.draft_len[dst] = self.draft_len[src]
+
+
+class NgramDrafter(Drafter):
+    """Prompt-lookup drafting: match the last n in [n_min, n_max] tokens, propose the continuation."""
+
+    name = "ngram"
+
+    def __init__(self, n_min: int = 2, n_max: int = 4) -> None:
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"ngram: need 1 <= n_min <= n_max (got {n_min}, {n_max})")
+        self.n_min, self.n_max = n_min, n_max
+
+    def _lookup(self, seq: torch.Tensor, want: int) -> torch.Tensor:
+        """Continuation of the latest earlier match of the longest suffix n-gram (maybe empty)."""
+        length = seq.shape[0]
+        for n in range(min(self.n_max, length - 1), self.n_min - 1, -1):
+            windows = seq[: length - 1].unfold(0, n, 1)  # (length-n, n) n-grams ending before the last token
+            hits = (windows == seq[length - n :]).all(-1).nonzero()
+            if hits.numel():
+                begin = int(hits[-1]) + n
+                return seq[begin : begin + want]
+        return seq[:0]
+
+    def propose(self, tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator):
+        b = tokens.shape[0]
+        out = torch.zeros(b, gamma_max, dtype=torch.long, device=tokens.device)
+        n_proposed = torch.zeros(b, dtype=torch.long, device=tokens.device)
+        for row, (n, g) in enumerate(zip(length.tolist(), gammas.tolist(), strict=True)):
+            cont = self._lookup(tokens[row, :n], g)
+            out[row, : cont.numel()] = cont
+            n_proposed[row] = cont.numel()
+        return out, None, n_proposed

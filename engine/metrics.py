@@ -1,0 +1,92 @@
+"""Run metrics, one definition each (DESIGN.md, Metrics).
+
+The engine accumulates raw counters on the device during a run (no host syncs in the hot
+loop); :meth:`SpecStats.summary` turns them into the named metrics. Latency percentiles over
+requests live here too, so every number the tool prints has one function that computes it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SpecStats:
+    """Raw counters of one engine run."""
+
+    gamma_max: int
+    device: torch.device | str = "cpu"
+    row_steps: torch.Tensor = field(init=False)  # verify steps x rows
+    proposed: torch.Tensor = field(init=False)  # draft tokens proposed
+    accepted: torch.Tensor = field(init=False)  # draft tokens accepted
+    rollbacks: torch.Tensor = field(init=False)  # row-steps with >= 1 rejected draft token
+    pos_proposed: torch.Tensor = field(init=False)  # (gamma_max,) steps proposing position i
+    pos_accepted: torch.Tensor = field(init=False)  # (gamma_max,) steps accepting position i
+    tokens_kept: torch.Tensor = field(init=False)  # tokens emitted by verify passes
+    verify_slots: int = 0  # token slots computed in verify passes (padding included)
+    verify_steps: int = 0  # target verify forwards
+    draft_forwards: int = 0  # draft model forwards (one per proposed position, batched)
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    batch_rows: int = 0  # sum over verify steps of running rows
+
+    def __post_init__(self) -> None:
+        z = lambda *s: torch.zeros(*s, dtype=torch.long, device=self.device)  # noqa: E731
+        self.row_steps, self.proposed, self.accepted, self.rollbacks, self.tokens_kept = (z(()) for _ in range(5))
+        self.pos_proposed, self.pos_accepted = z(max(self.gamma_max, 1)), z(max(self.gamma_max, 1))
+
+    def record(self, n_proposed: torch.Tensor, n_accepted: torch.Tensor, n_emitted: torch.Tensor) -> None:
+        """Add one verify step over B rows (all tensors (B,))."""
+        g = self.pos_proposed.shape[0]
+        pos = torch.arange(g, device=n_proposed.device)[None, :]
+        self.row_steps += n_proposed.shape[0]
+        self.proposed += n_proposed.sum()
+        self.accepted += n_accepted.sum()
+        self.rollbacks += (n_accepted < n_proposed).sum()
+        self.pos_proposed += (pos < n_proposed[:, None]).sum(0)
+        self.pos_accepted += (pos < n_accepted[:, None]).sum(0)
+        self.tokens_kept += n_emitted.sum()
+
+    def summary(self) -> dict[str, float | list[float] | None]:
+        """The speculative metrics of DESIGN.md as plain numbers."""
+        steps = int(self.row_steps)
+        proposed, accepted = int(self.proposed), int(self.accepted)
+        pos_p, pos_a = self.pos_proposed.tolist(), self.pos_accepted.tolist()
+        return {
+            "acceptance_rate": accepted / proposed if proposed else None,
+            "mean_acceptance_length": 1 + accepted / steps if steps else None,
+            "per_position_acceptance": [a / p if p else None for a, p in zip(pos_a, pos_p, strict=True)],
+            "rollback_frequency": int(self.rollbacks) / steps if steps else None,
+            "batch_utilization": int(self.tokens_kept) / self.verify_slots if self.verify_slots else None,
+            "mean_batch_size": self.batch_rows / self.verify_steps if self.verify_steps else None,
+            "verify_step_ms": 1e3 * self.verify_time_s / self.verify_steps if self.verify_steps else None,
+            "draft_forward_ms": 1e3 * self.draft_time_s / self.draft_forwards if self.draft_forwards else None,
+        }
+
+
+def verification_efficiency(t_verify_k: float, k: int, t_decode: float) -> float:
+    """T_verify(B, k) / (k * T_decode(B, 1)): below 1, verifying k tokens beats decoding them."""
+    return t_verify_k / (k * t_decode)
+
+
+def draft_cost_ratio(t_draft_step: float, t_decode: float) -> float:
+    """c = T_draft_step(B) / T_decode(B, 1)."""
+    return t_draft_step / t_decode
+
+
+def speedup(t_autoregressive: float, t_speculative: float) -> float:
+    """T_autoregressive / T_speculative on the same workload and engine."""
+    return t_autoregressive / t_speculative
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in [0, 100]); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)

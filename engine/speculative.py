@@ -1,0 +1,276 @@
+"""The speculative decoding engine: batched draft -> one verify pass -> exact acceptance.
+
+Contract: the engine knows nothing about tokenization, tuning or storage. It takes token ids
+and sampling parameters, and it guarantees that
+
+- greedy output (temperature 0) equals the target's greedy autoregressive output, token
+  for token (fp32), for any drafter, gamma, confidence threshold and batch composition;
+- sampled output has exactly the target's distribution (after temperature/top-k/top-p).
+
+State lives in preallocated tensors: running rows are packed in slots ``0..B-1`` of a token
+buffer and of the target's and draft's KV caches. ``length[b]`` counts row b's tokens,
+including the *pending* token (emitted, not yet fed to the target); the target's cache holds
+the first ``length[b] - 1``. Rollback after a rejection is only a length update. Finished rows
+are compacted away by moving the last row into their slot, so the hot loop reads plain views.
+
+A step costs one host sync (to learn how many tokens each row emitted and which finished).
+``gamma = 0`` (or the ``none`` drafter) makes a step a plain autoregressive decode through the
+same code, so baseline and speculative runs share every line but the drafting.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.drafters import Drafter
+from engine.metrics import SpecStats
+from engine.model import Transformer
+from engine.sampling import accept, process_logits, sample
+
+GAMMA_SCHEDULES = ("constant", "heuristic")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculation settings: the knobs the tuner searches.
+
+    ``gamma_schedule="heuristic"`` adapts gamma per row like transformers' assisted generation:
+    +2 after a fully accepted block, -1 otherwise (never below 1, never above ``max_gamma``).
+    """
+
+    gamma: int = 4
+    confidence_threshold: float = 0.0
+    gamma_schedule: str = "constant"
+    max_gamma: int = 16
+
+    def __post_init__(self) -> None:
+        if self.gamma < 0:
+            raise ValueError(f"gamma: must be >= 0 (got {self.gamma})")
+        if not 0.0 <= self.confidence_threshold <= 1.0:
+            raise ValueError(f"confidence_threshold: must be in [0, 1] (got {self.confidence_threshold})")
+        if self.gamma_schedule not in GAMMA_SCHEDULES:
+            raise ValueError(f"gamma_schedule: must be one of {GAMMA_SCHEDULES} (got {self.gamma_schedule!r})")
+
+
+@dataclass
+class Request:
+    """One generation request, in token ids."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    id: int = 0
+
+
+@dataclass
+class Finished:
+    """A retired request: its id, generated tokens and why it stopped ("eos" or "length")."""
+
+    id: int
+    tokens: list[int]
+    reason: str
+
+
+class SpecEngine:
+    """Runs speculative (or plain) decoding steps over a packed batch of rows.
+
+    Example:
+        >>> from engine.drafters import NoDrafter
+        >>> engine = SpecEngine(target, NoDrafter(), SpecConfig(gamma=0), 4, 256)  # doctest: +SKIP
+        >>> engine.add([Request([1, 2, 3], max_new_tokens=8)])  # doctest: +SKIP
+        >>> while engine.n: engine.step(); done = engine.retire()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        target: Transformer,
+        drafter: Drafter,
+        config: SpecConfig,
+        max_batch_size: int,
+        max_seq_len: int,
+        eos_ids: tuple[int, ...] | list[int] = (),
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.target, self.drafter, self.config = target, drafter, config
+        self.device = target.lm_head.weight.device
+        self.slots, self.max_seq_len = max_batch_size, max_seq_len
+        self.generator = generator
+        self.gamma_cap = config.max_gamma if config.gamma_schedule == "heuristic" else config.gamma
+        self.speculate = config.gamma > 0 and drafter.name != "none"
+        dev, s = self.device, max_batch_size
+        self.cache = target.new_cache(s, max_seq_len)
+        drafter.reset(s, max_seq_len)
+        self.tokens = torch.zeros(s, max_seq_len, dtype=torch.long, device=dev)
+        self.length = torch.zeros(s, dtype=torch.long, device=dev)
+        self.prompt_len = torch.zeros(s, dtype=torch.long, device=dev)
+        self.budget = torch.zeros(s, dtype=torch.long, device=dev)  # prompt_len + max_new_tokens
+        self.finished = torch.zeros(s, dtype=torch.bool, device=dev)
+        self.hit_eos = torch.zeros(s, dtype=torch.bool, device=dev)
+        self.gamma = torch.zeros(s, dtype=torch.long, device=dev)
+        self.temperature = torch.zeros(s, dtype=torch.float32, device=dev)
+        self.top_k = torch.zeros(s, dtype=torch.long, device=dev)
+        self.top_p = torch.ones(s, dtype=torch.float32, device=dev)
+        self.eos = torch.tensor(list(eos_ids) or [-1], dtype=torch.long, device=dev)
+        self.n = 0  # running rows, packed in slots 0..n-1
+        self.ids: list[int] = [0] * s
+        self._host_len = [0] * s  # host mirror of `length`, refreshed at each step's sync
+        self._host_gamma = [0] * s
+        self._filters = [(False, False)] * s  # per slot: uses top-k, uses top-p
+        self.stats = SpecStats(self.gamma_cap, dev)
+        self._timed = dev.type == "cuda"
+
+    # ------------------------------------------------------------------ admission
+
+    def free_slots(self) -> int:
+        return self.slots - self.n
+
+    def add(self, requests: list[Request]) -> None:
+        """Prefill ``requests`` into free slots and sample each one's first token."""
+        if not requests:
+            return
+        m, n0 = len(requests), self.n
+        if m > self.free_slots():
+            raise RuntimeError(f"add: {m} requests but only {self.free_slots()} free slots")
+        lens = [len(r.prompt_ids) for r in requests]
+        for r in requests:
+            if not r.prompt_ids or len(r.prompt_ids) + r.max_new_tokens + self.gamma_cap + 2 > self.max_seq_len:
+                raise ValueError(f"request {r.id}: prompt of {len(r.prompt_ids)} tokens + {r.max_new_tokens} new "
+                                 f"tokens does not fit max_seq_len {self.max_seq_len}")
+        width = max(lens)
+        dev = self.device
+        prompts = torch.zeros(m, width, dtype=torch.long)
+        for i, r in enumerate(requests):
+            prompts[i, : lens[i]] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        prompts = prompts.to(dev)
+        plen = torch.tensor(lens, dtype=torch.long, device=dev)
+        rows = slice(n0, n0 + m)
+        self.temperature[rows] = torch.tensor([r.temperature for r in requests], device=dev)
+        self.top_k[rows] = torch.tensor([r.top_k for r in requests], device=dev)
+        self.top_p[rows] = torch.tensor([r.top_p for r in requests], device=dev)
+        start = torch.zeros(m, dtype=torch.long, device=dev)
+        logits = self.target(prompts, cache=self.cache, start=start, kv_len=width, slot0=n0)  # (m, P, V)
+        logits = logits.gather(1, (plen - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))  # (m, 1, V)
+        first = sample(process_logits(logits, *self._sampling(rows))[:, 0], self.generator)  # (m,)
+        if self.speculate:
+            self.drafter.prefill(n0, prompts, plen, width)
+        self.tokens[rows, :width] = prompts
+        self.tokens[rows].scatter_(1, plen[:, None], first[:, None])
+        self.length[rows] = plen + 1
+        self.prompt_len[rows] = plen
+        self.budget[rows] = plen + torch.tensor([r.max_new_tokens for r in requests], device=dev)
+        self.hit_eos[rows] = torch.isin(first, self.eos)
+        self.finished[rows] = self.hit_eos[rows] | (self.length[rows] >= self.budget[rows])
+        self.gamma[rows] = self.config.gamma
+        for i, r in enumerate(requests):
+            self.ids[n0 + i] = r.id
+            self._host_len[n0 + i] = lens[i] + 1
+            self._host_gamma[n0 + i] = self.config.gamma
+            self._filters[n0 + i] = (r.top_k > 0, r.top_p < 1.0)
+        self.n += m
+
+    def _sampling(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        filt = self._filters[rows]
+        top_k = self.top_k[rows] if any(f[0] for f in filt) else None
+        top_p = self.top_p[rows] if any(f[1] for f in filt) else None
+        return self.temperature[rows], top_k, top_p
+
+    # ------------------------------------------------------------------ one step
+
+    def _sync(self) -> None:
+        if self._timed:
+            torch.cuda.synchronize(self.device)
+
+    def step(self) -> list[int]:
+        """One draft + verify step over all running rows; returns tokens emitted per row."""
+        b = self.n
+        if b == 0:
+            return []
+        rows = slice(0, b)
+        length = self.length[rows]
+        sampling = self._sampling(rows)
+        gmax = max(self._host_gamma[:b]) if self.speculate else 0
+        kv_len = min(max(self._host_len[:b]) + gmax + 2, self.max_seq_len)
+        t0 = time.perf_counter()
+        if gmax > 0:
+            drafts, draft_probs, n_prop = self.drafter.propose(
+                self.tokens[rows], length, self.gamma[rows], gmax, self.config.confidence_threshold,
+                sampling, kv_len, self.generator,
+            )
+            self.stats.draft_forwards += drafts.shape[1] if draft_probs is not None else 0
+        else:
+            drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
+            draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
+        self._sync()
+        t1 = time.perf_counter()
+        g = drafts.shape[1]
+        pending = self.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
+        verify_in = torch.cat([pending, drafts], 1)  # (B, 1 + G)
+        logits = self.target(verify_in, cache=self.cache, start=length - 1, kv_len=kv_len, slot0=0)
+        target_probs = process_logits(logits, *sampling)  # (B, 1 + G, V)
+        n_acc, nxt = accept(drafts, draft_probs, target_probs, n_prop, self.generator)
+        # Emitted block: accepted drafts, then the recovered/bonus token; cut at EOS and budget.
+        offs = torch.arange(g + 1, device=self.device)[None, :]  # (1, G+1)
+        block = torch.cat([drafts, nxt[:, None]], 1)  # (B, G+1)
+        block = torch.where(offs < n_acc[:, None], block, nxt[:, None])
+        n_emit = n_acc + 1
+        is_eos = torch.isin(block, self.eos) & (offs < n_emit[:, None])
+        first_eos = torch.where(is_eos, offs, g + 1).amin(1)  # (B,)
+        hit_eos = first_eos < n_emit
+        n_emit = torch.minimum(torch.where(hit_eos, first_eos + 1, n_emit), self.budget[rows] - length)
+        pos = (length[:, None] + offs).clamp(max=self.max_seq_len - 1)  # (B, G+1)
+        old = self.tokens[rows].gather(1, pos)
+        self.tokens[rows].scatter_(1, pos, torch.where(offs < n_emit[:, None], block, old))
+        new_len = length + n_emit
+        self.length[rows] = new_len
+        self.hit_eos[rows] |= hit_eos & (first_eos < n_emit)
+        self.finished[rows] = self.hit_eos[rows] | (new_len >= self.budget[rows])
+        if self.speculate:
+            self.drafter.commit(new_len)
+            if self.config.gamma_schedule == "heuristic":
+                full = (n_acc == n_prop) & (n_prop > 0)
+                self.gamma[rows] = torch.where(full, self.gamma[rows] + 2, self.gamma[rows] - 1).clamp(1, self.gamma_cap)
+        self.stats.record(n_prop, n_acc, n_emit)
+        host = torch.stack([n_emit, new_len, self.gamma[rows]]).tolist()  # the step's one host sync
+        t2 = time.perf_counter()
+        self.stats.draft_time_s += t1 - t0
+        self.stats.verify_time_s += t2 - t1
+        self.stats.verify_steps += 1
+        self.stats.verify_slots += b * (g + 1)
+        self.stats.batch_rows += b
+        self._host_len[:b] = host[1]
+        self._host_gamma[:b] = host[2]
+        return host[0]
+
+    # ------------------------------------------------------------------ retirement
+
+    def retire(self) -> list[Finished]:
+        """Remove finished rows (compacting the batch) and return their outputs."""
+        if self.n == 0:
+            return []
+        done = self.finished[: self.n].nonzero().flatten().tolist()
+        out = []
+        for slot in sorted(done, reverse=True):
+            plen, end = int(self.prompt_len[slot]), int(self.length[slot])
+            reason = "eos" if bool(self.hit_eos[slot]) else "length"
+            out.append(Finished(self.ids[slot], self.tokens[slot, plen:end].tolist(), reason))
+            self._move(self.n - 1, slot)
+            self.n -= 1
+        return out[::-1]
+
+    def _move(self, src: int, dst: int) -> None:
+        if src == dst:
+            return
+        length = self._host_len[src]
+        for buf in (self.tokens, self.length, self.prompt_len, self.budget, self.finished, self.hit_eos,
+                    self.gamma, self.temperature, self.top_k, self.top_p):
+            buf[dst] = buf[src]
+        self.cache.move(src, dst, length)
+        if self.speculate:
+            self.drafter.move(src, dst, length)
+        for host in (self.ids, self._host_len, self._host_gamma, self._filters):
+            host[dst] = host[src]
