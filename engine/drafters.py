@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.errors import EngineInputError
 from engine.model import Transformer
 from engine.sampling import process_logits, sample
 
@@ -133,7 +134,7 @@ class NgramDrafter(Drafter):
 
     def __init__(self, n_min: int = 2, n_max: int = 4) -> None:
         if not 1 <= n_min <= n_max:
-            raise ValueError(f"ngram: need 1 <= n_min <= n_max (got {n_min}, {n_max})")
+            raise EngineInputError(f"ngram: need 1 <= n_min <= n_max (got {n_min}, {n_max})")
         self.n_min, self.n_max = n_min, n_max
 
     def _lookup(self, seq: torch.Tensor, want: int) -> torch.Tensor:

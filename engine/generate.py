@@ -1,13 +1,12 @@
 """Batch generation on the engine: the small public entry point for library users.
 
 ``generate`` pushes a list of requests through a :class:`~engine.speculative.SpecEngine`
-with at most ``max_batch_size`` rows running, admitting the next request whenever a row
-finishes (continuous batching without timing; the timed scheduler is engine.scheduler).
+with at most ``max_batch_size`` rows running: a closed loop on the continuous-batching
+scheduler, admitting the next request whenever a row finishes.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +14,7 @@ import torch
 from engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from engine.errors import EngineInputError
 from engine.loader import ModelPair
+from engine.scheduler import LoadGenerator, Scheduler
 from engine.speculative import Request, SpecConfig, SpecEngine
 
 DRAFTERS = ("model", "ngram", "none")
@@ -71,31 +71,7 @@ def generate(
     max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + cap + 3
     eos = pair.target.config.eos_token_ids if eos_ids is None else eos_ids
     engine = SpecEngine(pair.target, drafter_obj, config, slots, max_seq_len, eos, generator)
-    order = {r.id: i for i, r in enumerate(requests)}
-    if len(order) != len(requests):
-        requests = [Request(r.prompt_ids, r.max_new_tokens, r.temperature, r.top_k, r.top_p, i)
-                    for i, r in enumerate(requests)]
-        order = {i: i for i in range(len(requests))}
-    tokens: list[list[int]] = [[] for _ in requests]
-    reasons = [""] * len(requests)
-    waiting = list(requests)
-    steps = 0
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        while waiting or engine.n:
-            admit = waiting[: engine.free_slots()]
-            waiting = waiting[len(admit):]
-            engine.add(admit)
-            for fin in engine.retire():
-                tokens[order[fin.id]], reasons[order[fin.id]] = fin.tokens, fin.reason
-            if engine.n:
-                engine.step()
-                steps += 1
-                for fin in engine.retire():
-                    tokens[order[fin.id]], reasons[order[fin.id]] = fin.tokens, fin.reason
-    wall = time.perf_counter() - t0
-    metrics = engine.stats.summary()
-    generated = sum(len(t) for t in tokens)
-    metrics["generated_tokens"] = generated
-    metrics["tokens_per_second"] = generated / wall if wall > 0 else None
-    return GenerateResult(tokens, reasons, metrics, wall, steps, engine)
+    load = LoadGenerator(list(requests), len(requests), concurrency=slots)
+    run = Scheduler(engine).run(load)
+    return GenerateResult([r.output_tokens for r in run.records], [r.reason for r in run.records],
+                          run.metrics, run.metrics["wall_s"], run.metrics["steps"], engine)

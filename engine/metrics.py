@@ -62,12 +62,13 @@ class SpecStats:
             "rollback_frequency": int(self.rollbacks) / steps if steps else None,
             "batch_utilization": int(self.tokens_kept) / self.verify_slots if self.verify_slots else None,
             "mean_batch_size": self.batch_rows / self.verify_steps if self.verify_steps else None,
+            "verify_tokens_per_row": self.verify_slots / self.batch_rows if self.batch_rows else None,
             "verify_step_ms": 1e3 * self.verify_time_s / self.verify_steps if self.verify_steps else None,
             "draft_forward_ms": 1e3 * self.draft_time_s / self.draft_forwards if self.draft_forwards else None,
         }
 
 
-def verification_efficiency(t_verify_k: float, k: int, t_decode: float) -> float:
+def verification_efficiency(t_verify_k: float, k: float, t_decode: float) -> float:
     """T_verify(B, k) / (k * T_decode(B, 1)): below 1, verifying k tokens beats decoding them."""
     return t_verify_k / (k * t_decode)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.drafters import Drafter
+from engine.errors import EngineInputError
 from engine.metrics import SpecStats
 from engine.model import Transformer
 from engine.sampling import accept, process_logits, sample
@@ -48,11 +49,11 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
-            raise ValueError(f"gamma: must be >= 0 (got {self.gamma})")
+            raise EngineInputError(f"gamma: must be >= 0 (got {self.gamma})")
         if not 0.0 <= self.confidence_threshold <= 1.0:
-            raise ValueError(f"confidence_threshold: must be in [0, 1] (got {self.confidence_threshold})")
+            raise EngineInputError(f"confidence_threshold: must be in [0, 1] (got {self.confidence_threshold})")
         if self.gamma_schedule not in GAMMA_SCHEDULES:
-            raise ValueError(f"gamma_schedule: must be one of {GAMMA_SCHEDULES} (got {self.gamma_schedule!r})")
+            raise EngineInputError(f"gamma_schedule: must be one of {GAMMA_SCHEDULES} (got {self.gamma_schedule!r})")
 
 
 @dataclass
@@ -181,7 +182,8 @@ class SpecEngine:
 
     # ------------------------------------------------------------------ one step
 
-    def _sync(self) -> None:
+    def synchronize(self) -> None:
+        """Wait for queued device work (a no-op on CPU), so host clocks read true times."""
         if self._timed:
             torch.cuda.synchronize(self.device)
 
@@ -205,7 +207,7 @@ class SpecEngine:
         else:
             drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
             draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
-        self._sync()
+        self.synchronize()
         t1 = time.perf_counter()
         g = drafts.shape[1]
         pending = self.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)

@@ -39,7 +39,6 @@ The number of optimizer steps is sized from a short throughput calibration so th
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
 import math
@@ -89,7 +88,7 @@ class TrainConfig:
     distill_lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 40
-    distill_warmup_steps: int = 10
+    distill_warmup_steps: int = 10  # >= calib_steps of run_phase
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
@@ -105,7 +104,7 @@ def target_config(vocab: int, eot: int) -> ModelConfig:
     return ModelConfig(
         vocab_size=vocab, hidden_size=320, intermediate_size=960, num_hidden_layers=12,
         num_attention_heads=8, num_key_value_heads=2, head_dim=40, max_position_embeddings=1024,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, model_type="llama",
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, model_type="llama",
         bos_token_id=eot, eos_token_ids=(eot,),
     )
 
@@ -341,52 +340,55 @@ class Trainer:
         return {"ce_d": ce_d.item(), "kl": kl.item(), "gn_d": gn_d.item()}
 
 
-def calibrate(target: Transformer, draft: Transformer, tc: TrainConfig, stream: torch.Tensor) -> tuple[float, float]:
-    """Seconds per joint step and per distill step, timed on throwaway copies (2 timed steps each)."""
-    trainer = Trainer(copy.deepcopy(target), copy.deepcopy(draft), tc)
-    gen = torch.Generator().manual_seed(12345)
-    out = []
-    for step_fn in (trainer.joint_step, trainer.distill_step):
-        step_fn(sample_batch(stream, tc.batch_size, tc.seq_len, gen))  # warm-up
-        t0 = time.perf_counter()
-        for _ in range(2):
-            step_fn(sample_batch(stream, tc.batch_size, tc.seq_len, gen))
-        out.append((time.perf_counter() - t0) / 2)
-    return out[0], out[1]
-
-
 def run_phase(
     name: str,
     step_fn: Callable[[torch.Tensor], dict[str, float]],
     opts: list[tuple[torch.optim.Optimizer, float, int]],
-    total_steps: int,
+    time_budget: float,
     deadline: float,
     tc: TrainConfig,
     stream: torch.Tensor,
     gen: torch.Generator,
     val_fn: Callable[[], str],
+    fixed_steps: int | None = None,
+    calib_steps: int = 8,
 ) -> dict[str, object]:
-    """Run ``total_steps`` steps (or until ``deadline``); ``opts`` = (optimizer, peak lr, warmup)."""
+    """Train until the planned step count (or ``deadline``); ``opts`` = (optimizer, peak lr, warmup).
+
+    Without ``fixed_steps`` the step count is sized from the speed of steps 3..``calib_steps`` so
+    the phase fills ``time_budget`` seconds; those first steps lie inside the LR warmup, which does
+    not depend on the total, so the schedule is the one a fixed-step replay gets.
+    """
+    assert all(warmup >= calib_steps for _, _, warmup in opts)
     t0 = time.time()
-    done, last = 0, {}
+    total = fixed_steps or 10**9
+    done, last, t_calib = 0, {}, t0
     tokens_per_step = tc.batch_size * tc.seq_len
-    for step in range(total_steps):
+    while done < total:
         if time.time() > deadline:
-            log(f"{name}: wall-clock deadline reached after {step} of {total_steps} steps")
+            log(f"{name}: wall-clock deadline reached after {done} of {total} steps")
             break
         for opt, peak, warmup in opts:
-            set_lr(opt, peak * lr_factor(step, total_steps, warmup, tc.min_lr_ratio))
+            set_lr(opt, peak * lr_factor(done, total, warmup, tc.min_lr_ratio))
         last = step_fn(sample_batch(stream, tc.batch_size, tc.seq_len, gen))
-        done = step + 1
-        if done % 10 == 0 or done == total_steps or done == 1:
+        done += 1
+        if done == 2:
+            t_calib = time.time()
+        if fixed_steps is None and done == calib_steps:
+            per_step = (time.time() - t_calib) / (calib_steps - 2)
+            total = max(done, int(time_budget / per_step))
+            log(f"{name}: {per_step:.2f} s/step ({tokens_per_step / per_step:.0f} tok/s) -> {total} steps "
+                f"in {time_budget / 60:.1f} min")
+        if done % 10 == 0 or done == total or done == 1:
             el = time.time() - t0
             stats = " ".join(f"{k} {v:.3f}" for k, v in last.items())
-            log(f"{name} step {done}/{total_steps} {stats} lr {opts[0][0].param_groups[0]['lr']:.2e} "
-                f"{done * tokens_per_step / el:.0f} tok/s elapsed {el / 60:.1f} min")
+            log(f"{name} step {done}/{total if total < 10**9 else '?'} {stats} "
+                f"lr {opts[0][0].param_groups[0]['lr']:.2e} {done * tokens_per_step / el:.0f} tok/s "
+                f"elapsed {el / 60:.1f} min")
         if done % 200 == 0:
             log(f"{name} step {done} val: {val_fn()}")
     wall = time.time() - t0
-    return {"steps": done, "planned_steps": total_steps, "tokens": done * tokens_per_step, "wall_s": round(wall, 1),
+    return {"steps": done, "planned_steps": total, "tokens": done * tokens_per_step, "wall_s": round(wall, 1),
             "tokens_per_s": round(done * tokens_per_step / max(wall, 1e-9), 1), "last": last}
 
 
@@ -523,30 +525,25 @@ def main(argv: list[str] | None = None) -> int:
         draft.train()
         return " ".join(f"{k} {v:.3f}" for k, v in r.items())
 
-    joint_s, distill_s = calibrate(target, draft, tc, train_stream)
-    tokens_per_step = tc.batch_size * tc.seq_len
-    log(f"calibration: joint {joint_s:.2f} s/step ({tokens_per_step / joint_s:.0f} tok/s), "
-        f"distill {distill_s:.2f} s/step ({tokens_per_step / distill_s:.0f} tok/s)")
     train_seconds = max(0.0, end_time - time.time() - tc.reserve_seconds)
     joint_time = train_seconds * (1 - tc.distill_fraction)
-    joint_steps = args.joint_steps or max(1, int(joint_time / joint_s))
-    distill_steps = args.distill_steps or max(1, int(train_seconds * tc.distill_fraction / distill_s))
-    log(f"plan: {train_seconds / 60:.1f} min of training: {joint_steps} joint steps, {distill_steps} distill steps")
-
+    log(f"plan: {train_seconds / 60:.1f} min of training, {joint_time / 60:.1f} min joint")
     gen = torch.Generator().manual_seed(tc.seed)
     trainer = Trainer(target, draft, tc)
     target.train()
     draft.train()
-    joint_deadline = time.time() + joint_time * 1.03 if args.joint_steps is None else end_time - tc.reserve_seconds
     joint = run_phase(
         "joint", trainer.joint_step,
         [(trainer.opt_t, tc.target_lr, tc.warmup_steps), (trainer.opt_d, tc.draft_lr, tc.warmup_steps)],
-        joint_steps, min(joint_deadline, end_time - tc.reserve_seconds), tc, train_stream, gen, quick_val,
+        joint_time, end_time - tc.reserve_seconds - 0.5 * (train_seconds - joint_time), tc, train_stream, gen,
+        quick_val, fixed_steps=args.joint_steps,
     )
     target.eval().requires_grad_(False)
+    distill_time = end_time - tc.reserve_seconds - time.time()
     distill = run_phase(
         "distill", trainer.distill_step, [(trainer.opt_d, tc.distill_lr, tc.distill_warmup_steps)],
-        distill_steps, end_time - tc.reserve_seconds, tc, train_stream, gen, quick_val,
+        distill_time, end_time - tc.reserve_seconds, tc, train_stream, gen, quick_val,
+        fixed_steps=args.distill_steps,
     )
     draft.eval()
 
@@ -568,7 +565,6 @@ def main(argv: list[str] | None = None) -> int:
                                    "draft_over_target": round(lat_d / lat_t, 4)},
         "joint_phase": joint,
         "distill_phase": distill,
-        "calibration_s_per_step": {"joint": round(joint_s, 3), "distill": round(distill_s, 3)},
         "train_config": asdict(tc),
         "target_config": tcfg.to_hf_dict(),
         "draft_config": dcfg.to_hf_dict(),

@@ -1,0 +1,128 @@
+"""Run the engine on a workload under load: the one measurement every command shares.
+
+``autotune bench``, the profiler's acceptance pass and every Optuna trial call
+:func:`run_load` (one configuration) or :func:`compare` (a configuration against the
+autoregressive baseline under the same arrivals and prompts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tokenizers import Tokenizer
+
+from engine.generate import make_drafter
+from engine.loader import ModelPair
+from engine.metrics import draft_cost_ratio, speedup, verification_efficiency
+from engine.scheduler import LoadGenerator, RunResult, Scheduler
+from engine.speculative import Request, SpecConfig, SpecEngine
+from engine.workload import WorkloadItem, encode_prompt
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """How requests arrive: closed loop (``concurrency``) or open loop (``rate`` req/s)."""
+
+    max_batch_size: int = 1
+    concurrency: int | None = None  # defaults to max_batch_size when rate is None
+    rate: float | None = None
+    num_requests: int = 8
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Defaults for workload lines that do not set their own."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+def build_requests(
+    items: list[WorkloadItem],
+    tokenizer: Tokenizer,
+    sampling: Sampling,
+    context: int,
+    where: str = "workload",
+    truncate: bool = False,
+) -> list[Request]:
+    """Tokenize workload items into engine requests, checking each against the context."""
+    out = []
+    for i, item in enumerate(items):
+        max_new = item.max_new_tokens or sampling.max_new_tokens
+        ids = tokenizer.encode(item.prompt).ids
+        ids = encode_prompt(ids, context - max_new - 20, f"{where}: prompt {i + 1}", truncate)
+        out.append(Request(
+            ids, max_new,
+            sampling.temperature if item.temperature is None else item.temperature,
+            sampling.top_k if item.top_k is None else item.top_k,
+            sampling.top_p if item.top_p is None else item.top_p,
+            id=i,
+        ))
+    return out
+
+
+def run_load(
+    pair: ModelPair,
+    requests: list[Request],
+    spec: SpecConfig,
+    drafter: str,
+    load: LoadSpec,
+    seed: int = 0,
+    warmup: bool = True,
+) -> RunResult:
+    """One engine run of ``requests`` under ``load`` with speculation settings ``spec``."""
+    if spec.gamma == 0:
+        drafter = "none"
+    device = pair.target.lm_head.weight.device
+    cap = spec.max_gamma if spec.gamma_schedule == "heuristic" else spec.gamma
+    max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + cap + 3
+    eos = pair.target.config.eos_token_ids
+    concurrency = load.concurrency if load.concurrency is not None or load.rate is not None else load.max_batch_size
+
+    def once(reqs: list[Request], n: int, conc: int | None, rate: float | None) -> RunResult:
+        generator = torch.Generator(device=device).manual_seed(seed)
+        engine = SpecEngine(pair.target, make_drafter(drafter, pair), spec, load.max_batch_size, max_seq_len,
+                            eos, generator)
+        gen = LoadGenerator(reqs, n, concurrency=conc, rate=rate, duration_s=load.duration_s, seed=seed)
+        return Scheduler(engine).run(gen)
+
+    if warmup:  # first-touch allocations and lazy init out of the measured run
+        short = [Request(r.prompt_ids, min(r.max_new_tokens, 8), r.temperature, r.top_k, r.top_p, r.id)
+                 for r in requests[: load.max_batch_size]]
+        once(short, len(short), load.max_batch_size, None)
+    return once(requests, load.num_requests, concurrency, load.rate)
+
+
+def compare(
+    pair: ModelPair,
+    requests: list[Request],
+    spec: SpecConfig,
+    drafter: str,
+    load: LoadSpec,
+    seed: int = 0,
+) -> dict:
+    """Speculative run and autoregressive baseline under the same load; flat metrics dict.
+
+    Keys are the run's metrics, the baseline's with a ``baseline_`` prefix, ``speedup``
+    (baseline wall time / speculative wall time for the same requests) and, when every
+    request is greedy, ``greedy_match`` (identical outputs).
+    """
+    spec_run = run_load(pair, requests, spec, drafter, load, seed)
+    base_run = run_load(pair, requests, SpecConfig(gamma=0), "none", load, seed)
+    out = dict(spec_run.metrics)
+    out.update({f"baseline_{k}": v for k, v in base_run.metrics.items() if not isinstance(v, list)})
+    out["speedup"] = speedup(base_run.metrics["wall_s"], spec_run.metrics["wall_s"])
+    t_decode = base_run.metrics.get("verify_step_ms")
+    if t_decode and out.get("draft_forward_ms"):
+        out["draft_cost_ratio"] = draft_cost_ratio(out["draft_forward_ms"], t_decode)
+    if t_decode and out.get("verify_step_ms"):
+        out["verification_efficiency"] = verification_efficiency(
+            out["verify_step_ms"], out["verify_tokens_per_row"], t_decode)
+    if all(r.temperature <= 0 for r in requests):
+        out["greedy_match"] = [r.output_tokens for r in spec_run.records] == [
+            r.output_tokens for r in base_run.records]
+    return out

@@ -1,0 +1,190 @@
+"""Continuous batching under load: a request queue in front of a SpecEngine, with timings.
+
+The scheduler admits waiting requests into free rows at every step (prefilling them as one
+batch), runs one speculative (or plain) step over every running row, retires rows that hit
+EOS or their budget, and records per-request arrival / first-token / finish times.
+
+Load comes from a :class:`LoadGenerator`:
+
+- closed loop: ``concurrency`` requests in flight; a new one arrives as soon as one finishes;
+- open loop: Poisson arrivals at ``rate`` requests/s (seeded), independent of completions.
+
+Either stops after ``num_requests`` requests or once ``duration_s`` has passed (arrivals stop;
+requests in flight finish). Same seed -> same arrival times and prompt order.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.errors import EngineInputError
+from engine.metrics import percentile
+from engine.speculative import Request, SpecEngine
+
+
+@dataclass
+class LoadGenerator:
+    """Arrival process over a list of requests (cycled in order)."""
+
+    requests: list[Request]
+    num_requests: int
+    concurrency: int | None = None  # closed loop
+    rate: float | None = None  # open loop, requests per second
+    duration_s: float | None = None
+    seed: int = 0
+    _issued: int = field(default=0, init=False)
+    _times: list[float] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.rate is None):
+            raise EngineInputError("load: give exactly one of concurrency (closed loop) or rate (open loop)")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise EngineInputError(f"concurrency: must be >= 1 (got {self.concurrency})")
+        if self.rate is not None:
+            if self.rate <= 0:
+                raise EngineInputError(f"rate: must be > 0 (got {self.rate})")
+            rng, t = random.Random(self.seed), 0.0
+            for _ in range(self.num_requests):
+                t += rng.expovariate(self.rate)
+                self._times.append(t)
+
+    def _make(self, arrival: float) -> tuple[float, Request]:
+        base = self.requests[self._issued % len(self.requests)]
+        req = Request(base.prompt_ids, base.max_new_tokens, base.temperature, base.top_k, base.top_p, self._issued)
+        self._issued += 1
+        return arrival, req
+
+    def _open(self, now: float) -> bool:
+        return self._issued < self.num_requests and (self.duration_s is None or now < self.duration_s)
+
+    def poll(self, now: float, in_flight: int) -> list[tuple[float, Request]]:
+        """Requests that have arrived by ``now`` given ``in_flight`` unfinished requests."""
+        out = []
+        if self.concurrency is not None:
+            while self._open(now) and in_flight + len(out) < self.concurrency:
+                out.append(self._make(now))
+        else:
+            while self._open(now) and self._times[self._issued] <= now:
+                out.append(self._make(self._times[self._issued]))
+        return out
+
+    def next_arrival(self, now: float) -> float | None:
+        """When the next open-loop request arrives (None when no more will)."""
+        if self.rate is None or not self._open(now):
+            return None
+        return self._times[self._issued]
+
+    def exhausted(self, now: float) -> bool:
+        return not self._open(now)
+
+
+@dataclass
+class RequestRecord:
+    id: int
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    prompt_tokens: int
+    output_tokens: list[int]
+    reason: str
+
+    @property
+    def ttft_ms(self) -> float:
+        return 1e3 * (self.first_token_s - self.arrival_s)
+
+    @property
+    def e2e_ms(self) -> float:
+        return 1e3 * (self.finish_s - self.arrival_s)
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Time per output token after the first; None for one-token outputs."""
+        n = len(self.output_tokens)
+        return 1e3 * (self.finish_s - self.first_token_s) / (n - 1) if n > 1 else None
+
+
+def load_metrics(records: list[RequestRecord], wall_s: float) -> dict[str, float | None]:
+    """Run-level latency percentiles and throughput (DESIGN.md, Metrics)."""
+    out: dict[str, float | None] = {}
+    series = {
+        "ttft_ms": [r.ttft_ms for r in records],
+        "tpot_ms": [r.tpot_ms for r in records if r.tpot_ms is not None],
+        "e2e_ms": [r.e2e_ms for r in records],
+    }
+    for name, values in series.items():
+        for q in (50, 95, 99):
+            out[f"{name}_p{q}"] = percentile(values, q)
+    generated = sum(len(r.output_tokens) for r in records)
+    out["generated_tokens"] = generated
+    out["num_requests"] = len(records)
+    out["wall_s"] = wall_s
+    out["tokens_per_second"] = generated / wall_s if wall_s > 0 else None
+    out["requests_per_second"] = len(records) / wall_s if wall_s > 0 else None
+    return out
+
+
+@dataclass
+class RunResult:
+    records: list[RequestRecord]
+    metrics: dict
+
+
+class Scheduler:
+    """Drives a :class:`SpecEngine` with requests from a :class:`LoadGenerator`."""
+
+    def __init__(self, engine: SpecEngine, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.engine, self.clock = engine, clock
+
+    def run(self, load: LoadGenerator, max_steps: int | None = None) -> RunResult:
+        engine, clock = self.engine, self.clock
+        waiting: list[tuple[float, Request]] = []
+        arrival: dict[int, float] = {}
+        first: dict[int, float] = {}
+        prompt_len: dict[int, int] = {}
+        records: list[RequestRecord] = []
+        steps = 0
+        t0 = clock()
+
+        def finish(now: float) -> None:
+            for fin in engine.retire():
+                records.append(RequestRecord(fin.id, arrival[fin.id], first[fin.id], now,
+                                             prompt_len[fin.id], fin.tokens, fin.reason))
+
+        with torch.inference_mode():
+            while True:
+                now = clock() - t0
+                waiting.extend(load.poll(now, len(waiting) + engine.n))
+                if waiting and engine.free_slots():
+                    admit = waiting[: engine.free_slots()]
+                    waiting = waiting[len(admit):]
+                    for t, req in admit:
+                        arrival[req.id], prompt_len[req.id] = t, len(req.prompt_ids)
+                    engine.add([req for _, req in admit])
+                    engine.synchronize()
+                    now = clock() - t0
+                    for _, req in admit:
+                        first[req.id] = now
+                    finish(now)
+                if engine.n:
+                    engine.step()
+                    steps += 1
+                    finish(clock() - t0)
+                    if max_steps is not None and steps >= max_steps:
+                        raise RuntimeError(f"scheduler: no progress after {max_steps} steps")
+                elif not waiting:
+                    if load.exhausted(now):
+                        break
+                    nxt = load.next_arrival(now)
+                    if nxt is not None and nxt > now:
+                        time.sleep(nxt - now)
+        wall = clock() - t0
+        records.sort(key=lambda r: r.id)
+        metrics = load_metrics(records, wall)
+        metrics.update(engine.stats.summary())
+        metrics["steps"] = steps
+        return RunResult(records, metrics)

@@ -1,0 +1,86 @@
+"""Workload files: JSONL prompts a load run replays.
+
+One JSON object per line::
+
+    {"prompt": "def parse(", "max_new_tokens": 64, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
+     "source": "json/decoder.py"}
+
+``prompt`` (non-empty text) is required; ``max_new_tokens`` (>= 1) and the sampling keys are
+optional and default to the run's settings; ``source`` is informational. Every problem is
+reported as ``<file>:<line>: <what>``. A prompt longer than the model's context is refused with
+its length and the limit, unless the caller asked for truncation (keep the last tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import EngineInputError
+
+
+@dataclass(frozen=True)
+class WorkloadItem:
+    prompt: str
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    source: str | None = None
+
+
+def _check_number(path, lineno, key, value, kind, lo, hi=None):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise EngineInputError(f"{path}:{lineno}: {key} must be {'an integer' if kind is int else 'a number'} (got {value!r})")
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise EngineInputError(f"{path}:{lineno}: {key} must be {bound} (got {value})")
+    return kind(value)
+
+
+def load_workload(path: str | Path) -> list[WorkloadItem]:
+    """Parse and validate a JSONL workload file.
+
+    Example:
+        >>> items = load_workload("engine/demo/prompts.jsonl")  # doctest: +SKIP
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise EngineInputError(f"{path}: workload file not found")
+    items: list[WorkloadItem] = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EngineInputError(f"{path}:{lineno}: malformed JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise EngineInputError(f"{path}:{lineno}: expected a JSON object")
+        prompt = obj.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise EngineInputError(f"{path}:{lineno}: prompt must be a non-empty string")
+        items.append(WorkloadItem(
+            prompt=prompt,
+            max_new_tokens=_check_number(path, lineno, "max_new_tokens", obj.get("max_new_tokens"), int, 1),
+            temperature=_check_number(path, lineno, "temperature", obj.get("temperature"), float, 0.0),
+            top_k=_check_number(path, lineno, "top_k", obj.get("top_k"), int, 0),
+            top_p=_check_number(path, lineno, "top_p", obj.get("top_p"), float, 0.0, 1.0),
+            source=obj.get("source"),
+        ))
+    if not items:
+        raise EngineInputError(f"{path}: no prompts")
+    return items
+
+
+def encode_prompt(ids: list[int], limit: int, where: str, truncate: bool = False) -> list[int]:
+    """Check a tokenized prompt against the context ``limit`` (or keep its last tokens)."""
+    if len(ids) <= limit:
+        return ids
+    if truncate:
+        return ids[-limit:]
+    raise EngineInputError(f"{where}: prompt is {len(ids)} tokens, longer than the limit of {limit} "
+                           "(context minus max_new_tokens); shorten it or ask for truncation")
