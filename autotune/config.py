@@ -1,0 +1,303 @@
+"""tune.yaml: the single input of ``autotune tune``, validated into a :class:`TuneConfig`.
+
+Every problem is reported as ``<key.path>: <problem> (got <value>)`` through
+:class:`~autotune.errors.ConfigError`; the CLI prints it on one line and exits with 2 before
+anything is measured or written. Unknown keys are errors too (a typo must not be ignored).
+Relative paths are resolved against the folder of the config file. The bundled
+``tune.yaml`` documents every key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.errors import ConfigError
+
+DRAFTERS = ("model", "ngram", "none")
+SCHEDULES = ("constant", "heuristic")
+LATENCIES = ("tpot_ms_p95", "tpot_ms_p50", "e2e_ms_p95", "e2e_ms_p50", "ttft_ms_p95", "ttft_ms_p50")
+SLO_KEYS = LATENCIES + ("min_tokens_per_second",)
+EXPORT_FORMATS = ("vllm", "sglang", "trtllm", "tgi", "hf", "llamacpp", "yaml")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Range:
+    """A searched range [low, high], or a fixed value when low == high."""
+
+    low: float
+    high: float
+
+    @property
+    def fixed(self) -> bool:
+        return self.low == self.high
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    target: Path
+    draft: Path | None
+    device: str = "auto"
+    dtype: str = "float32"
+    prompts: Path = Path("prompts.jsonl")
+    max_new_tokens: int = 48
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    concurrency: tuple[int, ...] = (1, 4)
+    rate: float | None = None
+    num_requests: int = 8
+    truncate_prompts: bool = False
+    drafters: tuple[str, ...] = ("model",)
+    gamma: Range = Range(0, 8)
+    confidence_threshold: Range = Range(0.0, 0.5)
+    gamma_schedules: tuple[str, ...] = ("constant",)
+    max_batch_size: tuple[int, ...] = (4,)
+    gamma_cap: int | str = "auto"
+    ngram_min: int = 2
+    ngram_max: int = 4
+    latency: str = "tpot_ms_p95"
+    slo: dict[str, float] = field(default_factory=dict)
+    n_trials: int = 20
+    timeout_s: float | None = None
+    seed: int = 0
+    storage: str = "sqlite:///autotune.db"
+    study_name: str | None = None
+    export_formats: tuple[str, ...] = ()
+    export_dir: Path = Path("exports")
+    profile_gamma_max: int = 8
+    remeasure_top: int = 3
+    source: Path | None = None
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """Batch sizes the load puts on the engine: one per concurrency level."""
+        return self.concurrency if self.rate is None else (max(self.max_batch_size),)
+
+
+class _Section:
+    """Reads one mapping, tracking the key path and refusing unknown keys."""
+
+    def __init__(self, raw: Any, path: str, required: bool = False) -> None:
+        if raw is None and not required:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path or 'tune.yaml'}: must be a mapping (got {type(raw).__name__})")
+        self.raw, self.path, self.seen = raw, path, set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.seen.add(name)
+        return self.raw.get(name, default)
+
+    def sub(self, name: str) -> _Section:
+        return _Section(self.get(name), self.key(name))
+
+    def done(self) -> None:
+        extra = sorted(set(map(str, self.raw)) - self.seen)
+        if extra:
+            raise ConfigError(f"{self.key(extra[0])}: unknown key")
+
+    # typed getters ------------------------------------------------------------------
+    def int(self, name: str, default: int | None, lo: int | None = None, allow_none: bool = False) -> int | None:
+        v = self.get(name, default)
+        if v is None and allow_none:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{self.key(name)}: must be an integer (got {v!r})")
+        if lo is not None and v < lo:
+            raise ConfigError(f"{self.key(name)}: must be >= {lo} (got {v})")
+        return v
+
+    def num(self, name: str, default: float | None, lo: float | None = None, hi: float | None = None,
+            allow_none: bool = False, open_lo: bool = False) -> float | None:
+        v = self.get(name, default)
+        if v is None and allow_none:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{self.key(name)}: must be a number (got {v!r})")
+        if lo is not None and (v < lo or (open_lo and v == lo)):
+            raise ConfigError(f"{self.key(name)}: must be {'>' if open_lo else '>='} {lo} (got {v})")
+        if hi is not None and v > hi:
+            raise ConfigError(f"{self.key(name)}: must be <= {hi} (got {v})")
+        return float(v)
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        v = self.get(name, default)
+        if v not in choices:
+            raise ConfigError(f"{self.key(name)}: must be one of {', '.join(choices)} (got {v!r})")
+        return v
+
+    def choices(self, name: str, default: tuple[str, ...], choices: tuple[str, ...]) -> tuple[str, ...]:
+        v = self.get(name, list(default))
+        vals = [v] if isinstance(v, str) else v
+        if not isinstance(vals, list) or not vals:
+            raise ConfigError(f"{self.key(name)}: must be one of {', '.join(choices)} or a non-empty list (got {v!r})")
+        for x in vals:
+            if x not in choices:
+                raise ConfigError(f"{self.key(name)}: {x!r} is not one of {', '.join(choices)}")
+        return tuple(dict.fromkeys(vals))
+
+    def ints(self, name: str, default: tuple[int, ...], lo: int = 1) -> tuple[int, ...]:
+        v = self.get(name, list(default))
+        vals = [v] if isinstance(v, int) and not isinstance(v, bool) else v
+        if not isinstance(vals, list) or not vals:
+            raise ConfigError(f"{self.key(name)}: must be an integer or a non-empty list of integers (got {v!r})")
+        for x in vals:
+            if isinstance(x, bool) or not isinstance(x, int) or x < lo:
+                raise ConfigError(f"{self.key(name)}: every value must be an integer >= {lo} (got {x!r})")
+        return tuple(sorted(set(vals)))
+
+    def range(self, name: str, default: Range, lo: float, hi: float | None, integer: bool) -> Range:
+        v = self.get(name, {"low": default.low, "high": default.high})
+        kind = "an integer" if integer else "a number"
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            sub = _Section({"low": v, "high": v}, self.key(name))
+        else:
+            sub = _Section(v, self.key(name))
+        get = (lambda k: sub.int(k, None, lo=int(lo))) if integer else (lambda k: sub.num(k, None, lo=lo, hi=hi))
+        if sub.raw.get("low") is None or sub.raw.get("high") is None:
+            raise ConfigError(f"{self.key(name)}: must be {kind} or a mapping with low and high")
+        low, high = get("low"), get("high")
+        sub.done()
+        if hi is not None and high > hi:
+            raise ConfigError(f"{self.key(name)}.high: must be <= {hi} (got {high})")
+        if high < low:
+            raise ConfigError(f"{self.key(name)}.high: must be >= {self.key(name)}.low (got {high} < {low})")
+        return Range(low, high)
+
+    def path_(self, name: str, base: Path, default: Any = None, must_exist: bool = True,
+              allow_none: bool = False) -> Path | None:
+        v = self.get(name, default)
+        if v is None and allow_none:
+            return None
+        if not isinstance(v, str) or not v:
+            raise ConfigError(f"{self.key(name)}: must be a path (got {v!r})")
+        p = Path(v).expanduser()
+        p = p if p.is_absolute() else (base / p)
+        if must_exist and not p.exists():
+            raise ConfigError(f"{self.key(name)}: {v} does not exist (resolved to {p})")
+        return p
+
+
+def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
+    """Validate a parsed tune.yaml mapping; paths resolve against ``base``."""
+    top = _Section(raw, "", required=True)
+    m = top.sub("models")
+    target = m.path_("target", base, default=None)
+    draft = m.path_("draft", base, allow_none=True)
+    device = m.get("device", "auto")
+    if not isinstance(device, str) or not (device in ("auto", "cpu") or device.startswith("cuda")):
+        raise ConfigError(f"models.device: must be auto, cpu or cuda[:N] (got {device!r})")
+    dtype = m.choice("dtype", "float32", DTYPES)
+    m.done()
+
+    w = top.sub("workload")
+    prompts = w.path_("prompts", base, default=None)
+    max_new = w.int("max_new_tokens", 48, lo=1)
+    temperature = w.num("temperature", 0.0, lo=0.0)
+    top_k = w.int("top_k", 0, lo=0)
+    top_p = w.num("top_p", 1.0, lo=0.0, hi=1.0, open_lo=True)
+    rate = w.num("rate", None, lo=0.0, open_lo=True, allow_none=True)
+    concurrency = w.ints("concurrency", (1, 4))
+    num_requests = w.int("num_requests", 8, lo=1)
+    truncate = w.get("truncate_prompts", False)
+    if not isinstance(truncate, bool):
+        raise ConfigError(f"workload.truncate_prompts: must be true or false (got {truncate!r})")
+    w.done()
+
+    s = top.sub("search")
+    drafters = s.choices("drafter", ("model",), DRAFTERS)
+    gamma = s.range("gamma", Range(0, 8), 0, 32, integer=True)
+    thr = s.range("confidence_threshold", Range(0.0, 0.5), 0.0, 1.0, integer=False)
+    schedules = s.choices("gamma_schedule", ("constant",), SCHEDULES)
+    max_batch = s.ints("max_batch_size", (max(concurrency),))
+    cap = s.get("gamma_cap", "auto")
+    if not (cap in ("auto", "off") or (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0)):
+        raise ConfigError(f"search.gamma_cap: must be auto, off or an integer >= 0 (got {cap!r})")
+    ngram_min = s.int("ngram_min", 2, lo=1)
+    ngram_max = s.int("ngram_max", 4, lo=1)
+    if ngram_max < ngram_min:
+        raise ConfigError(f"search.ngram_max: must be >= search.ngram_min (got {ngram_max} < {ngram_min})")
+    s.done()
+    if "model" in drafters and draft is None:
+        raise ConfigError("models.draft: required when search.drafter includes 'model'")
+
+    o = top.sub("objectives")
+    latency = o.choice("latency", "tpot_ms_p95", LATENCIES)
+    slo_sec = o.sub("slo")
+    slo = {}
+    for k in list(slo_sec.raw):
+        if k not in SLO_KEYS:
+            raise ConfigError(f"objectives.slo.{k}: unknown SLO (choose from {', '.join(SLO_KEYS)})")
+        val = slo_sec.num(k, None, lo=0.0, open_lo=True, allow_none=True)
+        if val is not None:
+            slo[k] = val
+    o.done()
+
+    b = top.sub("budget")
+    n_trials = b.int("n_trials", 20, lo=1)
+    timeout = b.num("timeout_s", None, lo=0.0, open_lo=True, allow_none=True)
+    seed = b.int("seed", 0)
+    remeasure = b.int("remeasure_top", 3, lo=1)
+    b.done()
+
+    st = top.sub("storage")
+    url = st.get("url", "sqlite:///autotune.db")
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigError(f"storage.url: must be an SQLAlchemy URL like sqlite:///autotune.db (got {url!r})")
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
+        url = "sqlite:///" + str((base / url[len("sqlite:///"):]).resolve())
+    study = st.get("study_name")
+    if study is not None and (not isinstance(study, str) or not study):
+        raise ConfigError(f"storage.study_name: must be a non-empty string or null (got {study!r})")
+    st.done()
+
+    e = top.sub("export")
+    formats = e.choices("formats", ("yaml",), EXPORT_FORMATS) if e.raw.get("formats") else ()
+    e.seen.add("formats")
+    export_dir = e.path_("dir", base, default="exports", must_exist=False)
+    e.done()
+
+    p = top.sub("profile")
+    gmax = p.int("gamma_max", max(int(gamma.high), 1), lo=1)
+    p.done()
+    if gamma.high > gmax:
+        raise ConfigError(f"profile.gamma_max: must be >= search.gamma.high (got {gmax} < {int(gamma.high)})")
+    top.done()
+    return TuneConfig(
+        target=target, draft=draft, device=device, dtype=dtype, prompts=prompts, max_new_tokens=max_new,
+        temperature=temperature, top_k=top_k, top_p=top_p, concurrency=concurrency, rate=rate,
+        num_requests=num_requests, truncate_prompts=truncate, drafters=drafters,
+        gamma=Range(int(gamma.low), int(gamma.high)), confidence_threshold=thr, gamma_schedules=schedules,
+        max_batch_size=max_batch, gamma_cap=cap, ngram_min=ngram_min, ngram_max=ngram_max, latency=latency,
+        slo=slo, n_trials=n_trials, timeout_s=timeout, seed=seed, storage=url, study_name=study,
+        export_formats=formats, export_dir=export_dir, profile_gamma_max=gmax, remeasure_top=remeasure,
+        source=source,
+    )
+
+
+def load_config(path: str | Path) -> TuneConfig:
+    """Read and validate a tune.yaml (yaml.safe_load only).
+
+    Example:
+        >>> cfg = load_config("tune.yaml")  # doctest: +SKIP
+        >>> cfg.gamma.high  # doctest: +SKIP
+        8
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    return parse(raw, path.resolve().parent, path)

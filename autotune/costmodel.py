@@ -1,0 +1,165 @@
+"""Cost model: predict tokens per step, step time, throughput and TPOT from measurements.
+
+Pure functions over plain Python data (no torch), so they are cheap to call thousands of times
+inside the study and easy to test on synthetic curves with known answers.
+
+Leviathan et al. 2023, Thm 3.8, generalised to measured costs and per-position acceptance:
+
+    E(gamma)   = 1 + sum_{i=1..gamma} P(draft token i accepted)
+    T(B, gamma) = draft_forwards * T_draft(B) + T_verify(B, gamma + 1)
+    tokens/s   = B * E / T        tpot = T / E
+
+``per_position_acceptance[i]`` is DESIGN.md's unconditional fraction (token i accepted, so all
+before it too); with a constant conditional rate alpha it is alpha^i and E reduces to
+(1 - alpha^(gamma+1)) / (1 - alpha).
+
+A confidence threshold is predicted from the profiler's per-step *samples*: for each verify
+step at gamma_max and threshold 0, the number of accepted tokens and the draft's top
+probability at every position. Under threshold tau a row stops drafting at the first position
+whose confidence is below tau, so that step would have accepted min(n_accepted, first_low)
+tokens and run min(first_low + 1, gamma) draft forwards.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One profiled verify step of one row: tokens accepted and draft confidence per position."""
+
+    n_accepted: int
+    confidence: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Curves:
+    """Measured step times in seconds.
+
+    ``t_verify[B][k]``: a target forward of B rows x k tokens; ``t_draft[B]``: one draft
+    forward of B rows x 1 token. Batch sizes are the measured ones (powers of two); other
+    batch sizes are interpolated linearly.
+    """
+
+    t_verify: dict[int, dict[int, float]]
+    t_draft: dict[int, float]
+
+    def verify(self, batch: float, k: int) -> float:
+        return _interp({b: row[min(k, max(row))] for b, row in self.t_verify.items()}, batch)
+
+    def draft(self, batch: float) -> float:
+        return _interp(self.t_draft, batch) if self.t_draft else 0.0
+
+
+def _interp(points: dict[int, float], x: float) -> float:
+    """Piecewise-linear in x through measured points; linear extrapolation from the last two."""
+    xs = sorted(points)
+    if len(xs) == 1:
+        return points[xs[0]] * max(x, 1) / xs[0] if x > xs[0] else points[xs[0]]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1 = xs[i - 1], xs[i]
+    y0, y1 = points[x0], points[x1]
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), min(y0, y1) if x < x0 else 0.0)
+
+
+def expected_tokens(per_position_acceptance: Sequence[float], gamma: int) -> float:
+    """E(gamma) = 1 + sum of the first gamma unconditional per-position acceptances.
+
+    Example:
+        >>> round(expected_tokens([0.8, 0.64, 0.512], 3), 3)  # alpha = 0.8
+        2.952
+    """
+    if gamma > len(per_position_acceptance):
+        raise ValueError(f"gamma {gamma} beyond the {len(per_position_acceptance)} profiled positions")
+    return 1.0 + sum(per_position_acceptance[:gamma])
+
+
+def expected_tokens_constant(alpha: float, gamma: int) -> float:
+    """Leviathan's closed form (1 - alpha^(gamma+1)) / (1 - alpha)."""
+    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def per_position_acceptance(samples: Sequence[StepSample], gamma_max: int) -> list[float]:
+    """Unconditional per-position acceptance from profiled steps (threshold 0)."""
+    if not samples:
+        return [0.0] * gamma_max
+    return [sum(s.n_accepted > i for s in samples) / len(samples) for i in range(gamma_max)]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Expected per-row behaviour of one step for a (gamma, threshold)."""
+
+    tokens: float  # emitted tokens per row per step, bonus included
+    draft_forwards: float  # batched draft forwards per step
+    verify_width: float  # tokens per row in the verify pass (1 + max proposals in the batch)
+
+
+def step_stats(samples: Sequence[StepSample], gamma: int, threshold: float, batch: int = 1,
+               seed: int = 0) -> StepStats:
+    """Expected tokens, draft forwards and verify width per step from profiled samples.
+
+    With batch > 1, rows draft in lock step: the batch runs as many draft forwards as its
+    longest row needs, and the verify pass is as wide as its longest proposal. Those maxima
+    are estimated by resampling batches of profiled rows (seeded, deterministic).
+    """
+    if gamma == 0 or not samples:
+        return StepStats(1.0, 0.0, 1.0)
+    rows = []
+    for s in samples:
+        low = next((i for i, c in enumerate(s.confidence[:gamma]) if c < threshold), None)
+        proposed = gamma if low is None else low
+        forwards = gamma if low is None else min(low + 1, gamma)
+        rows.append((1 + min(s.n_accepted, proposed), forwards, proposed))
+    tokens = sum(r[0] for r in rows) / len(rows)
+    if batch <= 1:
+        return StepStats(tokens, sum(r[1] for r in rows) / len(rows), 1 + sum(r[2] for r in rows) / len(rows))
+    rng = random.Random(seed)
+    draws = [[rng.choice(rows) for _ in range(batch)] for _ in range(256)]
+    forwards = sum(max(r[1] for r in d) for d in draws) / len(draws)
+    width = sum(1 + max(r[2] for r in d) for d in draws) / len(draws)
+    return StepStats(tokens, forwards, width)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    gamma: int
+    confidence_threshold: float
+    batch_size: int
+    tokens_per_step: float
+    step_time_s: float
+    tokens_per_second: float
+    tpot_ms: float
+    speedup: float  # over plain decoding at the same batch size
+
+
+def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold: float,
+            batch: int) -> Prediction:
+    """Predicted throughput and time per output token of (gamma, threshold) at batch size B.
+
+    Example:
+        >>> curves = Curves({1: {1: 0.010, 2: 0.0105, 3: 0.011}}, {1: 0.001})
+        >>> samples = [StepSample(2, (0.9, 0.9)), StepSample(0, (0.2, 0.9))]
+        >>> p = predict(curves, samples, gamma=2, threshold=0.0, batch=1)
+        >>> round(p.tokens_per_step, 2), round(p.step_time_s, 4)
+        (2.0, 0.013)
+    """
+    st = step_stats(samples, gamma, threshold, batch)
+    t_verify = curves.verify(batch, max(1, round(st.verify_width)))
+    step = st.draft_forwards * curves.draft(batch) + t_verify
+    t_decode = curves.verify(batch, 1)
+    tps = batch * st.tokens / step
+    return Prediction(gamma, threshold, batch, st.tokens, step, tps, 1e3 * step / st.tokens,
+                      tps / (batch / t_decode))
+
+
+def best_gamma(curves: Curves, samples: Sequence[StepSample], batch: int, gamma_max: int,
+               thresholds: Sequence[float] = (0.0,)) -> Prediction:
+    """The highest-throughput (gamma, threshold) at batch size B; gamma 0 when nothing pays."""
+    cands = [predict(curves, samples, g, t, batch) for g in range(gamma_max + 1)
+             for t in (thresholds if g else (0.0,))]
+    return max(cands, key=lambda p: (p.tokens_per_second, -p.gamma))
