@@ -113,3 +113,117 @@ def bench(target, draft, drafter, gamma, confidence_threshold, gamma_schedule, b
     click.echo(table(["metric", "speculative", "autoregressive"], rows))
     if "greedy_match" in result:
         click.echo(f"greedy_match: {str(result['greedy_match']).lower()}")
+
+
+CONFIG_OPTION = click.option("--config", "config_path", type=click.Path(path_type=Path), default="tune.yaml",
+                             show_default=True, help="The tuning config (see the bundled tune.yaml).")
+
+
+def _say_err(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+@main.command()
+@CONFIG_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def profile(config_path, as_json):
+    """Fingerprint the device, measure ceilings and verify/draft curves, classify, and store."""
+    from autotune import context
+    from autotune.config import load_config
+
+    cfg = load_config(config_path)
+    ctx = context.build(cfg)
+    data, _ = context.ensure_profile(ctx, reprofile=True, progress=lambda s: _say_err(f"  measured: {s}"))
+    if as_json:
+        _print_json(data)
+        return
+    click.echo(render_profile(data))
+
+
+def render_profile(data: dict) -> str:
+    """Human view of a profiler measurement: identity, ceilings, knee, batch-size table."""
+    fp, ce = data["fingerprint"], data["ceilings"]
+    theo = fp.get("theoretical") or {}
+    lines = [f"device      {fp['label']}  [{fp['key']}]",
+             f"bandwidth   measured {ce['copy_bandwidth']['median_bytes_per_s'] / 1e9:.1f} GB/s"
+             + (f", theoretical {theo['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s" if theo.get("bandwidth_bytes_per_s") else ""),
+             f"matmul      measured {ce['matmul']['median_flops'] / 1e12:.3f} TFLOP/s"
+             + (f", theoretical {theo['dense_bf16_flops'] / 1e12:.0f} TFLOP/s" if theo.get("dense_bf16_flops") else ""),
+             f"ridge       {ce['ridge_flops_per_byte']:.1f} FLOP/byte",
+             f"knee n*     {data['knee_tokens'] or '> ' + str(max(int(n) for n in data['curves']['knee_curve']))} tokens per verify pass",
+             f"acceptance  {data['acceptance']['acceptance_rate'] or 0:.3f} at gamma {data['acceptance']['gamma_max']} "
+             f"(per position: {', '.join(f'{a:.2f}' for a in data['acceptance']['per_position_acceptance'])})", ""]
+    cl = data["classification"]
+    rows = [(r["batch_size"], r["verify_cost"], r["label"], r["best_gamma"], r["best_threshold"],
+             r["predicted_speedup"]) for r in cl["batch_sizes"]]
+    lines.append(table(["batch", f"verify cost (gamma={cl['gamma_max']}+1 vs 1)", "label", "best gamma",
+                        "best threshold", "predicted speedup"], rows))
+    return "\n".join(lines)
+
+
+@main.command()
+@CONFIG_OPTION
+@click.option("--trials", type=click.IntRange(min=1), default=None, help="Override budget.n_trials.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Override budget.timeout_s.")
+@click.option("--storage", default=None, help="Override storage.url (any SQLAlchemy URL).")
+@click.option("--study", "study_name", default=None, help="Override storage.study_name.")
+@click.option("--resume", is_flag=True, help="Continue the latest study for this device, pair and workload.")
+@click.option("--reprofile", is_flag=True, help="Measure the device again instead of reusing the stored profile.")
+@click.option("--json", "as_json", is_flag=True, help="Print the stored profile as one JSON object.")
+def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, as_json):
+    """The main job: profile this host, run the Optuna study, store the profile, write exports."""
+    import dataclasses
+
+    from autotune.config import load_config
+    from autotune.tune import Interrupted, run_tune
+
+    cfg = load_config(config_path)
+    overrides = {k: v for k, v in {"n_trials": trials, "timeout_s": timeout, "study_name": study_name}.items()
+                 if v is not None}
+    if storage is not None:
+        if "://" not in storage:
+            raise click.BadParameter(f"not an SQLAlchemy URL: {storage!r}", param_hint="--storage")
+        overrides["storage"] = storage
+    cfg = dataclasses.replace(cfg, **overrides)
+    try:
+        prof = run_tune(cfg, resume=resume, reprofile=reprofile, say=_say_err)
+    except Interrupted as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(130)
+    if as_json:
+        _print_json(prof)
+        return
+    click.echo(render_tune(prof))
+
+
+def render_tune(p: dict) -> str:
+    m, c = p["metrics"], p["chosen"]
+    lat = m["latency_metric"]
+    lines = [
+        f"profile #{p.get('id')} for {p['device']['label']} ({p['study']['n_trials']} trials, study {p['study']['name']})",
+        f"chosen      drafter={c['drafter']} gamma={c['gamma']} threshold={c['confidence_threshold']:.2f} "
+        f"schedule={c['gamma_schedule']} max_batch_size={c['max_batch_size']}  ({p['selection']['reason']})",
+        "",
+    ]
+    rows = []
+    for b, lv in sorted(m["per_level"].items(), key=lambda kv: int(kv[0])):
+        base = p["baseline"]["per_level"].get(b) or p["baseline"]["per_level"].get(str(b)) or {}
+        rows.append((b, lv["tokens_per_second"], base.get("tokens_per_second"),
+                     lv["tokens_per_second"] / base["tokens_per_second"] if base.get("tokens_per_second") else None,
+                     lv["tpot_ms_p50"], lv["tpot_ms_p95"], lv["ttft_ms_p95"], lv["e2e_ms_p95"], lv["acceptance_rate"]))
+    lines.append(table(["load", "tok/s", "AR tok/s", "speedup", "tpot p50", "tpot p95", "ttft p95", "e2e p95",
+                        "acceptance"], rows))
+    lines += ["",
+              f"overall     {m['tokens_per_second']:.1f} tok/s, {lat} {m['latency_ms']:.1f} ms; "
+              f"speedup {m['speedup']:.2f}x over AR"
+              + (f", {m['speedup_over_best_static']:.2f}x over the best static-gamma trial"
+                 if m.get("speedup_over_best_static") else ""),
+              "classes     " + ", ".join(f"B={r['batch_size']}: {r['label']}" for r in p["classification"]["batch_sizes"])
+              + f"; knee n* = {p['knee_tokens']}",
+              "schedule    " + ", ".join(f"B={e['batch_size']}: gamma {e['gamma']}" for e in p["schedule"])
+              + (f"; speculation off from batch size {p['crossover_batch_size']}" if p["crossover_batch_size"] else
+                 "; speculation pays at every measured batch size"),
+              f"stored      profile #{p.get('id')} in {p['study']['storage']}"]
+    if p.get("exports"):
+        lines.append("exports     " + ", ".join(p["exports"]))
+    return "\n".join(lines)

@@ -471,7 +471,7 @@ def _cpu_device_fields() -> dict[str, Any]:
 def _software_fields(dtype: str) -> dict[str, Any]:
     """Library versions a measurement depends on, plus the dtype it was taken in."""
     return {
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "python": platform.python_version(),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from tokenizers import Tokenizer
 
+from autotune.costmodel import StepSample
 from engine.generate import make_drafter
 from engine.loader import ModelPair
 from engine.metrics import draft_cost_ratio, speedup, verification_efficiency
@@ -73,8 +74,13 @@ def run_load(
     load: LoadSpec,
     seed: int = 0,
     warmup: bool = True,
+    trace: bool = False,
 ) -> RunResult:
-    """One engine run of ``requests`` under ``load`` with speculation settings ``spec``."""
+    """One engine run of ``requests`` under ``load`` with speculation settings ``spec``.
+
+    ``trace=True`` also returns per-row step samples (``RunResult.trace``: tokens accepted and
+    draft confidence per position, as :class:`~autotune.costmodel.StepSample`).
+    """
     if spec.gamma == 0:
         drafter = "none"
     device = pair.target.lm_head.weight.device
@@ -83,18 +89,25 @@ def run_load(
     eos = pair.target.config.eos_token_ids
     concurrency = load.concurrency if load.concurrency is not None or load.rate is not None else load.max_batch_size
 
-    def once(reqs: list[Request], n: int, conc: int | None, rate: float | None) -> RunResult:
+    def once(reqs: list[Request], n: int, conc: int | None, rate: float | None, record: bool = False) -> RunResult:
         generator = torch.Generator(device=device).manual_seed(seed)
         engine = SpecEngine(pair.target, make_drafter(drafter, pair), spec, load.max_batch_size, max_seq_len,
                             eos, generator)
+        if record:
+            engine.trace = []
         gen = LoadGenerator(reqs, n, concurrency=conc, rate=rate, duration_s=load.duration_s, seed=seed)
-        return Scheduler(engine).run(gen)
+        result = Scheduler(engine).run(gen)
+        if record:
+            result.trace = [StepSample(int(n_acc), tuple(conf))
+                            for accepted, confidence in engine.trace
+                            for n_acc, conf in zip(accepted.tolist(), confidence.tolist(), strict=True)]
+        return result
 
     if warmup:  # first-touch allocations and lazy init out of the measured run
         short = [Request(r.prompt_ids, min(r.max_new_tokens, 8), r.temperature, r.top_k, r.top_p, r.id)
                  for r in requests[: load.max_batch_size]]
         once(short, len(short), load.max_batch_size, None)
-    return once(requests, load.num_requests, concurrency, load.rate)
+    return once(requests, load.num_requests, concurrency, load.rate, trace)
 
 
 def compare(

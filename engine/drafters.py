@@ -49,6 +49,10 @@ class Drafter:
     def commit(self, new_length: torch.Tensor) -> None:
         """Rows now hold ``new_length`` tokens (pending one included); roll back what was rejected."""
 
+    def confidence(self, batch: int, width: int) -> torch.Tensor:
+        """(B, G) top probability behind each proposal of the last ``propose`` (1 when certain)."""
+        return torch.ones(batch, width)
+
     def move(self, src: int, dst: int, length: int) -> None:
         """Slot ``src`` now lives in slot ``dst`` (the engine compacts finished rows away)."""
 
@@ -66,6 +70,7 @@ class ModelDrafter(Drafter):
         self.cache = None
         self.draft_len: torch.Tensor | None = None  # (slots,) tokens of the row held in the draft cache
         self._fed: torch.Tensor | None = None
+        self._conf: list[torch.Tensor] = []
 
     def reset(self, slots: int, max_seq_len: int) -> None:
         self.cache = self.model.new_cache(slots, max_seq_len)
@@ -96,14 +101,16 @@ class ModelDrafter(Drafter):
         active = gammas > 0
         start, last = dlen, n_pending - 1
         iters = 0
+        self._conf = []
         for i in range(gamma_max):
             logits = self.model(inp, cache=self.cache, start=start, kv_len=kv_len, slot0=0)  # (B, W, V)
             logits = logits.gather(1, last[:, None, None].expand(-1, 1, logits.shape[-1]))  # (B, 1, V)
             probs = process_logits(logits, temperature, top_k, top_p)[:, 0]  # (B, V)
             iters += 1
             tok = sample(probs, generator)  # one-hot rows (greedy) give their argmax
+            conf = torch.where(greedy, logits[:, 0].float().softmax(-1).amax(-1), probs.amax(-1))  # (B,)
+            self._conf.append(conf)
             if threshold > 0:
-                conf = torch.where(greedy, logits[:, 0].float().softmax(-1).amax(-1), probs.amax(-1))
                 active = active & (conf >= threshold)
             out_tokens[:, i] = tok
             out_probs.append(probs)
@@ -116,6 +123,9 @@ class ModelDrafter(Drafter):
         self._fed[:b] = dlen + n_pending + iters - 1  # positions written with valid inputs
         probs_t = torch.stack(out_probs, 1)  # (B, iters, V)
         return out_tokens[:, :iters], probs_t, n_proposed
+
+    def confidence(self, batch: int, width: int) -> torch.Tensor:
+        return torch.stack(self._conf, 1)[:batch, :width]
 
     def commit(self, new_length: torch.Tensor) -> None:
         b = new_length.shape[0]

@@ -132,6 +132,7 @@ def load_metrics(records: list[RequestRecord], wall_s: float) -> dict[str, float
 class RunResult:
     records: list[RequestRecord]
     metrics: dict
+    trace: list = field(default_factory=list)
 
 
 class Scheduler:

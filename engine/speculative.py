@@ -124,6 +124,7 @@ class SpecEngine:
         self._filters = [(False, False)] * s  # per slot: uses top-k, uses top-p
         self.stats = SpecStats(self.gamma_cap, dev)
         self._timed = dev.type == "cuda"
+        self.trace: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # set to [] to record steps
 
     # ------------------------------------------------------------------ admission
 
@@ -237,6 +238,8 @@ class SpecEngine:
                 full = (n_acc == n_prop) & (n_prop > 0)
                 self.gamma[rows] = torch.where(full, self.gamma[rows] + 2, self.gamma[rows] - 1).clamp(1, self.gamma_cap)
         self.stats.record(n_prop, n_acc, n_emit)
+        if self.trace is not None and g > 0:  # per row: tokens accepted, draft confidence per position
+            self.trace.append((n_acc, self.drafter.confidence(b, g)))
         host = torch.stack([n_emit, new_len, self.gamma[rows]]).tolist()  # the step's one host sync
         t2 = time.perf_counter()
         self.stats.draft_time_s += t1 - t0

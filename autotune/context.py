@@ -1,0 +1,100 @@
+"""Everything a command needs from a validated tune.yaml: pair, requests, store, identities.
+
+``autotune profile`` and ``autotune tune`` both start here, so they agree on what "the same
+device + pair + workload" means (the keys under which profiles are stored and reused).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autotune import profiler
+from autotune.config import TuneConfig
+from autotune.hardware import fingerprint
+from autotune.runner import Sampling, build_requests
+from engine.loader import ModelPair, load_pair
+from engine.speculative import Request
+from engine.workload import load_workload
+from profiles.hashing import hash_folder, hash_json
+from profiles.store import Store
+
+
+@dataclass
+class Context:
+    cfg: TuneConfig
+    pair: ModelPair
+    requests: list[Request]
+    store: Store
+    fingerprint: dict
+    target_hash: str
+    draft_hash: str | None
+    workload: dict
+    workload_hash: str
+    pair_id: int
+
+    @property
+    def device_key(self) -> str:
+        return self.fingerprint["key"]
+
+    @property
+    def profile_drafter(self) -> str:
+        """The drafter whose acceptance the profiler measures (the first searched one that drafts)."""
+        return next((d for d in self.cfg.drafters if d != "none"), "none")
+
+
+def build(cfg: TuneConfig) -> Context:
+    """Load the pair and workload, open the store, compute the identity hashes."""
+    needs_draft = "model" in cfg.drafters
+    pair = load_pair(cfg.target, cfg.draft if needs_draft else None, dtype=cfg.dtype, device=cfg.device)
+    if pair.tokenizer is None:
+        from engine.errors import EngineInputError
+
+        raise EngineInputError(f"{cfg.target}: no tokenizer.json")
+    items = load_workload(cfg.prompts)
+    sampling = Sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
+    requests = build_requests(items, pair.tokenizer, sampling, pair.target.config.max_position_embeddings,
+                              where=str(cfg.prompts), truncate=cfg.truncate_prompts)
+    device = str(pair.target.lm_head.weight.device)
+    fp = fingerprint(device, cfg.dtype)
+    target_hash = hash_folder(cfg.target)
+    draft_hash = hash_folder(cfg.draft) if needs_draft else None
+    workload = {
+        "prompts": str(cfg.prompts), "prompts_sha256": hash_json([i.__dict__ for i in items]),
+        "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_k": cfg.top_k,
+        "top_p": cfg.top_p, "concurrency": list(cfg.concurrency), "rate": cfg.rate,
+        "num_requests": cfg.num_requests, "dtype": cfg.dtype,
+    }
+    store = Store(cfg.storage)
+    store.upsert_device(fp)
+    drafter = "model" if needs_draft else cfg.drafters[0]
+    pair_id = store.upsert_pair(str(cfg.target), str(cfg.draft) if needs_draft else None, drafter,
+                                target_hash, draft_hash)
+    return Context(cfg, pair, requests, store, fp, target_hash, draft_hash, workload, hash_json(workload), pair_id)
+
+
+def ensure_profile(ctx: Context, reprofile: bool = False,
+                   progress: Callable[[str], None] | None = None) -> tuple[dict, bool]:
+    """The stored profiler measurement for this device + pair + workload, measuring if needed.
+
+    Returns ``(measurement, reused)``.
+    """
+    if not reprofile:
+        found = ctx.store.latest_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler")
+        if found is not None:
+            return found["data"], True
+    cfg = ctx.cfg
+    thresholds = _threshold_grid(cfg.confidence_threshold.low, cfg.confidence_threshold.high)
+    data = profiler.measure(ctx.pair, ctx.requests, ctx.profile_drafter, max(cfg.batch_sizes),
+                            cfg.profile_gamma_max, str(ctx.pair.target.lm_head.weight.device), cfg.dtype,
+                            thresholds, cfg.seed, progress)
+    data = json.loads(json.dumps(data))  # stored form (string keys), same as a reused one
+    ctx.store.save_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler", data)
+    return data, False
+
+
+def _threshold_grid(low: float, high: float, steps: int = 6) -> tuple[float, ...]:
+    if high <= low:
+        return (low,)
+    return tuple(round(low + (high - low) * i / (steps - 1), 4) for i in range(steps))

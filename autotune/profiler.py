@@ -1,0 +1,149 @@
+"""The profiler: what this device does with this model pair, measured.
+
+``measure`` produces one JSON-serialisable dict (stored whole in the profile database):
+
+- ``fingerprint`` and ``ceilings``: device identity, theoretical and measured roofline;
+- ``curves``: ``t_verify[B][k]`` (a target forward of B rows x k tokens over a cache filled
+  to the workload's typical context) and ``t_draft[B]`` (one batched draft forward), for B in
+  powers of two up to the largest batch size, k = 1 .. gamma_max + 1;
+- ``knee_curve``: T(n) for verify passes of n = B*k tokens in powers of two, and ``knee_tokens``;
+- ``acceptance``: per-position acceptance at gamma_max and threshold 0, and the per-step
+  samples (tokens accepted, draft confidence per position) the cost model uses to predict any
+  confidence threshold without rerunning;
+- ``verification_efficiency[B][k]`` and ``draft_cost_ratio[B]`` (DESIGN.md, Metrics);
+- ``classification``: the per-batch-size table (autotune.classify).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from autotune.ceilings import measure_ceilings
+from autotune.classify import classify
+from autotune.costmodel import Curves, StepSample, per_position_acceptance
+from autotune.hardware import fingerprint
+from autotune.runner import LoadSpec, run_load
+from autotune.timing import measure_stable
+from engine.loader import ModelPair
+from engine.metrics import draft_cost_ratio, verification_efficiency
+from engine.model import Transformer
+from engine.speculative import Request, SpecConfig
+
+Progress = Callable[[str], None]
+
+
+def powers_of_two(limit: int) -> list[int]:
+    """1, 2, 4, ... up to and including ``limit`` (``limit`` itself added if not a power)."""
+    out, b = [], 1
+    while b < limit:
+        out.append(b)
+        b *= 2
+    return [*out, limit]
+
+
+def _forward_timer(model: Transformer, batch: int, k: int, context: int, device: torch.device) -> Callable[[], object]:
+    """A closure running one cached forward of (batch, k) new tokens after ``context`` tokens."""
+    cache = model.new_cache(batch, context + k + 1)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        prefix = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
+        model(prefix, cache=cache, start=torch.zeros(batch, dtype=torch.long, device=device), kv_len=context)
+    tokens = torch.randint(0, vocab, (batch, k), generator=gen).to(device)
+    start = torch.full((batch,), context, dtype=torch.long, device=device)
+
+    def run() -> object:
+        with torch.inference_mode():
+            return model(tokens, cache=cache, start=start, kv_len=context + k)
+
+    return run
+
+
+def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, context: int,
+                   repeats: int = 7, progress: Progress | None = None) -> dict:
+    """T_verify(B, k), T_draft(B) and the knee curve T(n), each a median over ``repeats``."""
+    device = pair.target.lm_head.weight.device
+    t_verify: dict[int, dict[int, float]] = {}
+    t_draft: dict[int, float] = {}
+    noisy = []
+    for b in batch_sizes:
+        t_verify[b] = {}
+        for k in range(1, gamma_max + 2):
+            m = measure_stable(_forward_timer(pair.target, b, k, context, device), device, warmup=2, repeats=repeats)
+            t_verify[b][k] = m["median"]
+            if m["noisy"]:
+                noisy.append(f"verify B={b} k={k}")
+        if pair.draft is not None:
+            m = measure_stable(_forward_timer(pair.draft, b, 1, context, device), device, warmup=2, repeats=repeats)
+            t_draft[b] = m["median"]
+        if progress:
+            progress(f"verify/draft curves B={b}")
+    knee_curve: dict[int, float] = {}
+    b_max = max(batch_sizes)
+    for n in powers_of_two(max(64, b_max * (gamma_max + 1))):
+        b = min(n, b_max)
+        k = max(1, n // b)
+        m = measure_stable(_forward_timer(pair.target, b, k, context, device), device, warmup=2, repeats=repeats)
+        knee_curve[b * k] = m["median"]
+    if progress:
+        progress("knee curve")
+    return {"t_verify": t_verify, "t_draft": t_draft, "knee_curve": knee_curve, "context_tokens": context,
+            "repeats": repeats, "noisy": noisy}
+
+
+def measure_acceptance(pair: ModelPair, requests: list[Request], drafter: str, gamma_max: int,
+                       seed: int = 0) -> dict:
+    """Per-position acceptance at gamma_max, threshold 0, B=1, with per-step samples."""
+    run = run_load(pair, requests, SpecConfig(gamma=gamma_max), drafter,
+                   LoadSpec(max_batch_size=1, num_requests=len(requests)), seed, warmup=False, trace=True)
+    samples = run.trace
+    return {
+        "gamma_max": gamma_max,
+        "drafter": drafter,
+        "acceptance_rate": run.metrics["acceptance_rate"],
+        "per_position_acceptance": per_position_acceptance(samples, gamma_max),
+        "samples": [[s.n_accepted, list(s.confidence)] for s in samples],
+    }
+
+
+def curves_from_json(curves: dict) -> Curves:
+    """Rebuild :class:`Curves` from stored JSON (whose mapping keys became strings)."""
+    return Curves(
+        {int(b): {int(k): float(t) for k, t in row.items()} for b, row in curves["t_verify"].items()},
+        {int(b): float(t) for b, t in curves["t_draft"].items()},
+    )
+
+
+def samples_from_json(acceptance: dict) -> list[StepSample]:
+    return [StepSample(int(n), tuple(conf)) for n, conf in acceptance["samples"]]
+
+
+def measure(pair: ModelPair, requests: list[Request], drafter: str, max_batch_size: int, gamma_max: int,
+            device_name: str = "auto", dtype: str = "float32", thresholds: tuple[float, ...] = (0.0,),
+            seed: int = 0, progress: Progress | None = None) -> dict:
+    """Everything the tuner knows about this device and pair before its first trial."""
+    device = pair.target.lm_head.weight.device
+    fp = fingerprint(str(device), dtype)
+    if progress:
+        progress("fingerprint")
+    ceilings = measure_ceilings(device)
+    if progress:
+        progress("ceilings")
+    context = int(statistics.median(len(r.prompt_ids) for r in requests) + requests[0].max_new_tokens // 2)
+    curves = measure_curves(pair, powers_of_two(max_batch_size), gamma_max, context, progress=progress)
+    acceptance = measure_acceptance(pair, requests, drafter, gamma_max, seed)
+    if progress:
+        progress("acceptance")
+    cv = curves_from_json(curves)
+    samples = samples_from_json(acceptance)
+    table = classify(cv, curves["knee_curve"], samples, gamma_max, thresholds)
+    ve = {b: {k: verification_efficiency(t, k, row[1]) for k, t in row.items()} for b, row in cv.t_verify.items()}
+    dcr = {b: draft_cost_ratio(cv.draft(b), cv.verify(b, 1)) for b in cv.t_verify} if cv.t_draft else {}
+    return {
+        "fingerprint": fp, "ceilings": ceilings, "curves": curves, "knee_tokens": table["knee_tokens"],
+        "acceptance": acceptance, "verification_efficiency": ve, "draft_cost_ratio": dcr,
+        "classification": table,
+    }

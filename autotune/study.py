@@ -1,0 +1,219 @@
+"""The Optuna study: every trial is a real engine run of the workload under load.
+
+Knobs (each searched or fixed by tune.yaml): drafter, gamma (0 = speculation off),
+confidence_threshold, gamma_schedule, max_batch_size. A trial runs the configuration at every
+load level of the workload (closed-loop concurrency levels, or one open-loop rate) and reports
+two objectives: throughput (generated tokens / wall time over all levels; maximised) and the
+chosen latency percentile (worst level; minimised). SLOs become Optuna constraints via
+``trial.set_constraint`` (value <= 0 is feasible). Every metric of every level is stored as a
+user attribute, so nothing measured is lost, and the schedule is computed from them.
+
+The study lives in Optuna's RDB storage in the same database as the profiles, so
+``optuna-dashboard sqlite:///autotune.db`` shows it and several hosts can share a PostgreSQL URL.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+
+from autotune.config import TuneConfig
+from autotune.context import Context
+from autotune.costmodel import best_gamma
+from autotune.profiler import curves_from_json, samples_from_json
+from autotune.runner import LoadSpec, run_load
+from autotune.selection import Point
+from engine.speculative import SpecConfig
+
+LEVEL_KEYS = ("tokens_per_second", "tpot_ms_p50", "tpot_ms_p95", "ttft_ms_p50", "ttft_ms_p95", "e2e_ms_p50",
+              "e2e_ms_p95", "acceptance_rate", "mean_acceptance_length", "rollback_frequency", "batch_utilization",
+              "mean_batch_size", "requests_per_second", "generated_tokens", "wall_s")
+
+
+@dataclass(frozen=True)
+class Space:
+    """The searched knobs after the profiler shaped them; fixed knobs hold one value."""
+
+    drafters: tuple[str, ...]
+    gamma_low: int
+    gamma_high: int
+    threshold_low: float
+    threshold_high: float
+    schedules: tuple[str, ...]
+    max_batch_sizes: tuple[int, ...]
+    gamma_cap: int | None  # the profiler's cap (None = not applied)
+
+    def suggest(self, trial: optuna.Trial) -> dict:
+        p: dict = {}
+        p["drafter"] = trial.suggest_categorical("drafter", self.drafters) if len(self.drafters) > 1 else self.drafters[0]
+        p["gamma"] = (trial.suggest_int("gamma", self.gamma_low, self.gamma_high)
+                      if self.gamma_high > self.gamma_low else self.gamma_low)
+        p["confidence_threshold"] = (trial.suggest_float("confidence_threshold", self.threshold_low, self.threshold_high)
+                                     if self.threshold_high > self.threshold_low else self.threshold_low)
+        p["gamma_schedule"] = (trial.suggest_categorical("gamma_schedule", self.schedules)
+                               if len(self.schedules) > 1 else self.schedules[0])
+        p["max_batch_size"] = (trial.suggest_categorical("max_batch_size", self.max_batch_sizes)
+                               if len(self.max_batch_sizes) > 1 else self.max_batch_sizes[0])
+        if p["drafter"] == "none":
+            p["gamma"] = 0
+        return p
+
+    def searched(self) -> set[str]:
+        names = set()
+        if len(self.drafters) > 1:
+            names.add("drafter")
+        if self.gamma_high > self.gamma_low:
+            names.add("gamma")
+        if self.threshold_high > self.threshold_low:
+            names.add("confidence_threshold")
+        if len(self.schedules) > 1:
+            names.add("gamma_schedule")
+        if len(self.max_batch_sizes) > 1:
+            names.add("max_batch_size")
+        return names
+
+    def clip(self, params: dict) -> dict:
+        """A warm-start point moved inside the space, restricted to the searched knobs."""
+        out = dict(params)
+        out["gamma"] = min(max(int(out.get("gamma", 0)), self.gamma_low), self.gamma_high)
+        thr = float(out.get("confidence_threshold", self.threshold_low))
+        out["confidence_threshold"] = min(max(thr, self.threshold_low), self.threshold_high)
+        for key, allowed in (("drafter", self.drafters), ("gamma_schedule", self.schedules),
+                             ("max_batch_size", self.max_batch_sizes)):
+            if out.get(key) not in allowed:
+                out[key] = allowed[0]
+        return {k: v for k, v in out.items() if k in self.searched()}
+
+
+def shape_space(cfg: TuneConfig, measurement: dict) -> Space:
+    """Search space from tune.yaml, with gamma capped where the cost model says it stops paying.
+
+    The automatic cap is 2 above the largest predicted-best gamma over the workload's batch
+    sizes (at least 1), so the study does not spend trials where verification is no longer
+    nearly free. ``search.gamma_cap`` overrides it (an integer, or ``off``).
+    """
+    cap: int | None = None
+    if cfg.gamma_cap == "auto":
+        curves = curves_from_json(measurement["curves"])
+        samples = samples_from_json(measurement["acceptance"])
+        gmax = int(measurement["acceptance"]["gamma_max"])
+        best = [best_gamma(curves, samples, b, gmax).gamma for b in cfg.batch_sizes]
+        cap = max(max(best) + 2, 1)
+    elif isinstance(cap_value := cfg.gamma_cap, int):
+        cap = cap_value
+    high = cfg.gamma.high if cap is None else max(min(cfg.gamma.high, cap), cfg.gamma.low)
+    return Space(cfg.drafters, int(cfg.gamma.low), int(high), cfg.confidence_threshold.low,
+                 cfg.confidence_threshold.high, cfg.gamma_schedules, cfg.max_batch_size, cap)
+
+
+def levels(cfg: TuneConfig) -> list[tuple[str, float]]:
+    """The load levels a trial runs: ("concurrency", c) for each level, or ("rate", r)."""
+    return [("rate", cfg.rate)] if cfg.rate is not None else [("concurrency", c) for c in cfg.concurrency]
+
+
+def evaluate(ctx: Context, params: dict, seed: int) -> dict:
+    """Run one configuration at every load level; aggregate objectives and per-level metrics."""
+    cfg = ctx.cfg
+    spec = SpecConfig(gamma=int(params["gamma"]), confidence_threshold=float(params["confidence_threshold"]),
+                      gamma_schedule=params["gamma_schedule"])
+    per_level = {}
+    tokens = wall = 0.0
+    for kind, value in levels(cfg):
+        load = LoadSpec(max_batch_size=int(params["max_batch_size"]),
+                        concurrency=int(value) if kind == "concurrency" else None,
+                        rate=float(value) if kind == "rate" else None, num_requests=cfg.num_requests)
+        run = run_load(ctx.pair, ctx.requests, spec, params["drafter"], load, seed)
+        m = run.metrics
+        key = int(value) if kind == "concurrency" else int(params["max_batch_size"])
+        per_level[key] = {k: m.get(k) for k in LEVEL_KEYS}
+        tokens += m["generated_tokens"]
+        wall += m["wall_s"]
+    worst = max(lv[cfg.latency] or 0.0 for lv in per_level.values())
+    return {"tokens_per_second": tokens / wall, "latency_ms": worst, "per_level": per_level}
+
+
+def slo_violations(cfg: TuneConfig, result: dict) -> dict[str, float]:
+    """Constraint values (<= 0 feasible): the worst level's metric minus its SLO bound."""
+    out = {}
+    for key, bound in cfg.slo.items():
+        if key == "min_tokens_per_second":
+            out[key] = bound - result["tokens_per_second"]
+        else:
+            out[key] = max((lv[key] or 0.0) for lv in result["per_level"].values()) - bound
+    return out
+
+
+def point_from_trial(trial: optuna.trial.FrozenTrial, space: Space) -> Point:
+    attrs = trial.user_attrs
+    params = {**attrs.get("params", {}), **trial.params}
+    per_batch = {int(b): lv["tokens_per_second"] for b, lv in attrs.get("per_level", {}).items()}
+    violation = sum(max(v, 0.0) for v in trial.constraints.values()) if trial.constraints else 0.0
+    return Point(params, trial.values[0], trial.values[1], violation, per_batch, trial.number)
+
+
+def make_objective(ctx: Context, space: Space, on_trial: Callable[[int, dict, dict | None], None] | None):
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        params = space.suggest(trial)
+        trial.set_user_attr("params", params)
+        try:
+            result = evaluate(ctx, params, ctx.cfg.seed)
+        except Exception as exc:  # a crash or OOM fails this trial, never the study
+            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
+            trial.set_user_attr("traceback", traceback.format_exc(limit=5))
+            if on_trial:
+                on_trial(trial.number, params, None)
+            raise
+        trial.set_user_attr("per_level", result["per_level"])
+        for key, value in slo_violations(ctx.cfg, result).items():
+            trial.set_constraint(key, value)
+        if on_trial:
+            on_trial(trial.number, params, result)
+        return result["tokens_per_second"], result["latency_ms"]
+
+    return objective
+
+
+def warm_starts(ctx: Context, space: Space, measurement: dict, nearest: dict | None) -> list[tuple[str, dict]]:
+    """Enqueued first trials: the AR baseline, the cost model's best points, the nearest profile's choice."""
+    cfg = ctx.cfg
+    base = {"drafter": space.drafters[0], "gamma": 0, "confidence_threshold": space.threshold_low,
+            "gamma_schedule": space.schedules[0], "max_batch_size": max(space.max_batch_sizes)}
+    points = [("baseline (gamma=0)", base)]
+    curves = curves_from_json(measurement["curves"])
+    samples = samples_from_json(measurement["acceptance"])
+    gmax = int(measurement["acceptance"]["gamma_max"])
+    thresholds = tuple(sorted({space.threshold_low, space.threshold_high, (space.threshold_low + space.threshold_high) / 2}))
+    drafter = next((d for d in space.drafters if d != "none"), space.drafters[0])
+    for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
+        best = best_gamma(curves, samples, b, min(gmax, space.gamma_high), thresholds)
+        points.append((f"cost model best at batch {b}", {**base, "drafter": drafter, "gamma": max(best.gamma, 1),
+                                                         "confidence_threshold": best.confidence_threshold}))
+    if nearest is not None and isinstance(nearest.get("chosen"), dict):
+        points.append((f"nearest stored profile #{nearest.get('id')}", {**base, **nearest["chosen"]}))
+    out, seen = [], set()
+    for label, p in points:
+        clipped = space.clip(p)
+        key = tuple(sorted(clipped.items()))
+        if clipped and key not in seen:
+            seen.add(key)
+            out.append((label, clipped))
+    return out
+
+
+def open_study(ctx: Context, name: str, resume: bool) -> optuna.Study:
+    """Create (or, with ``resume``, load) the study in the profiles database."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(ctx.cfg.storage, engine_kwargs={"connect_args": {"timeout": 30}}
+                                         if ctx.cfg.storage.startswith("sqlite") else {})
+    sampler = optuna.samplers.TPESampler(seed=ctx.cfg.seed, multivariate=True, n_startup_trials=6)
+    return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                               directions=["maximize", "minimize"], load_if_exists=resume)
+
+
+def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE
+            and t.values is not None and all(math.isfinite(v) for v in t.values)]

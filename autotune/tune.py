@@ -1,0 +1,206 @@
+"""``autotune tune``: profile -> Optuna study -> re-measure and select -> schedule -> store -> export.
+
+Faults lose nothing already measured: the profiler measurement is stored before the first
+trial, every trial is committed to the RDB storage as it finishes, a crashing trial is recorded
+as failed with its reason, and an interrupt (Ctrl-C, SIGTERM) stops after the running trial is
+marked failed; ``autotune tune --resume`` continues the same study. The profile is written in
+one transaction at the very end, and exports are written atomically after it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import optuna
+
+from autotune import context as ctx_mod
+from autotune import study as study_mod
+from autotune.config import TuneConfig
+from autotune.costmodel import predict
+from autotune.errors import ConfigError
+from autotune.profiler import curves_from_json, samples_from_json
+from autotune.selection import Point, choose, gamma_schedule, pareto_front
+from profiles.exporters import export, write_export
+from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
+
+Say = Callable[[str], None]
+
+
+class Interrupted(Exception):
+    """The study was stopped by the user; finished trials are kept in the storage."""
+
+
+def default_study_name(ctx: ctx_mod.Context) -> str:
+    return f"autotune-{ctx.device_key[:8]}-{ctx.target_hash[:6]}-{ctx.workload_hash[:8]}"
+
+
+def _resolve_study_name(ctx: ctx_mod.Context, resume: bool) -> str:
+    base = ctx.cfg.study_name or default_study_name(ctx)
+    names = {s.study_name for s in optuna.get_all_study_summaries(ctx.cfg.storage, include_best_trial=False)}
+    family = sorted((n for n in names if n == base or n.startswith(base + "-run")),
+                    key=lambda n: int(n.rsplit("-run", 1)[1]) if "-run" in n[len(base):] else 1)
+    if resume:
+        if not family:
+            raise ConfigError(f"--resume: no study named {base!r} in {ctx.cfg.storage} to resume")
+        return family[-1]
+    if not family:
+        return base
+    return f"{base}-run{len(family) + 1}"
+
+
+def _sigterm_as_interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt
+
+
+def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say: Say = print) -> dict:
+    """The whole main job for one host; returns the stored profile (with its id)."""
+    ctx = ctx_mod.build(cfg)
+    say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
+    measurement, reused = ctx_mod.ensure_profile(ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"))
+    say("profile: " + ("reused stored measurement (--reprofile to measure again)" if reused else "measured and stored"))
+    space = study_mod.shape_space(cfg, measurement)
+    name = _resolve_study_name(ctx, resume)
+    study = study_mod.open_study(ctx, name, resume)
+    done_before = len(study_mod.finished(study))
+    if not resume:
+        nearest = ctx.store.nearest_profile(ctx.fingerprint["label"], target_hash=ctx.target_hash,
+                                            draft_hash=ctx.draft_hash)
+        for label, params in study_mod.warm_starts(ctx, space, measurement, nearest):
+            study.enqueue_trial(params, user_attrs={"warm_start": label}, skip_if_exists=True)
+    remaining = max(cfg.n_trials - done_before, 0)
+    say(f"study: {name} ({'resumed, ' + str(done_before) + ' finished trials kept' if resume else 'new'}); "
+        f"{remaining} trials; gamma in [{space.gamma_low}, {space.gamma_high}]"
+        + (f" (capped by the profiler at {space.gamma_cap})" if space.gamma_cap is not None else ""))
+    best = {"tps": 0.0}
+
+    def on_trial(number: int, params: dict, result: dict | None) -> None:
+        if result is None:
+            say(f"  trial {number}: failed ({params})")
+            return
+        best["tps"] = max(best["tps"], result["tokens_per_second"])
+        say(f"  trial {number}: {result['tokens_per_second']:.1f} tok/s, {cfg.latency} {result['latency_ms']:.1f} ms "
+            f"| gamma={params['gamma']} thr={params['confidence_threshold']:.2f} {params['gamma_schedule']} "
+            f"B={params['max_batch_size']} {params['drafter']} | best so far {best['tps']:.1f} tok/s")
+
+    old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        if remaining:
+            study.optimize(study_mod.make_objective(ctx, space, on_trial), n_trials=remaining,
+                           timeout=cfg.timeout_s, catch=(Exception,), gc_after_trial=False)
+    except KeyboardInterrupt:
+        n = len(study_mod.finished(study))
+        raise Interrupted(f"interrupted: {n} finished trials are kept in study {name!r}; "
+                          f"continue with `autotune tune --resume`") from None
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    trials = study_mod.finished(study)
+    if not trials:
+        raise RuntimeError(f"study {name!r}: no trial finished (see failed trials' 'error' attribute)")
+    profile = json.loads(json.dumps(_select_and_build(ctx, space, measurement, study, trials, say)))
+    profile_id = ctx.store.save_profile(profile)
+    profile["id"] = profile_id
+    say(f"profile #{profile_id} stored in {cfg.storage}")
+    profile["exports"] = write_exports(profile, cfg.export_formats, cfg.export_dir, say)
+    return profile
+
+
+def write_exports(profile: dict, formats: tuple[str, ...], folder: Path, say: Say) -> list[str]:
+    written = []
+    for fmt in formats:
+        out = export(profile, fmt)
+        path = folder / out.filename
+        write_export(out, path)
+        written.append(str(path))
+        say(f"export {fmt}: {path}")
+    return written
+
+
+def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
+    cfg = ctx.cfg
+    points = [study_mod.point_from_trial(t, space) for t in trials]
+    has_slo = bool(cfg.slo)
+    pool = [p for p in points if p.feasible] if has_slo and any(p.feasible for p in points) else points
+    front = pareto_front(pool)
+    candidates = sorted(front, key=lambda p: -p.tokens_per_second)[: cfg.remeasure_top]
+    say(f"re-measuring the top {len(candidates)} candidates of the Pareto front")
+    remeasured = []
+    for cand in candidates:
+        params = {**cand.params}
+        result = study_mod.evaluate(ctx, params, cfg.seed + 1)
+        viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, result).values())
+        per_batch = {b: lv["tokens_per_second"] for b, lv in result["per_level"].items()}
+        remeasured.append((Point(params, result["tokens_per_second"], result["latency_ms"], viol, per_batch,
+                                 cand.number), result))
+    base_params = {**candidates[0].params, "gamma": 0, "drafter": "none", "confidence_threshold": 0.0,
+                   "gamma_schedule": "constant"}
+    baseline = study_mod.evaluate(ctx, base_params, cfg.seed + 1)
+    base_viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, baseline).values())
+    base_point = Point(base_params, baseline["tokens_per_second"], baseline["latency_ms"], base_viol,
+                       {b: lv["tokens_per_second"] for b, lv in baseline["per_level"].items()}, None)
+    remeasured.append((base_point, baseline))  # speculation must beat plain decoding to be chosen
+    choice = choose([p for p, _ in remeasured], has_slo)
+    chosen_point = choice.point
+    chosen_result = next(r for p, r in remeasured if p is chosen_point)
+    chosen = {k: chosen_point.params[k] for k in ("drafter", "gamma", "confidence_threshold", "gamma_schedule",
+                                                  "max_batch_size")}
+    chosen["prompt_lookup_min"], chosen["prompt_lookup_max"] = cfg.ngram_min, cfg.ngram_max
+    static = [p for p in points if p.params.get("gamma", 0) > 0 and p.params.get("gamma_schedule") == "constant"
+              and float(p.params.get("confidence_threshold", 0.0)) == 0.0]
+    best_static = max(static, key=lambda p: p.tokens_per_second, default=None)
+    all_points = points + [p for p, _ in remeasured]
+    schedule, crossover = gamma_schedule(all_points, list(cfg.batch_sizes))
+    curves = curves_from_json(measurement["curves"])
+    samples = samples_from_json(measurement["acceptance"])
+    gmax = int(measurement["acceptance"]["gamma_max"])
+    pvm = []
+    for b, lv in chosen_result["per_level"].items():
+        g = min(int(chosen["gamma"]), gmax)
+        pred = predict(curves, samples, g, float(chosen["confidence_threshold"]), min(int(b), int(chosen["max_batch_size"])))
+        pvm.append({"batch_size": int(b), "gamma": g, "predicted_tokens_per_second": pred.tokens_per_second,
+                    "measured_tokens_per_second": lv["tokens_per_second"]})
+    metrics = {"tokens_per_second": chosen_result["tokens_per_second"], "latency_ms": chosen_result["latency_ms"],
+               "latency_metric": cfg.latency, "per_level": chosen_result["per_level"],
+               "speedup": chosen_result["tokens_per_second"] / baseline["tokens_per_second"],
+               "speedup_over_best_static": (chosen_result["tokens_per_second"] / best_static.tokens_per_second
+                                            if best_static else None),
+               "best_static": dict(best_static.params) if best_static else None,
+               "acceptance_rate": _mean([lv["acceptance_rate"] for lv in chosen_result["per_level"].values()])}
+    return {
+        "schema_version": SCHEMA_VERSION, "tool_version": TOOL_VERSION,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": ctx.fingerprint,
+        "pair": {"target": str(cfg.target), "draft": str(cfg.draft) if ctx.draft_hash else None,
+                 "drafter": chosen["drafter"], "target_hash": ctx.target_hash, "draft_hash": ctx.draft_hash},
+        "workload": {**ctx.workload, "hash": ctx.workload_hash},
+        "study": {"name": study.study_name, "storage": cfg.storage, "n_trials": len(trials),
+                  "failed_trials": sum(t.state == optuna.trial.TrialState.FAIL for t in study.get_trials(deepcopy=False)),
+                  "space": space.__dict__, "slo": cfg.slo, "objectives": ["tokens_per_second", cfg.latency]},
+        "chosen": chosen,
+        "selection": {"met_slo": choice.met_slo, "reason": choice.reason, "trial": chosen_point.number},
+        "schedule": [{"batch_size": e["batch_size"], "gamma": e["gamma"],
+                      "tokens_per_second": e["tokens_per_second"],
+                      "baseline_tokens_per_second": e["baseline_tokens_per_second"]} for e in schedule],
+        "crossover_batch_size": crossover,
+        "metrics": metrics,
+        "baseline": {"tokens_per_second": baseline["tokens_per_second"], "latency_ms": baseline["latency_ms"],
+                     "per_level": baseline["per_level"]},
+        "pareto_front": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
+                          "latency_ms": p.latency_ms, "feasible": p.feasible} for p in pareto_front(points)],
+        "remeasured": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
+                        "latency_ms": p.latency_ms, "feasible": p.feasible} for p, _ in remeasured],
+        "classification": measurement["classification"],
+        "ceilings": measurement["ceilings"],
+        "knee_tokens": measurement["knee_tokens"],
+        "curves": measurement["curves"],
+        "acceptance": {k: v for k, v in measurement["acceptance"].items() if k != "samples"},
+        "predicted_vs_measured": pvm,
+    }
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
