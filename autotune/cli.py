@@ -227,3 +227,6 @@ def render_tune(p: dict) -> str:
     if p.get("exports"):
         lines.append("exports     " + ", ".join(p["exports"]))
     return "\n".join(lines)
+
+
+from autotune import cli_profiles  # noqa: E402,F401  (registers profiles/export/report on `main`)

@@ -33,6 +33,7 @@ class Context:
     workload: dict
     workload_hash: str
     pair_id: int
+    pair_drafter: str  # how the pair is keyed in the store: "model" when a draft model is part of it
 
     @property
     def device_key(self) -> str:
@@ -71,7 +72,8 @@ def build(cfg: TuneConfig) -> Context:
     drafter = "model" if needs_draft else cfg.drafters[0]
     pair_id = store.upsert_pair(str(cfg.target), str(cfg.draft) if needs_draft else None, drafter,
                                 target_hash, draft_hash)
-    return Context(cfg, pair, requests, store, fp, target_hash, draft_hash, workload, hash_json(workload), pair_id)
+    return Context(cfg, pair, requests, store, fp, target_hash, draft_hash, workload, hash_json(workload), pair_id,
+                   drafter)
 
 
 def ensure_profile(ctx: Context, reprofile: bool = False,

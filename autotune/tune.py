@@ -174,7 +174,7 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": ctx.fingerprint,
         "pair": {"target": str(cfg.target), "draft": str(cfg.draft) if ctx.draft_hash else None,
-                 "drafter": chosen["drafter"], "target_hash": ctx.target_hash, "draft_hash": ctx.draft_hash},
+                 "drafter": ctx.pair_drafter, "target_hash": ctx.target_hash, "draft_hash": ctx.draft_hash},
         "workload": {**ctx.workload, "hash": ctx.workload_hash},
         "study": {"name": study.study_name, "storage": cfg.storage, "n_trials": len(trials),
                   "failed_trials": sum(t.state == optuna.trial.TrialState.FAIL for t in study.get_trials(deepcopy=False)),
@@ -188,6 +188,9 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
         "metrics": metrics,
         "baseline": {"tokens_per_second": baseline["tokens_per_second"], "latency_ms": baseline["latency_ms"],
                      "per_level": baseline["per_level"]},
+        "trials": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
+                    "latency_ms": p.latency_ms, "feasible": p.feasible, "per_batch_tokens_per_second": dict(p.per_batch)}
+                   for p in points],
         "pareto_front": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
                           "latency_ms": p.latency_ms, "feasible": p.feasible} for p in pareto_front(points)],
         "remeasured": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,

@@ -1,0 +1,155 @@
+"""``autotune profiles list|show|delete``, ``autotune export`` and ``autotune report``.
+
+Profiles are addressed by id (see ``profiles list``) or ``current``: the newest profile for
+this host's fingerprint and the pair configured in tune.yaml.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autotune.cli import CONFIG_OPTION, _print_json, main
+from autotune.table import table
+from profiles.errors import ProfileError
+
+STORAGE_OPTION = click.option("--storage", default=None,
+                              help="SQLAlchemy URL of the profile store (default: storage.url of --config).")
+
+
+def _open_store(config_path: Path, storage: str | None):
+    from autotune.config import load_config
+    from profiles.store import Store
+
+    url = storage or load_config(config_path).storage
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        db = Path(url[len("sqlite:///"):])
+        if not db.is_file():
+            raise ProfileError(f"{db}: no profile database yet (run `autotune tune` first)")
+    return Store(url)
+
+
+def _resolve(store, ref: str, config_path: Path) -> dict:
+    if ref != "current":
+        if not ref.isdigit():
+            raise ProfileError(f"profile id must be an integer or 'current' (got {ref!r})")
+        return store.get_profile(int(ref))
+    from autotune.config import load_config
+    from autotune.hardware import fingerprint
+    from profiles.hashing import hash_folder
+
+    cfg = load_config(config_path)
+    fp = fingerprint(cfg.device if cfg.device != "auto" else "auto", cfg.dtype)
+    draft_hash = hash_folder(cfg.draft) if "model" in cfg.drafters and cfg.draft else None
+    found = store.current_profile(fp["key"], hash_folder(cfg.target), draft_hash)
+    if found is None:
+        raise ProfileError(f"no profile yet for this host ({fp['label']}) and the pair in {config_path}; "
+                           "run `autotune tune`")
+    return found
+
+
+@main.group()
+def profiles() -> None:
+    """List, show and delete stored per-device profiles."""
+
+
+@profiles.command("list")
+@CONFIG_OPTION
+@STORAGE_OPTION
+@click.option("--json", "as_json", is_flag=True)
+def list_cmd(config_path, storage, as_json):
+    """One line per stored profile, newest first."""
+    rows = _open_store(config_path, storage).list_profiles()
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        click.echo("no profiles stored yet (run `autotune tune`)")
+        return
+    click.echo(table(["id", "device", "pair", "workload", "gamma", "tok/s", "created"],
+                     [(r["id"], r["device"], r["pair"], r["workload_hash"][:8], r["gamma"], r["tokens_per_second"],
+                       r["created_at"]) for r in rows]))
+
+
+@profiles.command("show")
+@click.argument("ref")
+@CONFIG_OPTION
+@STORAGE_OPTION
+@click.option("--json", "as_json", is_flag=True)
+def show_cmd(ref, config_path, storage, as_json):
+    """Everything measured for profile REF (an id or 'current')."""
+    from autotune.cli import render_tune
+
+    prof = _resolve(_open_store(config_path, storage), ref, config_path)
+    if as_json:
+        _print_json(prof)
+        return
+    click.echo(render_tune(prof))
+    cl = prof["classification"]
+    click.echo("\nclassification (verify cost of gamma_max+1 tokens vs one decode)")
+    click.echo(table(["batch", "verify cost", "label", "best gamma", "predicted speedup"],
+                     [(r["batch_size"], r["verify_cost"], r["label"], r["best_gamma"], r["predicted_speedup"])
+                      for r in cl["batch_sizes"]]))
+    click.echo("\npareto front")
+    click.echo(table(["trial", "gamma", "threshold", "schedule", "tok/s", "latency ms"],
+                     [(p["trial"], p["params"].get("gamma"), p["params"].get("confidence_threshold"),
+                       p["params"].get("gamma_schedule"), p["tokens_per_second"], p["latency_ms"])
+                      for p in prof["pareto_front"]]))
+    click.echo("\npredicted vs measured (chosen config)")
+    click.echo(table(["batch", "gamma", "predicted tok/s", "measured tok/s"],
+                     [(r["batch_size"], r["gamma"], r["predicted_tokens_per_second"], r["measured_tokens_per_second"])
+                      for r in prof["predicted_vs_measured"]]))
+
+
+@profiles.command("delete")
+@click.argument("profile_id", type=int)
+@CONFIG_OPTION
+@STORAGE_OPTION
+@click.option("--json", "as_json", is_flag=True)
+def delete_cmd(profile_id, config_path, storage, as_json):
+    """Delete profile PROFILE_ID."""
+    _open_store(config_path, storage).delete_profile(profile_id)
+    if as_json:
+        _print_json({"deleted": profile_id})
+    else:
+        click.echo(f"deleted profile #{profile_id}")
+
+
+@main.command("export")
+@click.argument("ref")
+@click.option("--format", "fmt", required=True,
+              type=click.Choice(["vllm", "sglang", "trtllm", "tgi", "hf", "llamacpp", "yaml"]))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="File or folder to write (atomically); default: print to stdout.")
+@click.option("--target-model", default=None, help="Target model path as the serving host sees it.")
+@click.option("--draft-model", default=None, help="Draft model path as the serving host sees it.")
+@CONFIG_OPTION
+@STORAGE_OPTION
+def export_cmd(ref, fmt, output, target_model, draft_model, config_path, storage):
+    """Write profile REF (an id or 'current') as a serving stack's config."""
+    from profiles.exporters import export, write_export
+
+    prof = _resolve(_open_store(config_path, storage), ref, config_path)
+    out = export(prof, fmt, target_model, draft_model)
+    if output is None:
+        click.echo(out.text, nl=False)
+        return
+    for path in write_export(out, output):
+        click.echo(f"wrote {path}", err=True)
+
+
+@main.command()
+@click.argument("ref")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report"), show_default=True)
+@CONFIG_OPTION
+@STORAGE_OPTION
+def report(ref, output, config_path, storage):
+    """PNG plots and a Markdown summary of profile REF (needs matplotlib: pip install '.[plot]')."""
+    from autotune.report import write_report
+
+    prof = _resolve(_open_store(config_path, storage), ref, config_path)
+    md = write_report(prof, output)
+    click.echo(f"wrote {md}")
+
+

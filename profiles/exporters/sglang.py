@@ -1,0 +1,139 @@
+"""SGLang: a launch script with the ``--speculative-*`` server flags.
+
+A draft model runs as ``STANDALONE`` with ``--speculative-eagle-topk 1`` (a chain):
+``--speculative-num-steps`` = gamma and ``--speculative-num-draft-tokens`` = gamma + 1 (the
+count includes the verified token; with topk 1 SGLang forces exactly steps + 1). The n-gram
+drafter runs as ``NGRAM``: topk is taken from ``--speculative-ngram-max-bfs-breadth`` (set to
+1 for a chain, ``--speculative-eagle-topk`` would be overridden) and num-draft-tokens =
+gamma + 1. SGLang has one draft length for all batch sizes, so the profile's chosen gamma is
+used; gamma 0 exports no speculative flags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from profiles.exporters._common import (
+    Exported,
+    StackTarget,
+    comment_header,
+    fail,
+    is_int,
+    schedule_text,
+    shell_script,
+)
+from profiles.profile import ExportInputs
+
+STACK = StackTarget("SGLang", "server args (python -m sglang.launch_server)", "sgl-project/sglang@001067fffe33")
+FILENAME = "sglang-args.sh"
+PROGRAM = ("python", "-m", "sglang.launch_server")
+ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"})
+KNOWN_FLAGS = frozenset({
+    "--model-path", "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
+    "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-ngram-min-bfs-breadth",
+    "--speculative-ngram-max-bfs-breadth",
+})
+_INT_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+              "--speculative-ngram-min-bfs-breadth", "--speculative-ngram-max-bfs-breadth")
+
+
+def validate(args: Mapping[str, Any]) -> None:
+    """Check SGLang server flags (flag -> value) against the hard and auto-adjust rules.
+
+    Example:
+        >>> validate({"--model-path": "/m/t", "--speculative-algorithm": "STANDALONE",
+        ...           "--speculative-draft-model-path": "/m/d", "--speculative-num-steps": 4,
+        ...           "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": 4})
+        Traceback (most recent call last):
+        ...
+        profiles.errors.ProfileError: sglang export: with topk 1 --speculative-num-draft-tokens must be num-steps + 1 (5), got 4
+    """
+    unknown = sorted(set(args) - KNOWN_FLAGS)
+    if unknown:
+        raise fail("sglang", f"unknown flag(s) {', '.join(unknown)}")
+    if not args.get("--model-path"):
+        raise fail("sglang", "--model-path is required")
+    for flag in _INT_FLAGS:
+        if flag in args and (not is_int(args[flag]) or args[flag] < 1):
+            raise fail("sglang", f"{flag} must be an integer >= 1, got {args[flag]!r}")
+    algorithm = args.get("--speculative-algorithm")
+    if algorithm is None:
+        spec = sorted(flag for flag in args if flag.startswith("--speculative-"))
+        if spec:
+            raise fail("sglang", f"{', '.join(spec)} without --speculative-algorithm")
+        return
+    if str(algorithm).upper() not in ALGORITHMS:
+        raise fail("sglang", f"unknown speculative algorithm {algorithm!r}")
+    algorithm = str(algorithm).upper()
+    steps, topk = args.get("--speculative-num-steps"), args.get("--speculative-eagle-topk")
+    draft_tokens = args.get("--speculative-num-draft-tokens")
+    if algorithm in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"):
+        if algorithm == "STANDALONE" and not args.get("--speculative-draft-model-path"):
+            raise fail("sglang", "STANDALONE needs --speculative-draft-model-path")
+        if steps is None and (topk is not None or draft_tokens is not None):
+            raise fail("sglang", "--speculative-eagle-topk/--speculative-num-draft-tokens need --speculative-num-steps")
+        if topk == 1 and steps is not None and draft_tokens != steps + 1:
+            raise fail("sglang", f"with topk 1 --speculative-num-draft-tokens must be num-steps + 1 "
+                       f"({steps + 1}), got {draft_tokens}")
+    if algorithm == "NGRAM":
+        if "--speculative-eagle-topk" in args:
+            raise fail("sglang", "NGRAM takes topk from --speculative-ngram-max-bfs-breadth; "
+                       "--speculative-eagle-topk would be overridden")
+        if draft_tokens is not None and draft_tokens < 2:
+            raise fail("sglang", f"NGRAM needs --speculative-num-draft-tokens >= 2, got {draft_tokens}")
+        low = args.get("--speculative-ngram-min-bfs-breadth", 1)
+        high = args.get("--speculative-ngram-max-bfs-breadth", 10)
+        if low > high:
+            raise fail("sglang", f"ngram min BFS breadth {low} exceeds max {high}")
+
+
+def server_args(inputs: ExportInputs) -> dict[str, Any]:
+    """The SGLang flags (flag -> value) for a profile, target path included.
+
+    Example:
+        >>> from profiles.profile import ExportInputs
+        >>> inputs = ExportInputs("0.1.0", "t", "H200", "k", "/m/t", None, "ngram", 3, 0.0, "constant", 2, 4,
+        ...                       ((1, 3),))
+        >>> server_args(inputs)["--speculative-num-draft-tokens"]
+        4
+    """
+    args: dict[str, Any] = {"--model-path": inputs.target}
+    gamma = 0 if inputs.drafter == "none" else inputs.gamma
+    if gamma == 0:
+        return args
+    if inputs.drafter == "model":
+        args.update({"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": inputs.draft,
+                     "--speculative-num-steps": gamma, "--speculative-eagle-topk": 1,
+                     "--speculative-num-draft-tokens": gamma + 1})
+    else:
+        args.update({"--speculative-algorithm": "NGRAM", "--speculative-num-draft-tokens": gamma + 1,
+                     "--speculative-ngram-max-bfs-breadth": 1})
+    return args
+
+
+def export(inputs: ExportInputs) -> Exported:
+    """Render, validate and describe the SGLang launch script."""
+    args = server_args(inputs)
+    validate(args)
+    speculation = "--speculative-algorithm" in args
+    notes = []
+    if not speculation:
+        why = "the chosen drafter is 'none'" if inputs.drafter == "none" else "the chosen gamma is 0"
+        notes.append(f"Speculation off: {why}, so no --speculative-* flags.")
+    else:
+        notes.append(f"SGLang uses one draft length at every batch size: the chosen gamma {inputs.gamma}. "
+                     f"Tuned per-batch-size schedule, for reference: {schedule_text(inputs.schedule)}.")
+        if inputs.drafter == "model" and inputs.confidence_threshold > 0:
+            notes.append(f"SGLang has no draft-confidence early stop; confidence_threshold "
+                         f"{inputs.confidence_threshold} is not exported.")
+        if inputs.drafter == "ngram":
+            notes.append("NGRAM matches against its own trie (--speculative-ngram-max-trie-depth), not the "
+                         f"profile's prompt_lookup {inputs.prompt_lookup_min}..{inputs.prompt_lookup_max} window.")
+        if inputs.gamma_schedule != "constant":
+            notes.append(f"gamma_schedule {inputs.gamma_schedule!r} has no SGLang equivalent; gamma stays constant.")
+    header = comment_header(FILENAME, "SGLang server launch with the tuned speculative decoding flags",
+                            inputs, STACK, notes, usage=f"sh {FILENAME} [more sglang.launch_server flags]")
+    flags = [(flag, value) for flag, value in args.items()]
+    text, command = shell_script(header, PROGRAM, flags)
+    return Exported("sglang", FILENAME, text, command=command, speculation=speculation, notes=tuple(notes))

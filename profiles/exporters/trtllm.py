@@ -1,0 +1,171 @@
+"""TensorRT-LLM: the LLM-API options YAML for ``trtllm-serve --extra_llm_api_options FILE``.
+
+``speculative_config`` holds ``decoding_type`` (``Draft_Target`` with ``speculative_model``,
+or ``NGram`` with ``max_matching_ngram_size``), ``max_draft_len`` and ``draft_len_schedule``
+= ``{batch-size threshold: draft length}``: batch sizes up to and including a key (and above
+the previous key) use its value, batch sizes above the largest key get 0.
+
+Rules kept (llm_args.py): the value at the smallest key equals ``max_draft_len`` > 0, every
+value <= ``max_draft_len``, keys >= 1, values >= 0, never with ``max_concurrency``. So
+``max_draft_len`` is the gamma at the smallest batch size, and a later, larger gamma is
+clamped to it (noted in the header). Key 1 is always present (older releases require it);
+trailing zero ranges are dropped (above the largest key is 0 anyway).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from profiles.exporters._common import (
+    Exported,
+    StackTarget,
+    batch_ranges,
+    comment_header,
+    fail,
+    is_int,
+    is_number,
+    schedule_text,
+)
+from profiles.profile import ExportInputs
+
+STACK = StackTarget("TensorRT-LLM", "LLM-API options YAML (trtllm-serve --extra_llm_api_options)",
+                    "NVIDIA/TensorRT-LLM@000439672005")
+FILENAME = "trtllm-extra-options.yaml"
+BASE_KEYS = frozenset({
+    "decoding_type", "max_draft_len", "max_total_draft_tokens", "speculative_model", "speculative_model_dir",
+    "max_concurrency", "draft_len_schedule", "load_format", "acceptance_rate_window_size",
+    "acceptance_rate_threshold", "use_rejection_sampling", "allow_advanced_sampling", "advanced_sampling_mode",
+    "enable_penalty",
+})
+TYPE_KEYS = {
+    "Draft_Target": frozenset(),
+    "NGram": frozenset({"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"}),
+}
+
+
+def _validate_schedule(schedule: Any, max_draft_len: int) -> None:
+    if not isinstance(schedule, Mapping) or not schedule:
+        raise fail("trtllm", "draft_len_schedule must be a non-empty mapping {batch size: draft length}")
+    for batch, length in schedule.items():
+        if not is_int(batch) or batch < 1:
+            raise fail("trtllm", f"draft_len_schedule key {batch!r} must be a batch size >= 1")
+        if not is_int(length) or length < 0:
+            raise fail("trtllm", f"draft_len_schedule[{batch}] must be a draft length >= 0, got {length!r}")
+        if length > max_draft_len:
+            raise fail("trtllm", f"draft_len_schedule[{batch}] = {length} exceeds max_draft_len {max_draft_len}")
+    smallest = min(schedule)
+    if schedule[smallest] != max_draft_len:
+        raise fail("trtllm", f"draft_len_schedule[{smallest}] (the smallest key) must equal max_draft_len "
+                   f"{max_draft_len}, got {schedule[smallest]}")
+
+
+def validate(options: Mapping[str, Any]) -> None:
+    """Check an options mapping against TensorRT-LLM's speculative_config rules.
+
+    Example:
+        >>> validate({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 4,
+        ...           "speculative_model": "/m/d", "draft_len_schedule": {1: 3, 8: 1}}})
+        Traceback (most recent call last):
+        ...
+        profiles.errors.ProfileError: trtllm export: draft_len_schedule[1] (the smallest key) must equal max_draft_len 4, got 3
+    """
+    if not isinstance(options, Mapping):
+        raise fail("trtllm", "the options file root must be a mapping")
+    unknown = sorted(set(options) - {"speculative_config"})
+    if unknown:
+        raise fail("trtllm", f"unexpected option(s) {', '.join(unknown)}")
+    if "speculative_config" not in options:
+        return
+    config = options["speculative_config"]
+    if not isinstance(config, Mapping):
+        raise fail("trtllm", "speculative_config must be a mapping")
+    decoding_type = config.get("decoding_type")
+    if decoding_type not in TYPE_KEYS:
+        raise fail("trtllm", f"decoding_type must be one of {', '.join(TYPE_KEYS)}, got {decoding_type!r}")
+    extra = sorted(set(config) - BASE_KEYS - TYPE_KEYS[decoding_type])
+    if extra:
+        raise fail("trtllm", f"unknown {decoding_type} key(s) {', '.join(extra)} (extra keys are forbidden)")
+    max_draft_len = config.get("max_draft_len")
+    if not is_int(max_draft_len) or max_draft_len <= 0:
+        raise fail("trtllm", f"{decoding_type} needs max_draft_len > 0, got {max_draft_len!r}")
+    if decoding_type == "Draft_Target" and not (config.get("speculative_model") or config.get("speculative_model_dir")):
+        raise fail("trtllm", "Draft_Target needs speculative_model")
+    size = config.get("max_matching_ngram_size")
+    if size is not None and (not is_int(size) or size < 1):
+        raise fail("trtllm", f"max_matching_ngram_size must be a positive integer, got {size!r}")
+    threshold = config.get("acceptance_rate_threshold")
+    if threshold is not None and (not is_number(threshold) or not 0.0 <= threshold <= 1.0):
+        raise fail("trtllm", f"acceptance_rate_threshold must be in [0, 1], got {threshold!r}")
+    if config.get("draft_len_schedule") is not None:
+        if config.get("max_concurrency") is not None:
+            raise fail("trtllm", "max_concurrency and draft_len_schedule are mutually exclusive")
+        _validate_schedule(config["draft_len_schedule"], max_draft_len)
+
+
+def draft_len_schedule(schedule: tuple[tuple[int, int], ...]) -> tuple[int, dict[int, int], list[str]]:
+    """Tuned ``(batch_size, gamma)`` points -> ``(max_draft_len, draft_len_schedule, notes)``.
+
+    Example:
+        >>> draft_len_schedule(((1, 5), (2, 4), (4, 2), (8, 0)))[:2]
+        (5, {1: 5, 2: 4, 4: 2})
+        >>> draft_len_schedule(((1, 2), (4, 5)))
+        (2, {1: 2, 4: 2}, ['Gamma 5 for batch sizes 2-4 clamped to max_draft_len 2 (the gamma at the smallest batch size).'])
+    """
+    ranges = batch_ranges(schedule)
+    max_draft_len = ranges[0][2]
+    notes = []
+    for lo, hi, gamma in ranges[1:]:
+        if gamma > max_draft_len:
+            notes.append(f"Gamma {gamma} for batch sizes {lo}-{hi} clamped to max_draft_len {max_draft_len} "
+                         "(the gamma at the smallest batch size).")
+    clamped = batch_ranges(tuple((hi, min(gamma, max_draft_len)) for _, hi, gamma in ranges))
+    while len(clamped) > 1 and clamped[-1][2] == 0:
+        clamped.pop()
+    table = {hi: gamma for _, hi, gamma in clamped}
+    if 1 not in table:
+        table = {1: max_draft_len, **table}
+    return max_draft_len, table, notes
+
+
+def extra_options(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
+    """The options mapping (``{}`` when speculation is off) and the notes that explain it."""
+    if inputs.schedule_max == 0:
+        why = "the chosen drafter is 'none'" if inputs.drafter == "none" else (
+            f"gamma is 0 at every tuned batch size ({schedule_text(inputs.schedule)})")
+        return {}, [f"Speculation off: {why}; no speculative_config."]
+    max_draft_len, table, notes = draft_len_schedule(inputs.schedule)
+    if max_draft_len == 0:
+        return {}, [f"Speculation off: gamma is 0 at the smallest tuned batch size ({schedule_text(inputs.schedule)}) "
+                    "and TensorRT-LLM needs the smallest draft_len_schedule key to map to max_draft_len > 0."]
+    config: dict[str, Any] = {}
+    if inputs.drafter == "model":
+        config.update(decoding_type="Draft_Target", max_draft_len=max_draft_len, speculative_model=inputs.draft)
+    else:
+        config.update(decoding_type="NGram", max_draft_len=max_draft_len,
+                      max_matching_ngram_size=inputs.prompt_lookup_max)
+    config["draft_len_schedule"] = table
+    notes.insert(0, f"Tuned schedule {schedule_text(inputs.schedule)}. Batch sizes up to each key use its draft "
+                 f"length; batch sizes above {max(table)} get 0 (speculation off). TensorRT-LLM applies "
+                 "draft_len_schedule only in modes that support a dynamic draft length; elsewhere max_draft_len "
+                 "holds at every batch size.")
+    if inputs.drafter == "model" and inputs.confidence_threshold > 0:
+        notes.append(f"Draft_Target has no draft-confidence cutoff; confidence_threshold "
+                     f"{inputs.confidence_threshold} is not exported.")
+    return {"speculative_config": config}, notes
+
+
+def export(inputs: ExportInputs) -> Exported:
+    """Render, validate and describe the TensorRT-LLM options file."""
+    options, notes = extra_options(inputs)
+    validate(options)
+    command = f"trtllm-serve {shlex.quote(inputs.target)} --extra_llm_api_options {FILENAME}"
+    header = comment_header(FILENAME, "TensorRT-LLM LLM-API options with the tuned speculative decoding config",
+                            inputs, STACK, notes,
+                            usage=command)
+    body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False) if options else "{}\n"
+    return Exported("trtllm", FILENAME, header + body, command=command, speculation=bool(options),
+                    notes=tuple(notes))

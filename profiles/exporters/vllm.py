@@ -1,0 +1,192 @@
+"""vLLM: the JSON object for ``vllm serve --speculative-config``.
+
+``method`` is ``draft_model`` (with ``model`` = the draft folder) or ``ngram`` (vLLM fills
+``model`` itself); ``num_speculative_tokens`` is the schedule's largest gamma; the schedule
+becomes ``num_speculative_tokens_per_batch_size`` = ``[[lo, hi, k], ...]`` (inclusive ranges
+from batch size 1, k = 0 turns speculation off for that range). vLLM keeps the last range's
+k for batch sizes above the last range. A schedule with one gamma everywhere needs no table.
+
+``SpeculativeConfig`` is a pydantic dataclass that forbids unknown keys, so provenance goes
+to the ``.meta.json`` sidecar, with a ready ``vllm serve`` command. When the schedule is 0
+everywhere, the file holds JSON ``null``: vLLM parses ``--speculative-config null`` as "no
+speculative config", and num_speculative_tokens = 0 would be rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from profiles.errors import ProfileError
+from profiles.exporters._common import (
+    Exported,
+    StackTarget,
+    batch_ranges,
+    fail,
+    is_int,
+    json_lines,
+    read_json_file,
+    schedule_text,
+    sidecar_json,
+)
+from profiles.profile import ExportInputs
+
+STACK = StackTarget("vLLM", "--speculative-config JSON", "vllm-project/vllm@002e77c1f0ef")
+FILENAME = "vllm-speculative-config.json"
+
+# SpeculativeConfig fields at 002e77c1 (stack-schemas.json); anything else is rejected by pydantic.
+KNOWN_KEYS = frozenset({
+    "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size", "tensor_parallel_size",
+    "enforce_eager", "quantization", "moe_backend", "attention_backend", "kv_cache_dtype", "max_model_len",
+    "revision", "code_revision", "index_share_for_mtp_iteration", "disable_padded_drafter_batch",
+    "disable_eagle_block_drop", "use_local_argmax_reduction", "use_heterogeneous_vocab", "prompt_lookup_max",
+    "prompt_lookup_min", "parallel_drafting", "num_speculative_tokens_per_batch_size",
+    "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob", "draft_load_config", "rejection_sample_method",
+    "synthetic_acceptance_rates", "synthetic_acceptance_length", "enable_adaptive_verification",
+    "draft_sample_method", "dspark_draft_topk",
+})
+METHODS = frozenset({
+    "ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
+    "extract_hidden_states", "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp",
+    "glm4_moe_mtp", "glm4_moe_lite_mtp", "glm_ocr_mtp", "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp",
+    "exaone4_5_mtp", "qwen3_next_mtp", "qwen4_exp_mtp", "qwen3_5_mtp", "longcat_flash_mtp",
+    "bailing_hybrid_v3_mtp", "minimax_m3_mtp", "bailing_hybrid_mtp", "mtp", "kimi_k3_mtp",
+    "pangu_ultra_moe_mtp", "step3p5_mtp", "hy_v3_mtp", "hy_v4_mtp", "gemma4_mtp", "inkling_mtp",
+    "glm5_next_mtp", "dflash", "ngram_gpu", "dspark",
+})
+NGRAM_METHODS = frozenset({"ngram", "ngram_gpu"})
+
+
+def _validate_table(table: Any, num_tokens: int) -> None:
+    if not isinstance(table, list) or not table:
+        raise fail("vllm", "num_speculative_tokens_per_batch_size must be a non-empty list")
+    previous_hi = 0
+    for entry in table:
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3 or not all(is_int(v) for v in entry):
+            raise fail("vllm", f"num_speculative_tokens_per_batch_size entry {entry!r} must be [lo, hi, k] integers")
+        lo, hi, k = entry
+        if lo <= 0 or hi <= 0 or lo > hi:
+            raise fail("vllm", f"batch-size range {entry!r} needs 0 < lo <= hi")
+        if k < 0:
+            raise fail("vllm", f"batch-size range {entry!r} has k < 0")
+        if k > num_tokens:
+            raise fail("vllm", f"batch-size range {entry!r} has k > num_speculative_tokens ({num_tokens}); "
+                       "vLLM would silently clamp it")
+        if previous_hi == 0 and lo != 1:
+            raise fail("vllm", f"the first batch-size range must start at 1, got {entry!r}")
+        if previous_hi and lo <= previous_hi:
+            raise fail("vllm", f"batch-size ranges must be sorted and must not overlap at {entry!r}")
+        previous_hi = hi
+
+
+def validate(config: Mapping[str, Any] | None) -> None:
+    """Check a ``--speculative-config`` object against vLLM's hard rules (None = no config, valid).
+
+    Example:
+        >>> validate({"method": "ngram", "num_speculative_tokens": 0})
+        Traceback (most recent call last):
+        ...
+        profiles.errors.ProfileError: vllm export: num_speculative_tokens must be an integer > 0, got 0
+    """
+    if config is None:
+        return
+    if not isinstance(config, Mapping):
+        raise fail("vllm", f"the speculative config must be a JSON object, got {config!r}")
+    unknown = sorted(set(config) - KNOWN_KEYS)
+    if unknown:
+        raise fail("vllm", f"unknown SpeculativeConfig key(s) {', '.join(unknown)} (pydantic forbids extras)")
+    if "tensor_parallel_size" in config:
+        raise fail("vllm", "tensor_parallel_size is rejected; use draft_tensor_parallel_size")
+    num_tokens = config.get("num_speculative_tokens")
+    if not is_int(num_tokens) or num_tokens <= 0:
+        raise fail("vllm", f"num_speculative_tokens must be an integer > 0, got {num_tokens!r}")
+    method, model = config.get("method"), config.get("model")
+    if method is None and model is None:
+        raise fail("vllm", "num_speculative_tokens was provided but without speculative model or method")
+    if method is not None and method not in METHODS:
+        raise fail("vllm", f"unknown method {method!r}")
+    if method == "draft_model" and (not isinstance(model, str) or not model):
+        raise fail("vllm", "method draft_model needs 'model' (the draft model path)")
+    lookup_min, lookup_max = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
+    for name, value in (("prompt_lookup_min", lookup_min), ("prompt_lookup_max", lookup_max)):
+        if value is not None and (not is_int(value) or value < 1):
+            raise fail("vllm", f"{name} must be an integer >= 1, got {value!r}")
+    if method in NGRAM_METHODS and lookup_min is not None and lookup_max is not None and lookup_min > lookup_max:
+        raise fail("vllm", f"prompt_lookup_min ({lookup_min}) must be <= prompt_lookup_max ({lookup_max})")
+    tp = config.get("draft_tensor_parallel_size")
+    if tp is not None and (not is_int(tp) or tp < 1):
+        raise fail("vllm", f"draft_tensor_parallel_size must be an integer >= 1, got {tp!r}")
+    if config.get("num_speculative_tokens_per_batch_size") is not None:
+        _validate_table(config["num_speculative_tokens_per_batch_size"], num_tokens)
+
+
+def _vocab_size(folder: str) -> int | None:
+    config = read_json_file(Path(folder) / "config.json")
+    size = None if config is None else config.get("vocab_size")
+    return size if is_int(size) else None
+
+
+def speculative_config(inputs: ExportInputs) -> dict[str, Any] | None:
+    """The ``--speculative-config`` object for a profile, or None when speculation is off.
+
+    Example:
+        >>> from profiles.profile import ExportInputs
+        >>> inputs = ExportInputs("0.1.0", "2026-11-30T01:30:00+00:00", "H200", "k", "/m/t", "/m/d", "model",
+        ...                       4, 0.0, "constant", None, None, ((1, 5), (2, 4), (4, 2), (8, 0)))
+        >>> speculative_config(inputs)["num_speculative_tokens_per_batch_size"]
+        [[1, 1, 5], [2, 2, 4], [3, 4, 2], [5, 8, 0]]
+    """
+    num_tokens = inputs.schedule_max
+    if num_tokens == 0:
+        return None
+    config: dict[str, Any] = {}
+    if inputs.drafter == "model":
+        config.update(method="draft_model", model=inputs.draft)
+    else:
+        config.update(method="ngram", prompt_lookup_max=inputs.prompt_lookup_max,
+                      prompt_lookup_min=inputs.prompt_lookup_min)
+    config["num_speculative_tokens"] = num_tokens
+    ranges = batch_ranges(inputs.schedule)
+    if len(ranges) > 1:
+        config["num_speculative_tokens_per_batch_size"] = [list(r) for r in ranges]
+    return config
+
+
+def export(inputs: ExportInputs) -> Exported:
+    """Render, validate and describe the vLLM export (see the module docstring)."""
+    config = speculative_config(inputs)
+    notes = []
+    if config is None:
+        why = "the chosen drafter is 'none'" if inputs.drafter == "none" else (
+            f"gamma is 0 at every tuned batch size ({schedule_text(inputs.schedule)})")
+        notes.append(f"Speculation off: {why}. Serve without --speculative-config; this file holds JSON null, "
+                     "which vLLM reads as no speculative config (num_speculative_tokens must be > 0).")
+    else:
+        last = inputs.schedule[-1][0]
+        if "num_speculative_tokens_per_batch_size" in config:
+            notes.append(f"Tuned schedule {schedule_text(inputs.schedule)}. Batch sizes between tuned points use "
+                         "the gamma of the next larger tuned batch size; above batch size "
+                         f"{last} vLLM keeps the last range's k ({config['num_speculative_tokens_per_batch_size'][-1][2]}).")
+        else:
+            notes.append(f"Gamma {config['num_speculative_tokens']} at every tuned batch size "
+                         f"({schedule_text(inputs.schedule)}), so no per-batch-size table is needed.")
+        if inputs.drafter == "model":
+            sizes = (_vocab_size(inputs.target), _vocab_size(inputs.draft or ""))
+            if None not in sizes and sizes[0] != sizes[1]:
+                raise ProfileError(f"vllm export: target and draft vocab sizes differ ({sizes[0]} vs {sizes[1]}); "
+                                   "vLLM's draft_model method requires equal vocabularies")
+        if inputs.confidence_threshold > 0:
+            notes.append(f"vLLM has no draft-confidence cutoff; confidence_threshold {inputs.confidence_threshold} "
+                         "is not exported.")
+    validate(config)
+    command = f"vllm serve {shlex.quote(inputs.target)}"
+    if config is not None:
+        command += f" --speculative-config {shlex.quote(json.dumps(config))}"
+    text = "null\n" if config is None else json_lines(config)
+    sidecar = sidecar_json(inputs, STACK, speculation=config is not None, notes=notes, command=command)
+    return Exported("vllm", FILENAME, text, sidecar=sidecar, command=command,
+                    speculation=config is not None, notes=tuple(notes))

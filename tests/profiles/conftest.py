@@ -1,0 +1,67 @@
+"""Fixtures for the profile store and exporter tests: a fixed sample profile and a temp store."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profiles.store import Store
+
+SAMPLE_PROFILE: dict[str, Any] = {
+    "schema_version": 1,
+    "tool_version": "0.1.0",
+    "created_at": "2026-11-30T01:30:00+00:00",
+    "device": {"key": "ab12cd34ef56", "label": "NVIDIA H200 141GB", "kind": "cuda", "name": "NVIDIA H200",
+               "memory_gib": 141},
+    "pair": {"target": "/srv/models/llama-target", "draft": "/srv/models/llama-draft", "drafter": "model",
+             "target_hash": "t" * 64, "draft_hash": "d" * 64},
+    "workload": {"hash": "w" * 64, "prompts": "prompts.jsonl", "max_new_tokens": 64, "temperature": 0.0,
+                 "concurrency": [1, 2, 4, 8]},
+    "chosen": {"drafter": "model", "gamma": 4, "confidence_threshold": 0.3, "gamma_schedule": "constant",
+               "max_batch_size": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+    "schedule": [{"batch_size": 1, "gamma": 5}, {"batch_size": 2, "gamma": 4}, {"batch_size": 4, "gamma": 2},
+                 {"batch_size": 8, "gamma": 0}],
+    "crossover_batch_size": 8,
+    "metrics": {"tokens_per_second": 812.5, "tpot_ms_p95": 9.8, "speedup": 1.74},
+    "baseline": {"tokens_per_second": 467.0, "tpot_ms_p95": 14.1},
+    "classification": [{"batch_size": 1, "label": "memory-bound"}, {"batch_size": 8, "label": "compute-bound"}],
+    "pareto_front": [{"gamma": 5, "tokens_per_second": 640.0, "tpot_ms_p95": 7.5}],
+    "ceilings": {"bandwidth_gbs": 4800.0, "flops": 9.89e14},
+    "predicted_vs_measured": [{"gamma": 4, "predicted": 800.0, "measured": 812.5}],
+}
+
+
+@pytest.fixture
+def profile() -> dict[str, Any]:
+    """A fresh deep copy of the fixed sample profile (draft-model drafter)."""
+    return copy.deepcopy(SAMPLE_PROFILE)
+
+
+@pytest.fixture
+def make_profile() -> Callable[..., dict[str, Any]]:
+    """Build sample variants: ``make_profile(schedule=[(1, 4), (8, 0)], drafter="ngram", **chosen)``."""
+
+    def build(schedule: list[tuple[int, int]] | None = None, drafter: str | None = None,
+              **chosen: Any) -> dict[str, Any]:
+        out = copy.deepcopy(SAMPLE_PROFILE)
+        if schedule is not None:
+            out["schedule"] = [{"batch_size": b, "gamma": g} for b, g in schedule]
+        if drafter is not None:
+            out["chosen"]["drafter"] = drafter
+            if drafter != "model":
+                out["pair"]["draft"] = None
+        out["chosen"].update(chosen)
+        return out
+
+    return build
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """A Store on a fresh SQLite file under tmp_path."""
+    with Store(f"sqlite:///{tmp_path / 'autotune.db'}") as opened:
+        yield opened
