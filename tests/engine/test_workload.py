@@ -1,0 +1,56 @@
+"""Workload files: every malformed line is named by file and line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.errors import EngineInputError
+from engine.workload import encode_prompt, load_workload
+
+
+def write(tmp_path, lines):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_valid_workload_parses(tmp_path):
+    path = write(tmp_path, [json.dumps({"prompt": "def f(", "max_new_tokens": 8, "source": "a.py"}),
+                            "", json.dumps({"prompt": "x = 1", "temperature": 0.5, "top_k": 3, "top_p": 0.9})])
+    items = load_workload(path)
+    assert [i.prompt for i in items] == ["def f(", "x = 1"]
+    assert items[0].max_new_tokens == 8 and items[1].max_new_tokens is None
+    assert items[1].temperature == 0.5 and items[1].top_k == 3 and items[1].top_p == 0.9
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("{not json", "prompts.jsonl:2: malformed JSON"),
+    (json.dumps({"prompt": ""}), "prompts.jsonl:2: prompt must be a non-empty string"),
+    (json.dumps({"text": "x"}), "prompts.jsonl:2: prompt must be a non-empty string"),
+    (json.dumps({"prompt": "x", "max_new_tokens": -3}), "prompts.jsonl:2: max_new_tokens must be >= 1 (got -3)"),
+    (json.dumps({"prompt": "x", "max_new_tokens": 2.5}), "prompts.jsonl:2: max_new_tokens must be an integer"),
+    (json.dumps({"prompt": "x", "top_p": 1.5}), "prompts.jsonl:2: top_p must be in [0.0, 1.0] (got 1.5)"),
+    (json.dumps(["x"]), "prompts.jsonl:2: expected a JSON object"),
+])
+def test_bad_lines_are_named(tmp_path, line, needle):
+    path = write(tmp_path, [json.dumps({"prompt": "ok"}), line])
+    with pytest.raises(EngineInputError) as err:
+        load_workload(path)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(EngineInputError, match="not found"):
+        load_workload(tmp_path / "nope.jsonl")
+    with pytest.raises(EngineInputError, match="no prompts"):
+        load_workload(write(tmp_path, [""]))
+
+
+def test_long_prompt_rejected_with_length_and_limit_or_truncated():
+    ids = list(range(50))
+    with pytest.raises(EngineInputError, match="50 tokens, longer than the limit of 20"):
+        encode_prompt(ids, 20, "w.jsonl: prompt 3")
+    assert encode_prompt(ids, 20, "w", truncate=True) == ids[-20:]
+    assert encode_prompt(ids, 50, "w") == ids
