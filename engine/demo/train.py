@@ -273,10 +273,12 @@ def make_optimizer(model: Transformer, lr: float, tc: TrainConfig) -> torch.opti
     return torch.optim.AdamW(groups, lr=lr, betas=tc.betas)
 
 
-def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
+def lr_factor(step: int, total: int, warmup: int, min_ratio: float, time_frac: float = 0.0) -> float:
+    """Linear warmup, then cosine decay to ``min_ratio``; the decay follows whichever of the step
+    fraction and the elapsed share of the phase's time budget is further along."""
     if step < warmup:
         return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = min(1.0, max(time_frac, (step - warmup) / max(1, total - warmup)))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
@@ -356,20 +358,24 @@ def run_phase(
     """Train until the planned step count (or ``deadline``); ``opts`` = (optimizer, peak lr, warmup).
 
     Without ``fixed_steps`` the step count is sized from the speed of steps 3..``calib_steps`` so
-    the phase fills ``time_budget`` seconds; those first steps lie inside the LR warmup, which does
-    not depend on the total, so the schedule is the one a fixed-step replay gets.
+    the phase fills ``time_budget`` seconds (those first steps lie inside the LR warmup, which does
+    not depend on the total); the cosine decay then also tracks elapsed time, so a machine that
+    slows down mid-run (shared CPU) still ends the phase with a decayed LR when its time is up.
     """
     assert all(warmup >= calib_steps for _, _, warmup in opts)
     t0 = time.time()
     total = fixed_steps or 10**9
     done, last, t_calib = 0, {}, t0
     tokens_per_step = tc.batch_size * tc.seq_len
+    if fixed_steps is None:
+        deadline = min(deadline, t0 + time_budget)
     while done < total:
+        time_frac = 0.0 if fixed_steps is not None else (time.time() - t0) / max(time_budget, 1e-9)
         if time.time() > deadline:
             log(f"{name}: wall-clock deadline reached after {done} of {total} steps")
             break
         for opt, peak, warmup in opts:
-            set_lr(opt, peak * lr_factor(done, total, warmup, tc.min_lr_ratio))
+            set_lr(opt, peak * lr_factor(done, total, warmup, tc.min_lr_ratio, time_frac))
         last = step_fn(sample_batch(stream, tc.batch_size, tc.seq_len, gen))
         done += 1
         if done == 2:
@@ -451,6 +457,7 @@ def save_model(model: Transformer, folder: Path, tokenizer_json: Path, max_new_t
         if not (cfg.tie_word_embeddings and k == "lm_head.weight")
     }
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "model.safetensors").chmod(0o644)
     (folder / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
     eos = cfg.eos_token_ids[0]
     gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": eos, "do_sample": False, "max_new_tokens": max_new_tokens}
