@@ -17,15 +17,36 @@ from autotune.table import table
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 
 
+def _one_line(exc: BaseException) -> str:
+    text = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+    return " ".join(text.split()) or type(exc).__name__
+
+
 class _Group(click.Group):
-    """Turns user errors raised anywhere below into one line and exit code 2."""
+    """Turns user errors raised anywhere below (and bad flags) into one line and exit code 2."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except USER_ERRORS as exc:
-            click.echo(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", err=True)
+            click.echo(f"error: {_one_line(exc)}", err=True)
             sys.exit(2)
+
+    def main(self, *args, **kwargs):
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+            click.echo(f"error: {_one_line(exc)}{hint}", err=True)
+            sys.exit(2)
+        except click.ClickException as exc:
+            click.echo(f"error: {_one_line(exc)}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -9,6 +9,7 @@ Relative paths are resolved against the folder of the config file. The bundled
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     target = m.path_("target", base, default=None)
     draft = m.path_("draft", base, allow_none=True)
     device = m.get("device", "auto")
-    if not isinstance(device, str) or not (device in ("auto", "cpu") or device.startswith("cuda")):
+    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
         raise ConfigError(f"models.device: must be auto, cpu or cuda[:N] (got {device!r})")
     dtype = m.choice("dtype", "float32", DTYPES)
     m.done()

@@ -48,8 +48,15 @@ class Curves:
     t_verify: dict[int, dict[int, float]]
     t_draft: dict[int, float]
 
-    def verify(self, batch: float, k: int) -> float:
-        return _interp({b: row[min(k, max(row))] for b, row in self.t_verify.items()}, batch)
+    def verify(self, batch: float, k: float) -> float:
+        """T_verify at batch size ``batch`` and (possibly fractional, mean) verify width ``k``."""
+        lo = max(1, min(int(k), max(max(row) for row in self.t_verify.values())))
+        frac = min(max(k - lo, 0.0), 1.0)
+
+        def at(width: int) -> float:
+            return _interp({b: row[min(width, max(row))] for b, row in self.t_verify.items()}, batch)
+
+        return at(lo) if frac == 0 else (1 - frac) * at(lo) + frac * at(lo + 1)
 
     def draft(self, batch: float) -> float:
         return _interp(self.t_draft, batch) if self.t_draft else 0.0
@@ -149,7 +156,7 @@ def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold
         (2.0, 0.013)
     """
     st = step_stats(samples, gamma, threshold, batch)
-    t_verify = curves.verify(batch, max(1, round(st.verify_width)))
+    t_verify = curves.verify(batch, max(1.0, st.verify_width))
     step = st.draft_forwards * curves.draft(batch) + t_verify
     t_decode = curves.verify(batch, 1)
     tps = batch * st.tokens / step

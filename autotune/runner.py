@@ -55,7 +55,7 @@ def build_requests(
     for i, item in enumerate(items):
         max_new = item.max_new_tokens or sampling.max_new_tokens
         ids = tokenizer.encode(item.prompt).ids
-        ids = encode_prompt(ids, context - max_new - 20, f"{where}: prompt {i + 1}", truncate)
+        ids = encode_prompt(ids, context - max_new - 20, f"{where}:{item.line or i + 1}", truncate)
         out.append(Request(
             ids, max_new,
             sampling.temperature if item.temperature is None else item.temperature,

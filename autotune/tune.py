@@ -10,6 +10,7 @@ one transaction at the very end, and exports are written atomically after it.
 from __future__ import annotations
 
 import json
+import re
 import signal
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -40,16 +41,19 @@ def default_study_name(ctx: ctx_mod.Context) -> str:
 
 def _resolve_study_name(ctx: ctx_mod.Context, resume: bool) -> str:
     base = ctx.cfg.study_name or default_study_name(ctx)
-    names = {s.study_name for s in optuna.get_all_study_summaries(ctx.cfg.storage, include_best_trial=False)}
-    family = sorted((n for n in names if n == base or n.startswith(base + "-run")),
-                    key=lambda n: int(n.rsplit("-run", 1)[1]) if "-run" in n[len(base):] else 1)
+    runs = {}
+    for summary in optuna.get_all_study_summaries(ctx.cfg.storage, include_best_trial=False):
+        m = re.fullmatch(re.escape(base) + r"(?:-run(\d+))?", summary.study_name)
+        if m:
+            runs[int(m.group(1) or 1)] = summary.study_name
+    family = [runs[k] for k in sorted(runs)]
     if resume:
         if not family:
             raise ConfigError(f"--resume: no study named {base!r} in {ctx.cfg.storage} to resume")
         return family[-1]
     if not family:
         return base
-    return f"{base}-run{len(family) + 1}"
+    return f"{base}-run{max(runs) + 1}"
 
 
 def _sigterm_as_interrupt(signum, frame):  # noqa: ARG001
@@ -135,8 +139,7 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
         per_batch = {b: lv["tokens_per_second"] for b, lv in result["per_level"].items()}
         remeasured.append((Point(params, result["tokens_per_second"], result["latency_ms"], viol, per_batch,
                                  cand.number), result))
-    base_params = {**candidates[0].params, "gamma": 0, "drafter": "none", "confidence_threshold": 0.0,
-                   "gamma_schedule": "constant"}
+    base_params = {**candidates[0].params, "gamma": 0, "confidence_threshold": 0.0, "gamma_schedule": "constant"}
     baseline = study_mod.evaluate(ctx, base_params, cfg.seed + 1)
     base_viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, baseline).values())
     base_point = Point(base_params, baseline["tokens_per_second"], baseline["latency_ms"], base_viol,

@@ -28,6 +28,7 @@ class WorkloadItem:
     top_k: int | None = None
     top_p: float | None = None
     source: str | None = None
+    line: int = 0  # line number in the workload file (for error messages)
 
 
 def _check_number(path, lineno, key, value, kind, lo, hi=None):
@@ -70,6 +71,7 @@ def load_workload(path: str | Path) -> list[WorkloadItem]:
             top_k=_check_number(path, lineno, "top_k", obj.get("top_k"), int, 0),
             top_p=_check_number(path, lineno, "top_p", obj.get("top_p"), float, 0.0, 1.0),
             source=obj.get("source"),
+            line=lineno,
         ))
     if not items:
         raise EngineInputError(f"{path}: no prompts")

@@ -357,10 +357,10 @@ def run_phase(
 ) -> dict[str, object]:
     """Train until the planned step count (or ``deadline``); ``opts`` = (optimizer, peak lr, warmup).
 
-    Without ``fixed_steps`` the step count is sized from the speed of steps 3..``calib_steps`` so
-    the phase fills ``time_budget`` seconds (those first steps lie inside the LR warmup, which does
-    not depend on the total); the cosine decay then also tracks elapsed time, so a machine that
-    slows down mid-run (shared CPU) still ends the phase with a decayed LR when its time is up.
+    Without ``fixed_steps`` the phase runs until ``time_budget`` seconds have passed and the cosine
+    decay follows elapsed time, so a shared CPU that speeds up or slows down mid-run still uses the
+    whole budget and ends with a decayed LR. ``train_log.json`` records the steps actually taken,
+    which ``--joint-steps/--distill-steps`` replay exactly on any machine.
     """
     assert all(warmup >= calib_steps for _, _, warmup in opts)
     t0 = time.time()
@@ -382,9 +382,8 @@ def run_phase(
             t_calib = time.time()
         if fixed_steps is None and done == calib_steps:
             per_step = (time.time() - t_calib) / (calib_steps - 2)
-            total = max(done, int(time_budget / per_step))
-            log(f"{name}: {per_step:.2f} s/step ({tokens_per_step / per_step:.0f} tok/s) -> {total} steps "
-                f"in {time_budget / 60:.1f} min")
+            log(f"{name}: {per_step:.2f} s/step ({tokens_per_step / per_step:.0f} tok/s) -> about "
+                f"{int(time_budget / per_step)} steps in {time_budget / 60:.1f} min (the clock decides)")
         if done % 10 == 0 or done == total or done == 1:
             el = time.time() - t0
             stats = " ".join(f"{k} {v:.3f}" for k, v in last.items())

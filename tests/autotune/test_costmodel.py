@@ -1,0 +1,140 @@
+"""Cost model on synthetic curves and samples whose answers are worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.costmodel import (
+    Curves,
+    StepSample,
+    best_gamma,
+    expected_tokens,
+    expected_tokens_constant,
+    per_position_acceptance,
+    predict,
+    step_stats,
+)
+
+T_VERIFY = 0.010  # seconds, flat in k: verifying k tokens costs as much as decoding one
+T_DRAFT = 0.001
+
+
+def flat_curves(batches=(1, 4), gamma_max: int = 4) -> Curves:
+    return Curves({b: {k: T_VERIFY for k in range(1, gamma_max + 2)} for b in batches},
+                  {b: T_DRAFT for b in batches})
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.95])
+@pytest.mark.parametrize("gamma", [0, 1, 3, 6])
+def test_expected_tokens_matches_leviathan_closed_form(alpha, gamma) -> None:
+    per_position = [alpha**i for i in range(1, 7)]  # P(first i draft tokens accepted)
+    closed = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    assert expected_tokens(per_position, gamma) == pytest.approx(closed, rel=1e-12)
+    assert expected_tokens_constant(alpha, gamma) == pytest.approx(closed, rel=1e-12)
+
+
+def test_perfect_draft_gives_gamma_plus_one() -> None:
+    assert expected_tokens([1.0] * 5, 5) == 6.0
+    assert expected_tokens_constant(1.0, 5) == 6.0
+
+
+def test_expected_tokens_refuses_unprofiled_positions() -> None:
+    with pytest.raises(ValueError, match="gamma 4 beyond the 3 profiled positions"):
+        expected_tokens([0.9, 0.8, 0.7], 4)
+
+
+def test_per_position_acceptance_is_unconditional() -> None:
+    samples = [StepSample(n, (1.0,) * 3) for n in (3, 1, 0, 2)]
+    # position i accepted when n_accepted > i: 3/4, 2/4, 1/4
+    assert per_position_acceptance(samples, 3) == [0.75, 0.5, 0.25]
+    assert per_position_acceptance([], 2) == [0.0, 0.0]
+
+
+def test_step_stats_threshold_zero_proposes_gamma() -> None:
+    samples = [StepSample(n, (1.0,) * 4) for n in (4, 1)]
+    st = step_stats(samples, gamma=3, threshold=0.0)
+    assert st.tokens == pytest.approx((1 + 3 + 1 + 1) / 2)  # accepted capped at gamma, plus bonus
+    assert st.draft_forwards == 3 and st.verify_width == 4
+
+
+def test_step_stats_confidence_drop_caps_proposals() -> None:
+    """Confidence below the threshold at position 2: 2 tokens proposed, 3 draft forwards run."""
+    conf = (0.9, 0.9, 0.1, 0.9)
+    samples = [StepSample(4, conf), StepSample(1, conf)]
+    st = step_stats(samples, gamma=4, threshold=0.5)
+    assert st.tokens == pytest.approx(((1 + 2) + (1 + 1)) / 2)  # min(n_accepted, 2) + 1
+    assert st.draft_forwards == 3  # low + 1: the forward that produced the unsure token ran
+    assert st.verify_width == 3  # 1 + 2 proposals
+    below = step_stats(samples, gamma=4, threshold=0.05)  # nothing below 0.05: full gamma
+    assert (below.tokens, below.draft_forwards, below.verify_width) == (pytest.approx(3.5), 4, 5)
+
+
+def test_step_stats_confidence_equal_to_the_threshold_keeps_drafting() -> None:
+    """The engine keeps a row active while confidence >= threshold; the model must agree."""
+    st = step_stats([StepSample(3, (0.5, 0.5, 0.4))], gamma=3, threshold=0.5)
+    assert (st.tokens, st.draft_forwards, st.verify_width) == (3.0, 3, 3.0)
+
+
+def test_step_stats_drop_at_first_position_proposes_nothing() -> None:
+    st = step_stats([StepSample(3, (0.2, 0.9, 0.9))], gamma=3, threshold=0.5)
+    assert (st.tokens, st.draft_forwards, st.verify_width) == (1.0, 1, 1.0)
+
+
+def test_step_stats_gamma_zero_is_plain_decoding() -> None:
+    st = step_stats([StepSample(3, (1.0,) * 3)], gamma=0, threshold=0.0)
+    assert (st.tokens, st.draft_forwards, st.verify_width) == (1.0, 0.0, 1.0)
+
+
+def test_step_stats_batch_uses_the_longest_row() -> None:
+    """In lock step the batch drafts as long as its longest row: mixed rows push the mean up."""
+    samples = [StepSample(4, (0.9, 0.1, 0.9, 0.9)), StepSample(4, (0.9,) * 4)]
+    single = step_stats(samples, gamma=4, threshold=0.5, batch=1)
+    batched = step_stats(samples, gamma=4, threshold=0.5, batch=8)
+    assert single.draft_forwards == pytest.approx((2 + 4) / 2)
+    assert 3.0 < batched.draft_forwards <= 4.0  # P(all 8 rows short) = 1/256
+    assert batched.tokens == single.tokens  # tokens per row do not depend on the batch
+    assert step_stats(samples, 4, 0.5, batch=8, seed=1) == step_stats(samples, 4, 0.5, batch=8, seed=1)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_predict_on_flat_curve_matches_hand_computation(batch) -> None:
+    gamma = 3
+    samples = [StepSample(n, (1.0,) * 4) for n in (3, 1, 0, 2)]
+    e = ((1 + 3) + (1 + 1) + (1 + 0) + (1 + 2)) / 4  # 2.5 tokens per row per step
+    step = gamma * T_DRAFT + T_VERIFY
+    p = predict(flat_curves(), samples, gamma, 0.0, batch)
+    assert p.tokens_per_step == pytest.approx(e)
+    assert p.step_time_s == pytest.approx(step)
+    assert p.tokens_per_second == pytest.approx(batch * e / step)
+    assert p.tpot_ms == pytest.approx(1e3 * step / e)
+    assert p.speedup == pytest.approx((batch * e / step) / (batch / T_VERIFY))
+    assert (p.gamma, p.batch_size, p.confidence_threshold) == (gamma, batch, 0.0)
+
+
+def test_predict_gamma_zero_is_the_decode_rate() -> None:
+    p = predict(flat_curves(), [StepSample(2, (1.0,) * 4)], 0, 0.0, 4)
+    assert p.tokens_per_second == pytest.approx(4 / T_VERIFY) and p.speedup == pytest.approx(1.0)
+
+
+def test_predict_uses_measured_verify_width_and_draft_cost() -> None:
+    curves = Curves({1: {1: 0.010, 2: 0.012, 3: 0.014}}, {1: 0.002})
+    p = predict(curves, [StepSample(2, (1.0, 1.0))], gamma=2, threshold=0.0, batch=1)
+    assert p.step_time_s == pytest.approx(2 * 0.002 + 0.014)
+    assert p.tokens_per_second == pytest.approx(3 / 0.018)
+
+
+def test_curves_interpolate_between_measured_batch_sizes() -> None:
+    curves = Curves({1: {1: 0.010}, 4: {1: 0.016}}, {1: 0.001, 4: 0.004})
+    assert curves.verify(2, 1) == pytest.approx(0.012)
+    assert curves.draft(2) == pytest.approx(0.002)
+    assert curves.verify(4, 5) == 0.016  # k beyond the measured widths clamps to the widest
+
+
+def test_best_gamma_flat_curve_high_acceptance_takes_the_largest() -> None:
+    samples = [StepSample(4, (1.0,) * 4)] * 4
+    assert best_gamma(flat_curves(), samples, 1, 4).gamma == 4
+
+
+def test_best_gamma_zero_acceptance_turns_speculation_off() -> None:
+    samples = [StepSample(0, (1.0,) * 4)] * 4
+    assert best_gamma(flat_curves(), samples, 1, 4).gamma == 0

@@ -1,0 +1,179 @@
+"""Selection rules on synthetic points: Pareto front, SLO winner, knee, gamma-by-batch schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.selection import Point, choose, gamma_schedule, knee_point, pareto_front
+
+
+def pt(tps: float, lat: float, violation: float = 0.0, name: str = "") -> Point:
+    return Point({"name": name}, tps, lat, violation)
+
+
+def names(points) -> list[str]:
+    return [p.params["name"] for p in points]
+
+
+# ------------------------------------------------------------------------------------------
+# pareto_front
+
+
+def test_pareto_front_removes_dominated_points_and_sorts_by_throughput() -> None:
+    points = [
+        pt(100, 50, name="fast"),
+        pt(60, 10, name="snappy"),
+        pt(80, 20, name="middle"),
+        pt(70, 30, name="dominated-by-middle"),
+        pt(100, 60, name="same-tps-slower"),  # dominated by "fast" (equal tps, worse latency)
+        pt(50, 10, name="same-latency-less-tps"),  # dominated by "snappy"
+    ]
+    assert names(pareto_front(points)) == ["fast", "middle", "snappy"]
+
+
+def test_pareto_front_keeps_exact_ties() -> None:
+    points = [pt(80, 20, name="a"), pt(80, 20, name="b"), pt(40, 40, name="c")]
+    assert sorted(names(pareto_front(points))) == ["a", "b"]
+
+
+def test_pareto_front_of_one_point() -> None:
+    assert names(pareto_front([pt(1, 1, name="only")])) == ["only"]
+
+
+# ------------------------------------------------------------------------------------------
+# choose
+
+
+def test_choose_with_slos_takes_the_highest_feasible_throughput() -> None:
+    points = [
+        pt(120, 80, violation=30, name="fastest-but-violates"),
+        pt(90, 45, name="best-feasible"),
+        pt(70, 30, name="feasible-slower"),
+    ]
+    choice = choose(points, has_slo=True)
+    assert choice.point.params["name"] == "best-feasible"
+    assert choice.met_slo is True
+
+
+def test_choose_with_slos_breaks_throughput_ties_by_latency() -> None:
+    points = [pt(90, 45, name="slow"), pt(90, 30, name="quick")]
+    assert choose(points, has_slo=True).point.params["name"] == "quick"
+
+
+def test_choose_with_slos_nothing_feasible_returns_the_closest() -> None:
+    points = [
+        pt(120, 80, violation=30, name="far"),
+        pt(60, 52, violation=2, name="closest-slow"),
+        pt(90, 52, violation=2, name="closest-fast"),
+        pt(100, 60, violation=10, name="middle"),
+    ]
+    choice = choose(points, has_slo=True)
+    assert choice.point.params["name"] == "closest-fast"  # smallest violation, then throughput
+    assert choice.met_slo is False
+    assert "closest" in choice.reason
+
+
+def test_choose_without_slos_takes_the_knee_not_an_extreme() -> None:
+    extreme_tps = pt(100, 100, name="max-throughput")
+    balanced = pt(90, 20, name="balanced")
+    extreme_lat = pt(20, 10, name="min-latency")
+    dominated = pt(50, 50, name="dominated")
+    choice = choose([extreme_tps, extreme_lat, balanced, dominated], has_slo=False)
+    assert choice.point is balanced
+    assert choice.met_slo is True
+    assert knee_point(pareto_front([extreme_tps, balanced, extreme_lat])) is balanced
+
+
+def test_knee_point_is_scale_free() -> None:
+    """Normalised distances: multiplying latencies by 1000 does not move the knee."""
+    front = [pt(100, 100, name="a"), pt(90, 20, name="b"), pt(20, 10, name="c")]
+    scaled = [pt(p.tokens_per_second, p.latency_ms * 1000, name=p.params["name"]) for p in front]
+    assert knee_point(front).params["name"] == knee_point(scaled).params["name"] == "b"
+
+
+def test_knee_point_of_a_single_point() -> None:
+    only = pt(5, 5, name="only")
+    assert knee_point([only]) is only
+
+
+def test_choose_refuses_nothing() -> None:
+    with pytest.raises(ValueError):
+        choose([], has_slo=False)
+
+
+# ------------------------------------------------------------------------------------------
+# gamma_schedule
+
+
+def run(gamma: int, per_batch: dict[int, float]) -> Point:
+    return Point({"gamma": gamma}, 0.0, 0.0, per_batch=per_batch)
+
+
+def test_schedule_speculation_wins_small_loses_large() -> None:
+    points = [
+        run(0, {1: 10, 2: 20, 4: 40, 8: 80}),
+        run(2, {1: 18, 2: 30, 4: 38, 8: 60}),
+        run(4, {1: 22, 2: 28, 4: 35, 8: 50}),
+    ]
+    schedule, crossover = gamma_schedule(points, [1, 2, 4, 8])
+    assert [(e["batch_size"], e["gamma"]) for e in schedule] == [(1, 4), (2, 2), (4, 0), (8, 0)]
+    assert [e["tokens_per_second"] for e in schedule] == [22, 30, 40, 80]
+    assert [e["baseline_tokens_per_second"] for e in schedule] == [10, 20, 40, 80]
+    assert crossover == 4
+
+
+def test_schedule_all_zero_crosses_over_at_the_smallest_batch() -> None:
+    points = [run(0, {1: 10, 4: 40}), run(3, {1: 9, 4: 30})]
+    schedule, crossover = gamma_schedule(points, [1, 4])
+    assert [e["gamma"] for e in schedule] == [0, 0]
+    assert crossover == 1
+
+
+def test_schedule_speculation_pays_everywhere_no_crossover() -> None:
+    points = [run(0, {1: 10, 4: 40}), run(3, {1: 25, 4: 60})]
+    schedule, crossover = gamma_schedule(points, [1, 4])
+    assert [e["gamma"] for e in schedule] == [3, 3]
+    assert crossover is None
+
+
+def test_schedule_crossover_is_where_it_stays_off() -> None:
+    """Speculation off at B=2 but on again at B=4: the crossover is after the last win."""
+    points = [run(0, {1: 10, 2: 20, 4: 40, 8: 80}), run(2, {1: 20, 2: 19, 4: 50, 8: 70})]
+    schedule, crossover = gamma_schedule(points, [1, 2, 4, 8])
+    assert [e["gamma"] for e in schedule] == [2, 0, 2, 0]
+    assert crossover == 8
+
+
+@pytest.mark.parametrize(("spec_tps", "expected_gamma"), [(101.9, 0), (102.0, 3), (102.1, 3)])
+def test_schedule_two_percent_rule(spec_tps, expected_gamma) -> None:
+    points = [run(0, {1: 100.0}), run(3, {1: spec_tps})]
+    schedule, _ = gamma_schedule(points, [1])
+    assert schedule[0]["gamma"] == expected_gamma
+    assert schedule[0]["baseline_tokens_per_second"] == 100.0
+
+
+def test_schedule_min_gain_is_configurable() -> None:
+    points = [run(0, {1: 100.0}), run(3, {1: 104.0})]
+    assert gamma_schedule(points, [1], min_gain=1.05)[0][0]["gamma"] == 0
+    assert gamma_schedule(points, [1], min_gain=1.0)[0][0]["gamma"] == 3
+
+
+def test_schedule_compares_against_the_best_baseline() -> None:
+    points = [run(0, {1: 100.0}), run(0, {1: 120.0}), run(2, {1: 115.0})]
+    schedule, _ = gamma_schedule(points, [1])
+    assert schedule[0] == {"batch_size": 1, "gamma": 0, "tokens_per_second": 120.0,
+                           "baseline_tokens_per_second": 120.0}
+
+
+def test_schedule_without_a_baseline_takes_the_fastest_speculative() -> None:
+    points = [run(2, {1: 50.0}), run(5, {1: 70.0})]
+    schedule, crossover = gamma_schedule(points, [1])
+    assert schedule[0]["gamma"] == 5 and schedule[0]["baseline_tokens_per_second"] is None
+    assert crossover is None
+
+
+def test_schedule_only_uses_points_measured_at_that_batch() -> None:
+    points = [run(0, {1: 10, 4: 40}), run(4, {1: 30})]  # gamma 4 never ran at B=4
+    schedule, crossover = gamma_schedule(points, [1, 4])
+    assert [e["gamma"] for e in schedule] == [4, 0]
+    assert crossover == 4
