@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,22 @@ class Curves:
     """Measured step times in seconds.
 
     ``t_verify[B][k]``: a target forward of B rows x k tokens; ``t_draft[B]``: one draft
-    forward of B rows x 1 token. Batch sizes are the measured ones (powers of two); other
-    batch sizes are interpolated linearly.
+    forward of B rows x 1 token; ``overhead[B]``: the engine's own work per step (sampling,
+    acceptance, bookkeeping) measured as an engine decode step minus the bare forward;
+    ``t_prefill[B]``: prefilling B prompts of the workload's median length. Batch sizes are the
+    measured ones (powers of two); other batch sizes are interpolated linearly.
     """
 
     t_verify: dict[int, dict[int, float]]
     t_draft: dict[int, float]
+    overhead: dict[int, float] = field(default_factory=dict)  # engine work per step beyond the forwards
+    t_prefill: dict[int, float] = field(default_factory=dict)  # prefill of B prompts of typical length
+
+    def step_overhead(self, batch: float) -> float:
+        return max(_interp(self.overhead, batch), 0.0) if self.overhead else 0.0
+
+    def prefill(self, batch: float) -> float:
+        return _interp(self.t_prefill, batch) if self.t_prefill else 0.0
 
     def verify(self, batch: float, k: float) -> float:
         """T_verify at batch size ``batch`` and (possibly fractional, mean) verify width ``k``."""
@@ -145,8 +155,12 @@ class Prediction:
 
 
 def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold: float,
-            batch: int) -> Prediction:
+            batch: int, new_tokens: int | None = None) -> Prediction:
     """Predicted throughput and time per output token of (gamma, threshold) at batch size B.
+
+    With ``new_tokens`` (tokens generated per request), throughput also pays for prefilling
+    each wave of B requests: B * N / ((N / E) * T_step + T_prefill(B)); without it, the
+    steady-state B * E / T_step.
 
     Example:
         >>> curves = Curves({1: {1: 0.010, 2: 0.0105, 3: 0.011}}, {1: 0.001})
@@ -157,11 +171,18 @@ def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold
     """
     st = step_stats(samples, gamma, threshold, batch)
     t_verify = curves.verify(batch, max(1.0, st.verify_width))
-    step = st.draft_forwards * curves.draft(batch) + t_verify
-    t_decode = curves.verify(batch, 1)
-    tps = batch * st.tokens / step
+    overhead = curves.step_overhead(batch)
+    step = st.draft_forwards * curves.draft(batch) + t_verify + overhead
+    t_decode = curves.verify(batch, 1) + overhead
+
+    def throughput(tokens_per_step: float, step_time: float) -> float:
+        if new_tokens:
+            return batch * new_tokens / (new_tokens / tokens_per_step * step_time + curves.prefill(batch))
+        return batch * tokens_per_step / step_time
+
+    tps = throughput(st.tokens, step)
     return Prediction(gamma, threshold, batch, st.tokens, step, tps, 1e3 * step / st.tokens,
-                      tps / (batch / t_decode))
+                      tps / throughput(1.0, t_decode))
 
 
 def best_gamma(curves: Curves, samples: Sequence[StepSample], batch: int, gamma_max: int,

@@ -63,8 +63,9 @@ def _forward_timer(model: Transformer, batch: int, k: int, context: int, device:
 
 
 def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, context: int,
-                   repeats: int = 7, progress: Progress | None = None) -> dict:
-    """T_verify(B, k), T_draft(B) and the knee curve T(n), each a median over ``repeats``."""
+                   repeats: int = 7, progress: Progress | None = None, prompt_tokens: int | None = None) -> dict:
+    """T_verify(B, k), T_draft(B), T_prefill(B) and the knee curve T(n), medians over ``repeats``."""
+    prompt_tokens = prompt_tokens or context
     device = pair.target.lm_head.weight.device
     t_verify: dict[int, dict[int, float]] = {}
     t_draft: dict[int, float] = {}
@@ -82,6 +83,11 @@ def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, cont
         if progress:
             progress(f"verify/draft curves B={b}")
     knee_curve: dict[int, float] = {}
+    t_prefill: dict[int, float] = {}
+    for b in batch_sizes:
+        m = measure_stable(_forward_timer(pair.target, b, prompt_tokens, 1, device), device, warmup=1,
+                           repeats=max(3, repeats // 2))
+        t_prefill[b] = m["median"]
     b_max = max(batch_sizes)
     for n in powers_of_two(max(64, b_max * (gamma_max + 1))):
         b = min(n, b_max)
@@ -90,8 +96,24 @@ def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, cont
         knee_curve[b * k] = m["median"]
     if progress:
         progress("knee curve")
-    return {"t_verify": t_verify, "t_draft": t_draft, "knee_curve": knee_curve, "context_tokens": context,
-            "repeats": repeats, "noisy": noisy}
+    return {"t_verify": t_verify, "t_draft": t_draft, "t_prefill": t_prefill, "knee_curve": knee_curve,
+            "context_tokens": context, "prompt_tokens": prompt_tokens, "repeats": repeats, "noisy": noisy}
+
+
+def measure_overhead(pair: ModelPair, requests: list[Request], batch_sizes: list[int], t_verify: dict,
+                     seed: int = 0) -> dict[int, float]:
+    """Engine work per step beyond the target forward: a real decode step minus the bare forward.
+
+    Sampling, acceptance, bookkeeping and the step's host sync are not in the forward timings,
+    yet every step pays them; without this term the cost model over-predicts throughput.
+    """
+    out = {}
+    for b in batch_sizes:
+        short = [Request(r.prompt_ids, 16, r.temperature, r.top_k, r.top_p, r.id) for r in requests[:b]]
+        run = run_load(pair, short * max(1, b // len(short) + 1), SpecConfig(gamma=0), "none",
+                       LoadSpec(max_batch_size=b, num_requests=2 * b), seed)
+        out[b] = max(run.metrics["verify_step_ms"] / 1e3 - t_verify[b][1], 0.0)
+    return out
 
 
 def measure_acceptance(pair: ModelPair, requests: list[Request], drafter: str, gamma_max: int,
@@ -111,9 +133,12 @@ def measure_acceptance(pair: ModelPair, requests: list[Request], drafter: str, g
 
 def curves_from_json(curves: dict) -> Curves:
     """Rebuild :class:`Curves` from stored JSON (whose mapping keys became strings)."""
+    def floats(key: str) -> dict[int, float]:
+        return {int(b): float(t) for b, t in curves.get(key, {}).items()}
+
     return Curves(
         {int(b): {int(k): float(t) for k, t in row.items()} for b, row in curves["t_verify"].items()},
-        {int(b): float(t) for b, t in curves["t_draft"].items()},
+        floats("t_draft"), floats("overhead"), floats("t_prefill"),
     )
 
 
@@ -132,8 +157,13 @@ def measure(pair: ModelPair, requests: list[Request], drafter: str, max_batch_si
     ceilings = measure_ceilings(device)
     if progress:
         progress("ceilings")
-    context = int(statistics.median(len(r.prompt_ids) for r in requests) + requests[0].max_new_tokens // 2)
-    curves = measure_curves(pair, powers_of_two(max_batch_size), gamma_max, context, progress=progress)
+    prompt = int(statistics.median(len(r.prompt_ids) for r in requests))
+    context = prompt + requests[0].max_new_tokens // 2
+    batches = powers_of_two(max_batch_size)
+    curves = measure_curves(pair, batches, gamma_max, context, progress=progress, prompt_tokens=prompt)
+    curves["overhead"] = measure_overhead(pair, requests, batches, curves["t_verify"], seed)
+    if progress:
+        progress("engine step overhead")
     acceptance = measure_acceptance(pair, requests, drafter, gamma_max, seed)
     if progress:
         progress("acceptance")

@@ -65,6 +65,7 @@ class SpecStats:
             "verify_tokens_per_row": self.verify_slots / self.batch_rows if self.batch_rows else None,
             "verify_step_ms": 1e3 * self.verify_time_s / self.verify_steps if self.verify_steps else None,
             "draft_forward_ms": 1e3 * self.draft_time_s / self.draft_forwards if self.draft_forwards else None,
+            "draft_forwards_per_step": self.draft_forwards / self.verify_steps if self.verify_steps else None,
         }
 
 

@@ -1,0 +1,164 @@
+"""Shared plumbing of the benchmark scripts: flags, the pair and its requests, JSON and tables.
+
+Every benchmark is ``python benchmarks/<name>.py [flags]``: seeded, greedy, it prints a human
+table and writes ``<out-dir>/<name>.json`` (default ``benchmarks/results/``) holding the exact
+command line, the parsed flags, the machine fingerprint (:func:`autotune.hardware.fingerprint`),
+the torch thread count and the results. Measured figures are ratios of runs made in the same
+invocation, so they compare like with like on a noisy host.
+
+Requests come from a JSONL workload (default: the demo prompts): ``--num-prompts`` of them drawn
+with the seed (file order kept), each made greedy and given exactly ``--max-new-tokens``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import random
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from autotune.errors import USER_ERRORS
+from autotune.hardware import fingerprint
+from autotune.runner import Sampling, build_requests
+from autotune.table import table
+from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
+from engine.loader import ModelPair, load_pair
+from engine.scheduler import RunResult
+from engine.speculative import Request
+from engine.workload import load_workload
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def int_list(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (an argparse type)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
+    return values
+
+
+def parser(description: str, num_prompts: int = 16, max_new_tokens: int = 64,
+           dtype: bool = True) -> argparse.ArgumentParser:
+    """The flags every benchmark shares; scripts add their own."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", type=Path, default=DEMO_TARGET, help="target model folder (default: the demo target)")
+    p.add_argument("--draft", type=Path, default=DEMO_DRAFT, help="draft model folder (default: the demo draft)")
+    p.add_argument("--prompts", type=Path, default=DEMO_PROMPTS, help="JSONL workload (default: the demo prompts)")
+    p.add_argument("--num-prompts", type=int, default=num_prompts,
+                   help=f"prompts drawn (seeded) from --prompts; 0 = all (default {num_prompts})")
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                   help=f"tokens generated per request, overriding the workload's lines (default {max_new_tokens})")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default auto)")
+    if dtype:
+        p.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype (default float32)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own; recorded)")
+    p.add_argument("--seed", type=int, default=0, help="prompt draw, arrivals and sampling seed (default 0)")
+    p.add_argument("--out-dir", type=Path, default=RESULTS, help="where <name>.json goes (default benchmarks/results)")
+    return p
+
+
+@dataclasses.dataclass
+class Bench:
+    """One benchmark invocation: its name, flags, start time and the device it runs on."""
+
+    name: str
+    args: argparse.Namespace
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+    started_utc: str = dataclasses.field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    device: str = "cpu"
+
+
+def start(name: str, args: argparse.Namespace) -> Bench:
+    """Seed everything and pin torch's thread count (one value for every run of the script)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    return Bench(name, args)
+
+
+def fail(message: str) -> None:
+    """One line on stderr and exit code 2, like the ``autotune`` CLI."""
+    print(f"error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load(bench: Bench, dtype: str | None = None, draft: bool = True) -> tuple[ModelPair, list[Request]]:
+    """The pair (on ``--device`` in ``dtype``, default ``--dtype``) and the benchmark's requests."""
+    args = bench.args
+    try:
+        pair = load_pair(args.target, args.draft if draft else None, dtype=dtype or args.dtype, device=args.device)
+        if pair.tokenizer is None:
+            fail(f"{args.target}: no tokenizer.json")
+        items = load_workload(args.prompts)
+        if 0 < args.num_prompts < len(items):
+            keep = sorted(random.Random(args.seed).sample(range(len(items)), args.num_prompts))
+            items = [items[i] for i in keep]
+        items = [dataclasses.replace(it, max_new_tokens=args.max_new_tokens, temperature=None, top_k=None,
+                                     top_p=None) for it in items]
+        requests = build_requests(items, pair.tokenizer, Sampling(max_new_tokens=args.max_new_tokens),
+                                  pair.target.config.max_position_embeddings, where=str(args.prompts))
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    bench.device = str(pair.target.lm_head.weight.device)
+    return pair, requests
+
+
+def outputs(run: RunResult) -> list[list[int]]:
+    """Generated tokens per request, in request order."""
+    return [r.output_tokens for r in run.records]
+
+
+def decode_seconds(run: RunResult) -> float:
+    """Decode time: the sum over requests of (finish - first token), i.e. wall time without prefill at B=1."""
+    return sum(r.finish_s - r.first_token_s for r in run.records)
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    print(f"\n{title}")
+    print(table(headers, rows))
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_json(bench: Bench, results: dict, dtype: str | None = None) -> Path:
+    """Write ``<out-dir>/<name>.json`` atomically: command line, flags, fingerprint, results."""
+    args = bench.args
+    payload = {
+        "benchmark": bench.name,
+        "command": shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
+        "cwd": os.getcwd(),
+        "args": {k: _jsonable(v) for k, v in vars(args).items()},
+        "started_utc": bench.started_utc,
+        "elapsed_s": time.perf_counter() - bench.started,
+        "device": bench.device,
+        "torch_threads": torch.get_num_threads(),
+        "fingerprint": fingerprint(bench.device, dtype or getattr(args, "dtype", "float32")),
+        **results,
+    }
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = args.out_dir / f"{bench.name}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    print(f"\nwrote {path}")
+    return path

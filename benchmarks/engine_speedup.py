@@ -1,0 +1,123 @@
+"""Measured speculative speedup next to the cost model's prediction from the same runs.
+
+For each batch size B (closed loop: concurrency = max_batch_size = B; greedy; the same
+requests) and each gamma, the engine runs the requests twice back to back through
+``autotune.runner.run_load``: speculative (draft model, constant gamma, confidence threshold 0)
+and autoregressive (gamma 0, same engine). The prediction uses only what that pair of runs
+measured (DESIGN.md, Metrics and cost model):
+
+    a_i        per_position_acceptance[i] of the speculative run (token i accepted, all before it too)
+    E(gamma)   = 1 + sum_{i=1..gamma} a_i                      expected tokens per row per step
+    T_draft    draft_forward_ms: one batched draft forward (speculative run)
+    T_verify   verify_step_ms: one target pass over B x (gamma + 1) tokens (speculative run)
+    T_decode   verify_step_ms of the autoregressive run: one target pass over B x 1 tokens
+    n_draft    draft forwards per step (= gamma: constant gamma, threshold 0)
+
+    predicted speedup = E(gamma) * T_decode / (n_draft * T_draft + T_verify)
+    measured speedup  = AR wall time / speculative wall time   (same requests, same tokens)
+    decode speedup    = AR decode time / speculative decode time, decode time = sum over
+                        requests of (finish - first token): the measured speedup without prefill
+
+measured/predicted is the share of the modelled gain the engine delivers (goal >= 0.95 at B=1).
+The gap is what the model leaves out: prefill (in the wall times, not in the step times), the
+scheduler's work between steps (admission, retirement) and the budget cutting each request's
+last block. decode/predicted in the JSON takes prefill out of that gap.
+
+Example:
+    python benchmarks/engine_speedup.py                               # the demo pair, ~3 min on 2 cores
+    python benchmarks/engine_speedup.py --batch-sizes 1 --gammas 2,4 --num-prompts 4
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import _common
+
+from autotune.runner import LoadSpec, run_load
+from engine.metrics import speedup
+from engine.speculative import SpecConfig
+
+NAME = "engine_speedup"
+HEADERS = ["B", "gamma", "acceptance", "E[tokens/step]", "T_draft ms", "T_verify ms", "T_decode ms",
+           "predicted speedup", "measured speedup", "decode speedup", "measured/predicted", "greedy_match"]
+
+
+def predicted_speedup(e_tokens: float, t_decode: float, n_draft: float, t_draft: float, t_verify: float) -> float:
+    """E(gamma) * T_decode / (n_draft * T_draft + T_verify)."""
+    return e_tokens * t_decode / (n_draft * t_draft + t_verify)
+
+
+def measure_cell(pair, requests, batch: int, gamma: int, num_requests: int, seed: int) -> dict:
+    """Speculative then autoregressive run of the same requests at batch size ``batch``."""
+    load = LoadSpec(max_batch_size=batch, concurrency=batch, num_requests=num_requests)
+    spec = run_load(pair, requests, SpecConfig(gamma=gamma), "model", load, seed)
+    base = run_load(pair, requests, SpecConfig(gamma=0), "none", load, seed)
+    sm, bm = spec.metrics, base.metrics
+    ppa = sm["per_position_acceptance"]
+    e_tokens = 1.0 + sum(a or 0.0 for a in ppa[:gamma])
+    n_draft = float(gamma)
+    pred = predicted_speedup(e_tokens, bm["verify_step_ms"], n_draft, sm["draft_forward_ms"], sm["verify_step_ms"])
+    meas = speedup(bm["wall_s"], sm["wall_s"])
+    dec = speedup(_common.decode_seconds(base), _common.decode_seconds(spec))
+    return {
+        "batch_size": batch, "gamma": gamma, "num_requests": num_requests,
+        "acceptance_rate": sm["acceptance_rate"], "per_position_acceptance": ppa,
+        "expected_tokens_per_step": e_tokens, "mean_acceptance_length": sm["mean_acceptance_length"],
+        "draft_forwards_per_step": n_draft, "t_draft_ms": sm["draft_forward_ms"], "t_verify_ms": sm["verify_step_ms"],
+        "t_decode_ms": bm["verify_step_ms"], "predicted_speedup": pred, "measured_speedup": meas,
+        "decode_speedup": dec, "measured_over_predicted": meas / pred, "decode_over_predicted": dec / pred,
+        "greedy_match": _common.outputs(spec) == _common.outputs(base),
+        "spec_wall_s": sm["wall_s"], "ar_wall_s": bm["wall_s"], "spec_steps": sm["steps"], "ar_steps": bm["steps"],
+        "spec_decode_s": _common.decode_seconds(spec), "ar_decode_s": _common.decode_seconds(base),
+        "spec_mean_batch_size": sm["mean_batch_size"], "ar_mean_batch_size": bm["mean_batch_size"],
+        "generated_tokens": sm["generated_tokens"], "spec_tokens_per_second": sm["tokens_per_second"],
+        "ar_tokens_per_second": bm["tokens_per_second"],
+    }
+
+
+def main() -> None:
+    p = _common.parser(__doc__.split("\n\n")[0], num_prompts=12)
+    p.add_argument("--batch-sizes", type=_common.int_list, default=[1, 8], help="default 1,8")
+    p.add_argument("--gammas", type=_common.int_list, default=list(range(1, 9)), help="default 1..8")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="requests per run (default: max(number of prompts, 2*B))")
+    args = p.parse_args()
+    if 0 in args.gammas or 0 in args.batch_sizes:
+        _common.fail("--gammas and --batch-sizes must be >= 1")
+    bench = _common.start(NAME, args)
+    pair, requests = _common.load(bench)
+    cells = []
+    for b in args.batch_sizes:
+        n = args.num_requests or max(len(requests), 2 * b)
+        for g in args.gammas:
+            cell = measure_cell(pair, requests, b, g, n, args.seed)
+            cells.append(cell)
+            print(f"  B={b} gamma={g}: measured {cell['measured_speedup']:.2f}x, "
+                  f"predicted {cell['predicted_speedup']:.2f}x", flush=True)
+    rows = [(c["batch_size"], c["gamma"], c["acceptance_rate"], c["expected_tokens_per_step"], c["t_draft_ms"],
+             c["t_verify_ms"], c["t_decode_ms"], c["predicted_speedup"], c["measured_speedup"], c["decode_speedup"],
+             c["measured_over_predicted"], c["greedy_match"]) for c in cells]
+    _common.print_table(f"speculative vs autoregressive on {bench.device} ({len(requests)} prompts, "
+                        f"{args.max_new_tokens} new tokens, greedy)", HEADERS, rows)
+    summary = {}
+    for b in args.batch_sizes:
+        mine = [c for c in cells if c["batch_size"] == b]
+        best = max(mine, key=lambda c: c["measured_speedup"])
+        summary[str(b)] = {
+            "median_measured_over_predicted": statistics.median(c["measured_over_predicted"] for c in mine),
+            "median_decode_over_predicted": statistics.median(c["decode_over_predicted"] for c in mine),
+            "best_gamma": best["gamma"], "best_measured_speedup": best["measured_speedup"],
+            "all_greedy_match": all(c["greedy_match"] for c in mine),
+        }
+        s = summary[str(b)]
+        goal = " (goal >= 0.95)" if b == 1 else ""
+        print(f"B={b}: measured/predicted median {s['median_measured_over_predicted']:.3f}{goal}, "
+              f"decode/predicted median {s['median_decode_over_predicted']:.3f}; best gamma {s['best_gamma']} "
+              f"({s['best_measured_speedup']:.2f}x); greedy match {'all' if s['all_greedy_match'] else 'NOT all'}")
+    _common.write_json(bench, {"cells": cells, "summary": summary, "formula":
+                               "predicted = E(gamma) * T_decode / (n_draft * T_draft + T_verify)"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# GPU host check (one NVIDIA GPU, torch with CUDA, no internet), ~3-5 minutes on an H200:
+#
+#   0. environment: missing Python packages from ./wheels (pip --no-index) if that folder exists,
+#      then `pip install -e . --no-deps`; nvidia-smi and torch's view of the GPU;
+#   1. the output contract on the GPU (benchmarks/gpu_equivalence.py: greedy speculative ==
+#      greedy autoregressive on the demo pair, fp32 and bf16, gamma 4, B = 1 and 8). The engine
+#      tests build their models on the CPU and take no device, so this check stands in for them;
+#   2. `autotune profile --json` with a copy of the bundled tune.yaml set to $DEVICE and $DTYPE
+#      (concurrency levels $PROFILE_CONCURRENCY, so the profile classifies B up to 32), then a
+#      short table: GPU label, theoretical and measured bandwidth, matmul TFLOP/s, ridge, knee n*,
+#      per-batch label and best gamma;
+#   3. benchmarks/load_sweep.py --device $DEVICE --dtype $DTYPE.
+#
+# Everything goes to benchmarks/results/gpu/ (gpu_check.log holds the whole console) and is
+# copied to $OUT/gpu when $OUT is set. A failing step is logged and the next one still runs; the
+# exit code is 1 when any step failed. Step timeouts (120 + 200 + 150 s) keep it under ~8 minutes.
+#
+# Usage: bash benchmarks/gpu_check.sh
+# Environment (all optional): PYTHON (python3), DTYPE (bfloat16), DEVICE (cuda), WHEELS (./wheels),
+#   TARGET / DRAFT / PROMPTS (the demo pair and prompts), PROFILE_CONCURRENCY (1,8,32),
+#   BENCH_FLAGS (extra flags for both benchmark scripts, e.g. "--num-prompts 4"), SWEEP_FLAGS (extra
+#   flags for load_sweep.py only, e.g. "--concurrency 1,8"), INSTALL (1; 0 skips the pip steps).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 1
+PY="${PYTHON:-$(command -v python3 || command -v python)}"
+DTYPE="${DTYPE:-bfloat16}"
+DEVICE="${DEVICE:-cuda}"
+WHEELS="${WHEELS:-$ROOT/wheels}"
+TARGET="${TARGET:-$ROOT/engine/demo/pair/target}"
+DRAFT="${DRAFT:-$ROOT/engine/demo/pair/draft}"
+PROMPTS="${PROMPTS:-$ROOT/engine/demo/prompts.jsonl}"
+PROFILE_CONCURRENCY="${PROFILE_CONCURRENCY:-1,8,32}"
+INSTALL="${INSTALL:-1}"
+read -r -a EXTRA <<< "${BENCH_FLAGS:-}"
+read -r -a SWEEP <<< "${SWEEP_FLAGS:-}"
+RES="$ROOT/benchmarks/results/gpu"
+mkdir -p "$RES"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # imports work even if the editable install fails
+export TARGET DRAFT PROMPTS DEVICE DTYPE PROFILE_CONCURRENCY
+PAIR_FLAGS=(--target "$TARGET" --draft "$DRAFT" --prompts "$PROMPTS" --device "$DEVICE" --out-dir "$RES")
+
+# Python snippets (read -d '' returns 1 at the end of input; harmless without set -e).
+read -r -d '' MISSING_PY <<'EOF'
+import importlib.util
+need = {"optuna": "optuna", "sqlalchemy": "sqlalchemy", "pynvml": "nvidia-ml-py", "yaml": "pyyaml",
+        "click": "click", "safetensors": "safetensors", "tokenizers": "tokenizers", "matplotlib": "matplotlib"}
+print(" ".join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))
+EOF
+
+read -r -d '' TUNE_YAML_PY <<'EOF'
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+src, dst, res = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+env = os.environ
+cfg = yaml.safe_load(src.read_text())
+cfg["models"].update(target=env["TARGET"], draft=env["DRAFT"], device=env["DEVICE"], dtype=env["DTYPE"])
+cfg["workload"]["prompts"] = env["PROMPTS"]
+cfg["workload"]["concurrency"] = [int(c) for c in env["PROFILE_CONCURRENCY"].split(",")]
+cfg["search"]["max_batch_size"] = [max(cfg["workload"]["concurrency"])]
+cfg["storage"]["url"] = f"sqlite:///{res / 'autotune.db'}"
+cfg["export"]["dir"] = str(res / "exports")
+dst.write_text(yaml.safe_dump(cfg, sort_keys=False))
+EOF
+
+read -r -d '' SUMMARY_PY <<'EOF'
+import json
+import sys
+
+from autotune.table import table
+
+d = json.load(open(sys.argv[1]))
+fp, ce, theo = d["fingerprint"], d["ceilings"], d["fingerprint"].get("theoretical") or {}
+scale = lambda v, s: None if v is None else v / s  # noqa: E731
+bw, bw_theo = ce["copy_bandwidth"]["median_bytes_per_s"], theo.get("bandwidth_bytes_per_s")
+rows = [
+    ("GPU", fp["label"]),
+    ("bandwidth, theoretical (GB/s)", scale(bw_theo, 1e9)),
+    ("bandwidth, measured copy (GB/s)", bw / 1e9),
+    ("measured / theoretical bandwidth", bw / bw_theo if bw_theo else None),
+    ("matmul, measured (TFLOP/s)", ce["matmul"]["median_flops"] / 1e12),
+    ("matmul, datasheet dense bf16 (TFLOP/s)", scale(theo.get("dense_bf16_flops"), 1e12)),
+    ("ridge (FLOP/byte)", ce["ridge_flops_per_byte"]),
+    ("knee n* (tokens per verify pass)", d["knee_tokens"]),
+    (f"acceptance at gamma {d['acceptance']['gamma_max']}", d["acceptance"]["acceptance_rate"]),
+]
+print(table(["quantity", "value"], rows))
+cl = d["classification"]
+print()
+print(table(["batch", f"verify cost (gamma={cl['gamma_max']}+1 vs 1)", "label", "best gamma", "predicted speedup"],
+            [(r["batch_size"], r["verify_cost"], r["label"], r["best_gamma"], r["predicted_speedup"])
+             for r in cl["batch_sizes"]]))
+EOF
+
+FAILED=()
+T0=$SECONDS
+log() { echo "[gpu_check +$((SECONDS - T0))s] $*"; }
+step_failed() { FAILED+=("$1"); log "FAILED: $1"; }
+pip_install() {  # pip refuses system interpreters under PEP 668 unless told otherwise
+  "$PY" -m pip install -q "$@" || PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q "$@"
+}
+
+main() {
+  # ---------------------------------------------------------------- 0. environment
+  log "python: $PY ($("$PY" --version 2>&1)); repo: $ROOT; device $DEVICE, dtype $DTYPE"
+  local missing
+  missing=$("$PY" -c "$MISSING_PY")
+  if [ "$INSTALL" = 0 ]; then
+    log "INSTALL=0: no pip steps${missing:+ (missing: $missing)}"
+  elif [ -n "$missing" ]; then
+    if [ -d "$WHEELS" ]; then
+      log "installing from $WHEELS: $missing"
+      for pkg in $missing; do
+        pip_install --no-index --find-links "$WHEELS" "$pkg" || log "warning: could not install $pkg from $WHEELS"
+      done
+    else
+      log "warning: missing packages ($missing) and no wheels folder at $WHEELS"
+    fi
+  fi
+  if [ "$INSTALL" != 0 ]; then
+    pip_install -e . --no-deps --no-build-isolation || log "warning: editable install failed; using PYTHONPATH=$ROOT"
+  fi
+  if [[ "$DEVICE" == cuda* ]]; then
+    nvidia-smi > "$RES/nvidia-smi.txt" 2>&1 || log "warning: nvidia-smi failed"
+    if ! "$PY" -c "import sys, torch; ok = torch.cuda.is_available(); print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0) if ok else 'sees NO CUDA device'); sys.exit(0 if ok else 1)"; then
+      step_failed "torch sees no CUDA device"
+      return 1
+    fi
+  fi
+
+  # ---------------------------------------------------------------- 1. output contract on the device
+  log "1/3 greedy equivalence (fp32 and bf16, gamma 4, B = 1 and 8)"
+  timeout -k 10 120 "$PY" benchmarks/gpu_equivalence.py "${PAIR_FLAGS[@]}" --dtypes float32,bfloat16 \
+    --batch-sizes 1,8 --gamma 4 ${EXTRA[@]+"${EXTRA[@]}"} || step_failed "gpu_equivalence (rc $?)"
+
+  # ---------------------------------------------------------------- 2. profile
+  log "2/3 autotune profile ($DTYPE, concurrency $PROFILE_CONCURRENCY)"
+  "$PY" -c "$TUNE_YAML_PY" "$ROOT/tune.yaml" "$RES/tune.yaml" "$RES" || step_failed "writing tune.yaml"
+  if timeout -k 10 200 "$PY" -c 'from autotune.cli import main; main(prog_name="autotune")' \
+       profile --config "$RES/tune.yaml" --json > "$RES/profile.json" 2> "$RES/profile.stderr"; then
+    "$PY" -c "$SUMMARY_PY" "$RES/profile.json" | tee "$RES/profile_summary.txt" || step_failed "profile summary"
+  else
+    step_failed "autotune profile (see $RES/profile.stderr)"
+    tail -n 5 "$RES/profile.stderr"
+  fi
+
+  # ---------------------------------------------------------------- 3. load sweep
+  log "3/3 load sweep ($DTYPE)"
+  timeout -k 10 150 "$PY" benchmarks/load_sweep.py "${PAIR_FLAGS[@]}" --dtype "$DTYPE" ${EXTRA[@]+"${EXTRA[@]}"} \
+    ${SWEEP[@]+"${SWEEP[@]}"} \
+    || step_failed "load_sweep (rc $?)"
+
+  log "done in $((SECONDS - T0)) s; results in $RES${OUT:+ and $OUT/gpu}"
+  if [ ${#FAILED[@]} -gt 0 ]; then
+    log "failed steps: ${FAILED[*]}"
+    return 1
+  fi
+}
+
+main 2>&1 | tee "$RES/gpu_check.log"
+rc=${PIPESTATUS[0]}
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT/gpu" && cp -r "$RES/." "$OUT/gpu/"
+fi
+exit "$rc"

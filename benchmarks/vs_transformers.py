@@ -1,0 +1,139 @@
+"""Our engine against transformers' assisted generation: same pair, prompts, gamma, B=1, greedy.
+
+Four ways to generate exactly ``--max-new-tokens`` tokens for each prompt, one prompt at a time
+(end-of-sequence disabled on both sides, so every output has the same length):
+
+- ours spec:    ``engine.generate.generate`` with the draft model, constant gamma, threshold 0;
+- ours AR:      the same engine with gamma 0;
+- HF assisted:  ``model.generate(input_ids, assistant_model=draft, do_sample=False, ...)`` with
+                ``num_assistant_tokens=gamma``, ``num_assistant_tokens_schedule="constant"`` and
+                ``assistant_confidence_threshold=0.0`` set on the *draft's* generation_config (transformers
+                reads them there; passed to ``generate`` they would land on the target's and be ignored);
+- HF plain:     ``model.generate(input_ids, do_sample=False, ...)``.
+
+Models load with ``AutoModelForCausalLM.from_pretrained(folder, dtype=...)`` (LlamaForCausalLM for
+the demo pair; the engine's folders are Hugging Face checkpoints). Each call is timed end to end
+(prefill included, host clock, device synchronised); the order of the four rotates from prompt to
+prompt so drift hits them alike, and each method first generates one untimed prompt. tokens/s =
+all generated tokens / summed wall time. Identical-output counts compare the token lists per prompt.
+
+Example:
+    python benchmarks/vs_transformers.py                             # the demo pair, ~1-2 min on 2 cores
+    python benchmarks/vs_transformers.py --gamma 2 --num-prompts 2 --max-new-tokens 16
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import _common
+import torch
+
+from engine.generate import generate
+from engine.speculative import Request, SpecConfig
+
+NAME = "vs_transformers"
+METHODS = ("ours_spec", "ours_ar", "hf_assisted", "hf_plain")
+PAIRS = (("ours_spec", "hf_assisted"), ("ours_spec", "ours_ar"), ("hf_assisted", "hf_plain"), ("ours_ar", "hf_plain"))
+
+
+def load_hf(folder, dtype: str, device):
+    """A transformers causal LM from a model folder, in eval mode (progress bars and warnings off)."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
+    model.generation_config.eos_token_id = None  # generate exactly max_new_tokens, like our engine below
+    return model
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def main() -> None:
+    p = _common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--gamma", type=int, default=4, help="draft tokens per step on both sides (default 4)")
+    args = p.parse_args()
+    if args.gamma < 1:
+        _common.fail("--gamma must be >= 1")
+    bench = _common.start(NAME, args)
+    pair, requests = _common.load(bench)
+    device = pair.target.lm_head.weight.device
+    target, draft = load_hf(args.target, args.dtype, device), load_hf(args.draft, args.dtype, device)
+    draft.generation_config.num_assistant_tokens = args.gamma
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    n_new = args.max_new_tokens
+
+    def ours(gamma: int) -> Callable[[list[int]], list[int]]:
+        cfg = SpecConfig(gamma=gamma, confidence_threshold=0.0)
+        drafter = "model" if gamma else "none"
+        return lambda ids: generate(pair, [Request(ids, n_new)], cfg, drafter, max_batch_size=1, seed=args.seed,
+                                    eos_ids=()).tokens[0]
+
+    def hf(assistant) -> Callable[[list[int]], list[int]]:
+        def run(ids: list[int]) -> list[int]:
+            x = torch.tensor([ids], device=device)
+            kw = {"assistant_model": assistant} if assistant is not None else {}
+            out = target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n_new,
+                                  eos_token_id=None, **kw)
+            return out[0, len(ids):].tolist()
+        return run
+
+    fns = {"ours_spec": ours(args.gamma), "ours_ar": ours(0), "hf_assisted": hf(draft), "hf_plain": hf(None)}
+
+    def timed(fn: Callable[[list[int]], list[int]], ids: list[int]) -> tuple[list[int], float]:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            toks = fn(ids)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return toks, time.perf_counter() - t0
+
+    for name in METHODS:  # untimed warm-up: allocator, kernels, lazy init
+        timed(fns[name], requests[0].prompt_ids)
+    per_prompt = []
+    for i, req in enumerate(requests):
+        order = METHODS[i % 4:] + METHODS[: i % 4]
+        row = {"prompt_tokens": len(req.prompt_ids)}
+        toks = {}
+        for name in order:
+            toks[name], row[f"{name}_s"] = timed(fns[name], req.prompt_ids)
+            row[f"{name}_tokens"] = len(toks[name])
+        for a, b in PAIRS:
+            row[f"{a}=={b}"] = toks[a] == toks[b]
+            row[f"{a}~{b}_common_prefix"] = common_prefix(toks[a], toks[b])
+        per_prompt.append(row)
+        print(f"  prompt {i + 1}/{len(requests)}: " + ", ".join(f"{m} {row[f'{m}_s']:.2f}s" for m in METHODS),
+              flush=True)
+    tps = {m: sum(r[f"{m}_tokens"] for r in per_prompt) / sum(r[f"{m}_s"] for r in per_prompt) for m in METHODS}
+    identical = {f"{a}=={b}": sum(r[f"{a}=={b}"] for r in per_prompt) for a, b in PAIRS}
+    ratio = tps["ours_spec"] / tps["hf_assisted"]
+    rows = [("tokens/s", tps["ours_spec"], tps["ours_ar"], tps["hf_assisted"], tps["hf_plain"], ratio)]
+    _common.print_table(f"B=1, gamma {args.gamma}, {len(requests)} prompts x {n_new} new tokens, greedy, "
+                        f"{args.dtype} on {bench.device}, {torch.get_num_threads()} torch threads",
+                        ["", "ours spec", "ours AR", "HF assisted", "HF plain", "ours spec / HF assisted"], rows)
+    print(f"ours spec / HF assisted: {ratio:.2f}x (goal >= 2x); ours AR / HF plain: "
+          f"{tps['ours_ar'] / tps['hf_plain']:.2f}x; ours spec / ours AR: {tps['ours_spec'] / tps['ours_ar']:.2f}x; "
+          f"HF assisted / HF plain: {tps['hf_assisted'] / tps['hf_plain']:.2f}x")
+    print("identical greedy outputs: " + ", ".join(f"{k} {v}/{len(requests)}" for k, v in identical.items()))
+    import transformers
+
+    _common.write_json(bench, {
+        "gamma": args.gamma, "tokens_per_second": tps, "ours_spec_over_hf_assisted": ratio,
+        "ours_ar_over_hf_plain": tps["ours_ar"] / tps["hf_plain"], "identical_outputs": identical,
+        "num_prompts": len(requests), "transformers": transformers.__version__, "hf_class": type(target).__name__,
+        "hf_attn_implementation": target.config._attn_implementation, "per_prompt": per_prompt,
+    })
+
+
+if __name__ == "__main__":
+    main()
