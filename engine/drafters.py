@@ -53,8 +53,8 @@ class Drafter:
         """(B, G) top probability behind each proposal of the last ``propose`` (1 when certain)."""
         return torch.ones(batch, width)
 
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Slot ``src`` now lives in slot ``dst`` (the engine compacts finished rows away)."""
+    def move(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        """Slots ``src`` now live in slots ``dst`` (the engine compacts finished rows away)."""
 
 
 NoDrafter = Drafter
@@ -132,7 +132,7 @@ class ModelDrafter(Drafter):
         # The target's cache holds every committed token but the pending one.
         self.draft_len[:b] = torch.minimum(self._fed[:b], new_length - 1)
 
-    def move(self, src: int, dst: int, length: int) -> None:
+    def move(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
         self.cache.move(src, dst, length)
         self.draft_len[dst] = self.draft_len[src]
 

@@ -44,7 +44,7 @@ class KVCache:
         rows = slice(slot0, slot0 + batch)
         return self.k[layer][rows, :, :length], self.v[layer][rows, :, :length]
 
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Copy slot ``src``'s first ``length`` positions into slot ``dst`` (row compaction)."""
+    def move(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        """Copy slots ``src``'s first ``length`` positions into slots ``dst`` (row compaction)."""
         for buf in (*self.k, *self.v):
             buf[dst, :, :length] = buf[src, :, :length]

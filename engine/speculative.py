@@ -54,6 +54,9 @@ class SpecConfig:
             raise EngineInputError(f"confidence_threshold: must be in [0, 1] (got {self.confidence_threshold})")
         if self.gamma_schedule not in GAMMA_SCHEDULES:
             raise EngineInputError(f"gamma_schedule: must be one of {GAMMA_SCHEDULES} (got {self.gamma_schedule!r})")
+        if self.gamma_schedule == "heuristic" and self.gamma > self.max_gamma:
+            raise EngineInputError(f"gamma: must be <= max_gamma for the heuristic schedule "
+                                   f"(got {self.gamma} > {self.max_gamma})")
 
 
 @dataclass
@@ -66,6 +69,17 @@ class Request:
     top_k: int = 0
     top_p: float = 1.0
     id: int = 0
+
+    def validate(self) -> None:
+        """Refuse settings no engine could honour, naming the request and the value."""
+        if self.max_new_tokens < 1:
+            raise EngineInputError(f"request {self.id}: max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        if self.temperature < 0:
+            raise EngineInputError(f"request {self.id}: temperature must be >= 0 (got {self.temperature})")
+        if self.top_k < 0:
+            raise EngineInputError(f"request {self.id}: top_k must be >= 0 (got {self.top_k})")
+        if not 0.0 < self.top_p <= 1.0:
+            raise EngineInputError(f"request {self.id}: top_p must be in (0, 1] (got {self.top_p})")
 
 
 @dataclass
@@ -84,7 +98,7 @@ class SpecEngine:
         >>> from engine.drafters import NoDrafter
         >>> engine = SpecEngine(target, NoDrafter(), SpecConfig(gamma=0), 4, 256)  # doctest: +SKIP
         >>> engine.add([Request([1, 2, 3], max_new_tokens=8)])  # doctest: +SKIP
-        >>> while engine.n: engine.step(); done = engine.retire()  # doctest: +SKIP
+        >>> while engine.n: done = engine.retire(); engine.step()  # doctest: +SKIP
     """
 
     def __init__(
@@ -140,6 +154,7 @@ class SpecEngine:
             raise RuntimeError(f"add: {m} requests but only {self.free_slots()} free slots")
         lens = [len(r.prompt_ids) for r in requests]
         for r in requests:
+            r.validate()
             if not r.prompt_ids or len(r.prompt_ids) + r.max_new_tokens + self.gamma_cap + 2 > self.max_seq_len:
                 raise ValueError(f"request {r.id}: prompt of {len(r.prompt_ids)} tokens + {r.max_new_tokens} new "
                                  f"tokens does not fit max_seq_len {self.max_seq_len}")
@@ -151,6 +166,8 @@ class SpecEngine:
         prompts = prompts.to(dev)
         plen = torch.tensor(lens, dtype=torch.long, device=dev)
         rows = slice(n0, n0 + m)
+        for i, r in enumerate(requests):
+            self._filters[n0 + i] = (r.top_k > 0, r.top_p < 1.0)
         self.temperature[rows] = torch.tensor([r.temperature for r in requests], device=dev)
         self.top_k[rows] = torch.tensor([r.top_k for r in requests], device=dev)
         self.top_p[rows] = torch.tensor([r.top_p for r in requests], device=dev)
@@ -172,7 +189,6 @@ class SpecEngine:
             self.ids[n0 + i] = r.id
             self._host_len[n0 + i] = lens[i] + 1
             self._host_gamma[n0 + i] = self.config.gamma
-            self._filters[n0 + i] = (r.top_k > 0, r.top_p < 1.0)
         self.n += m
 
     def _sampling(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -225,6 +241,7 @@ class SpecEngine:
         first_eos = torch.where(is_eos, offs, g + 1).amin(1)  # (B,)
         hit_eos = first_eos < n_emit
         n_emit = torch.minimum(torch.where(hit_eos, first_eos + 1, n_emit), self.budget[rows] - length)
+        n_emit = torch.where(self.finished[rows], 0, n_emit)  # finished, not yet retired: frozen
         pos = (length[:, None] + offs).clamp(max=self.max_seq_len - 1)  # (B, G+1)
         old = self.tokens[rows].gather(1, pos)
         self.tokens[rows].scatter_(1, pos, torch.where(offs < n_emit[:, None], block, old))
@@ -254,28 +271,41 @@ class SpecEngine:
     # ------------------------------------------------------------------ retirement
 
     def retire(self) -> list[Finished]:
-        """Remove finished rows (compacting the batch) and return their outputs."""
+        """Remove finished rows and return their outputs (in slot order).
+
+        Compaction is one batched copy per buffer: the surviving rows past the new batch size
+        move into the holes the finished rows leave below it.
+        """
         if self.n == 0:
             return []
         done = self.finished[: self.n].nonzero().flatten().tolist()
+        if not done:
+            return []
+        host = torch.stack([self.prompt_len[done], self.length[done], self.hit_eos[done].long()]).tolist()
         out = []
-        for slot in sorted(done, reverse=True):
-            plen, end = int(self.prompt_len[slot]), int(self.length[slot])
-            reason = "eos" if bool(self.hit_eos[slot]) else "length"
-            out.append(Finished(self.ids[slot], self.tokens[slot, plen:end].tolist(), reason))
-            self._move(self.n - 1, slot)
-            self.n -= 1
-        return out[::-1]
+        for i, slot in enumerate(done):
+            plen, end, eos = host[0][i], host[1][i], host[2][i]
+            out.append(Finished(self.ids[slot], self.tokens[slot, plen:end].tolist(), "eos" if eos else "length"))
+        new_n = self.n - len(done)
+        gone = set(done)
+        holes = [s for s in done if s < new_n]
+        sources = [s for s in range(new_n, self.n) if s not in gone]
+        if holes:
+            self._move(sources, holes)
+        self.n = new_n
+        return out
 
-    def _move(self, src: int, dst: int) -> None:
-        if src == dst:
-            return
-        length = self._host_len[src]
+    def _move(self, src: list[int], dst: list[int]) -> None:
+        """Rows ``src`` now live in slots ``dst`` (equal-length lists of distinct slots)."""
+        length = max(self._host_len[s] for s in src)
+        si = torch.tensor(src, device=self.device)
+        di = torch.tensor(dst, device=self.device)
         for buf in (self.tokens, self.length, self.prompt_len, self.budget, self.finished, self.hit_eos,
                     self.gamma, self.temperature, self.top_k, self.top_p):
-            buf[dst] = buf[src]
-        self.cache.move(src, dst, length)
+            buf[di] = buf[si]
+        self.cache.move(si, di, length)
         if self.speculate:
-            self.drafter.move(src, dst, length)
+            self.drafter.move(si, di, length)
         for host in (self.ids, self._host_len, self._host_gamma, self._filters):
-            host[dst] = host[src]
+            for a, b in zip(src, dst, strict=True):
+                host[b] = host[a]

@@ -1,0 +1,134 @@
+"""Shared fixtures for the engine tests: tiny random Llama models (fp32) and a chi-square helper.
+
+Weights are re-initialised N(0, 0.5) so the logits are peaked: greedy argmaxes are far from
+ties (fp32 noise never flips them) and sampled distributions are far from uniform.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from engine.config import ModelConfig
+from engine.loader import ModelPair
+from engine.model import Transformer
+from engine.speculative import Request
+
+
+def tiny_config(vocab: int = 32, layers: int = 2, **kw) -> ModelConfig:
+    base = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def random_model(cfg: ModelConfig, seed: int, std: float = 0.5) -> Transformer:
+    """A Transformer with every parameter drawn N(0, std) from ``seed`` (fp32, eval, no grad)."""
+    gen = torch.Generator().manual_seed(seed)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return model.eval().requires_grad_(False)
+
+
+def perturbed_copy(model: Transformer, seed: int, sigma: float) -> Transformer:
+    """A draft that mostly agrees with ``model``: its weights plus N(0, sigma) noise."""
+    gen = torch.Generator().manual_seed(seed)
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * sigma)
+    return out.eval().requires_grad_(False)
+
+
+def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Chi-square goodness-of-fit p-value of integer ``samples`` against ``probs`` (K,).
+
+    Bins with an expected count below ``min_expected`` are pooled into one bin. Samples in a
+    bin of probability zero make the p-value 0 (callers also assert that directly).
+    """
+    probs = probs.double().flatten()
+    probs = probs / probs.sum()
+    n = samples.numel()
+    observed = torch.bincount(samples.flatten(), minlength=probs.numel()).double()
+    if bool((observed[probs == 0] > 0).any()):
+        return 0.0
+    expected = probs * n
+    big = expected >= min_expected
+    obs = [*observed[big].tolist()]
+    exp = [*expected[big].tolist()]
+    small_exp = float(expected[~big & (probs > 0)].sum())
+    if small_exp > 0:
+        obs.append(float(observed[~big].sum()))
+        exp.append(small_exp)
+    if len(obs) < 2:
+        return 1.0
+    exp_arr = np.array(exp)
+    exp_arr *= sum(obs) / exp_arr.sum()  # exact float normalisation for scipy's sum check
+    return float(chisquare(np.array(obs), exp_arr).pvalue)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """Tiny models: threads only contend (a shared 2-core host slows 10x with torch's default)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def target() -> Transformer:
+    """The tiny target: vocab 32, 2 layers, GQA (4 query heads, 2 KV heads)."""
+    return random_model(tiny_config(), seed=0)
+
+
+@pytest.fixture(scope="session")
+def draft(target: Transformer) -> Transformer:
+    """A draft close to the target: accepts some blocks fully, rejects others (partial acceptance)."""
+    return perturbed_copy(target, seed=1, sigma=0.03)
+
+
+@pytest.fixture(scope="session")
+def pair(target: Transformer, draft: Transformer) -> ModelPair:
+    return ModelPair(target, draft, None, None, None)
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[list[int]]:
+    """Prompts of different lengths (so rows are ragged and accept different lengths)."""
+    gen = torch.Generator().manual_seed(123)
+    return [torch.randint(1, 32, (n,), generator=gen).tolist() for n in (3, 9, 5, 14, 1, 7)]
+
+
+@pytest.fixture(scope="session")
+def make_requests() -> Callable[..., list[Request]]:
+    def make(prompts: list[list[int]], max_new_tokens: int, **kw) -> list[Request]:
+        return [Request(list(p), max_new_tokens, id=i, **kw) for i, p in enumerate(prompts)]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def chi2() -> Callable[..., float]:
+    return chi2_pvalue
+
+
+@pytest.fixture(scope="session")
+def model_factory() -> Callable[..., Transformer]:
+    """``model_factory(seed, vocab=..., layers=..., std=...)`` builds a tiny random model."""
+    def make(seed: int, vocab: int = 32, layers: int = 2, std: float = 0.5, **kw) -> Transformer:
+        return random_model(tiny_config(vocab, layers, **kw), seed, std)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def perturb() -> Callable[..., Transformer]:
+    return perturbed_copy
