@@ -35,6 +35,16 @@ from engine.speculative import Request, SpecConfig
 Progress = Callable[[str], None]
 
 
+ACCEPTANCE_PROMPTS = 24  # prompts of the acceptance pass, spread evenly over the workload file
+
+
+def spread(items: list, n: int) -> list:
+    """``n`` items evenly spaced over ``items`` (all of them when there are fewer)."""
+    if len(items) <= n:
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
+
+
 def powers_of_two(limit: int) -> list[int]:
     """1, 2, 4, ... up to and including ``limit`` (``limit`` itself added if not a power)."""
     out, b = [], 1
@@ -164,7 +174,7 @@ def measure(pair: ModelPair, requests: list[Request], drafter: str, max_batch_si
     curves["overhead"] = measure_overhead(pair, requests, batches, curves["t_verify"], seed)
     if progress:
         progress("engine step overhead")
-    acceptance = measure_acceptance(pair, requests, drafter, gamma_max, seed)
+    acceptance = measure_acceptance(pair, spread(requests, ACCEPTANCE_PROMPTS), drafter, gamma_max, seed)
     if progress:
         progress("acceptance")
     cv = curves_from_json(curves)
