@@ -94,7 +94,7 @@ def run_load(
         engine = SpecEngine(pair.target, make_drafter(drafter, pair), spec, load.max_batch_size, max_seq_len,
                             eos, generator)
         if record:
-            engine.trace = []
+            engine.enable_trace()
         gen = LoadGenerator(reqs, n, concurrency=conc, rate=rate, duration_s=load.duration_s, seed=seed)
         result = Scheduler(engine).run(gen)
         if record:

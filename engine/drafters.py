@@ -17,13 +17,14 @@ import torch
 
 from engine.errors import EngineInputError
 from engine.model import Transformer
-from engine.sampling import process_logits, sample
+from engine.sampling import BatchSampling, sample
 
 
 class Drafter:
     """Interface: ``propose`` returns (tokens (B, G), probs (B, G, V) or None, n_proposed (B,))."""
 
     name = "none"
+    record_confidence = False  # keep per-position confidence even when no threshold needs it
 
     def reset(self, slots: int, max_seq_len: int) -> None:
         """(Re)allocate per-slot state for ``slots`` rows of up to ``max_seq_len`` tokens."""
@@ -38,7 +39,7 @@ class Drafter:
         gammas: torch.Tensor,  # (B,) proposals wanted per row
         gamma_max: int,
         threshold: float,
-        sampling: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+        sampling: BatchSampling,
         kv_len: int,
         generator: torch.Generator | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -93,8 +94,8 @@ class ModelDrafter(Drafter):
         offs = torch.arange(width, device=device)
         idx = (dlen[:, None] + offs[None, :]).clamp(max=tokens.shape[1] - 1)  # (B, W)
         inp = tokens.gather(1, idx)  # (B, W) right-padded pending tokens
-        temperature, top_k, top_p = sampling
-        greedy = temperature <= 0
+        greedy = sampling.temperature <= 0
+        want_conf = threshold > 0 or self.record_confidence
         out_tokens = torch.zeros(b, gamma_max, dtype=torch.long, device=device)
         out_probs = []
         n_proposed = torch.zeros(b, dtype=torch.long, device=device)
@@ -105,15 +106,20 @@ class ModelDrafter(Drafter):
         for i in range(gamma_max):
             logits = self.model(inp, cache=self.cache, start=start, kv_len=kv_len, slot0=0)  # (B, W, V)
             logits = logits.gather(1, last[:, None, None].expand(-1, 1, logits.shape[-1]))  # (B, 1, V)
-            probs = process_logits(logits, temperature, top_k, top_p)[:, 0]  # (B, V)
             iters += 1
-            tok = sample(probs, generator)  # one-hot rows (greedy) give their argmax
-            conf = torch.where(greedy, logits[:, 0].float().softmax(-1).amax(-1), probs.amax(-1))  # (B,)
-            self._conf.append(conf)
-            if threshold > 0:
-                active = active & (conf >= threshold)
+            if sampling.all_greedy:  # q is one-hot: the deterministic-drafter rule is exact
+                probs, tok = None, logits[:, 0].argmax(-1)
+            else:
+                probs = sampling.probs(logits)[:, 0]  # (B, V)
+                tok = sample(probs, generator)  # one-hot rows (greedy) give their argmax
+                out_probs.append(probs)
+            if want_conf:
+                top = logits[:, 0].float().softmax(-1).amax(-1)
+                conf = top if probs is None else torch.where(greedy, top, probs.amax(-1))  # (B,)
+                self._conf.append(conf)
+                if threshold > 0:
+                    active = active & (conf >= threshold)
             out_tokens[:, i] = tok
-            out_probs.append(probs)
             n_proposed += active.long()
             active = active & (gammas > i + 1)
             if i + 1 == gamma_max or (threshold > 0 and not bool(active.any())):
@@ -121,7 +127,7 @@ class ModelDrafter(Drafter):
             start = start + last + 1
             inp, last = tok[:, None], torch.zeros_like(last)
         self._fed[:b] = dlen + n_pending + iters - 1  # positions written with valid inputs
-        probs_t = torch.stack(out_probs, 1)  # (B, iters, V)
+        probs_t = torch.stack(out_probs, 1) if out_probs else None  # (B, iters, V)
         return out_tokens[:, :iters], probs_t, n_proposed
 
     def confidence(self, batch: int, width: int) -> torch.Tensor:

@@ -19,7 +19,25 @@ normaliser, no renormalisation). References: Leviathan et al. 2023 (Thm 3.5), Ch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True)
+class BatchSampling:
+    """Per-row sampling parameters of a batch; ``all_greedy`` lets hot loops skip the softmax."""
+
+    temperature: torch.Tensor  # (B,) 0 = greedy
+    top_k: torch.Tensor | None = None  # (B,) 0 = off; None when no row filters
+    top_p: torch.Tensor | None = None  # (B,) 1 = off; None when no row filters
+    all_greedy: bool = False
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """:func:`process_logits` for this batch; all-greedy batches go straight to one-hot."""
+        if self.all_greedy:
+            return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return process_logits(logits, self.temperature, self.top_k, self.top_p)
 
 
 def process_logits(

@@ -29,7 +29,7 @@ from engine.drafters import Drafter
 from engine.errors import EngineInputError
 from engine.metrics import SpecStats
 from engine.model import Transformer
-from engine.sampling import accept, process_logits, sample
+from engine.sampling import BatchSampling, accept, sample
 
 GAMMA_SCHEDULES = ("constant", "heuristic")
 
@@ -135,10 +135,15 @@ class SpecEngine:
         self.ids: list[int] = [0] * s
         self._host_len = [0] * s  # host mirror of `length`, refreshed at each step's sync
         self._host_gamma = [0] * s
-        self._filters = [(False, False)] * s  # per slot: uses top-k, uses top-p
+        self._filters = [(False, False, True)] * s  # per slot: uses top-k, uses top-p, greedy
         self.stats = SpecStats(self.gamma_cap, dev)
         self._timed = dev.type == "cuda"
-        self.trace: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # set to [] to record steps
+        self.trace: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # see enable_trace()
+
+    def enable_trace(self) -> None:
+        """Record, per verify step and row, tokens accepted and the draft's confidence per position."""
+        self.trace = []
+        self.drafter.record_confidence = True
 
     # ------------------------------------------------------------------ admission
 
@@ -167,14 +172,14 @@ class SpecEngine:
         plen = torch.tensor(lens, dtype=torch.long, device=dev)
         rows = slice(n0, n0 + m)
         for i, r in enumerate(requests):
-            self._filters[n0 + i] = (r.top_k > 0, r.top_p < 1.0)
+            self._filters[n0 + i] = (r.top_k > 0, r.top_p < 1.0, r.temperature <= 0)
         self.temperature[rows] = torch.tensor([r.temperature for r in requests], device=dev)
         self.top_k[rows] = torch.tensor([r.top_k for r in requests], device=dev)
         self.top_p[rows] = torch.tensor([r.top_p for r in requests], device=dev)
         start = torch.zeros(m, dtype=torch.long, device=dev)
         logits = self.target(prompts, cache=self.cache, start=start, kv_len=width, slot0=n0)  # (m, P, V)
         logits = logits.gather(1, (plen - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))  # (m, 1, V)
-        first = sample(process_logits(logits, *self._sampling(rows))[:, 0], self.generator)  # (m,)
+        first = sample(self._sampling(rows).probs(logits)[:, 0], self.generator)  # (m,)
         if self.speculate:
             self.drafter.prefill(n0, prompts, plen, width)
         self.tokens[rows, :width] = prompts
@@ -191,11 +196,11 @@ class SpecEngine:
             self._host_gamma[n0 + i] = self.config.gamma
         self.n += m
 
-    def _sampling(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def _sampling(self, rows: slice) -> BatchSampling:
         filt = self._filters[rows]
         top_k = self.top_k[rows] if any(f[0] for f in filt) else None
         top_p = self.top_p[rows] if any(f[1] for f in filt) else None
-        return self.temperature[rows], top_k, top_p
+        return BatchSampling(self.temperature[rows], top_k, top_p, all(f[2] for f in filt))
 
     # ------------------------------------------------------------------ one step
 
@@ -220,7 +225,7 @@ class SpecEngine:
                 self.tokens[rows], length, self.gamma[rows], gmax, self.config.confidence_threshold,
                 sampling, kv_len, self.generator,
             )
-            self.stats.draft_forwards += drafts.shape[1] if draft_probs is not None else 0
+            self.stats.draft_forwards += drafts.shape[1] if self.drafter.name == "model" else 0
         else:
             drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
             draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
@@ -230,7 +235,7 @@ class SpecEngine:
         pending = self.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
         verify_in = torch.cat([pending, drafts], 1)  # (B, 1 + G)
         logits = self.target(verify_in, cache=self.cache, start=length - 1, kv_len=kv_len, slot0=0)
-        target_probs = process_logits(logits, *sampling)  # (B, 1 + G, V)
+        target_probs = sampling.probs(logits)  # (B, 1 + G, V)
         n_acc, nxt = accept(drafts, draft_probs, target_probs, n_prop, self.generator)
         # Emitted block: accepted drafts, then the recovered/bonus token; cut at EOS and budget.
         offs = torch.arange(g + 1, device=self.device)[None, :]  # (1, G+1)
