@@ -65,6 +65,7 @@ class TuneConfig:
     slo: dict[str, float] = field(default_factory=dict)
     n_trials: int = 20
     timeout_s: float | None = None
+    trial_timeout_s: float | None = 300.0
     seed: int = 0
     storage: str = "sqlite:///autotune.db"
     study_name: str | None = None
@@ -245,6 +246,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     b = top.sub("budget")
     n_trials = b.int("n_trials", 20, lo=1)
     timeout = b.num("timeout_s", None, lo=0.0, open_lo=True, allow_none=True)
+    trial_timeout = b.num("trial_timeout_s", 300.0, lo=0.0, open_lo=True, allow_none=True)
     seed = b.int("seed", 0)
     remeasure = b.int("remeasure_top", 3, lo=1)
     b.done()
@@ -278,7 +280,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
         num_requests=num_requests, truncate_prompts=truncate, drafters=drafters,
         gamma=Range(int(gamma.low), int(gamma.high)), confidence_threshold=thr, gamma_schedules=schedules,
         max_batch_size=max_batch, gamma_cap=cap, ngram_min=ngram_min, ngram_max=ngram_max, latency=latency,
-        slo=slo, n_trials=n_trials, timeout_s=timeout, seed=seed, storage=url, study_name=study,
+        slo=slo, n_trials=n_trials, timeout_s=timeout, trial_timeout_s=trial_timeout, seed=seed, storage=url, study_name=study,
         export_formats=formats, export_dir=export_dir, profile_gamma_max=gmax, remeasure_top=remeasure,
         source=source,
     )

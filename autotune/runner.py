@@ -75,6 +75,7 @@ def run_load(
     seed: int = 0,
     warmup: bool = True,
     trace: bool = False,
+    time_limit_s: float | None = None,
 ) -> RunResult:
     """One engine run of ``requests`` under ``load`` with speculation settings ``spec``.
 
@@ -96,7 +97,7 @@ def run_load(
         if record:
             engine.enable_trace()
         gen = LoadGenerator(reqs, n, concurrency=conc, rate=rate, duration_s=load.duration_s, seed=seed)
-        result = Scheduler(engine).run(gen)
+        result = Scheduler(engine).run(gen, time_limit_s=time_limit_s)
         if record:
             result.trace = [StepSample(int(n_acc), tuple(conf))
                             for accepted, confidence in engine.trace

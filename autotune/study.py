@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
+import torch
 
 from autotune.config import TuneConfig
 from autotune.context import Context
@@ -126,7 +127,7 @@ def evaluate(ctx: Context, params: dict, seed: int) -> dict:
         load = LoadSpec(max_batch_size=int(params["max_batch_size"]),
                         concurrency=int(value) if kind == "concurrency" else None,
                         rate=float(value) if kind == "rate" else None, num_requests=cfg.num_requests)
-        run = run_load(ctx.pair, ctx.requests, spec, params["drafter"], load, seed)
+        run = run_load(ctx.pair, ctx.requests, spec, params["drafter"], load, seed, time_limit_s=cfg.trial_timeout_s)
         m = run.metrics
         key = int(value) if kind == "concurrency" else int(params["max_batch_size"])
         per_level[key] = {k: m.get(k) for k in LEVEL_KEYS}
@@ -161,7 +162,9 @@ def make_objective(ctx: Context, space: Space, on_trial: Callable[[int, dict, di
         trial.set_user_attr("params", params)
         try:
             result = evaluate(ctx, params, ctx.cfg.seed)
-        except Exception as exc:  # a crash or OOM fails this trial, never the study
+        except Exception as exc:  # a crash, time-out or OOM fails this trial, never the study
+            if isinstance(exc, torch.OutOfMemoryError) and torch.cuda.is_available():
+                torch.cuda.empty_cache()
             trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
             trial.set_user_attr("traceback", traceback.format_exc(limit=5))
             if on_trial:

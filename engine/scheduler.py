@@ -141,7 +141,8 @@ class Scheduler:
     def __init__(self, engine: SpecEngine, clock: Callable[[], float] = time.perf_counter) -> None:
         self.engine, self.clock = engine, clock
 
-    def run(self, load: LoadGenerator, max_steps: int | None = None) -> RunResult:
+    def run(self, load: LoadGenerator, max_steps: int | None = None, time_limit_s: float | None = None) -> RunResult:
+        """Serve ``load`` to completion; ``time_limit_s`` raises TimeoutError past that wall time."""
         engine, clock = self.engine, self.clock
         waiting: list[tuple[float, Request]] = []
         arrival: dict[int, float] = {}
@@ -177,6 +178,9 @@ class Scheduler:
                     finish(clock() - t0)
                     if max_steps is not None and steps >= max_steps:
                         raise RuntimeError(f"scheduler: no progress after {max_steps} steps")
+                    if time_limit_s is not None and clock() - t0 > time_limit_s:
+                        raise TimeoutError(f"run exceeded its time limit of {time_limit_s:g} s "
+                                           f"({len(records)} of {load.num_requests} requests done)")
                 elif not waiting:
                     if load.exhausted(now):
                         break

@@ -131,3 +131,10 @@ def test_latency_metrics_are_consistent(pair, prompts, make_requests):
     assert m["e2e_ms_p50"] <= m["e2e_ms_p95"]
     assert m["generated_tokens"] == 6 * len(reqs)
     assert m["tokens_per_second"] == pytest.approx(m["generated_tokens"] / m["wall_s"])
+
+
+def test_time_limit_stops_a_run_with_a_reason(pair, prompts, make_requests):
+    ticks = iter(range(10**6))
+    sched = Scheduler(make_engine(pair, 2), clock=lambda: float(next(ticks)))  # one "second" per clock read
+    with pytest.raises(TimeoutError, match="time limit of 5 s"):
+        sched.run(LoadGenerator(make_requests(prompts, 20), 4, concurrency=2), time_limit_s=5)
