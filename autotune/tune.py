@@ -27,6 +27,7 @@ from autotune.profiler import curves_from_json, samples_from_json
 from autotune.selection import Point, choose, gamma_schedule, pareto_front
 from profiles.exporters import export, write_export
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
+from profiles.store import redact_url
 
 Say = Callable[[str], None]
 
@@ -49,7 +50,7 @@ def _resolve_study_name(ctx: ctx_mod.Context, resume: bool) -> str:
     family = [runs[k] for k in sorted(runs)]
     if resume:
         if not family:
-            raise ConfigError(f"--resume: no study named {base!r} in {ctx.cfg.storage} to resume")
+            raise ConfigError(f"--resume: no study named {base!r} in {redact_url(ctx.cfg.storage)} to resume")
         return family[-1]
     if not family:
         return base
@@ -107,7 +108,7 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
     profile = json.loads(json.dumps(_select_and_build(ctx, space, measurement, study, trials, say)))
     profile_id = ctx.store.save_profile(profile)
     profile["id"] = profile_id
-    say(f"profile #{profile_id} stored in {cfg.storage}")
+    say(f"profile #{profile_id} stored in {redact_url(cfg.storage)}")
     profile["exports"] = write_exports(profile, cfg.export_formats, cfg.export_dir, say)
     return profile
 
@@ -179,7 +180,7 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
         "pair": {"target": str(cfg.target), "draft": str(cfg.draft) if ctx.draft_hash else None,
                  "drafter": ctx.pair_drafter, "target_hash": ctx.target_hash, "draft_hash": ctx.draft_hash},
         "workload": {**ctx.workload, "hash": ctx.workload_hash},
-        "study": {"name": study.study_name, "storage": cfg.storage, "n_trials": len(trials),
+        "study": {"name": study.study_name, "storage": redact_url(cfg.storage), "n_trials": len(trials),
                   "failed_trials": sum(t.state == optuna.trial.TrialState.FAIL for t in study.get_trials(deepcopy=False)),
                   "space": space.__dict__, "slo": cfg.slo, "objectives": ["tokens_per_second", cfg.latency]},
         "chosen": chosen,

@@ -22,13 +22,13 @@ from typing import Any, TypeVar
 
 from sqlalchemy import JSON, DateTime, ForeignKey, String, UniqueConstraint, create_engine, event, select
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from profiles.errors import ProfileError, ProfileNotFound
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION, check_schema_version, get
 
-__all__ = ["SCHEMA_VERSION", "TOOL_VERSION", "Store"]
+__all__ = ["SCHEMA_VERSION", "TOOL_VERSION", "Store", "redact_url"]
 
 DEFAULT_URL = "sqlite:///autotune.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -144,6 +144,14 @@ def _make_engine(url: str) -> Engine:
     return create_engine(parsed)
 
 
+def redact_url(url: str) -> str:
+    """The URL with any password hidden, for error messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
 def _basename(path: str | None) -> str | None:
     return None if path is None else (Path(path.rstrip("/")).name or path)
 
@@ -164,8 +172,16 @@ class Store:
 
     def __init__(self, url: str = DEFAULT_URL) -> None:
         self.url = url
-        self.engine = _make_engine(url)
-        Base.metadata.create_all(self.engine)
+        shown = redact_url(url)
+        try:
+            self.engine = _make_engine(url)
+            Base.metadata.create_all(self.engine)
+        except ImportError as exc:
+            raise ProfileError(f"storage {shown}: its database driver is not installed ({exc.name or exc}); "
+                               f"install it, e.g. pip install 'psycopg[binary]' for PostgreSQL") from None
+        except (ArgumentError, OperationalError, OSError) as exc:
+            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            raise ProfileError(f"storage {shown}: cannot open the database ({reason})") from None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write(self._init_meta)
 

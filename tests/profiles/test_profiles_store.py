@@ -206,3 +206,17 @@ def test_study_name_column_comes_from_the_study_section(store: Store, profile: d
     with store.engine.connect() as conn:
         name = conn.execute(select(ProfileRow.study_name).where(ProfileRow.id == profile_id)).scalar_one()
     assert name == "h200-llama-20261130"
+
+
+def test_bad_urls_and_missing_drivers_are_one_line_errors(tmp_path):
+    from profiles.store import redact_url
+
+    with pytest.raises(ProfileError, match=r"driver is not installed") as err:
+        Store("mysql+pymysql://u:secret@localhost/db")
+    assert "secret" not in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ProfileError, match="cannot open the database"):
+        Store("nosuchdialect://u:secret@localhost/db")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ProfileError, match="cannot open the database"):
+        Store(f"sqlite:///{tmp_path}/afile/sub/autotune.db")
+    assert redact_url("postgresql://user:pw@host/db") == "postgresql://user:***@host/db"
