@@ -201,7 +201,8 @@ def _docstring_end(lines: list[str], def_line: int) -> int | None:
 
 def build_prompts(files: list[tuple[str, str]], tok: Tokenizer, seed: int) -> list[dict[str, object]]:
     """Prompts cut from the held-out files: ``def`` + docstring (with some preceding context) and
-    plain runs of lines, each 32-384 tokens, ending at a line boundary."""
+    plain runs of lines, each 32-384 tokens, ending at a line boundary without its newline (the
+    model's first token is then the newline-plus-indent token BPE learned, as in training)."""
     rng = random.Random(seed)
 
     def n_tokens(text: str) -> int:
@@ -226,7 +227,7 @@ def build_prompts(files: list[tuple[str, str]], tok: Tokenizer, seed: int) -> li
                 first -= 1
             prompt = "".join(lines[first: end + 1])
             if PROMPT_MIN_TOKENS <= n_tokens(prompt) <= PROMPT_MAX_TOKENS:
-                def_cands.append({"prompt": prompt, "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel})
+                def_cands.append({"prompt": prompt.rstrip("\n"), "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel})
                 per_kind["def"] += 1
         starts = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
         rng.shuffle(starts)
@@ -239,7 +240,7 @@ def build_prompts(files: list[tuple[str, str]], tok: Tokenizer, seed: int) -> li
                 end += 1
             prompt = "".join(lines[start:end])
             if PROMPT_MIN_TOKENS <= n_tokens(prompt) <= PROMPT_MAX_TOKENS:
-                line_cands.append({"prompt": prompt, "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel})
+                line_cands.append({"prompt": prompt.rstrip("\n"), "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel})
                 per_kind["lines"] += 1
     rng.shuffle(def_cands)
     rng.shuffle(line_cands)
