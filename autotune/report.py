@@ -35,7 +35,7 @@ def plot_pareto(profile: dict, path: Path) -> None:
             label="Pareto front")
     m = profile["metrics"]
     ax.scatter([m["latency_ms"]], [m["tokens_per_second"]], marker="*", s=220, c="#d62728", zorder=5,
-               label=f"chosen (gamma={profile['chosen']['gamma']})")
+               label=f"chosen (gamma={profile['chosen']['gamma']}), re-measured")
     slo = profile["study"].get("slo", {}).get(lat)
     if slo:
         ax.axvline(slo, ls="--", c="#d62728", lw=1, label=f"SLO {lat} <= {slo:g} ms")

@@ -35,6 +35,9 @@ LEVEL_KEYS = ("tokens_per_second", "tpot_ms_p50", "tpot_ms_p95", "ttft_ms_p50", 
               "mean_batch_size", "requests_per_second", "generated_tokens", "wall_s")
 
 
+THRESHOLD_STEP = 0.01  # confidence thresholds are searched on a 0.01 grid (exports stay readable)
+
+
 @dataclass(frozen=True)
 class Space:
     """The searched knobs after the profiler shaped them; fixed knobs hold one value."""
@@ -53,8 +56,9 @@ class Space:
         p["drafter"] = trial.suggest_categorical("drafter", self.drafters) if len(self.drafters) > 1 else self.drafters[0]
         p["gamma"] = (trial.suggest_int("gamma", self.gamma_low, self.gamma_high)
                       if self.gamma_high > self.gamma_low else self.gamma_low)
-        p["confidence_threshold"] = (trial.suggest_float("confidence_threshold", self.threshold_low, self.threshold_high)
-                                     if self.threshold_high > self.threshold_low else self.threshold_low)
+        p["confidence_threshold"] = round(trial.suggest_float(
+            "confidence_threshold", self.threshold_low, self.threshold_high, step=THRESHOLD_STEP)
+            if self.threshold_high > self.threshold_low else self.threshold_low, 4)
         p["gamma_schedule"] = (trial.suggest_categorical("gamma_schedule", self.schedules)
                                if len(self.schedules) > 1 else self.schedules[0])
         p["max_batch_size"] = (trial.suggest_categorical("max_batch_size", self.max_batch_sizes)
