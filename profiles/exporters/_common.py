@@ -134,6 +134,17 @@ def batch_ranges(schedule: Sequence[tuple[int, int]]) -> list[tuple[int, int, in
     return ranges
 
 
+def off_reason(inputs: ExportInputs) -> str:
+    """Why a single-gamma stack gets no speculation flags."""
+    return "the chosen drafter is 'none'" if inputs.drafter == "none" else "the chosen gamma is 0"
+
+
+def one_length_note(inputs: ExportInputs, server: str) -> str:
+    """The note of stacks that take one draft length for every batch size."""
+    return (f"{server} uses one draft length at every batch size: the chosen gamma {inputs.gamma}. "
+            f"Tuned per-batch-size schedule, for reference: {schedule_text(inputs.schedule)}.")
+
+
 def schedule_text(schedule: Sequence[tuple[int, int]]) -> str:
     """``"(batch size: gamma) 1: 5, 2: 4, 8: 0"``, for notes."""
     return "(batch size: gamma) " + ", ".join(f"{batch}: {gamma}" for batch, gamma in schedule)

@@ -23,6 +23,7 @@ from profiles.exporters._common import (
     fail,
     is_int,
     is_number,
+    off_reason,
     read_json_file,
     schedule_text,
     sidecar_json,
@@ -91,7 +92,7 @@ def export(inputs: ExportInputs) -> Exported:
     speculation = inputs.drafter != "none" and inputs.gamma > 0
     notes = []
     if not speculation:
-        why = "the chosen drafter is 'none'" if inputs.drafter == "none" else "the chosen gamma is 0"
+        why = off_reason(inputs)
         notes.append(f"Speculation off: {why}. Call generate() without assistant_model or prompt_lookup_num_tokens.")
         usage = "model.generate(..., generation_config=GenerationConfig.from_pretrained(<folder of this file>))"
     elif inputs.drafter == "model":

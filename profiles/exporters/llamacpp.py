@@ -21,7 +21,8 @@ from profiles.exporters._common import (
     fail,
     is_int,
     is_number,
-    schedule_text,
+    off_reason,
+    one_length_note,
     shell_script,
 )
 from profiles.profile import ExportInputs
@@ -109,11 +110,10 @@ def export(inputs: ExportInputs) -> Exported:
     speculation = "--spec-type" in args
     notes = []
     if not speculation:
-        why = "the chosen drafter is 'none'" if inputs.drafter == "none" else "the chosen gamma is 0"
+        why = off_reason(inputs)
         notes.append(f"Speculation off: {why}, so no --spec-* flags.")
     else:
-        notes.append(f"llama-server uses one draft length at every batch size: the chosen gamma {inputs.gamma}. "
-                     f"Tuned per-batch-size schedule, for reference: {schedule_text(inputs.schedule)}.")
+        notes.append(one_length_note(inputs, "llama-server"))
         if inputs.drafter == "ngram":
             notes.append(f"ngram-simple looks up one n-gram size: the profile's prompt_lookup_min "
                          f"{inputs.prompt_lookup_min} (the engine tried {inputs.prompt_lookup_max} down to "

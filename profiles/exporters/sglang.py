@@ -20,7 +20,8 @@ from profiles.exporters._common import (
     comment_header,
     fail,
     is_int,
-    schedule_text,
+    off_reason,
+    one_length_note,
     shell_script,
 )
 from profiles.profile import ExportInputs
@@ -119,11 +120,10 @@ def export(inputs: ExportInputs) -> Exported:
     speculation = "--speculative-algorithm" in args
     notes = []
     if not speculation:
-        why = "the chosen drafter is 'none'" if inputs.drafter == "none" else "the chosen gamma is 0"
+        why = off_reason(inputs)
         notes.append(f"Speculation off: {why}, so no --speculative-* flags.")
     else:
-        notes.append(f"SGLang uses one draft length at every batch size: the chosen gamma {inputs.gamma}. "
-                     f"Tuned per-batch-size schedule, for reference: {schedule_text(inputs.schedule)}.")
+        notes.append(one_length_note(inputs, "SGLang"))
         if inputs.drafter == "model" and inputs.confidence_threshold > 0:
             notes.append(f"SGLang has no draft-confidence early stop; confidence_threshold "
                          f"{inputs.confidence_threshold} is not exported.")

@@ -18,6 +18,7 @@ from profiles.exporters._common import (
     comment_header,
     fail,
     is_int,
+    off_reason,
     schedule_text,
     shell_script,
 )
@@ -61,7 +62,7 @@ def export(inputs: ExportInputs) -> Exported:
     validate(args)
     speculation = "--speculate" in args
     if not speculation:
-        why = "the chosen drafter is 'none'" if inputs.drafter == "none" else "the chosen gamma is 0"
+        why = off_reason(inputs)
         notes = [f"Speculation off: {why}, so no --speculate."]
     else:
         notes = [f"TGI uses one speculation length at every batch size: the chosen gamma {inputs.gamma}. "
