@@ -43,6 +43,7 @@ class Curves:
     ``t_verify[B][k]``: a target forward of B rows x k tokens; ``t_draft[B]``: one draft
     forward of B rows x 1 token; ``overhead[B]``: the engine's own work per step (sampling,
     acceptance, bookkeeping) measured as an engine decode step minus the bare forward;
+    ``draft_overhead[B]``: likewise for one draft forward inside the engine;
     ``t_prefill[B]``: prefilling B prompts of the workload's median length. Batch sizes are the
     measured ones (powers of two); other batch sizes are interpolated linearly.
     """
@@ -51,6 +52,7 @@ class Curves:
     t_draft: dict[int, float]
     overhead: dict[int, float] = field(default_factory=dict)  # engine work per step beyond the forwards
     t_prefill: dict[int, float] = field(default_factory=dict)  # prefill of B prompts of typical length
+    draft_overhead: dict[int, float] = field(default_factory=dict)  # engine work per draft forward
 
     def step_overhead(self, batch: float) -> float:
         return max(_interp(self.overhead, batch), 0.0) if self.overhead else 0.0
@@ -69,7 +71,11 @@ class Curves:
         return at(lo) if frac == 0 else (1 - frac) * at(lo) + frac * at(lo + 1)
 
     def draft(self, batch: float) -> float:
-        return _interp(self.t_draft, batch) if self.t_draft else 0.0
+        """One draft forward inside the engine: the bare forward plus the engine's work around it."""
+        if not self.t_draft:
+            return 0.0
+        extra = max(_interp(self.draft_overhead, batch), 0.0) if self.draft_overhead else 0.0
+        return _interp(self.t_draft, batch) + extra
 
 
 def _interp(points: dict[int, float], x: float) -> float:

@@ -110,20 +110,25 @@ def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, cont
             "context_tokens": context, "prompt_tokens": prompt_tokens, "repeats": repeats, "noisy": noisy}
 
 
-def measure_overhead(pair: ModelPair, requests: list[Request], batch_sizes: list[int], t_verify: dict,
-                     seed: int = 0) -> dict[int, float]:
-    """Engine work per step beyond the target forward: a real decode step minus the bare forward.
+def measure_overhead(pair: ModelPair, requests: list[Request], curves: dict, seed: int = 0) -> None:
+    """Engine work beyond the bare forwards, per batch size, added to ``curves`` in place.
 
-    Sampling, acceptance, bookkeeping and the step's host sync are not in the forward timings,
-    yet every step pays them; without this term the cost model over-predicts throughput.
+    ``overhead[B]``: a real decode step minus the bare target forward (sampling, acceptance,
+    bookkeeping, the step's host sync). ``draft_overhead[B]``: a real draft forward inside the
+    engine (gathering pending tokens, picking proposals) minus the bare draft forward. Every step
+    pays both; without them the cost model over-predicts throughput.
     """
-    out = {}
-    for b in batch_sizes:
+    t_verify, t_draft = curves["t_verify"], curves["t_draft"]
+    curves["overhead"], curves["draft_overhead"] = {}, {}
+    for b in t_verify:
         short = [Request(r.prompt_ids, 16, r.temperature, r.top_k, r.top_p, r.id) for r in requests[:b]]
-        run = run_load(pair, short * max(1, b // len(short) + 1), SpecConfig(gamma=0), "none",
-                       LoadSpec(max_batch_size=b, num_requests=2 * b), seed)
-        out[b] = max(run.metrics["verify_step_ms"] / 1e3 - t_verify[b][1], 0.0)
-    return out
+        short = short * max(1, b // len(short) + 1)
+        load = LoadSpec(max_batch_size=b, num_requests=2 * b)
+        run = run_load(pair, short, SpecConfig(gamma=0), "none", load, seed)
+        curves["overhead"][b] = max(run.metrics["verify_step_ms"] / 1e3 - t_verify[b][1], 0.0)
+        if pair.draft is not None and b in t_draft:
+            run = run_load(pair, short, SpecConfig(gamma=2), "model", load, seed)
+            curves["draft_overhead"][b] = max(run.metrics["draft_forward_ms"] / 1e3 - t_draft[b], 0.0)
 
 
 def measure_acceptance(pair: ModelPair, requests: list[Request], drafter: str, gamma_max: int,
@@ -148,7 +153,7 @@ def curves_from_json(curves: dict) -> Curves:
 
     return Curves(
         {int(b): {int(k): float(t) for k, t in row.items()} for b, row in curves["t_verify"].items()},
-        floats("t_draft"), floats("overhead"), floats("t_prefill"),
+        floats("t_draft"), floats("overhead"), floats("t_prefill"), floats("draft_overhead"),
     )
 
 
@@ -171,7 +176,7 @@ def measure(pair: ModelPair, requests: list[Request], drafter: str, max_batch_si
     context = prompt + requests[0].max_new_tokens // 2
     batches = powers_of_two(max_batch_size)
     curves = measure_curves(pair, batches, gamma_max, context, progress=progress, prompt_tokens=prompt)
-    curves["overhead"] = measure_overhead(pair, requests, batches, curves["t_verify"], seed)
+    measure_overhead(pair, requests, curves, seed)
     if progress:
         progress("engine step overhead")
     acceptance = measure_acceptance(pair, spread(requests, ACCEPTANCE_PROMPTS), drafter, gamma_max, seed)

@@ -11,10 +11,11 @@ max_batch_size = B, greedy, the same requests):
 
 and reports the median error over the grid (goal <= 10%). The model, with N = max_new_tokens:
 
-    T_step   = draft_forwards * T_draft(B) + T_verify(B, gamma + 1) + overhead(B)
+    T_step   = draft_forwards * (T_draft(B) + draft_overhead(B)) + T_verify(B, gamma + 1) + overhead(B)
     tokens/s = B * N / ((N / E) * T_step + T_prefill(B))
 
-(``overhead`` is the engine's own per-step work, measured by ``measure_overhead``). To tell the
+(``overhead`` and ``draft_overhead`` are the engine's own work around the forwards, measured by
+``measure_overhead``). To tell the
 step model apart from what it still leaves out (the scheduler's work between steps, batches
 that drain below B at the end of a run), each cell also has a *step-phase* throughput: the
 tokens the steps emitted (generated - one per request, which prefill emits) over the time
@@ -73,7 +74,7 @@ def main() -> None:
     context = prompt + args.max_new_tokens // 2
     print(f"profiling: curves for B in {batch_sizes}, k = 1..{args.gamma_max + 1}, context {context}", flush=True)
     curves = measure_curves(pair, batch_sizes, args.gamma_max, context, repeats=args.repeats, prompt_tokens=prompt)
-    curves["overhead"] = measure_overhead(pair, requests, batch_sizes, curves["t_verify"], args.seed)
+    measure_overhead(pair, requests, curves, args.seed)
     acceptance = measure_acceptance(pair, requests, "model", args.gamma_max, args.seed)
     cv, samples = curves_from_json(curves), samples_from_json(acceptance)
     print(f"profiling: acceptance {acceptance['acceptance_rate'] or 0:.3f} at gamma {args.gamma_max} "
