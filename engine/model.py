@@ -62,6 +62,7 @@ class Attention(nn.Module):
         positions: torch.Tensor | None,  # (B, T)
         kv_len: int,
         slot0: int,
+        mask: torch.Tensor | None,  # (B, 1, T, L) built once per forward
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.hd).transpose(1, 2)  # (B, nh, T, hd)
@@ -75,8 +76,6 @@ class Attention(nn.Module):
         else:
             cache.write(self.layer, slot0, positions, k, v)
             keys, values = cache.view(self.layer, slot0, b, kv_len)  # (B, nkv, L, hd)
-            key_pos = torch.arange(kv_len, device=x.device)
-            mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, L)
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
 
@@ -100,8 +99,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache, positions, kv_len, slot0):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, positions, kv_len, slot0)
+    def forward(self, x, cos, sin, cache, positions, kv_len, slot0, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, positions, kv_len, slot0, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -147,6 +146,10 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
         x = self.model.embed_tokens(tokens)  # (B, T, C)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        mask = None
+        if cache is not None:  # key j is visible to the query at position p iff j <= p
+            key_pos = torch.arange(kv_len, device=tokens.device)
+            mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, L)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, cache, positions, kv_len, slot0)
+            x = layer(x, cos, sin, cache, positions, kv_len, slot0, mask)
         return self.lm_head(self.model.norm(x))
