@@ -62,6 +62,15 @@ def tiny_models(vocab: int, seed: int = 0) -> tuple[Transformer, Transformer]:
     return target, draft
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: intra-op threads fighting a busy core slow them ~20x."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_pair_dirs(tmp_path_factory) -> tuple[Path, Path]:
     """(target_dir, draft_dir) of a tiny random Llama pair with a BPE tokenizer."""

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from click.testing import CliRunner
 from tokenizers import Tokenizer
@@ -18,13 +17,6 @@ METRIC_KEYS = ("tokens_per_second", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50",
                "e2e_ms_p95", "requests_per_second", "mean_batch_size")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """On two shared cores, intra-op threads fighting a busy core slow these tiny models ~20x."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-import torch
 import yaml
 
 from autotune import context
@@ -49,17 +48,10 @@ def write_config(folder: Path, pair: tuple[Path, Path], prompts: Path, db: Path,
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """On two shared cores, intra-op threads fighting a busy core slow these tiny models ~20x."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
-def template(tmp_path_factory, tiny_pair_dirs, one_torch_thread):
+def template(tmp_path_factory, tiny_pair_dirs):
     """A prompts file and a database holding a real profiler measurement for this workload."""
     root = tmp_path_factory.mktemp("study-template")
     prompts = root / "prompts.jsonl"

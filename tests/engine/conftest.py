@@ -74,13 +74,6 @@ def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor, min_expected: float 
     return float(chisquare(np.array(obs), exp_arr).pvalue)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
-    """Tiny models: threads only contend (a shared 2-core host slows 10x with torch's default)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
