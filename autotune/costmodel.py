@@ -122,6 +122,19 @@ class StepStats:
     verify_width: float  # tokens per row in the verify pass (1 + max proposals in the batch)
 
 
+def row_outcomes(samples: Sequence[StepSample], gamma: int, threshold: float) -> list[tuple[int, int, int]]:
+    """Per profiled row step under (gamma, threshold): (tokens emitted, draft forwards, proposals)."""
+    if gamma == 0 or not samples:
+        return [(1, 0, 0)]
+    rows = []
+    for s in samples:
+        low = next((i for i, c in enumerate(s.confidence[:gamma]) if c < threshold), None)
+        proposed = gamma if low is None else low
+        forwards = gamma if low is None else min(low + 1, gamma)
+        rows.append((1 + min(s.n_accepted, proposed), forwards, proposed))
+    return rows
+
+
 def step_stats(samples: Sequence[StepSample], gamma: int, threshold: float, batch: int = 1,
                seed: int = 0) -> StepStats:
     """Expected tokens, draft forwards and verify width per step from profiled samples.
@@ -132,12 +145,7 @@ def step_stats(samples: Sequence[StepSample], gamma: int, threshold: float, batc
     """
     if gamma == 0 or not samples:
         return StepStats(1.0, 0.0, 1.0)
-    rows = []
-    for s in samples:
-        low = next((i for i, c in enumerate(s.confidence[:gamma]) if c < threshold), None)
-        proposed = gamma if low is None else low
-        forwards = gamma if low is None else min(low + 1, gamma)
-        rows.append((1 + min(s.n_accepted, proposed), forwards, proposed))
+    rows = row_outcomes(samples, gamma, threshold)
     tokens = sum(r[0] for r in rows) / len(rows)
     if batch <= 1:
         return StepStats(tokens, sum(r[1] for r in rows) / len(rows), 1 + sum(r[2] for r in rows) / len(rows))
@@ -161,12 +169,13 @@ class Prediction:
 
 
 def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold: float,
-            batch: int, new_tokens: int | None = None) -> Prediction:
+            batch: int, new_tokens: int | None = None, num_requests: int | None = None) -> Prediction:
     """Predicted throughput and time per output token of (gamma, threshold) at batch size B.
 
-    With ``new_tokens`` (tokens generated per request), throughput also pays for prefilling
-    each wave of B requests: B * N / ((N / E) * T_step + T_prefill(B)); without it, the
-    steady-state B * E / T_step.
+    Without ``new_tokens``: the steady state, B * E / T_step. With ``new_tokens`` (N tokens per
+    request) and ``num_requests``: a closed-loop run of that many requests through B slots,
+    replayed by :func:`simulate_closed_loop` (prefills of arriving requests, rows finishing at
+    different steps, the batch draining at the end). ``tpot_ms`` is always the steady state's.
 
     Example:
         >>> curves = Curves({1: {1: 0.010, 2: 0.0105, 3: 0.011}}, {1: 0.001})
@@ -180,20 +189,55 @@ def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold
     overhead = curves.step_overhead(batch)
     step = st.draft_forwards * curves.draft(batch) + t_verify + overhead
     t_decode = curves.verify(batch, 1) + overhead
+    if new_tokens:
+        n = num_requests or batch
+        tps = simulate_closed_loop(curves, row_outcomes(samples, gamma, threshold), batch, new_tokens, n)
+        base = simulate_closed_loop(curves, row_outcomes(samples, 0, 0.0), batch, new_tokens, n)
+    else:
+        tps, base = batch * st.tokens / step, batch / t_decode
+    return Prediction(gamma, threshold, batch, st.tokens, step, tps, 1e3 * step / st.tokens, tps / base)
 
-    def throughput(tokens_per_step: float, step_time: float) -> float:
-        if new_tokens:
-            return batch * new_tokens / (new_tokens / tokens_per_step * step_time + curves.prefill(batch))
-        return batch * tokens_per_step / step_time
 
-    tps = throughput(st.tokens, step)
-    return Prediction(gamma, threshold, batch, st.tokens, step, tps, 1e3 * step / st.tokens,
-                      tps / throughput(1.0, t_decode))
+def simulate_closed_loop(curves: Curves, rows: Sequence[tuple[int, int, int]], batch: int, new_tokens: int,
+                         num_requests: int, repeats: int = 8, seed: int = 0) -> float:
+    """Tokens/s of ``num_requests`` requests of ``new_tokens`` tokens each through ``batch`` slots,
+    closed loop (a finished request is replaced at once), as the engine's scheduler runs them.
+
+    Each loop: requests waiting for a free slot are prefilled together (T_prefill(m), which also
+    emits their first token), then one step of the b running rows: every row draws a profiled
+    outcome (tokens, draft forwards, proposals) from ``rows``; the step costs
+    max(forwards) * T_draft(b) + T_verify(b, 1 + max(proposals)) + overhead(b). A row retires
+    once it has its tokens. Averaged over ``repeats`` seeded replays.
+    """
+    rng = random.Random(seed)
+    tokens = wall = 0.0
+    for _ in range(repeats):
+        queue, running, t = num_requests, [], 0.0
+        while queue or running:
+            admit = min(batch - len(running), queue)
+            if admit:
+                t += curves.prefill(admit)
+                running += [new_tokens - 1] * admit
+                queue -= admit
+                running = [r for r in running if r > 0]
+                if not running:
+                    continue
+            b = len(running)
+            draws = [rng.choice(rows) for _ in running]
+            t += (max(d[1] for d in draws) * curves.draft(b) + curves.verify(b, 1 + max(d[2] for d in draws))
+                  + curves.step_overhead(b))
+            running = [r - d[0] for r, d in zip(running, draws, strict=True) if r - d[0] > 0]
+        tokens += num_requests * new_tokens
+        wall += t
+    return tokens / wall
 
 
 def best_gamma(curves: Curves, samples: Sequence[StepSample], batch: int, gamma_max: int,
-               thresholds: Sequence[float] = (0.0,)) -> Prediction:
-    """The highest-throughput (gamma, threshold) at batch size B; gamma 0 when nothing pays."""
-    cands = [predict(curves, samples, g, t, batch) for g in range(gamma_max + 1)
+               thresholds: Sequence[float] = (0.0,), new_tokens: int | None = None,
+               num_requests: int | None = None) -> Prediction:
+    """The highest-throughput (gamma, threshold) at batch size B; gamma 0 when nothing pays.
+    With ``new_tokens``/``num_requests`` the candidates are compared on the closed-loop replay
+    of such a run (see :func:`predict`), otherwise on the steady state."""
+    cands = [predict(curves, samples, g, t, batch, new_tokens, num_requests) for g in range(gamma_max + 1)
              for t in (thresholds if g else (0.0,))]
     return max(cands, key=lambda p: (p.tokens_per_second, -p.gamma))

@@ -15,6 +15,7 @@ The study lives in Optuna's RDB storage in the same database as the profiles, so
 from __future__ import annotations
 
 import math
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,11 +128,20 @@ def evaluate(ctx: Context, params: dict, seed: int) -> dict:
                       gamma_schedule=params["gamma_schedule"])
     per_level = {}
     tokens = wall = 0.0
-    for kind, value in levels(cfg):
+    all_levels = levels(cfg)
+    t0 = time.perf_counter()
+    for done, (kind, value) in enumerate(all_levels):
         load = LoadSpec(max_batch_size=int(params["max_batch_size"]),
                         concurrency=int(value) if kind == "concurrency" else None,
                         rate=float(value) if kind == "rate" else None, num_requests=cfg.num_requests)
-        run = run_load(ctx.pair, ctx.requests, spec, params["drafter"], load, seed, time_limit_s=cfg.trial_timeout_s)
+        left = None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (time.perf_counter() - t0)
+        try:
+            if left is not None and left <= 0:
+                raise TimeoutError
+            run = run_load(ctx.pair, ctx.requests, spec, params["drafter"], load, seed, time_limit_s=left)
+        except TimeoutError:  # the limit is the whole trial's, every load level included
+            raise TimeoutError(f"trial exceeded trial_timeout_s={cfg.trial_timeout_s:g} s "
+                               f"({done} of {len(all_levels)} load levels done)") from None
         m = run.metrics
         key = int(value) if kind == "concurrency" else int(params["max_batch_size"])
         per_level[key] = {k: m.get(k) for k in LEVEL_KEYS}
@@ -196,7 +206,8 @@ def warm_starts(ctx: Context, space: Space, measurement: dict, nearest: dict | N
     thresholds = tuple(sorted({space.threshold_low, space.threshold_high, (space.threshold_low + space.threshold_high) / 2}))
     drafter = next((d for d in space.drafters if d != "none"), space.drafters[0])
     for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
-        best = best_gamma(curves, samples, b, min(gmax, space.gamma_high), thresholds)
+        best = best_gamma(curves, samples, b, min(gmax, space.gamma_high), thresholds,
+                          cfg.max_new_tokens, max(cfg.num_requests, b))
         points.append((f"cost model best at batch {b}", {**base, "drafter": drafter, "gamma": max(best.gamma, 1),
                                                          "confidence_threshold": best.confidence_threshold}))
     if nearest is not None and isinstance(nearest.get("chosen"), dict):

@@ -12,12 +12,13 @@ max_batch_size = B, greedy, the same requests):
 and reports the median error over the grid (goal <= 10%). The model, with N = max_new_tokens:
 
     T_step   = draft_forwards * (T_draft(B) + draft_overhead(B)) + T_verify(B, gamma + 1) + overhead(B)
-    tokens/s = B * N / ((N / E) * T_step + T_prefill(B))
+    tokens/s = the closed-loop replay of ``autotune.costmodel.simulate_closed_loop``: the run's
+               requests through B slots, prefills as requests arrive, each row drawing its
+               profiled per-step outcome, the batch draining at the end
 
 (``overhead`` and ``draft_overhead`` are the engine's own work around the forwards, measured by
-``measure_overhead``). To tell the
-step model apart from what it still leaves out (the scheduler's work between steps, batches
-that drain below B at the end of a run), each cell also has a *step-phase* throughput: the
+``measure_overhead``). To tell the step model apart from the run around it (the scheduler's
+work between steps, prefills), each cell also has a *step-phase* throughput: the
 tokens the steps emitted (generated - one per request, which prefill emits) over the time
 inside steps, and its error.
 
@@ -83,7 +84,7 @@ def main() -> None:
     for b in batch_sizes:
         load = LoadSpec(max_batch_size=b, concurrency=b, num_requests=args.num_requests or max(2 * b, 8))
         for g in args.gammas:
-            pred = predict(cv, samples, g, 0.0, b, new_tokens=args.max_new_tokens)
+            pred = predict(cv, samples, g, 0.0, b, new_tokens=args.max_new_tokens, num_requests=load.num_requests)
             m = run_load(pair, requests, SpecConfig(gamma=g), "model" if g else "none", load, args.seed).metrics
             step_tps = step_phase_tps(m, g)
             cells.append({

@@ -23,13 +23,21 @@ Everything is offline and CPU-only. The steps:
    warmup then cosine decay, gradient clipping, bf16 autocast on CPU.
 5. **Distill phase.** The target is frozen; the draft alone keeps distilling so it matches the
    final target.
-6. **Export.** Hugging Face style folders ``target/`` and ``draft/`` (``config.json``,
+6. **On-policy phase** (:mod:`engine.demo.onpolicy`). Speculation asks the draft to predict the
+   target's *own* continuations, not stdlib text: the draft is deepened to two layers (a
+   function-preserving stack: the new layer starts as the identity) and distilled on the frozen
+   target's greedy and temperature-1 continuations of prompts cut from the train files.
+7. **Export.** Hugging Face style folders ``target/`` and ``draft/`` (``config.json``,
    bf16 ``model.safetensors``, ``tokenizer.json``, ``generation_config.json``), reloaded with
    :func:`engine.loader.load_model` to compute the reported figures; ``train_log.json`` holds the
    hyper-parameters, validation losses, teacher-forced acceptance estimates and the measured
    per-token latency of both models.
-7. **Prompts.** ``prompts.jsonl``: function headers with their docstrings and plain runs of lines,
+8. **Prompts.** ``prompts.jsonl``: function headers with their docstrings and plain runs of lines,
    32-384 tokens long, cut from the held-out prompt files only (seeded).
+
+``--draft-only`` runs phase 6 alone on the pair already in ``--out`` (target, tokenizer and
+prompts untouched). The shipped pair was made that way: phases 1-5 (70 min, one-layer draft;
+``train_log.json`` has the step counts) and then ``--draft-only --budget-minutes 55``.
 
 The number of optimizer steps is sized from a short throughput calibration so the run fits
 ``--budget-minutes``; phases also stop on a wall-clock deadline, and outputs are always written.
@@ -49,7 +57,7 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -58,7 +66,18 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from engine.config import ModelConfig
-from engine.loader import load_model
+from engine.demo.onpolicy import (
+    OnPolicyConfig,
+    OnPolicyData,
+    acceptance_figures,
+    config_dict,
+    grow,
+    pack,
+    tails,
+    target_continuations,
+    weighted_kl,
+)
+from engine.loader import load_model, load_tokenizer
 from engine.model import Transformer
 
 EOT = "<|endoftext|>"
@@ -93,7 +112,8 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
     draft_ce_weight: float = 0.1
-    distill_fraction: float = 0.15  # share of the training time spent in the distill phase
+    distill_fraction: float = 0.1  # share of the training time spent in the distill phase
+    onpolicy_fraction: float = 0.35  # share spent in the on-policy phase (data generation included)
     reserve_seconds: float = 120.0  # kept back for evaluation and export
     autocast_bf16: bool = True
     val_windows: int = 64
@@ -199,7 +219,9 @@ def _docstring_end(lines: list[str], def_line: int) -> int | None:
     return None
 
 
-def build_prompts(files: list[tuple[str, str]], tok: Tokenizer, seed: int) -> list[dict[str, object]]:
+def build_prompts(
+    files: list[tuple[str, str]], tok: Tokenizer, seed: int, kind_limit: int = PROMPTS_PER_KIND
+) -> list[dict[str, object]]:
     """Prompts cut from the held-out files: ``def`` + docstring (with some preceding context) and
     plain runs of lines, each 32-384 tokens, ending at a line boundary without its newline (the
     model's first token is then the newline-plus-indent token BPE learned, as in training)."""
@@ -246,7 +268,7 @@ def build_prompts(files: list[tuple[str, str]], tok: Tokenizer, seed: int) -> li
     rng.shuffle(line_cands)
     seen: set[str] = set()
     out: list[dict[str, object]] = []
-    for cand in def_cands[:PROMPTS_PER_KIND] + line_cands[:PROMPTS_PER_KIND]:
+    for cand in def_cands[:kind_limit] + line_cands[:kind_limit]:
         if cand["prompt"] not in seen:
             seen.add(str(cand["prompt"]))
             out.append(cand)
@@ -343,15 +365,30 @@ class Trainer:
         return {"ce_d": ce_d.item(), "kl": kl.item(), "gn_d": gn_d.item()}
 
 
+    def onpolicy_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+        tc = self.tc
+        tokens, weights = batch
+        x = tokens[:, :-1]
+        with self._autocast():
+            with torch.no_grad():
+                t_logits = self.target(x)
+            d_logits = self.draft(x)
+        kl = weighted_kl(t_logits, d_logits, weights)
+        kl.backward()
+        gn_d = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), tc.grad_clip)
+        self.opt_d.step()
+        self.opt_d.zero_grad(set_to_none=True)
+        return {"kl": kl.item(), "gn_d": gn_d.item()}
+
+
 def run_phase(
     name: str,
-    step_fn: Callable[[torch.Tensor], dict[str, float]],
+    step_fn: Callable[[object], dict[str, float]],
     opts: list[tuple[torch.optim.Optimizer, float, int]],
     time_budget: float,
     deadline: float,
     tc: TrainConfig,
-    stream: torch.Tensor,
-    gen: torch.Generator,
+    next_batch: Callable[[], object],
     val_fn: Callable[[], str],
     fixed_steps: int | None = None,
     calib_steps: int = 8,
@@ -377,7 +414,7 @@ def run_phase(
             break
         for opt, peak, warmup in opts:
             set_lr(opt, peak * lr_factor(done, total, warmup, tc.min_lr_ratio, time_frac))
-        last = step_fn(sample_batch(stream, tc.batch_size, tc.seq_len, gen))
+        last = step_fn(next_batch())
         done += 1
         if done == 2:
             t_calib = time.time()
@@ -396,6 +433,64 @@ def run_phase(
     wall = time.time() - t0
     return {"steps": done, "planned_steps": total, "tokens": done * tokens_per_step, "wall_s": round(wall, 1),
             "tokens_per_s": round(done * tokens_per_step / max(wall, 1e-9), 1), "last": last}
+
+
+def onpolicy_phase(
+    target: Transformer,
+    draft: Transformer,
+    tok: Tokenizer,
+    splits: dict[str, list[tuple[str, str]]],
+    tc: TrainConfig,
+    oc: OnPolicyConfig,
+    deadline: float,
+    fixed_steps: int | None = None,
+) -> tuple[Transformer, dict[str, object]]:
+    """Deepen the draft and distill it on the target's own continuations (see ``onpolicy.py``);
+    trains until ``deadline`` (or ``fixed_steps``). Returns the new draft and the phase's log."""
+    t0 = time.time()
+    eot = target.config.eos_token_ids[0]
+    assert oc.context_tokens + oc.max_new_tokens <= tc.seq_len
+    target.eval().requires_grad_(False)
+    train_prompts = build_prompts(splits["train"], tok, tc.seed + 1, kind_limit=oc.train_prompts // 2)
+    val_prompts = build_prompts(splits["val"], tok, tc.seed + 2, kind_limit=oc.val_prompts // 2)
+    log(f"onpolicy: {len(train_prompts)} train-file prompts, {len(val_prompts)} validation-file prompts")
+    data = target_continuations(target, tails(train_prompts, tok, oc.context_tokens), oc, tc.seed, log)
+    val = target_continuations(target, tails(val_prompts, tok, oc.context_tokens), oc, tc.seed + 10**6,
+                               lambda _: None)
+    gen_s = time.time() - t0
+    before = acceptance_figures(target, draft.eval(), val)
+    draft = grow(draft, oc.draft_layers)
+    grown = acceptance_figures(target, draft, val)
+    log(f"onpolicy: data in {gen_s / 60:.1f} min; validation before {before}, after growing to "
+        f"{oc.draft_layers} layers {grown}")
+    tokens, weights = pack(data, tc.seq_len + 1, eot, oc.prompt_weight)
+    trainer = Trainer(target, draft, replace(tc, draft_lr=oc.lr))
+    draft.train()
+    quick = val[:24]
+
+    def quick_val() -> str:
+        draft.eval()
+        r = acceptance_figures(target, draft, quick)
+        draft.train()
+        return " ".join(f"{k} {v}" for k, v in r.items())
+
+    phase = run_phase(
+        "onpolicy", trainer.onpolicy_step, [(trainer.opt_d, oc.lr, oc.warmup_steps)],
+        deadline - time.time(), deadline, tc, OnPolicyData(tokens, weights, tc.batch_size, tc.seed), quick_val,
+        fixed_steps=fixed_steps,
+    )
+    draft.eval().requires_grad_(False)
+    after = acceptance_figures(target, draft, val)
+    log(f"onpolicy: validation after training {after}")
+    return draft, phase | {
+        "config": config_dict(oc),
+        "train_prompts": len(data),
+        "generated_tokens": sum(len(c) for _, c, _ in data),
+        "data_seconds": round(gen_s, 1),
+        "validation_prompts": len(val),
+        "validation_before": before,
+        "validation_after": after,
+    }
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -479,6 +574,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--joint-steps", type=int, default=None, help="fixed joint-phase steps (default: fit budget)")
     p.add_argument("--distill-steps", type=int, default=None, help="fixed distill-phase steps (default: fit budget)")
+    p.add_argument("--onpolicy-steps", type=int, default=None,
+                   help="fixed on-policy-phase steps (default: fit budget)")
+    p.add_argument("--draft-only", action="store_true",
+                   help="keep the target and tokenizer in --out; run only the on-policy phase on its draft")
     return p.parse_args(argv)
 
 
@@ -490,12 +589,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(tc.threads)
     torch.manual_seed(tc.seed)
     out: Path = args.out
-    prompts_path: Path = args.prompts or out.parent / "prompts.jsonl"
-    out.mkdir(parents=True, exist_ok=True)
-
     root = Path(sysconfig.get_paths()["stdlib"])
     splits = collect_corpus(root)
     log(f"corpus {root}: " + ", ".join(f"{k} {len(v)} files" for k, v in splits.items()))
+    if args.draft_only:
+        return draft_only(args, tc, splits, wall0, end_time)
+    prompts_path: Path = args.prompts or out.parent / "prompts.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
 
     tok = train_tokenizer([t for _, t in splits["train"]], tc.vocab_size)
     eot = tok.token_to_id(EOT)
@@ -533,49 +633,49 @@ def main(argv: list[str] | None = None) -> int:
         return " ".join(f"{k} {v:.3f}" for k, v in r.items())
 
     train_seconds = max(0.0, end_time - time.time() - tc.reserve_seconds)
-    joint_time = train_seconds * (1 - tc.distill_fraction)
-    log(f"plan: {train_seconds / 60:.1f} min of training, {joint_time / 60:.1f} min joint")
+    joint_time = train_seconds * (1 - tc.distill_fraction - tc.onpolicy_fraction)
+    distill_time = train_seconds * tc.distill_fraction
+    onpolicy_time = train_seconds * tc.onpolicy_fraction
+    log(f"plan: {train_seconds / 60:.1f} min of training: {joint_time / 60:.1f} joint, "
+        f"{distill_time / 60:.1f} distill, {onpolicy_time / 60:.1f} on-policy")
     gen = torch.Generator().manual_seed(tc.seed)
+
+    def next_batch() -> torch.Tensor:
+        return sample_batch(train_stream, tc.batch_size, tc.seq_len, gen)
+
     trainer = Trainer(target, draft, tc)
     target.train()
     draft.train()
+    train_end = end_time - tc.reserve_seconds
     joint = run_phase(
         "joint", trainer.joint_step,
         [(trainer.opt_t, tc.target_lr, tc.warmup_steps), (trainer.opt_d, tc.draft_lr, tc.warmup_steps)],
-        joint_time, end_time - tc.reserve_seconds - 0.5 * (train_seconds - joint_time), tc, train_stream, gen,
+        joint_time, train_end - 0.5 * (distill_time + onpolicy_time), tc, next_batch,
         quick_val, fixed_steps=args.joint_steps,
     )
     target.eval().requires_grad_(False)
-    distill_time = end_time - tc.reserve_seconds - time.time()
     distill = run_phase(
         "distill", trainer.distill_step, [(trainer.opt_d, tc.distill_lr, tc.distill_warmup_steps)],
-        distill_time, end_time - tc.reserve_seconds, tc, train_stream, gen, quick_val,
+        distill_time, train_end - 0.5 * onpolicy_time, tc, next_batch, quick_val,
         fixed_steps=args.distill_steps,
     )
-    draft.eval()
+    draft, onpolicy = onpolicy_phase(target, draft, tok, splits, tc, OnPolicyConfig(), train_end,
+                                     args.onpolicy_steps)
 
     save_model(target, out / "target", tok_path)
     save_model(draft, out / "draft", tok_path)
     tok_path.unlink()
     log(f"saved {out}/target ({folder_bytes(out / 'target') / 1e6:.1f} MB), "
         f"{out}/draft ({folder_bytes(out / 'draft') / 1e6:.1f} MB)")
-
-    # Figures on the shipped (bf16 -> fp32) weights, reloaded through the engine's loader.
-    tgt, drf = load_model(out / "target", "float32"), load_model(out / "draft", "float32")
-    metrics = evaluate(tgt, drf, windows)
-    lat_t, lat_d = per_token_latency(tgt), per_token_latency(drf)
-    wall = time.time() - wall0
     result = {
-        "wall_seconds": round(wall, 1),
-        "validation": {k: round(v, 4) for k, v in metrics.items()} | {"tokens": int(windows[:, 1:].numel())},
-        "latency_fp32_batch1_ms": {"target": round(lat_t * 1e3, 3), "draft": round(lat_d * 1e3, 3),
-                                   "draft_over_target": round(lat_d / lat_t, 4)},
+        "wall_seconds": None,
+        **final_figures(out, windows),
         "joint_phase": joint,
         "distill_phase": distill,
+        "onpolicy_phase": onpolicy,
         "train_config": asdict(tc),
         "target_config": tcfg.to_hf_dict(),
-        "draft_config": dcfg.to_hf_dict(),
-        "params": {"target": n_t, "draft": n_d},
+        "params": {"target": n_t},
         "corpus": {
             "stdlib": str(root),
             "files": {k: len(v) for k, v in splits.items()},
@@ -585,16 +685,59 @@ def main(argv: list[str] | None = None) -> int:
         },
         "tokenizer": {"type": "byte-level BPE", "vocab_size": vocab, "eot": EOT, "eot_id": eot},
         "prompts": {"file": str(prompts_path), "count": len(prompts)},
-        "output_bytes": folder_bytes(out),
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
     }
-    (out / "train_log.json").write_text(json.dumps(result, indent=2) + "\n")
-    log(f"wall time {wall / 60:.1f} min")
+    result["wall_seconds"] = round(time.time() - wall0, 1)
+    write_log(out, result)
+    return 0
+
+
+def final_figures(out: Path, windows: torch.Tensor) -> dict[str, object]:
+    """Validation and latency figures of the shipped (bf16 -> fp32) weights, reloaded through the
+    engine's loader."""
+    tgt, drf = load_model(out / "target", "float32"), load_model(out / "draft", "float32")
+    metrics = evaluate(tgt, drf, windows)
+    lat_t, lat_d = per_token_latency(tgt), per_token_latency(drf)
     log(f"validation: target loss {metrics['target_loss']:.4f}, draft loss {metrics['draft_loss']:.4f}")
-    log(f"acceptance (teacher-forced): greedy argmax match {metrics['greedy_match']:.3f}, "
+    log(f"acceptance (teacher-forced on validation text): greedy argmax match {metrics['greedy_match']:.3f}, "
         f"expected at T=1 sum min(p,q) {metrics['expected_accept_t1']:.3f}")
     log(f"per-token latency batch 1 fp32: target {lat_t * 1e3:.2f} ms, draft {lat_d * 1e3:.2f} ms, "
         f"ratio {lat_d / lat_t:.3f}")
+    return {
+        "validation": {k: round(v, 4) for k, v in metrics.items()} | {"tokens": int(windows[:, 1:].numel())},
+        "latency_fp32_batch1_ms": {"target": round(lat_t * 1e3, 3), "draft": round(lat_d * 1e3, 3),
+                                   "draft_over_target": round(lat_d / lat_t, 4)},
+        "draft_config": drf.config.to_hf_dict(),
+        "draft_params": sum(p.numel() for p in drf.parameters()),
+        "output_bytes": folder_bytes(out),
+    }
+
+
+def write_log(out: Path, result: dict[str, object]) -> None:
+    (out / "train_log.json").write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wall time {float(result['wall_seconds']) / 60:.1f} min; wrote {out / 'train_log.json'}")
+
+
+def draft_only(args: argparse.Namespace, tc: TrainConfig, splits: dict[str, list[tuple[str, str]]],
+               wall0: float, end_time: float) -> int:
+    """``--draft-only``: the on-policy phase on the pair in ``--out``; the target, tokenizer and
+    prompts stay as they are, ``train_log.json`` keeps the earlier phases and gains this one."""
+    out: Path = args.out
+    target, draft = load_model(out / "target", "float32"), load_model(out / "draft", "float32")
+    tok = load_tokenizer(out / "target")
+    log_path = out / "train_log.json"
+    previous = json.loads(log_path.read_text()) if log_path.is_file() else {}
+    draft, onpolicy = onpolicy_phase(target, draft, tok, splits, tc, OnPolicyConfig(),
+                                     end_time - tc.reserve_seconds, args.onpolicy_steps)
+    save_model(draft, out / "draft", out / "target" / "tokenizer.json")
+    eot = target.config.eos_token_ids[0]
+    windows = val_windows(token_stream(tok, [t for _, t in splits["val"]], eot), tc.seq_len, tc.val_windows)
+    result = previous | final_figures(out, windows) | {
+        "onpolicy_phase": onpolicy | {"run": "--draft-only", "budget_minutes": args.budget_minutes},
+        "wall_seconds_draft_only": round(time.time() - wall0, 1),
+    }
+    result.setdefault("wall_seconds", result["wall_seconds_draft_only"])
+    write_log(out, result)
     return 0
 
 

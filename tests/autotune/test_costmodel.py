@@ -12,6 +12,8 @@ from autotune.costmodel import (
     expected_tokens_constant,
     per_position_acceptance,
     predict,
+    row_outcomes,
+    simulate_closed_loop,
     step_stats,
 )
 
@@ -138,3 +140,35 @@ def test_best_gamma_flat_curve_high_acceptance_takes_the_largest() -> None:
 def test_best_gamma_zero_acceptance_turns_speculation_off() -> None:
     samples = [StepSample(0, (1.0,) * 4)] * 4
     assert best_gamma(flat_curves(), samples, 1, 4).gamma == 0
+
+
+def test_closed_loop_replay_matches_hand_computation_when_rows_stay_in_step() -> None:
+    # 6 requests x 9 tokens through 2 slots, every row emits 2 tokens per step (gamma 3, 1 accepted):
+    # three waves of [prefill(2) + 4 steps of (3 draft + verify)], 8 = 9 - 1 tokens from steps
+    curves = Curves({1: {k: T_VERIFY for k in range(1, 5)}, 2: {k: 2 * T_VERIFY for k in range(1, 5)}},
+                    {1: T_DRAFT, 2: T_DRAFT}, t_prefill={1: 0.05, 2: 0.08})
+    rows = row_outcomes([StepSample(1, (1.0,) * 3)], 3, 0.0)
+    assert rows == [(2, 3, 3)]
+    wall = 3 * (0.08 + 4 * (3 * T_DRAFT + 2 * T_VERIFY))
+    assert simulate_closed_loop(curves, rows, 2, 9, 6) == pytest.approx(6 * 9 / wall)
+
+
+def test_closed_loop_replay_pays_for_rows_that_drift_apart_and_the_drain() -> None:
+    # rows that emit 1 or 5 tokens per step finish at different steps: requests arrive one at a
+    # time (T_prefill(1) each instead of one T_prefill(B) per wave) and the last ones run in a
+    # partly empty batch, so the replay predicts less than the wave formula
+    curves = Curves({b: {k: T_VERIFY * (1 + b / 8) for k in range(1, 6)} for b in (1, 8)},
+                    {1: T_DRAFT, 8: T_DRAFT}, t_prefill={1: 0.02, 8: 0.05})
+    samples = [StepSample(0, (1.0,) * 4), StepSample(4, (1.0,) * 4)]
+    p = predict(curves, samples, 4, 0.0, 8, new_tokens=64, num_requests=16)
+    e, step = 3.0, p.step_time_s
+    waves = 8 * 64 / (64 / e * step + curves.prefill(8))
+    assert p.tokens_per_second < 0.97 * waves
+    assert p.speedup == pytest.approx(
+        p.tokens_per_second / simulate_closed_loop(curves, row_outcomes(samples, 0, 0.0), 8, 64, 16))
+    # deterministic (seeded)
+    again = predict(curves, samples, 4, 0.0, 8, new_tokens=64, num_requests=16)
+    assert again.tokens_per_second == p.tokens_per_second
+    # a long run is the full batch with one single-request prefill per request (63 tokens from steps)
+    long_run = predict(curves, samples, 4, 0.0, 8, new_tokens=64, num_requests=2000)
+    assert long_run.tokens_per_second == pytest.approx(8 * 64 / (63 / e * step + 8 * 0.02), rel=0.02)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -266,3 +268,23 @@ def test_slos_become_constraints_and_drive_the_choice(tune_config, monkeypatch, 
     assert profile["chosen"]["gamma"] == 2  # feasible and fastest / closest: 144 tok/s beats 133
     assert all(p["feasible"] is met for p in profile["pareto_front"])
     assert profile["study"]["slo"] == slo
+
+
+def test_trial_timeout_covers_the_whole_trial_not_each_load_level(tune_config, monkeypatch) -> None:
+    cfg = tune_config(budget={"trial_timeout_s": 0.3})
+    limits = []
+
+    def slow_run_load(pair, requests, spec, drafter, load, seed, time_limit_s=None):  # noqa: ARG001
+        limits.append(time_limit_s)
+        time.sleep(0.2)
+        if time_limit_s is not None and time_limit_s < 0.2:
+            raise TimeoutError(f"run exceeded its time limit of {time_limit_s:g} s")
+        return SimpleNamespace(metrics={"generated_tokens": 4, "wall_s": 0.2, cfg.latency: 1.0})
+
+    monkeypatch.setattr(study_mod, "run_load", slow_run_load)
+    ctx = SimpleNamespace(cfg=cfg, pair=None, requests=[])
+    params = {"drafter": "model", "gamma": 1, "confidence_threshold": 0.0, "gamma_schedule": "constant",
+              "max_batch_size": 2}
+    with pytest.raises(TimeoutError, match=r"trial exceeded trial_timeout_s=0.3 s \(1 of 2 load levels done\)"):
+        study_mod.evaluate(ctx, params, 0)
+    assert limits[0] == pytest.approx(0.3, abs=0.01) and limits[1] < 0.11  # the second level got what was left
