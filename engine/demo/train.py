@@ -36,8 +36,11 @@ Everything is offline and CPU-only. The steps:
    32-384 tokens long, cut from the held-out prompt files only (seeded).
 
 ``--draft-only`` runs phase 6 alone on the pair already in ``--out`` (target, tokenizer and
-prompts untouched). The shipped pair was made that way: phases 1-5 (70 min, one-layer draft;
-``train_log.json`` has the step counts) and then ``--draft-only --budget-minutes 55``.
+prompts untouched). The shipped pair was made in two invocations on a 2-core CPU: phases 1-5
+with the one-layer draft (68 min; before phase 6 existed) and then ``--draft-only
+--budget-minutes 55`` (68 min with data generation and evaluation). ``train_log.json`` keeps the
+step counts of every phase; ``--joint-steps 1023 --distill-steps 593 --onpolicy-steps 0`` followed
+by ``--draft-only --onpolicy-steps 2364`` (each with a budget large enough not to cut them) replays it.
 
 The number of optimizer steps is sized from a short throughput calibration so the run fits
 ``--budget-minutes``; phases also stop on a wall-clock deadline, and outputs are always written.
@@ -402,7 +405,7 @@ def run_phase(
     """
     assert all(warmup >= calib_steps for _, _, warmup in opts)
     t0 = time.time()
-    total = fixed_steps or 10**9
+    total = 10**9 if fixed_steps is None else fixed_steps
     done, last, t_calib = 0, {}, t0
     tokens_per_step = tc.batch_size * tc.seq_len
     if fixed_steps is None:
@@ -659,8 +662,10 @@ def main(argv: list[str] | None = None) -> int:
         distill_time, train_end - 0.5 * onpolicy_time, tc, next_batch, quick_val,
         fixed_steps=args.distill_steps,
     )
-    draft, onpolicy = onpolicy_phase(target, draft, tok, splits, tc, OnPolicyConfig(), train_end,
-                                     args.onpolicy_steps)
+    onpolicy = None  # --onpolicy-steps 0: the draft stays as phases 4-5 left it
+    if args.onpolicy_steps != 0:
+        draft, onpolicy = onpolicy_phase(target, draft, tok, splits, tc, OnPolicyConfig(), train_end,
+                                         args.onpolicy_steps)
 
     save_model(target, out / "target", tok_path)
     save_model(draft, out / "draft", tok_path)
