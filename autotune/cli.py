@@ -239,7 +239,8 @@ def render_tune(p: dict) -> str:
     lines += ["",
               f"overall     {m['tokens_per_second']:.1f} tok/s, {lat} {m['latency_ms']:.1f} ms; "
               f"speedup {m['speedup']:.2f}x over AR"
-              + (f", {m['speedup_over_best_static']:.2f}x over the best static-gamma trial"
+              + ("; it is the best static-gamma configuration" if m.get("chosen_is_best_static")
+                 else f", {m['speedup_over_best_static']:.2f}x over the best static-gamma configuration (both re-measured)"
                  if m.get("speedup_over_best_static") else ""),
               "classes     " + ", ".join(f"B={r['batch_size']}: {r['label']}" for r in p["classification"]["batch_sizes"])
               + f"; knee n* = {p['knee_tokens']}",

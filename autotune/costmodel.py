@@ -44,7 +44,7 @@ class Curves:
     forward of B rows x 1 token; ``overhead[B]``: the engine's own work per step (sampling,
     acceptance, bookkeeping) measured as an engine decode step minus the bare forward;
     ``draft_overhead[B]``: likewise for one draft forward inside the engine;
-    ``t_prefill[B]``: prefilling B prompts of the workload's median length. Batch sizes are the
+    ``t_prefill[B]``: prefilling B prompts of ``prefill_tokens`` (the workload's median length). Batch sizes are the
     measured ones (powers of two); other batch sizes are interpolated linearly.
     """
 
@@ -53,12 +53,16 @@ class Curves:
     overhead: dict[int, float] = field(default_factory=dict)  # engine work per step beyond the forwards
     t_prefill: dict[int, float] = field(default_factory=dict)  # prefill of B prompts of typical length
     draft_overhead: dict[int, float] = field(default_factory=dict)  # engine work per draft forward
+    prefill_tokens: int = 0  # prompt length t_prefill was measured at (0: unknown)
 
     def step_overhead(self, batch: float) -> float:
         return max(_interp(self.overhead, batch), 0.0) if self.overhead else 0.0
 
-    def prefill(self, batch: float) -> float:
-        return _interp(self.t_prefill, batch) if self.t_prefill else 0.0
+    def prefill(self, batch: float, tokens: int | None = None) -> float:
+        """Prefilling ``batch`` prompts; with ``tokens`` (the batch's longest prompt: shorter
+        rows are padded to it) scaled linearly from the measured prompt length."""
+        t = _interp(self.t_prefill, batch) if self.t_prefill else 0.0
+        return t * tokens / self.prefill_tokens if tokens and self.prefill_tokens else t
 
     def verify(self, batch: float, k: float) -> float:
         """T_verify at batch size ``batch`` and (possibly fractional, mean) verify width ``k``."""
@@ -169,7 +173,8 @@ class Prediction:
 
 
 def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold: float,
-            batch: int, new_tokens: int | None = None, num_requests: int | None = None) -> Prediction:
+            batch: int, new_tokens: int | None = None, num_requests: int | None = None,
+            prompt_lens: Sequence[int] | None = None) -> Prediction:
     """Predicted throughput and time per output token of (gamma, threshold) at batch size B.
 
     Without ``new_tokens``: the steady state, B * E / T_step. With ``new_tokens`` (N tokens per
@@ -191,32 +196,39 @@ def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold
     t_decode = curves.verify(batch, 1) + overhead
     if new_tokens:
         n = num_requests or batch
-        tps = simulate_closed_loop(curves, row_outcomes(samples, gamma, threshold), batch, new_tokens, n)
-        base = simulate_closed_loop(curves, row_outcomes(samples, 0, 0.0), batch, new_tokens, n)
+        tps = simulate_closed_loop(curves, row_outcomes(samples, gamma, threshold), batch, new_tokens, n, prompt_lens)
+        base = simulate_closed_loop(curves, row_outcomes(samples, 0, 0.0), batch, new_tokens, n, prompt_lens)
     else:
         tps, base = batch * st.tokens / step, batch / t_decode
     return Prediction(gamma, threshold, batch, st.tokens, step, tps, 1e3 * step / st.tokens, tps / base)
 
 
 def simulate_closed_loop(curves: Curves, rows: Sequence[tuple[int, int, int]], batch: int, new_tokens: int,
-                         num_requests: int, repeats: int = 8, seed: int = 0) -> float:
+                         num_requests: int, prompt_lens: Sequence[int] | None = None, repeats: int = 8,
+                         seed: int = 0) -> float:
     """Tokens/s of ``num_requests`` requests of ``new_tokens`` tokens each through ``batch`` slots,
     closed loop (a finished request is replaced at once), as the engine's scheduler runs them.
 
-    Each loop: requests waiting for a free slot are prefilled together (T_prefill(m), which also
-    emits their first token), then one step of the b running rows: every row draws a profiled
-    outcome (tokens, draft forwards, proposals) from ``rows``; the step costs
+    Each loop: requests waiting for a free slot are prefilled together (T_prefill(m) at the
+    longest of their prompts, drawn from ``prompt_lens``, since the engine pads to it; a model
+    drafter prefills too, at its draft/target cost ratio; the prefill emits each request's first
+    token), then one step of the b running rows: every row draws a profiled outcome (tokens,
+    draft forwards, proposals) from ``rows``; the step costs
     max(forwards) * T_draft(b) + T_verify(b, 1 + max(proposals)) + overhead(b). A row retires
     once it has its tokens. Averaged over ``repeats`` seeded replays.
     """
     rng = random.Random(seed)
+    draft_share = 0.0  # the draft model's prefill, relative to the target's
+    if any(r[1] for r in rows) and curves.t_draft and curves.t_verify:
+        draft_share = _interp(curves.t_draft, 1) / curves.verify(1, 1)
     tokens = wall = 0.0
     for _ in range(repeats):
         queue, running, t = num_requests, [], 0.0
         while queue or running:
             admit = min(batch - len(running), queue)
             if admit:
-                t += curves.prefill(admit)
+                width = max(rng.choice(prompt_lens) for _ in range(admit)) if prompt_lens else None
+                t += curves.prefill(admit, width) * (1 + draft_share)
                 running += [new_tokens - 1] * admit
                 queue -= admit
                 running = [r for r in running if r > 0]
@@ -234,10 +246,10 @@ def simulate_closed_loop(curves: Curves, rows: Sequence[tuple[int, int, int]], b
 
 def best_gamma(curves: Curves, samples: Sequence[StepSample], batch: int, gamma_max: int,
                thresholds: Sequence[float] = (0.0,), new_tokens: int | None = None,
-               num_requests: int | None = None) -> Prediction:
+               num_requests: int | None = None, prompt_lens: Sequence[int] | None = None) -> Prediction:
     """The highest-throughput (gamma, threshold) at batch size B; gamma 0 when nothing pays.
     With ``new_tokens``/``num_requests`` the candidates are compared on the closed-loop replay
     of such a run (see :func:`predict`), otherwise on the steady state."""
-    cands = [predict(curves, samples, g, t, batch, new_tokens, num_requests) for g in range(gamma_max + 1)
-             for t in (thresholds if g else (0.0,))]
+    cands = [predict(curves, samples, g, t, batch, new_tokens, num_requests, prompt_lens)
+             for g in range(gamma_max + 1) for t in (thresholds if g else (0.0,))]
     return max(cands, key=lambda p: (p.tokens_per_second, -p.gamma))

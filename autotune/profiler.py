@@ -154,6 +154,7 @@ def curves_from_json(curves: dict) -> Curves:
     return Curves(
         {int(b): {int(k): float(t) for k, t in row.items()} for b, row in curves["t_verify"].items()},
         floats("t_draft"), floats("overhead"), floats("t_prefill"), floats("draft_overhead"),
+        int(curves.get("prompt_tokens") or 0),
     )
 
 

@@ -6,6 +6,7 @@ tested on synthetic fronts without running anything.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -41,11 +42,14 @@ def pareto_front(points: Sequence[Point]) -> list[Point]:
 
 
 def knee_point(front: Sequence[Point]) -> Point:
-    """The front's balanced point: closest to the ideal (best tokens/s, best latency), normalised."""
-    hi_t, lo_t = max(p.tokens_per_second for p in front), min(p.tokens_per_second for p in front)
-    hi_l, lo_l = max(p.latency_ms for p in front), min(p.latency_ms for p in front)
-    span_t, span_l = (hi_t - lo_t) or 1.0, (hi_l - lo_l) or 1.0
-    return min(front, key=lambda p: ((hi_t - p.tokens_per_second) / span_t) ** 2 + ((p.latency_ms - lo_l) / span_l) ** 2)
+    """The front's balanced point: the best tokens/s per ms of latency.
+
+    Relative gains trade one for one (10% more throughput is worth 10% more latency), so the
+    rule is scale-free and, unlike a distance to the front's corners, never ties on a front of
+    two points. Ties go to the higher throughput.
+    """
+    return max(front, key=lambda p: (math.log(max(p.tokens_per_second, 1e-12)) - math.log(max(p.latency_ms, 1e-12)),
+                                     p.tokens_per_second))
 
 
 @dataclass(frozen=True)

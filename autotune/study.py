@@ -207,7 +207,7 @@ def warm_starts(ctx: Context, space: Space, measurement: dict, nearest: dict | N
     drafter = next((d for d in space.drafters if d != "none"), space.drafters[0])
     for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
         best = best_gamma(curves, samples, b, min(gmax, space.gamma_high), thresholds,
-                          cfg.max_new_tokens, max(cfg.num_requests, b))
+                          cfg.max_new_tokens, max(cfg.num_requests, b), [len(r.prompt_ids) for r in ctx.requests])
         points.append((f"cost model best at batch {b}", {**base, "drafter": drafter, "gamma": max(best.gamma, 1),
                                                          "confidence_threshold": best.confidence_threshold}))
     if nearest is not None and isinstance(nearest.get("chosen"), dict):

@@ -155,6 +155,12 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
     static = [p for p in points if p.params.get("gamma", 0) > 0 and p.params.get("gamma_schedule") == "constant"
               and float(p.params.get("confidence_threshold", 0.0)) == 0.0]
     best_static = max(static, key=lambda p: p.tokens_per_second, default=None)
+    keys = ("drafter", "gamma", "confidence_threshold", "gamma_schedule", "max_batch_size")
+    static_is_chosen = best_static is not None and all(best_static.params.get(k) == chosen[k] for k in keys)
+    static_result = None  # the best static-gamma trial, re-measured like the chosen one (same seed, same round)
+    if best_static is not None:
+        static_result = chosen_result if static_is_chosen else study_mod.evaluate(ctx, {**best_static.params},
+                                                                                  cfg.seed + 1)
     all_points = points + [p for p, _ in remeasured]
     schedule, crossover = gamma_schedule(all_points, list(cfg.batch_sizes))
     curves = curves_from_json(measurement["curves"])
@@ -169,9 +175,10 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
     metrics = {"tokens_per_second": chosen_result["tokens_per_second"], "latency_ms": chosen_result["latency_ms"],
                "latency_metric": cfg.latency, "per_level": chosen_result["per_level"],
                "speedup": chosen_result["tokens_per_second"] / baseline["tokens_per_second"],
-               "speedup_over_best_static": (chosen_result["tokens_per_second"] / best_static.tokens_per_second
-                                            if best_static else None),
+               "speedup_over_best_static": (chosen_result["tokens_per_second"] / static_result["tokens_per_second"]
+                                            if static_result else None),
                "best_static": dict(best_static.params) if best_static else None,
+               "chosen_is_best_static": static_is_chosen,
                "acceptance_rate": _mean([lv["acceptance_rate"] for lv in chosen_result["per_level"].values()])}
     return {
         "schema_version": SCHEMA_VERSION, "tool_version": TOOL_VERSION,

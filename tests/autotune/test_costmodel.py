@@ -149,8 +149,17 @@ def test_closed_loop_replay_matches_hand_computation_when_rows_stay_in_step() ->
                     {1: T_DRAFT, 2: T_DRAFT}, t_prefill={1: 0.05, 2: 0.08})
     rows = row_outcomes([StepSample(1, (1.0,) * 3)], 3, 0.0)
     assert rows == [(2, 3, 3)]
-    wall = 3 * (0.08 + 4 * (3 * T_DRAFT + 2 * T_VERIFY))
+    prefill = 0.08 * (1 + T_DRAFT / T_VERIFY)  # the draft model prefills too, at its cost ratio
+    wall = 3 * (prefill + 4 * (3 * T_DRAFT + 2 * T_VERIFY))
     assert simulate_closed_loop(curves, rows, 2, 9, 6) == pytest.approx(6 * 9 / wall)
+    # prompts twice as long as the measured prefill length cost twice as much (padded to the longest)
+    long = Curves(curves.t_verify, curves.t_draft, t_prefill=curves.t_prefill, prefill_tokens=100)
+    assert long.prefill(2, 200) == pytest.approx(0.16) and long.prefill(2) == 0.08
+    wall = 3 * (2 * prefill + 4 * (3 * T_DRAFT + 2 * T_VERIFY))
+    assert simulate_closed_loop(long, rows, 2, 9, 6, prompt_lens=[200]) == pytest.approx(6 * 9 / wall)
+    # without a draft model (gamma 0) nothing is added to the target's prefill
+    ar = row_outcomes([StepSample(1, (1.0,) * 3)], 0, 0.0)
+    assert simulate_closed_loop(curves, ar, 2, 9, 6) == pytest.approx(6 * 9 / (3 * (0.08 + 8 * 2 * T_VERIFY)))
 
 
 def test_closed_loop_replay_pays_for_rows_that_drift_apart_and_the_drain() -> None:

@@ -85,10 +85,18 @@ def test_choose_without_slos_takes_the_knee_not_an_extreme() -> None:
 
 
 def test_knee_point_is_scale_free() -> None:
-    """Normalised distances: multiplying latencies by 1000 does not move the knee."""
+    """Relative trade-offs: multiplying latencies by 1000 does not move the knee."""
     front = [pt(100, 100, name="a"), pt(90, 20, name="b"), pt(20, 10, name="c")]
     scaled = [pt(p.tokens_per_second, p.latency_ms * 1000, name=p.params["name"]) for p in front]
     assert knee_point(front).params["name"] == knee_point(scaled).params["name"] == "b"
+
+
+def test_knee_point_of_two_points_takes_the_better_trade() -> None:
+    # the bundled demo's front: speculation is 41% faster for 4% more tpot p95; AR must not win a tie
+    ar, spec = pt(110, 16.5, name="ar"), pt(155, 17.2, name="spec")
+    assert knee_point([ar, spec]) is spec and knee_point([spec, ar]) is spec
+    slow_spec = pt(120, 30, name="slow-spec")  # 9% more throughput for 82% more latency
+    assert knee_point([ar, slow_spec]) is ar
 
 
 def test_knee_point_of_a_single_point() -> None:

@@ -236,6 +236,14 @@ def test_synthetic_schedule_turns_speculation_off_at_batch_two(tune_config, monk
     by_batch = {e["batch_size"]: e["gamma"] for e in profile["schedule"]}
     assert by_batch[1] > 0 and by_batch[2] == 0
     assert profile["crossover_batch_size"] == 2
+    # the chosen point is compared with the best static-gamma configuration re-measured, not with its trial
+    m = profile["metrics"]
+    static = m["best_static"]
+    assert static is not None and static["gamma"] > 0 and static["gamma_schedule"] == "constant"
+    want = synthetic_evaluate(SimpleNamespace(cfg=cfg), static, 0)["tokens_per_second"]
+    assert m["speedup_over_best_static"] == pytest.approx(m["tokens_per_second"] / want)
+    same = all(static[k] == profile["chosen"][k] for k in ("gamma", "confidence_threshold", "gamma_schedule"))
+    assert m["chosen_is_best_static"] == same
 
 
 def test_unrelated_study_with_a_similar_name_does_not_break_naming(tune_config, monkeypatch) -> None:
