@@ -13,8 +13,9 @@ and reports the median error over the grid (goal <= 10%). The model, with N = ma
 
     T_step   = draft_forwards * (T_draft(B) + draft_overhead(B)) + T_verify(B, gamma + 1) + overhead(B)
     tokens/s = the closed-loop replay of ``autotune.costmodel.simulate_closed_loop``: the run's
-               requests through B slots, prefills as requests arrive, each row drawing its
-               profiled per-step outcome, the batch draining at the end
+               requests through B slots, prefills as requests arrive (padded to the longest
+               prompt admitted together), each row drawing its profiled per-step outcome, the
+               batch draining at the end
 
 (``overhead`` and ``draft_overhead`` are the engine's own work around the forwards, measured by
 ``measure_overhead``). To tell the step model apart from the run around it (the scheduler's
@@ -80,11 +81,12 @@ def main() -> None:
     cv, samples = curves_from_json(curves), samples_from_json(acceptance)
     print(f"profiling: acceptance {acceptance['acceptance_rate'] or 0:.3f} at gamma {args.gamma_max} "
           f"({len(samples)} step samples)", flush=True)
+    prompt_lens = [len(r.prompt_ids) for r in requests]
     cells = []
     for b in batch_sizes:
         load = LoadSpec(max_batch_size=b, concurrency=b, num_requests=args.num_requests or max(2 * b, 8))
         for g in args.gammas:
-            pred = predict(cv, samples, g, 0.0, b, new_tokens=args.max_new_tokens, num_requests=load.num_requests)
+            pred = predict(cv, samples, g, 0.0, b, args.max_new_tokens, load.num_requests, prompt_lens)
             m = run_load(pair, requests, SpecConfig(gamma=g), "model" if g else "none", load, args.seed).metrics
             step_tps = step_phase_tps(m, g)
             cells.append({
