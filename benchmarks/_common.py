@@ -119,6 +119,12 @@ def load(bench: Bench, dtype: str | None = None, draft: bool = True) -> tuple[Mo
     return pair, requests
 
 
+def sync(device: torch.device | str) -> None:
+    """Wait for queued device work before reading a host clock (a no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def outputs(run: RunResult) -> list[list[int]]:
     """Generated tokens per request, in request order."""
     return [r.output_tokens for r in run.records]

@@ -11,6 +11,7 @@
 #      then `autotune profile`, `autotune profiles show current`, `autotune report current` and the
 #      exports of the chosen profile (results/demo_report/, results/demo_exports/)
 #   7. tuner_vs_grid.py       the study against the exhaustive grid and popular defaults
+#   8. draft_after_verify.py  a draft forward inside a step vs in a draft-only loop
 #
 # Each step's console goes to results/<step>.txt; a failing step is reported and the next runs.
 # Usage: bash benchmarks/run_cpu.sh [step ...]   (steps by number, default all)
@@ -25,7 +26,7 @@ AUTOTUNE=("$(dirname "$PY")/autotune")
 RES="$ROOT/benchmarks/results"
 mkdir -p "$RES"
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(1 2 3 4 5 6 7)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(1 2 3 4 5 6 7 8)
 FAILED=0
 
 run() {  # run NAME CMD...: console to results/NAME.txt and to the terminal
@@ -77,7 +78,8 @@ for step in "${STEPS[@]}"; do
     5) run costmodel_accuracy "$PY" benchmarks/costmodel_accuracy.py ;;
     6) tune_step ;;
     7) run tuner_vs_grid "$PY" benchmarks/tuner_vs_grid.py ;;
-    *) echo "unknown step $step (1-7)"; FAILED=1 ;;
+    8) run draft_after_verify "$PY" benchmarks/draft_after_verify.py ;;
+    *) echo "unknown step $step (1-8)"; FAILED=1 ;;
   esac
 done
 exit $FAILED
