@@ -80,6 +80,7 @@ from engine.demo.onpolicy import (
     target_continuations,
     weighted_kl,
 )
+from engine.errors import EngineInputError
 from engine.loader import load_model, load_tokenizer
 from engine.model import Transformer
 
@@ -596,7 +597,11 @@ def main(argv: list[str] | None = None) -> int:
     splits = collect_corpus(root)
     log(f"corpus {root}: " + ", ".join(f"{k} {len(v)} files" for k, v in splits.items()))
     if args.draft_only:
-        return draft_only(args, tc, splits, wall0, end_time)
+        try:
+            return draft_only(args, tc, splits, wall0, end_time)
+        except EngineInputError as exc:  # no pair in --out, or a broken one
+            print(f"error: {exc} (--draft-only needs a trained pair in --out)", file=sys.stderr)
+            return 2
     prompts_path: Path = args.prompts or out.parent / "prompts.jsonl"
     out.mkdir(parents=True, exist_ok=True)
 
