@@ -203,6 +203,9 @@ def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold
     return Prediction(gamma, threshold, batch, st.tokens, step, tps, 1e3 * step / st.tokens, tps / base)
 
 
+REPLAY_ROW_STEPS = 40_000  # work cap of one closed-loop replay (row draws over all repeats)
+
+
 def simulate_closed_loop(curves: Curves, rows: Sequence[tuple[int, int, int]], batch: int, new_tokens: int,
                          num_requests: int, prompt_lens: Sequence[int] | None = None, repeats: int = 8,
                          seed: int = 0) -> float:
@@ -216,8 +219,14 @@ def simulate_closed_loop(curves: Curves, rows: Sequence[tuple[int, int, int]], b
     draft forwards, proposals) from ``rows``; the step costs
     max(forwards) * T_draft(b) + T_verify(b, 1 + max(proposals)) + overhead(b). A row retires
     once it has its tokens. Averaged over ``repeats`` seeded replays.
+
+    The replay is capped at ``REPLAY_ROW_STEPS`` row-steps (fewer repeats first, then fewer
+    requests, never under two batches' worth), so long workloads stay cheap to predict.
     """
     rng = random.Random(seed)
+    per_request = new_tokens / (sum(r[0] for r in rows) / len(rows))  # expected row-steps of a request
+    repeats = max(1, min(repeats, int(REPLAY_ROW_STEPS // (num_requests * per_request))))
+    num_requests = min(num_requests, max(2 * batch, int(REPLAY_ROW_STEPS // per_request)))
     draft_share = 0.0  # the draft model's prefill, relative to the target's
     if any(r[1] for r in rows) and curves.t_draft and curves.t_verify:
         draft_share = _interp(curves.t_draft, 1) / curves.verify(1, 1)

@@ -181,3 +181,15 @@ def test_closed_loop_replay_pays_for_rows_that_drift_apart_and_the_drain() -> No
     # a long run is the full batch with one single-request prefill per request (63 tokens from steps)
     long_run = predict(curves, samples, 4, 0.0, 8, new_tokens=64, num_requests=2000)
     assert long_run.tokens_per_second == pytest.approx(8 * 64 / (63 / e * step + 8 * 0.02), rel=0.02)
+
+
+def test_closed_loop_replay_of_a_long_workload_is_capped_and_stays_close(monkeypatch) -> None:
+    from autotune import costmodel
+
+    curves = Curves({b: {k: T_VERIFY * (1 + b / 16) for k in range(1, 6)} for b in (1, 32)},
+                    {1: T_DRAFT, 32: 2 * T_DRAFT}, t_prefill={1: 0.02, 32: 0.3})
+    rows = row_outcomes([StepSample(n, (1.0,) * 4) for n in range(5)], 4, 0.0)
+    capped = simulate_closed_loop(curves, rows, 32, 256, 2000)  # 2000 x ~85 row-steps: over the cap
+    monkeypatch.setattr(costmodel, "REPLAY_ROW_STEPS", 10**9)
+    full = simulate_closed_loop(curves, rows, 32, 256, 2000, repeats=1)
+    assert capped == pytest.approx(full, rel=0.05)
