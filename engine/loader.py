@@ -73,6 +73,11 @@ def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> Transformer:
     """Build a :class:`Transformer` from a model folder, weights cast to ``dtype`` on ``device``.
 
+    On a CPU this also turns on flush-to-zero for subnormal floats (``torch.set_flush_denormal``,
+    process-wide): subnormal activations, which sampled (T > 0) decoding produces, made the demo
+    target's verify forward ~35% slower on x86 (14.5 vs 10.7 ms per step, measured). Values
+    below 1.2e-38 become 0; greedy and sampled outputs keep their guarantees.
+
     Example:
         >>> model = load_model("engine/demo/pair/target", dtype="float32")  # doctest: +SKIP
     """
@@ -100,6 +105,8 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inv_freq(cfg)  # buffers built on "meta" hold no values
+    if dev.type == "cpu":
+        torch.set_flush_denormal(True)
     return model.to(dev).eval().requires_grad_(False)
 
 

@@ -130,3 +130,12 @@ def test_load_pair_shares_vocab_and_runs(saved, tokens):
     assert pair.draft.config.model_type == "qwen2"
     with torch.inference_mode():
         torch.testing.assert_close(pair.draft(tokens), hf_logits(saved["qwen2-tied"][0], tokens), atol=ATOL, rtol=0)
+
+
+def test_loading_for_cpu_flushes_subnormals(tiny_pair_dirs):
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    torch.set_flush_denormal(False)
+    assert (torch.tensor([1e-39]) * 1.0).item() != 0.0  # subnormals survive with the flag off
+    load_model(tiny_pair_dirs[0], "float32", "cpu")
+    assert (torch.tensor([1e-39]) * 1.0).item() == 0.0  # and read as zero once a model is loaded
