@@ -96,6 +96,8 @@ BENCH_ROWS = [
 @click.option("--num-requests", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop issuing requests after this many seconds (at most --num-requests).")
+@click.option("--max-prefill-tokens", type=click.IntRange(min=1), default=None,
+              help="Cap one admission's prefill at this many token slots (requests x longest prompt).")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
@@ -107,7 +109,8 @@ BENCH_ROWS = [
 @click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16 or float16.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def bench(target, draft, drafter, gamma, confidence_threshold, gamma_schedule, batch_size, concurrency, rate,
-          num_requests, duration, temperature, top_k, top_p, max_new_tokens, prompts, seed, device, dtype, as_json):
+          num_requests, duration, max_prefill_tokens, temperature, top_k, top_p, max_new_tokens, prompts, seed, device,
+          dtype, as_json):
     """Speculative vs autoregressive decoding on the same engine, prompts and load."""
     from autotune.runner import LoadSpec, Sampling, build_requests, compare
     from engine.loader import load_pair
@@ -123,7 +126,7 @@ def bench(target, draft, drafter, gamma, confidence_threshold, gamma_schedule, b
     requests = build_requests(items, pair.tokenizer, sampling, pair.target.config.max_position_embeddings,
                               where=str(prompts))
     load = LoadSpec(max_batch_size=batch_size, concurrency=None if rate else (concurrency or batch_size),
-                    rate=rate, num_requests=num_requests, duration_s=duration)
+                    rate=rate, num_requests=num_requests, duration_s=duration, max_prefill_tokens=max_prefill_tokens)
     result = compare(pair, requests, spec, drafter, load, seed)
     result.update({"gamma": gamma, "drafter": drafter, "confidence_threshold": confidence_threshold,
                    "batch_size": batch_size, "device": str(pair.target.lm_head.weight.device), "dtype": dtype})

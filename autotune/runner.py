@@ -30,6 +30,7 @@ class LoadSpec:
     rate: float | None = None
     num_requests: int = 8
     duration_s: float | None = None
+    max_prefill_tokens: int | None = None  # cap on one admission's prefill (requests x longest prompt)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def run_load(
         if record:
             engine.enable_trace()
         gen = LoadGenerator(reqs, n, concurrency=conc, rate=rate, duration_s=load.duration_s, seed=seed)
-        result = Scheduler(engine).run(gen, time_limit_s=time_limit_s)
+        result = Scheduler(engine, max_prefill_tokens=load.max_prefill_tokens).run(gen, time_limit_s=time_limit_s)
         if record:
             result.trace = [StepSample(int(n_acc), tuple(conf))
                             for accepted, confidence in engine.trace

@@ -136,10 +136,28 @@ class RunResult:
 
 
 class Scheduler:
-    """Drives a :class:`SpecEngine` with requests from a :class:`LoadGenerator`."""
+    """Drives a :class:`SpecEngine` with requests from a :class:`LoadGenerator`.
 
-    def __init__(self, engine: SpecEngine, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.engine, self.clock = engine, clock
+    ``max_prefill_tokens`` caps one admission's prefill at that many token slots (requests x the
+    longest prompt among them, since the engine pads to it), so a burst of arrivals does not stall
+    the running rows for one long prefill; the first waiting request is always admitted.
+    """
+
+    def __init__(self, engine: SpecEngine, clock: Callable[[], float] = time.perf_counter,
+                 max_prefill_tokens: int | None = None) -> None:
+        if max_prefill_tokens is not None and max_prefill_tokens < 1:
+            raise EngineInputError(f"max_prefill_tokens: must be >= 1 (got {max_prefill_tokens})")
+        self.engine, self.clock, self.max_prefill_tokens = engine, clock, max_prefill_tokens
+
+    def admissible(self, waiting: list[tuple[float, Request]], free: int) -> int:
+        """How many of the first waiting requests one admission takes."""
+        m, width = 0, 0
+        for _, req in waiting[:free]:
+            w = max(width, len(req.prompt_ids))
+            if m and self.max_prefill_tokens is not None and (m + 1) * w > self.max_prefill_tokens:
+                break
+            m, width = m + 1, w
+        return m
 
     def run(self, load: LoadGenerator, max_steps: int | None = None, time_limit_s: float | None = None) -> RunResult:
         """Serve ``load`` to completion; ``time_limit_s`` raises TimeoutError past that wall time."""
@@ -162,7 +180,7 @@ class Scheduler:
                 now = clock() - t0
                 waiting.extend(load.poll(now, len(waiting) + engine.n))
                 if waiting and engine.free_slots():
-                    admit = waiting[: engine.free_slots()]
+                    admit = waiting[: self.admissible(waiting, engine.free_slots())]
                     waiting = waiting[len(admit):]
                     for t, req in admit:
                         arrival[req.id], prompt_len[req.id] = t, len(req.prompt_ids)

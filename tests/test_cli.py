@@ -76,6 +76,13 @@ def test_bench_json_has_the_documented_keys(tiny_pair_dirs, good_prompts) -> Non
     assert (out["gamma"], out["drafter"], out["batch_size"], out["device"]) == (2, "model", 2, "cpu")
 
 
+def test_bench_prefill_token_budget(tiny_pair_dirs, good_prompts) -> None:
+    ok = bench(tiny_pair_dirs, good_prompts, "--batch-size", "2", "--max-prefill-tokens", "3", "--json")
+    assert ok.exit_code == 0, (ok.output, ok.exception)
+    assert json.loads(ok.stdout)["greedy_match"] is True
+    assert "--max-prefill-tokens" in one_line_error(bench(tiny_pair_dirs, good_prompts, "--max-prefill-tokens", "0"))
+
+
 def test_bench_table_for_people(tiny_pair_dirs, good_prompts) -> None:
     result = bench(tiny_pair_dirs, good_prompts, "--gamma", "1")
     assert result.exit_code == 0, (result.output, result.exception)

@@ -138,3 +138,28 @@ def test_time_limit_stops_a_run_with_a_reason(pair, prompts, make_requests):
     sched = Scheduler(make_engine(pair, 2), clock=lambda: float(next(ticks)))  # one "second" per clock read
     with pytest.raises(TimeoutError, match="time limit of 5 s"):
         sched.run(LoadGenerator(make_requests(prompts, 20), 4, concurrency=2), time_limit_s=5)
+
+
+def test_prefill_token_budget_splits_admissions_and_keeps_outputs(pair, prompts, make_requests):
+    """Prompt lengths 3, 9, 5, 14, 1, 7: with a budget of 20 padded token slots, admissions go
+    [3, 9] (2 x 9 = 18), [5] (5 and 14 would be 2 x 14 = 28), [14], [1, 7] (2 x 7 = 14)."""
+    reqs = make_requests(prompts, 10)
+    free = Scheduler(make_engine(pair, 8)).run(LoadGenerator(reqs, len(reqs), concurrency=8))
+    engine = make_engine(pair, 8)
+    batches = []
+    add = engine.add
+
+    def recording_add(requests):
+        batches.append([len(r.prompt_ids) for r in requests])
+        add(requests)
+
+    engine.add = recording_add
+    capped = Scheduler(engine, max_prefill_tokens=20).run(LoadGenerator(reqs, len(reqs), concurrency=8))
+    assert batches == [[3, 9], [5], [14], [1, 7]]
+    assert all(len(b) == 1 or len(b) * max(b) <= 20 for b in batches)
+    assert [r.output_tokens for r in capped.records] == [r.output_tokens for r in free.records]
+    # a prompt longer than the budget is still admitted, alone
+    one = Scheduler(make_engine(pair, 8), max_prefill_tokens=2).admissible([(0.0, r) for r in reqs], 8)
+    assert one == 1
+    with pytest.raises(EngineInputError, match="max_prefill_tokens"):
+        Scheduler(make_engine(pair, 2), max_prefill_tokens=0)
