@@ -30,6 +30,7 @@ from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
 from profiles.store import redact_url
 
 Say = Callable[[str], None]
+CHOSEN_KNOBS = ("drafter", "gamma", "confidence_threshold", "gamma_schedule", "max_batch_size")
 
 
 class Interrupted(Exception):
@@ -149,14 +150,12 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
     choice = choose([p for p, _ in remeasured], has_slo)
     chosen_point = choice.point
     chosen_result = next(r for p, r in remeasured if p is chosen_point)
-    chosen = {k: chosen_point.params[k] for k in ("drafter", "gamma", "confidence_threshold", "gamma_schedule",
-                                                  "max_batch_size")}
+    chosen = {k: chosen_point.params[k] for k in CHOSEN_KNOBS}
     chosen["prompt_lookup_min"], chosen["prompt_lookup_max"] = cfg.ngram_min, cfg.ngram_max
     static = [p for p in points if p.params.get("gamma", 0) > 0 and p.params.get("gamma_schedule") == "constant"
               and float(p.params.get("confidence_threshold", 0.0)) == 0.0]
     best_static = max(static, key=lambda p: p.tokens_per_second, default=None)
-    keys = ("drafter", "gamma", "confidence_threshold", "gamma_schedule", "max_batch_size")
-    static_is_chosen = best_static is not None and all(best_static.params.get(k) == chosen[k] for k in keys)
+    static_is_chosen = best_static is not None and all(best_static.params.get(k) == chosen[k] for k in CHOSEN_KNOBS)
     static_result = None  # the best static-gamma trial, re-measured like the chosen one (same seed, same round)
     if best_static is not None:
         static_result = chosen_result if static_is_chosen else study_mod.evaluate(ctx, {**best_static.params},

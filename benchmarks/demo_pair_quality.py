@@ -23,6 +23,7 @@ import dataclasses
 import _common
 
 from autotune.runner import LoadSpec, compare
+from engine.generate import generate
 from engine.speculative import SpecConfig
 
 NAME = "demo_pair_quality"
@@ -65,8 +66,6 @@ def main() -> None:
         bars = ", ".join(f"{k} {'met' if v['met'] else 'MISSED'} (bar {v['bar']})"
                          for k, v in results[mode]["bars"].items())
         print(f"{mode}: {bars}")
-
-    from engine.generate import generate
 
     tok = pair.tokenizer
     picks = [requests[i * len(requests) // SAMPLES] for i in range(SAMPLES)]

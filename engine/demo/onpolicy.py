@@ -22,7 +22,7 @@ for the time budget or ``--onpolicy-steps``.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -155,7 +155,3 @@ class OnPolicyData:
             self.order += torch.randperm(len(self.tokens), generator=self.gen).tolist()
         idx, self.order = self.order[: self.batch], self.order[self.batch:]
         return self.tokens[idx], self.weights[idx]
-
-
-def config_dict(oc: OnPolicyConfig) -> dict[str, object]:
-    return asdict(oc)

@@ -73,7 +73,6 @@ from engine.demo.onpolicy import (
     OnPolicyConfig,
     OnPolicyData,
     acceptance_figures,
-    config_dict,
     grow,
     pack,
     tails,
@@ -321,9 +320,7 @@ def sample_batch(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Gene
 
 def kl_target_draft(t_logits: torch.Tensor, d_logits: torch.Tensor) -> torch.Tensor:
     """Mean over positions of KL(p_target || p_draft), temperature 1."""
-    t_logp = F.log_softmax(t_logits.float(), dim=-1)
-    d_logp = F.log_softmax(d_logits.float(), dim=-1)
-    return (t_logp.exp() * (t_logp - d_logp)).sum(-1).mean()
+    return weighted_kl(t_logits, d_logits, torch.ones(t_logits.shape[:-1], device=t_logits.device))
 
 
 class Trainer:
@@ -487,7 +484,7 @@ def onpolicy_phase(
     after = acceptance_figures(target, draft, val)
     log(f"onpolicy: validation after training {after}")
     return draft, phase | {
-        "config": config_dict(oc),
+        "config": asdict(oc),
         "train_prompts": len(data),
         "generated_tokens": sum(len(c) for _, c, _ in data),
         "data_seconds": round(gen_s, 1),
