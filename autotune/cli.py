@@ -189,14 +189,18 @@ def render_profile(data: dict) -> str:
 
 @main.command()
 @CONFIG_OPTION
-@click.option("--trials", type=click.IntRange(min=1), default=None, help="Override budget.n_trials.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Override budget.timeout_s.")
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help="Override budget.n_trials (backend.n_trials with a serving-stack backend).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Override budget.timeout_s (backend.timeout_s with a serving-stack backend).")
 @click.option("--storage", default=None, help="Override storage.url (any SQLAlchemy URL).")
 @click.option("--study", "study_name", default=None, help="Override storage.study_name.")
 @click.option("--resume", is_flag=True, help="Continue the latest study for this device, pair and workload.")
 @click.option("--reprofile", is_flag=True, help="Measure the device again instead of reusing the stored profile.")
+@click.option("--backend", type=click.Choice(["engine", "vllm"]), default=None,
+              help="Where trials run (overrides backend.name): engine (in process) or vllm (a real server per trial).")
 @click.option("--json", "as_json", is_flag=True, help="Print the stored profile as one JSON object.")
-def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, as_json):
+def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, backend, as_json):
     """The main job: profile this host, run the Optuna study, store the profile, write exports."""
     import dataclasses
 
@@ -204,8 +208,11 @@ def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, a
     from autotune.tune import Interrupted, run_tune
 
     cfg = load_config(config_path)
-    overrides = {k: v for k, v in {"n_trials": trials, "timeout_s": timeout, "study_name": study_name}.items()
-                 if v is not None}
+    backend = backend or cfg.backend
+    server = backend != "engine"
+    overrides = {k: v for k, v in {"server_trials" if server else "n_trials": trials,
+                                   "server_timeout_s" if server else "timeout_s": timeout,
+                                   "study_name": study_name, "backend": backend}.items() if v is not None}
     if storage is not None:
         if "://" not in storage:
             raise click.BadParameter(f"not an SQLAlchemy URL: {storage!r}", param_hint="--storage")
@@ -225,8 +232,11 @@ def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, a
 def render_tune(p: dict) -> str:
     m, c = p["metrics"], p["chosen"]
     lat = m["latency_metric"]
+    backend = p.get("backend") or {"name": "engine"}
+    measured_by = backend["name"] + (f" {backend['version']}" if backend.get("version") else "")
     lines = [
-        f"profile #{p.get('id')} for {p['device']['label']} ({p['study']['n_trials']} trials, study {p['study']['name']})",
+        f"profile #{p.get('id')} for {p['device']['label']} ({p['study']['n_trials']} trials on {measured_by}, "
+        f"study {p['study']['name']})",
         f"chosen      drafter={c['drafter']} gamma={c['gamma']} threshold={c['confidence_threshold']:.2f} "
         f"schedule={c['gamma_schedule']} max_batch_size={c['max_batch_size']}  ({p['selection']['reason']})",
         "",

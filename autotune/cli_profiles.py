@@ -67,9 +67,9 @@ def list_cmd(config_path, storage, as_json):
     if not rows:
         click.echo("no profiles stored yet (run `autotune tune`)")
         return
-    click.echo(table(["id", "device", "pair", "workload", "gamma", "tok/s", "created"],
-                     [(r["id"], r["device"], r["pair"], r["workload_hash"][:8], r["gamma"], r["tokens_per_second"],
-                       r["created_at"]) for r in rows]))
+    click.echo(table(["id", "device", "pair", "workload", "backend", "gamma", "tok/s", "created"],
+                     [(r["id"], r["device"], r["pair"], r["workload_hash"][:8], r["backend"], r["gamma"],
+                       r["tokens_per_second"], r["created_at"]) for r in rows]))
 
 
 @profiles.command("show")

@@ -24,6 +24,19 @@ LATENCIES = ("tpot_ms_p95", "tpot_ms_p50", "e2e_ms_p95", "e2e_ms_p50", "ttft_ms_
 SLO_KEYS = LATENCIES + ("min_tokens_per_second",)
 EXPORT_FORMATS = ("vllm", "sglang", "trtllm", "tgi", "hf", "llamacpp", "yaml")
 DTYPES = ("float32", "bfloat16", "float16")
+BACKENDS = ("engine", "vllm")
+DEFAULT_CACHE = Path("~/.cache/spec-autotune")
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """``backend.vllm``: how to launch vLLM (its own venv; see tools/install_vllm_cpu.sh)."""
+
+    python: Path | None = None  # None: $AUTOTUNE_VLLM_PYTHON, then <cache>/vllm-venv/bin/python
+    args: tuple[str, ...] = ("--max-model-len", "1024", "--no-enable-prefix-caching")
+    env: tuple[tuple[str, str], ...] = (("VLLM_CPU_KVCACHE_SPACE", "2"),)
+    startup_timeout_s: float = 900.0
+    cache_dir: Path = DEFAULT_CACHE / "vllm-cache"
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,10 @@ class TuneConfig:
     export_dir: Path = Path("exports")
     profile_gamma_max: int = 8
     remeasure_top: int = 3
+    backend: str = "engine"
+    server_trials: int = 6
+    server_timeout_s: float | None = None
+    vllm: VllmConfig = VllmConfig()
     source: Path | None = None
 
     @property
@@ -268,6 +285,13 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     export_dir = e.path_("dir", base, default="exports", must_exist=False)
     e.done()
 
+    bk = top.sub("backend")
+    backend = bk.choice("name", "engine", BACKENDS)
+    server_trials = bk.int("n_trials", 6, lo=1)
+    server_timeout = bk.num("timeout_s", None, lo=0.0, open_lo=True, allow_none=True)
+    vllm = _vllm_section(bk.sub("vllm"), base)
+    bk.done()
+
     p = top.sub("profile")
     gmax = p.int("gamma_max", max(int(gamma.high), 1), lo=1)
     p.done()
@@ -282,8 +306,25 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
         max_batch_size=max_batch, gamma_cap=cap, ngram_min=ngram_min, ngram_max=ngram_max, latency=latency,
         slo=slo, n_trials=n_trials, timeout_s=timeout, trial_timeout_s=trial_timeout, seed=seed, storage=url, study_name=study,
         export_formats=formats, export_dir=export_dir, profile_gamma_max=gmax, remeasure_top=remeasure,
-        source=source,
+        backend=backend, server_trials=server_trials, server_timeout_s=server_timeout, vllm=vllm, source=source,
     )
+
+
+def _vllm_section(v: _Section, base: Path) -> VllmConfig:
+    default = VllmConfig()
+    python = v.path_("python", base, allow_none=True)
+    args = v.get("args", list(default.args))
+    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool)
+                                             for a in args):
+        raise ConfigError(f"{v.key('args')}: must be a list of command-line arguments (got {args!r})")
+    env = v.get("env", dict(default.env))
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(x, (str, int, float))
+                                            and not isinstance(x, bool) for k, x in env.items()):
+        raise ConfigError(f"{v.key('env')}: must be a mapping of variable names to values (got {env!r})")
+    timeout = v.num("startup_timeout_s", default.startup_timeout_s, lo=0.0, open_lo=True)
+    cache = v.path_("cache_dir", base, default=str(default.cache_dir), must_exist=False)
+    v.done()
+    return VllmConfig(python, tuple(str(a) for a in args), tuple((k, str(x)) for k, x in env.items()), timeout, cache)
 
 
 def load_config(path: str | Path) -> TuneConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from autotune import profiler
 from autotune.config import TuneConfig
@@ -34,6 +35,7 @@ class Context:
     workload_hash: str
     pair_id: int
     pair_drafter: str  # how the pair is keyed in the store: "model" when a draft model is part of it
+    backend: Any = None  # a serving-stack backend (autotune.backends) running the trials; None: the engine
 
     @property
     def device_key(self) -> str:

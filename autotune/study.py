@@ -95,12 +95,13 @@ class Space:
         return {k: v for k, v in out.items() if k in self.searched()}
 
 
-def shape_space(cfg: TuneConfig, measurement: dict) -> Space:
+def shape_space(cfg: TuneConfig, measurement: dict, fixed: dict | None = None) -> Space:
     """Search space from tune.yaml, with gamma capped where the cost model says it stops paying.
 
     The automatic cap is 2 above the largest predicted-best gamma over the workload's batch
     sizes (at least 1), so the study does not spend trials where verification is no longer
-    nearly free. ``search.gamma_cap`` overrides it (an integer, or ``off``).
+    nearly free. ``search.gamma_cap`` overrides it (an integer, or ``off``). ``fixed`` pins
+    knobs a serving-stack backend cannot express (``confidence_threshold``, ``gamma_schedule``).
     """
     cap: int | None = None
     if cfg.gamma_cap == "auto":
@@ -112,8 +113,12 @@ def shape_space(cfg: TuneConfig, measurement: dict) -> Space:
     elif isinstance(cap_value := cfg.gamma_cap, int):
         cap = cap_value
     high = cfg.gamma.high if cap is None else max(min(cfg.gamma.high, cap), cfg.gamma.low)
-    return Space(cfg.drafters, int(cfg.gamma.low), int(high), cfg.confidence_threshold.low,
-                 cfg.confidence_threshold.high, cfg.gamma_schedules, cfg.max_batch_size, cap)
+    fixed = fixed or {}
+    thr_low = thr_high = fixed.get("confidence_threshold")
+    if thr_low is None:
+        thr_low, thr_high = cfg.confidence_threshold.low, cfg.confidence_threshold.high
+    schedules = (fixed["gamma_schedule"],) if "gamma_schedule" in fixed else cfg.gamma_schedules
+    return Space(cfg.drafters, int(cfg.gamma.low), int(high), thr_low, thr_high, schedules, cfg.max_batch_size, cap)
 
 
 def levels(cfg: TuneConfig) -> list[tuple[str, float]]:
@@ -122,7 +127,13 @@ def levels(cfg: TuneConfig) -> list[tuple[str, float]]:
 
 
 def evaluate(ctx: Context, params: dict, seed: int) -> dict:
-    """Run one configuration at every load level; aggregate objectives and per-level metrics."""
+    """Run one configuration at every load level; aggregate objectives and per-level metrics.
+
+    On the context's serving-stack backend when it has one (``ctx.backend``), else on the engine.
+    """
+    backend = getattr(ctx, "backend", None)
+    if backend is not None:
+        return backend.evaluate(params, seed)
     cfg = ctx.cfg
     spec = SpecConfig(gamma=int(params["gamma"]), confidence_threshold=float(params["confidence_threshold"]),
                       gamma_schedule=params["gamma_schedule"])
@@ -185,6 +196,8 @@ def make_objective(ctx: Context, space: Space, on_trial: Callable[[int, dict, di
                 on_trial(trial.number, params, None)
             raise
         trial.set_user_attr("per_level", result["per_level"])
+        if result.get("startup_s") is not None:  # a serving-stack backend: server start-up, apart from the trial
+            trial.set_user_attr("startup_s", result["startup_s"])
         for key, value in slo_violations(ctx.cfg, result).items():
             trial.set_constraint(key, value)
         if on_trial:

@@ -20,6 +20,7 @@ import optuna
 
 from autotune import context as ctx_mod
 from autotune import study as study_mod
+from autotune.backends import open_backend
 from autotune.config import TuneConfig
 from autotune.costmodel import predict
 from autotune.errors import ConfigError
@@ -38,7 +39,9 @@ class Interrupted(Exception):
 
 
 def default_study_name(ctx: ctx_mod.Context) -> str:
-    return f"autotune-{ctx.device_key[:8]}-{ctx.target_hash[:6]}-{ctx.workload_hash[:8]}"
+    """``autotune-<device>-<target>-<workload>``, with ``-<backend>`` for a serving-stack backend."""
+    suffix = "" if ctx.cfg.backend == "engine" else f"-{ctx.cfg.backend}"
+    return f"autotune-{ctx.device_key[:8]}-{ctx.target_hash[:6]}-{ctx.workload_hash[:8]}{suffix}"
 
 
 def _resolve_study_name(ctx: ctx_mod.Context, resume: bool) -> str:
@@ -63,12 +66,31 @@ def _sigterm_as_interrupt(signum, frame):  # noqa: ARG001
 
 
 def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say: Say = print) -> dict:
-    """The whole main job for one host; returns the stored profile (with its id)."""
+    """The whole main job for one host; returns the stored profile (with its id).
+
+    The engine always profiles the device (seconds); the trials run on ``cfg.backend``: the
+    engine in process, or a serving stack (one real server per configuration), warm-started
+    from the engine's cost model and the nearest stored profile.
+    """
     ctx = ctx_mod.build(cfg)
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
     measurement, reused = ctx_mod.ensure_profile(ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"))
     say("profile: " + ("reused stored measurement (--reprofile to measure again)" if reused else "measured and stored"))
-    space = study_mod.shape_space(cfg, measurement)
+    ctx.backend = open_backend(ctx, cfg.backend)
+    try:
+        return _study_and_store(ctx, measurement, resume, say)
+    finally:
+        if ctx.backend is not None:
+            ctx.backend.close()
+
+
+def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say: Say) -> dict:
+    cfg, backend = ctx.cfg, ctx.backend
+    space = study_mod.shape_space(cfg, measurement, backend.fixed_knobs if backend else None)
+    if backend is not None:
+        say(f"backend: {backend.name}, a real server per configuration; fixed (the stack has no such knob): "
+            + ", ".join(f"{k}={v}" for k, v in backend.fixed_knobs.items()))
+    n_trials, timeout = (cfg.server_trials, cfg.server_timeout_s) if backend else (cfg.n_trials, cfg.timeout_s)
     name = _resolve_study_name(ctx, resume)
     study = study_mod.open_study(ctx, name, resume)
     done_before = len(study_mod.finished(study))
@@ -77,7 +99,7 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
                                             draft_hash=ctx.draft_hash)
         for label, params in study_mod.warm_starts(ctx, space, measurement, nearest):
             study.enqueue_trial(params, user_attrs={"warm_start": label}, skip_if_exists=True)
-    remaining = max(cfg.n_trials - done_before, 0)
+    remaining = max(n_trials - done_before, 0)
     say(f"study: {name} ({'resumed, ' + str(done_before) + ' finished trials kept' if resume else 'new'}); "
         f"{remaining} trials; gamma in [{space.gamma_low}, {space.gamma_high}]"
         + (f" (capped by the profiler at {space.gamma_cap})" if space.gamma_cap is not None else ""))
@@ -88,15 +110,16 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
             say(f"  trial {number}: failed ({params})")
             return
         best["tps"] = max(best["tps"], result["tokens_per_second"])
+        startup = f" (server start {result['startup_s']:.0f} s)" if result.get("startup_s") else ""
         say(f"  trial {number}: {result['tokens_per_second']:.1f} tok/s, {cfg.latency} {result['latency_ms']:.1f} ms "
             f"| gamma={params['gamma']} thr={params['confidence_threshold']:.2f} {params['gamma_schedule']} "
-            f"B={params['max_batch_size']} {params['drafter']} | best so far {best['tps']:.1f} tok/s")
+            f"B={params['max_batch_size']} {params['drafter']} | best so far {best['tps']:.1f} tok/s{startup}")
 
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         if remaining:
             study.optimize(study_mod.make_objective(ctx, space, on_trial), n_trials=remaining,
-                           timeout=cfg.timeout_s, catch=(Exception,), gc_after_trial=False)
+                           timeout=timeout, catch=(Exception,), gc_after_trial=False)
     except KeyboardInterrupt:
         n = len(study_mod.finished(study))
         raise Interrupted(f"interrupted: {n} finished trials are kept in study {name!r}; "
@@ -106,7 +129,9 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
     trials = study_mod.finished(study)
     if not trials:
         raise RuntimeError(f"study {name!r}: no trial finished (see failed trials' 'error' attribute)")
-    profile = json.loads(json.dumps(_select_and_build(ctx, space, measurement, study, trials, say)))
+    profile = _select_and_build(ctx, space, measurement, study, trials, say)
+    profile["backend"] = backend.describe() if backend else {"name": "engine"}
+    profile = json.loads(json.dumps(profile))
     profile_id = ctx.store.save_profile(profile)
     profile["id"] = profile_id
     say(f"profile #{profile_id} stored in {redact_url(cfg.storage)}")

@@ -139,6 +139,7 @@ class ExportInputs:
     prompt_lookup_min: int | None
     prompt_lookup_max: int | None
     schedule: tuple[tuple[int, int], ...]
+    max_batch_size: int | None = None  # the tuned number of concurrent sequences, when the profile has one
 
     @property
     def schedule_max(self) -> int:
@@ -180,6 +181,9 @@ def export_inputs(profile: Mapping[str, Any], target_model: str | None = None,
         if not 1 <= lookup_min <= lookup_max:
             raise ProfileError("profile: need 1 <= 'chosen.prompt_lookup_min' <= 'chosen.prompt_lookup_max', "
                                f"got {lookup_min} and {lookup_max}")
+    max_batch = get(profile, "chosen.max_batch_size", int, default=None, nullable=True)
+    if max_batch is not None and max_batch < 1:
+        raise ProfileError(f"profile: 'chosen.max_batch_size' must be >= 1, got {max_batch}")
     target = target_model or get(profile, "pair.target", str)
     draft = draft_model or get(profile, "pair.draft", str, default=None, nullable=True)
     if drafter == "model" and draft is None:
@@ -199,4 +203,5 @@ def export_inputs(profile: Mapping[str, Any], target_model: str | None = None,
         prompt_lookup_min=lookup_min,
         prompt_lookup_max=lookup_max,
         schedule=parse_schedule(profile),
+        max_batch_size=max_batch,
     )

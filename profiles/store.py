@@ -405,7 +405,9 @@ class Store:
             return {**row.data, "id": row.id}
 
     def list_profiles(self) -> list[dict[str, Any]]:
-        """Summary rows, newest first: id, device, pair, workload_hash, gamma, tokens_per_second, created_at.
+        """Summary rows, newest first: id, device, pair, workload_hash, gamma, tokens_per_second, created_at, backend.
+
+        ``backend`` is what ran the trials (``engine`` for profiles written before backends existed).
 
         Example:
             >>> Store("sqlite://").list_profiles()
@@ -422,7 +424,8 @@ class Store:
             second = _basename(pair.draft_path) if pair.draft_path else pair.drafter
             summary.append({"id": profile.id, "device": label, "pair": f"{_basename(pair.target_path)} / {second}",
                             "workload_hash": profile.workload_hash, "gamma": profile.chosen_gamma,
-                            "tokens_per_second": profile.tokens_per_second, "created_at": _iso(profile.created_at)})
+                            "tokens_per_second": profile.tokens_per_second, "created_at": _iso(profile.created_at),
+                            "backend": (profile.data.get("backend") or {}).get("name", "engine")})
         return summary
 
     def delete_profile(self, profile_id: int) -> None:

