@@ -147,13 +147,17 @@ class VllmBackend:
 
     def evaluate(self, params: dict, seed: int) -> dict:
         """One configuration at every load level in one server (started or reused)."""
+        inputs = trial_inputs(self.cfg, self.ctx.fingerprint, params)
+        return self.run(serve_command(self.python, self.cfg, inputs), int(params["max_batch_size"]), seed)
+
+    def run(self, command: list[str], max_batch_size: int, seed: int, records: dict | None = None) -> dict:
+        """The workload's load levels against the server of ``command``; ``records`` collects each level's requests."""
         cfg = self.cfg
-        command = serve_command(self.python, cfg, trial_inputs(cfg, self.ctx.fingerprint, params))
         server = self.server_for(command)
         endpoint = self.endpoint(server)
         per_level, tokens, wall = {}, 0.0, 0.0
         try:
-            self._warmup(endpoint, params)
+            self._warmup(endpoint, max_batch_size)
             t0 = time.perf_counter()
             for kind, value in levels(cfg):
                 left = None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (time.perf_counter() - t0)
@@ -165,10 +169,12 @@ class VllmBackend:
                                     rate=float(value) if kind == "rate" else None, seed=seed, time_limit_s=left)
                 counts = spec_counts(server.get("/metrics")) - before
                 m = {**run.metrics, **counts.metrics()}
-                key = int(value) if kind == "concurrency" else int(params["max_batch_size"])
+                key = int(value) if kind == "concurrency" else max_batch_size
                 per_level[key] = {k: m.get(k) for k in LEVEL_KEYS}
                 tokens += m["generated_tokens"]
                 wall += m["wall_s"]
+                if records is not None:
+                    records[key] = run.records
         except (LoadError, TimeoutError, OSError) as exc:
             server.check_alive()  # a dead server explains the failure better, with its log
             self.close()  # a hung or broken server is not reused
@@ -177,9 +183,9 @@ class VllmBackend:
         return {"tokens_per_second": tokens / wall, "latency_ms": worst, "per_level": per_level,
                 "startup_s": server.startup_s}
 
-    def _warmup(self, endpoint: Endpoint, params: dict) -> None:
+    def _warmup(self, endpoint: Endpoint, max_batch_size: int) -> None:
         """A short run at the largest batch: first-request failures surface here, lazy init leaves the runs."""
-        width = min(int(params["max_batch_size"]), max(self.cfg.batch_sizes))
+        width = min(max_batch_size, max(self.cfg.batch_sizes))
         short = [Request(r.prompt_ids, min(r.max_new_tokens, 16), r.temperature, r.top_k, r.top_p, r.id)
                  for r in self.ctx.requests[:width]]
         run_http_load(endpoint, short, len(short), concurrency=width, seed=0, time_limit_s=300)

