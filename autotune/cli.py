@@ -197,8 +197,9 @@ def render_profile(data: dict) -> str:
 @click.option("--study", "study_name", default=None, help="Override storage.study_name.")
 @click.option("--resume", is_flag=True, help="Continue the latest study for this device, pair and workload.")
 @click.option("--reprofile", is_flag=True, help="Measure the device again instead of reusing the stored profile.")
-@click.option("--backend", type=click.Choice(["engine", "vllm"]), default=None,
-              help="Where trials run (overrides backend.name): engine (in process) or vllm (a real server per trial).")
+@click.option("--backend", type=click.Choice(["engine", "vllm", "llamacpp"]), default=None,
+              help="Where trials run (overrides backend.name): engine (in process), or a real vllm / llamacpp "
+                   "server per trial.")
 @click.option("--json", "as_json", is_flag=True, help="Print the stored profile as one JSON object.")
 def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, backend, as_json):
     """The main job: profile this host, run the Optuna study, store the profile, write exports."""
@@ -222,6 +223,10 @@ def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, b
         prof = run_tune(cfg, resume=resume, reprofile=reprofile, say=_say_err)
     except Interrupted as exc:
         click.echo(str(exc), err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:  # after the study (re-measuring): the trials are kept, no profile was stored
+        click.echo("interrupted before the profile was stored; finished trials are kept "
+                   "(`autotune tune --resume` continues)", err=True)
         sys.exit(130)
     if as_json:
         _print_json(prof)

@@ -24,7 +24,7 @@ LATENCIES = ("tpot_ms_p95", "tpot_ms_p50", "e2e_ms_p95", "e2e_ms_p50", "ttft_ms_
 SLO_KEYS = LATENCIES + ("min_tokens_per_second",)
 EXPORT_FORMATS = ("vllm", "sglang", "trtllm", "tgi", "hf", "llamacpp", "yaml")
 DTYPES = ("float32", "bfloat16", "float16")
-BACKENDS = ("engine", "vllm")
+BACKENDS = ("engine", "vllm", "llamacpp")
 DEFAULT_CACHE = Path("~/.cache/spec-autotune")
 
 
@@ -37,6 +37,17 @@ class VllmConfig:
     env: tuple[tuple[str, str], ...] = (("VLLM_CPU_KVCACHE_SPACE", "2"),)
     startup_timeout_s: float = 900.0
     cache_dir: Path = DEFAULT_CACHE / "vllm-cache"
+
+
+@dataclass(frozen=True)
+class LlamacppConfig:
+    """``backend.llamacpp``: where llama-server and the GGUF converter are (tools/install_llamacpp.sh)."""
+
+    home: Path = DEFAULT_CACHE / "llamacpp"  # bin/llama-server, venv/ (converter python), llama.cpp/ (source)
+    threads: int = 1  # -t; on a shared 2-core host -t 2 collapsed decoding
+    args: tuple[str, ...] = ("--no-cache-prompt",)
+    startup_timeout_s: float = 120.0
+    pre_tokenizer: str | None = "gpt-2"  # for BPE pre-tokenizers the converter does not know (ids checked)
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,7 @@ class TuneConfig:
     server_trials: int = 6
     server_timeout_s: float | None = None
     vllm: VllmConfig = VllmConfig()
+    llamacpp: LlamacppConfig = LlamacppConfig()
     source: Path | None = None
 
     @property
@@ -290,6 +302,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     server_trials = bk.int("n_trials", 6, lo=1)
     server_timeout = bk.num("timeout_s", None, lo=0.0, open_lo=True, allow_none=True)
     vllm = _vllm_section(bk.sub("vllm"), base)
+    llamacpp = _llamacpp_section(bk.sub("llamacpp"), base)
     bk.done()
 
     p = top.sub("profile")
@@ -306,17 +319,36 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
         max_batch_size=max_batch, gamma_cap=cap, ngram_min=ngram_min, ngram_max=ngram_max, latency=latency,
         slo=slo, n_trials=n_trials, timeout_s=timeout, trial_timeout_s=trial_timeout, seed=seed, storage=url, study_name=study,
         export_formats=formats, export_dir=export_dir, profile_gamma_max=gmax, remeasure_top=remeasure,
-        backend=backend, server_trials=server_trials, server_timeout_s=server_timeout, vllm=vllm, source=source,
+        backend=backend, server_trials=server_trials, server_timeout_s=server_timeout, vllm=vllm, llamacpp=llamacpp,
+        source=source,
     )
+
+
+def _args(v: _Section, default: tuple[str, ...]) -> tuple[str, ...]:
+    args = v.get("args", list(default))
+    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool)
+                                             for a in args):
+        raise ConfigError(f"{v.key('args')}: must be a list of command-line arguments (got {args!r})")
+    return tuple(str(a) for a in args)
+
+
+def _llamacpp_section(v: _Section, base: Path) -> LlamacppConfig:
+    default = LlamacppConfig()
+    home = v.path_("home", base, default=str(default.home), must_exist=False)
+    threads = v.int("threads", default.threads, lo=1)
+    args = _args(v, default.args)
+    timeout = v.num("startup_timeout_s", default.startup_timeout_s, lo=0.0, open_lo=True)
+    pre = v.get("pre_tokenizer", default.pre_tokenizer)
+    if pre is not None and (not isinstance(pre, str) or not re.fullmatch(r"[a-z0-9._-]+", pre)):
+        raise ConfigError(f"{v.key('pre_tokenizer')}: must be a llama.cpp pre-tokenizer name or null (got {pre!r})")
+    v.done()
+    return LlamacppConfig(home, threads, args, timeout, pre)
 
 
 def _vllm_section(v: _Section, base: Path) -> VllmConfig:
     default = VllmConfig()
     python = v.path_("python", base, allow_none=True)
-    args = v.get("args", list(default.args))
-    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool)
-                                             for a in args):
-        raise ConfigError(f"{v.key('args')}: must be a list of command-line arguments (got {args!r})")
+    args = _args(v, default.args)
     env = v.get("env", dict(default.env))
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(x, (str, int, float))
                                             and not isinstance(x, bool) for k, x in env.items()):
@@ -324,7 +356,7 @@ def _vllm_section(v: _Section, base: Path) -> VllmConfig:
     timeout = v.num("startup_timeout_s", default.startup_timeout_s, lo=0.0, open_lo=True)
     cache = v.path_("cache_dir", base, default=str(default.cache_dir), must_exist=False)
     v.done()
-    return VllmConfig(python, tuple(str(a) for a in args), tuple((k, str(x)) for k, x in env.items()), timeout, cache)
+    return VllmConfig(python, args, tuple((k, str(x)) for k, x in env.items()), timeout, cache)
 
 
 def load_config(path: str | Path) -> TuneConfig:

@@ -77,9 +77,11 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
     measurement, reused = ctx_mod.ensure_profile(ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"))
     say("profile: " + ("reused stored measurement (--reprofile to measure again)" if reused else "measured and stored"))
     ctx.backend = open_backend(ctx, cfg.backend)
+    old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # servers are stopped on SIGTERM too
     try:
         return _study_and_store(ctx, measurement, resume, say)
     finally:
+        signal.signal(signal.SIGTERM, old)
         if ctx.backend is not None:
             ctx.backend.close()
 
@@ -135,14 +137,31 @@ def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say:
     profile_id = ctx.store.save_profile(profile)
     profile["id"] = profile_id
     say(f"profile #{profile_id} stored in {redact_url(cfg.storage)}")
-    profile["exports"] = write_exports(profile, cfg.export_formats, cfg.export_dir, say)
+    profile["exports"] = write_exports(profile, cfg.export_formats, cfg.export_dir, say, _gguf_models(ctx))
     return profile
 
 
-def write_exports(profile: dict, formats: tuple[str, ...], folder: Path, say: Say) -> list[str]:
+def _gguf_models(ctx: ctx_mod.Context) -> dict[str, str]:
+    """GGUF paths of the pair for the llama.cpp export (converted when llama.cpp's converter is installed)."""
+    if "llamacpp" not in ctx.cfg.export_formats:
+        return {}
+    from autotune.backends import gguf
+
+    try:
+        out = {"target_model": str(gguf.ensure(ctx.cfg.target, ctx.cfg.llamacpp, "models.target"))}
+        if ctx.draft_hash is not None:
+            out["draft_model"] = str(gguf.ensure(ctx.cfg.draft, ctx.cfg.llamacpp, "models.draft"))
+    except ConfigError:  # no converter here: the export keeps the HF paths and says to convert
+        return {}
+    return out
+
+
+def write_exports(profile: dict, formats: tuple[str, ...], folder: Path, say: Say,
+                  gguf_models: dict[str, str] | None = None) -> list[str]:
+    """Write each format's export into ``folder``; the llama.cpp one names ``gguf_models`` when given."""
     written = []
     for fmt in formats:
-        out = export(profile, fmt)
+        out = export(profile, fmt, **(gguf_models or {})) if fmt == "llamacpp" else export(profile, fmt)
         path = folder / out.filename
         write_export(out, path)
         written.append(str(path))

@@ -4,8 +4,10 @@
   ``autotune.study.evaluate`` runs when the context has no server backend, and it always
   profiles the device and warm-starts every other backend.
 - ``vllm``: a real vLLM server per configuration (:mod:`autotune.backends.vllm`).
+- ``llamacpp``: a real llama-server per configuration, on GGUF files converted from the pair
+  (:mod:`autotune.backends.llamacpp`).
 
-A serving-stack backend is four parts, so SGLang or llama.cpp fit the same shape: a launcher
+A serving-stack backend (:class:`autotune.backends.http_backend.HttpBackend`) is four parts, so SGLang or llama.cpp fit the same shape: a launcher
 that turns a trial's knobs into the stack's own flags (taken from the exporter, so what is
 tuned is byte-for-byte what is exported), a readiness probe and lifecycle
 (:mod:`autotune.backends.server`), an OpenAI-compatible load driver
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-BACKENDS = ("engine", "vllm")
+BACKENDS = ("engine", "vllm", "llamacpp")
 
 __all__ = ["BACKENDS", "ServerBackend", "open_backend"]
 
@@ -47,4 +49,8 @@ def open_backend(ctx: Any, name: str) -> ServerBackend | None:
         from autotune.backends.vllm import VllmBackend
 
         return VllmBackend(ctx)
+    if name == "llamacpp":
+        from autotune.backends.llamacpp import LlamacppBackend
+
+        return LlamacppBackend(ctx)
     raise ValueError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")

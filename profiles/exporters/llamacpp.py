@@ -39,10 +39,11 @@ REMOVED_FLAGS = {
     "--spec-ngram-size-n": "--spec-ngram-<type>-size-n", "--spec-ngram-size-m": "--spec-ngram-<type>-size-m",
     "--spec-ngram-min-hits": "--spec-ngram-<type>-min-hits",
 }
-KNOWN_FLAGS = frozenset({"-m", "--spec-type", "-md", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
+KNOWN_FLAGS = frozenset({"-m", "-np", "--spec-type", "-md", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
                          "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m", "--spec-ngram-simple-min-hits"})
 _RANGES = {"--spec-ngram-simple-size-n": (1, 1024), "--spec-ngram-simple-size-m": (1, 1024),
-           "--spec-ngram-simple-min-hits": (1, None), "--spec-draft-n-max": (1, None), "--spec-draft-n-min": (0, None)}
+           "--spec-ngram-simple-min-hits": (1, None), "--spec-draft-n-max": (1, None), "--spec-draft-n-min": (0, None),
+           "-np": (1, None)}
 
 
 def validate(args: Mapping[str, Any]) -> None:
@@ -84,6 +85,8 @@ def validate(args: Mapping[str, Any]) -> None:
 def server_args(inputs: ExportInputs) -> dict[str, Any]:
     """The llama-server flags (flag -> value) for a profile, target model included.
 
+    ``-np`` (server slots) is the profile's tuned ``max_batch_size`` when it has one.
+
     Example:
         >>> from profiles.profile import ExportInputs
         >>> inputs = ExportInputs("0.1.0", "t", "H200", "k", "t.gguf", "d.gguf", "model", 4, 0.25, "constant",
@@ -92,6 +95,8 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
         0.25
     """
     args: dict[str, Any] = {"-m": inputs.target}
+    if inputs.max_batch_size is not None:
+        args["-np"] = inputs.max_batch_size
     if inputs.drafter == "none" or inputs.gamma == 0:
         return args
     if inputs.drafter == "model":
@@ -109,6 +114,9 @@ def export(inputs: ExportInputs) -> Exported:
     validate(args)
     speculation = "--spec-type" in args
     notes = []
+    if "-np" in args:
+        notes.append(f"-np {args['-np']}: the tuned number of concurrent sequences; give llama-server a context "
+                     "of -np x the per-request context with -c.")
     if not speculation:
         why = off_reason(inputs)
         notes.append(f"Speculation off: {why}, so no --spec-* flags.")

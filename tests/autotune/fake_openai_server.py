@@ -9,6 +9,9 @@ function of the prompt. Test flags:
 --die-after N          the process exits abruptly after N completions
 --spawn-child          fork a sleeping child into the same process group (must die with it)
 --pid-file PATH        write "<pid> <child pid>" once serving
+--metrics-prefix P     counter prefix (vllm, llamacpp)
+--tokenizer FILE       /tokenize answers with this tokenizer.json's ids (llama-server's endpoint)
+--bad-tokenize         ... plus one, so they differ from the tokenizer's
 """
 
 from __future__ import annotations
@@ -49,11 +52,12 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/version":
             self._send(200, json.dumps({"version": "0.0.0-fake"}))
         elif self.path == "/metrics":
+            p = self.args.metrics_prefix
             with LOCK:
-                lines = [f"vllm:spec_decode_num_drafts_total{{engine=\"0\"}} {STATE['drafts']}",
-                         f"vllm:spec_decode_num_draft_tokens_total{{engine=\"0\"}} {STATE['draft_tokens']}",
-                         f"vllm:spec_decode_num_accepted_tokens_total{{engine=\"0\"}} {STATE['accepted']}"]
-                lines += [f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine=\"0\",position=\"{i}\"}} {v}"
+                lines = [f"{p}:spec_decode_num_drafts_total{{engine=\"0\"}} {STATE['drafts']}",
+                         f"{p}:spec_decode_num_draft_tokens_total{{engine=\"0\"}} {STATE['draft_tokens']}",
+                         f"{p}:spec_decode_num_accepted_tokens_total{{engine=\"0\"}} {STATE['accepted']}"]
+                lines += [f"{p}:spec_decode_num_accepted_tokens_per_pos_total{{engine=\"0\",position=\"{i}\"}} {v}"
                           for i, v in enumerate(STATE["per_pos"])]
             self._send(200, "# HELP fake\n" + "\n".join(lines) + "\n", "text/plain")
         else:
@@ -61,6 +65,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            from tokenizers import Tokenizer
+
+            ids = Tokenizer.from_file(self.args.tokenizer).encode(body["content"]).ids
+            self._send(200, json.dumps({"tokens": [i + int(self.args.bad_tokenize) for i in ids]}))
+            return
         with LOCK:
             STATE["completions"] += 1
             if self.args.die_after is not None and STATE["completions"] > self.args.die_after:
@@ -84,7 +94,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("verb")
     parser.add_argument("model")
     parser.add_argument("--port", type=int, required=True)
@@ -92,6 +102,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--die-after", type=int, default=None)
     parser.add_argument("--spawn-child", action="store_true")
     parser.add_argument("--pid-file", default=None)
+    parser.add_argument("--metrics-prefix", default="vllm")
+    parser.add_argument("--tokenizer", default=None)
+    parser.add_argument("--bad-tokenize", action="store_true")
     args, _ = parser.parse_known_args(argv)
     Handler.args = args
     child = None

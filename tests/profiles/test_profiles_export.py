@@ -98,7 +98,8 @@ def test_llamacpp_uses_current_flags_only(profile: dict, make_profile) -> None:
     argv = _shell_argv(export(profile, "llamacpp").text)
     flags = _flags(argv, 1)
     assert flags == {"-m": "/srv/models/llama-target", "--spec-type": "draft-simple", "-md": "/srv/models/llama-draft",
-                     "--spec-draft-n-max": "4", "--spec-draft-n-min": "0", "--spec-draft-p-min": "0.3"}
+                     "--spec-draft-n-max": "4", "--spec-draft-n-min": "0", "--spec-draft-p-min": "0.3",
+                     "-np": "8"}  # the profile's max_batch_size
     ngram = _flags(_shell_argv(export(make_profile(drafter="ngram"), "llamacpp").text), 1)
     assert ngram["--spec-type"] == "ngram-simple" and ngram["--spec-ngram-simple-size-m"] == "4"
     for text in (export(profile, "llamacpp").text, export(make_profile(drafter="ngram"), "llamacpp").text):

@@ -4,12 +4,15 @@
 # Device: NVIDIA H200 141GB (fingerprint ab12cd34ef56)
 # Target stack: llama.cpp llama-server flags; read at ggml-org/llama.cpp@0017d6fb63f9 (late 2026)
 # Usage: sh llamacpp-args.sh [more llama-server flags]
+# Note: -np 8: the tuned number of concurrent sequences; give llama-server a context of -np x the
+#   per-request context with -c.
 # Note: llama-server uses one draft length at every batch size: the chosen gamma 4. Tuned
 #   per-batch-size schedule, for reference: (batch size: gamma) 1: 5, 2: 4, 4: 2, 8: 0.
 # Note: llama.cpp loads GGUF files: convert the models (convert_hf_to_gguf.py) and export again with
 #   --target-model/--draft-model naming the .gguf files.
 exec llama-server \
   -m /srv/models/llama-target \
+  -np 8 \
   --spec-type draft-simple \
   -md /srv/models/llama-draft \
   --spec-draft-n-max 4 \

@@ -1,0 +1,119 @@
+"""The llama.cpp backend: every trial is a real ``llama-server`` run of the workload (GGUF files).
+
+Knobs -> flags, through the llama.cpp exporter's own :func:`profiles.exporters.llamacpp.server_args`
+(what is tuned is what is exported): gamma -> ``--spec-draft-n-max`` (gamma 0 or drafter
+``none``: no ``--spec-*`` flags), confidence_threshold -> ``--spec-draft-p-min`` (the same
+meaning: stop drafting when the draft's top probability falls below it), drafter
+``model``/``ngram`` -> ``--spec-type draft-simple -md DRAFT`` / ``ngram-simple``,
+max_batch_size -> ``-np``. llama.cpp has no adaptive per-row gamma, so ``gamma_schedule`` is
+fixed at ``constant``; threads (``-t``) are fixed by ``backend.llamacpp.threads``.
+
+Host flags: ``--host 127.0.0.1 --port <free> --metrics -t N -c <np x context> --no-webui`` and
+``backend.llamacpp.args``. The pair is converted to GGUF once (``autotune/backends/gguf.py``,
+cached by content hash); before the first trial the backend checks that llama-server tokenizes
+the workload's prompts exactly like the Hugging Face tokenizer and refuses a mismatch.
+Acceptance comes from ``/metrics`` (``llamacpp:spec_decode_*``, the same counter names as vLLM's).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+from pathlib import Path
+
+from autotune.backends import gguf
+from autotune.backends.http_backend import HttpBackend, trial_inputs
+from autotune.backends.server import ServerProcess
+from autotune.config import LlamacppConfig, TuneConfig
+from autotune.errors import ConfigError
+from engine.workload import load_workload
+from profiles.exporters import llamacpp as llamacpp_export
+from profiles.profile import ExportInputs
+
+FIXED_KNOBS = {"gamma_schedule": "constant"}
+
+
+def server_binary(lc: LlamacppConfig) -> Path:
+    """``<home>/bin/llama-server``, or a one-line ConfigError saying how to get it."""
+    path = Path(lc.home).expanduser() / "bin" / "llama-server"
+    if not path.is_file():
+        raise ConfigError(f"backend.llamacpp.home: no llama-server at {path}; build it with "
+                          "`bash tools/install_llamacpp.sh` or set backend.llamacpp.home")
+    return path
+
+
+def server_command(binary: Path, cfg: TuneConfig, inputs: ExportInputs, context: int) -> list[str]:
+    """The exporter's llama-server flags plus this host's (``{port}`` filled later)."""
+    flags = [part for flag, value in llamacpp_export.server_args(inputs).items()
+             for part in (flag, format(value, "g") if isinstance(value, float) else str(value))]
+    slots = inputs.max_batch_size or 1
+    return [str(binary), *flags, "--host", "127.0.0.1", "--port", "{port}", "--metrics",
+            "-t", str(cfg.llamacpp.threads), "-c", str(slots * context), "--no-webui", *cfg.llamacpp.args]
+
+
+class LlamacppBackend(HttpBackend):
+    """Runs trials in real llama-server processes (see the module docstring)."""
+
+    name = "llamacpp"
+    metrics_prefix = "llamacpp"
+    fixed_knobs = FIXED_KNOBS
+
+    def __init__(self, ctx) -> None:
+        lc = ctx.cfg.llamacpp
+        super().__init__(ctx, Path(lc.home).expanduser() / "logs")
+        self.binary = server_binary(lc)
+        self.startup_timeout_s = lc.startup_timeout_s
+        self.target_gguf = gguf.ensure(self.cfg.target, lc, "models.target")
+        self.draft_gguf = (gguf.ensure(self.cfg.draft, lc, "models.draft")
+                           if "model" in self.cfg.drafters and self.cfg.draft else None)
+        self.context = int(ctx.pair.target.config.max_position_embeddings)
+        self.version = self._version()
+        self.tokens_checked = self.check_tokenizer()
+
+    def inputs(self, params: dict) -> ExportInputs:
+        return trial_inputs(self.cfg, self.ctx.fingerprint, params, target=str(self.target_gguf),
+                            draft=str(self.draft_gguf) if self.draft_gguf else None)
+
+    def command(self, params: dict) -> list[str]:
+        return server_command(self.binary, self.cfg, self.inputs(params), self.context)
+
+    def model_name(self) -> str:
+        return self.target_gguf.name
+
+    def _version(self) -> str | None:
+        try:
+            out = subprocess.run([str(self.binary), "--version"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        line = next((x for x in (out.stdout + out.stderr).splitlines() if x.startswith("version")), None)
+        return line.split(":", 1)[1].strip() if line else None
+
+    def check_tokenizer(self) -> int:
+        """llama-server's token ids for every workload prompt must equal the HF tokenizer's; returns the count."""
+        items = load_workload(self.cfg.prompts)
+        hf = self.ctx.pair.tokenizer
+        command = self.command({"drafter": "none", "gamma": 0, "max_batch_size": 1})
+        with ServerProcess(command, self.log_dir / "tokenizer-check.log",
+                           startup_timeout_s=self.startup_timeout_s) as server:
+            for item in items:
+                body = json.dumps({"content": item.prompt, "add_special": False}).encode()
+                req = urllib.request.Request(server.base_url + "/tokenize", body, {"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    ours = json.loads(resp.read())["tokens"]
+                want = hf.encode(item.prompt).ids
+                if ours != want:
+                    raise ConfigError(
+                        f"models.target: llama.cpp tokenizes {self.cfg.prompts}:{item.line} differently from "
+                        f"tokenizer.json (first ids {ours[:8]} vs {want[:8]}); backend.llamacpp.pre_tokenizer "
+                        f"{self.cfg.llamacpp.pre_tokenizer!r} does not match this tokenizer")
+        return len(items)
+
+    def describe(self) -> dict:
+        command = self.command({"drafter": "none", "gamma": 0, "max_batch_size": max(self.cfg.max_batch_size)})
+        return {"name": self.name, "version": self.version, "server": str(self.binary),
+                "host_args": command[command.index("--host"):], "threads": self.cfg.llamacpp.threads,
+                "gguf": {"target": str(self.target_gguf), "draft": str(self.draft_gguf) if self.draft_gguf else None,
+                         "pre_tokenizer": self.cfg.llamacpp.pre_tokenizer,
+                         "prompts_tokenized_identically": self.tokens_checked},
+                "startup_s": [round(s, 2) for s in self.startups], "fixed_knobs": dict(self.fixed_knobs)}

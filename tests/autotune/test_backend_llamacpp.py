@@ -1,0 +1,132 @@
+"""The llama.cpp backend without llama.cpp: flags, GGUF cache, tokenizer check, a trial against a fake server.
+
+The fake llama-server is ``fake_openai_server.py`` behind a shell script at ``<home>/bin/llama-server``
+(counters under the ``llamacpp:`` prefix, ``/tokenize`` from the pair's tokenizer.json); GGUF files
+are pre-placed in the cache so no converter runs. The real llama-server runs in
+test_backend_llamacpp_real.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune import context
+from autotune.backends import gguf
+from autotune.backends.llamacpp import LlamacppBackend, server_command
+from autotune.config import load_config
+from autotune.errors import ConfigError
+from autotune.study import LEVEL_KEYS
+from profiles.exporters import export
+
+FAKE = Path(__file__).with_name("fake_openai_server.py")
+
+
+def make_home(tmp_path: Path, tokenizer: Path, *fake_args: str) -> Path:
+    home = tmp_path / "llamacpp"
+    (home / "bin").mkdir(parents=True)
+    script = home / "bin" / "llama-server"
+    script.write_text(
+        '#!/bin/sh\nif [ "$1" = "--version" ]; then echo "version: 9999 (fake)"; exit 0; fi\n'
+        f'exec {shlex.quote(sys.executable)} {shlex.quote(str(FAKE))} serve m --metrics-prefix llamacpp '
+        f'--tokenizer {shlex.quote(str(tokenizer))} {" ".join(fake_args)} "$@"\n')
+    script.chmod(0o755)
+    return home
+
+
+def make_cfg(tmp_path: Path, tiny_pair_dirs, home: Path, **search):
+    target, draft = tiny_pair_dirs
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def f(x):\n", "class A:\n"]))
+    raw = {"models": {"target": str(target), "draft": str(draft), "device": "cpu"},
+           "workload": {"prompts": str(prompts), "concurrency": [1, 2], "num_requests": 2, "max_new_tokens": 6},
+           "search": {"drafter": ["model"], "max_batch_size": [2], **search},
+           "backend": {"name": "llamacpp", "llamacpp": {"home": str(home), "threads": 1}}}
+    (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
+    cfg = load_config(tmp_path / "tune.yaml")
+    for folder in (cfg.target, cfg.draft):  # pre-converted: the cache is used, no converter needed
+        path = gguf.gguf_path(folder, cfg.llamacpp)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"GGUF")
+    return cfg
+
+
+def test_trial_flags_are_the_llamacpp_exporters_flags(tmp_path, tiny_pair_dirs) -> None:
+    cfg = make_cfg(tmp_path, tiny_pair_dirs, make_home(tmp_path, tiny_pair_dirs[0] / "tokenizer.json"))
+    params = {"drafter": "model", "gamma": 3, "confidence_threshold": 0.25, "max_batch_size": 2}
+    from autotune.backends.http_backend import trial_inputs
+
+    inputs = trial_inputs(cfg, {"label": "CPU", "key": "k"}, params, target="/g/t.gguf", draft="/g/d.gguf")
+    cmd = server_command(Path("/bin/llama-server"), cfg, inputs, context=1024)
+    profile = {"tool_version": "0", "created_at": "2026-11-30T00:00:00+00:00", "device": {"label": "CPU", "key": "k"},
+               "pair": {"target": "/hf/t", "draft": "/hf/d"}, "chosen": params,
+               "schedule": [{"batch_size": 2, "gamma": 3}]}
+    exported = export(profile, "llamacpp", target_model="/g/t.gguf", draft_model="/g/d.gguf")
+    tuned = cmd[:cmd.index("--host")]
+    assert ["llama-server", *tuned[1:]] == shlex.split(exported.command)  # tuned == exported
+    flags = dict(zip(cmd[1::2], cmd[2::2], strict=False))
+    assert flags["--spec-draft-n-max"] == "3" and flags["--spec-draft-p-min"] == "0.25" and flags["-np"] == "2"
+    assert flags["-md"] == "/g/d.gguf" and flags["-m"] == "/g/t.gguf"
+    assert cmd[cmd.index("-c") + 1] == "2048" and cmd[cmd.index("-t") + 1] == "1" and "--metrics" in cmd
+    off = server_command(Path("/bin/llama-server"), cfg, trial_inputs(cfg, {}, {**params, "gamma": 0}), 1024)
+    assert not any(part.startswith("--spec") for part in off)
+
+
+def test_a_trial_against_the_fake_llama_server(tmp_path, tiny_pair_dirs) -> None:
+    home = make_home(tmp_path, tiny_pair_dirs[0] / "tokenizer.json")
+    cfg = make_cfg(tmp_path, tiny_pair_dirs, home)
+    ctx = context.build(cfg)
+    backend = LlamacppBackend(ctx)
+    try:
+        assert backend.tokens_checked == 2 and backend.version == "9999 (fake)"
+        result = backend.evaluate({"drafter": "model", "gamma": 2, "confidence_threshold": 0.1,
+                                   "gamma_schedule": "constant", "max_batch_size": 2}, 0)
+    finally:
+        backend.close()
+        ctx.store.close()
+    assert set(result["per_level"]) == {1, 2} and set(result["per_level"][2]) == set(LEVEL_KEYS)
+    assert result["per_level"][1]["acceptance_rate"] == pytest.approx(0.5)  # llamacpp:spec_decode_* counters
+    assert backend.describe()["gguf"]["prompts_tokenized_identically"] == 2
+
+
+def test_a_tokenizer_llama_cpp_reads_differently_is_refused(tmp_path, tiny_pair_dirs) -> None:
+    home = make_home(tmp_path, tiny_pair_dirs[0] / "tokenizer.json", "--bad-tokenize")
+    cfg = make_cfg(tmp_path, tiny_pair_dirs, home)
+    ctx = context.build(cfg)
+    try:
+        with pytest.raises(ConfigError, match=r"models.target: llama.cpp tokenizes .*p.jsonl:1 differently"):
+            LlamacppBackend(ctx)
+    finally:
+        ctx.store.close()
+
+
+def test_a_failed_conversion_is_one_line_and_leaves_no_file(tmp_path, tiny_pair_dirs) -> None:
+    home = make_home(tmp_path, tiny_pair_dirs[0] / "tokenizer.json")
+    cfg = make_cfg(tmp_path, tiny_pair_dirs, home)
+    (home / "venv" / "bin").mkdir(parents=True)
+    (home / "venv" / "bin" / "python").symlink_to(sys.executable)
+    (home / "llama.cpp").mkdir()
+    (home / "llama.cpp" / "convert_hf_to_gguf.py").write_text("raise SystemExit('unsupported architecture X')\n")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"0")
+    with pytest.raises(ConfigError, match=r"^models.target: llama.cpp's converter failed on .*model: "):
+        gguf.ensure(folder, cfg.llamacpp, "models.target")
+    assert not gguf.gguf_path(folder, cfg.llamacpp).exists()
+    assert not list(gguf.gguf_path(folder, cfg.llamacpp).parent.glob(".*.tmp"))
+
+
+def test_missing_llama_server_is_a_one_line_config_error(tmp_path, tiny_pair_dirs) -> None:
+    cfg = make_cfg(tmp_path, tiny_pair_dirs, tmp_path / "nowhere")
+    ctx = context.build(cfg)
+    try:
+        with pytest.raises(ConfigError, match=r"backend.llamacpp.home: no llama-server at .*nowhere/bin/llama-server"):
+            LlamacppBackend(ctx)
+    finally:
+        ctx.store.close()

