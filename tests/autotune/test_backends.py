@@ -312,3 +312,23 @@ def test_no_server_outlives_autotune(sig, tmp_path, tiny_pair_dirs, fake_vllm) -
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_tune_on_a_server_backend_end_to_end(tune_config, fake_vllm, tmp_path) -> None:
+    """``autotune tune --backend vllm`` wiring, with the fake server behind the real launcher."""
+    from autotune.tune import run_tune
+    from profiles.store import Store
+
+    cfg = tune_config(backend={"name": "vllm", "n_trials": 2,
+                               "vllm": {"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")}})
+    said: list[str] = []
+    profile = run_tune(cfg, say=said.append)
+    assert profile["backend"]["name"] == "vllm" and profile["backend"]["version"] == "0.0.0-fake"
+    assert profile["backend"]["fixed_knobs"] == {"confidence_threshold": 0.0, "gamma_schedule": "constant"}
+    assert profile["study"]["name"].endswith("-vllm") and profile["study"]["n_trials"] == 2
+    assert all(t["params"]["confidence_threshold"] == 0.0 for t in profile["trials"])
+    assert any("server start" in line for line in said)
+    assert [r["backend"] for r in Store(cfg.storage).list_profiles()] == ["vllm"]
+    exported = json.loads((cfg.export_dir / "vllm-speculative-config.json").read_text())
+    top = max(e["gamma"] for e in profile["schedule"])
+    assert (exported is None) == (top == 0) and (exported is None or exported["num_speculative_tokens"] == top)
