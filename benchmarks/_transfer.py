@@ -1,0 +1,120 @@
+"""Shared body of the transfer benchmarks: configurations measured inside one serving stack.
+
+``transfer_vllm.py`` and ``transfer_llamacpp.py`` each build a plan of ``(label, launch command)``
+and call :func:`measure_plan`: every configuration gets a fresh server (the backend's launcher,
+the same host flags), the workload's load levels run ``repeats`` times after a warm-up, and the
+rows carry median tokens/s with min-max over repeats, the ratio to no speculation and to the
+grid's best, acceptance, and whether greedy outputs equal the no-speculation server's token for
+token. Commands already measured are not run twice (their row says ``same_as``), except the
+no-speculation baseline, which runs first and again last (the drift check).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+from autotune.backends.server import ServerError
+from autotune.table import table
+
+
+def newest_profile(ctx, backend: str, profile_id: int | None) -> dict | None:
+    """The given profile, or the newest one for this host and pair that ``backend`` measured."""
+    if profile_id is not None:
+        return ctx.store.get_profile(profile_id)
+    for row in ctx.store.list_profiles():
+        if row["backend"] != backend:
+            continue
+        prof = ctx.store.get_profile(row["id"])
+        if (prof["device"]["key"] == ctx.device_key and prof["pair"]["target_hash"] == ctx.target_hash
+                and prof["pair"].get("draft_hash") == ctx.draft_hash):
+            return prof
+    return None
+
+
+def measure_plan(backend, plan: list[tuple[str, list[str]]], batch: int, repeats: int, seed: int,
+                 host_flag: str = "--host") -> list[dict]:
+    """Run every configuration of ``plan`` in a fresh server; one row per entry (see the module docstring)."""
+    measured: dict[str, dict] = {}
+    rows = []
+    for label, command in plan:
+        key = json.dumps(command)
+        if key in measured and not label.startswith("no speculation"):
+            rows.append({**measured[key], "config": label, "same_as": measured[key]["config"]})
+            continue
+        backend.close()  # a fresh server for every configuration
+        records: dict = {}
+        tps, runs = [], []
+        try:
+            for r in range(repeats):
+                res = backend.run(command, batch, seed + r, records if r == 0 else None)
+                tps.append(res["tokens_per_second"])
+                runs.append(res)
+        except ServerError as exc:
+            print(f"{label}: failed: {exc}", file=sys.stderr)
+            rows.append({"config": label, "error": str(exc)[:2000], "args": shlex.join(command)})
+            continue
+        first_level = min(records)
+        entry = {
+            "config": label, "args": shlex.join(command[1:command.index(host_flag)]),
+            "startup_s": backend.server.startup_s, "tokens_per_second_runs": tps,
+            "tokens_per_second": statistics.median(tps), "min": min(tps), "max": max(tps),
+            "acceptance_rate": runs[-1]["per_level"][first_level]["acceptance_rate"],
+            "per_level": runs[-1]["per_level"], "outputs": [r.output_tokens for r in records[first_level]],
+        }
+        measured.setdefault(key, entry)
+        rows.append(entry)
+        print(f"{label}: {entry['tokens_per_second']:.1f} tok/s ({entry['min']:.1f}-{entry['max']:.1f}), "
+              f"start-up {entry['startup_s']:.1f} s", file=sys.stderr)
+    backend.close()
+    return rows
+
+
+def summarize(rows: list[dict], greedy: bool, chosen_prefix: str) -> dict:
+    """Ratios per row (in place) and the summary figures of a transfer benchmark."""
+    base = next((r for r in rows if r["config"] == "no speculation" and "error" not in r), None)
+    grid = [r for r in rows if "error" not in r and r["config"].startswith("grid")]
+    best = max(grid, key=lambda r: r["tokens_per_second"], default=None)
+    for r in rows:
+        if "error" in r:
+            continue
+        r["over_no_speculation"] = r["tokens_per_second"] / base["tokens_per_second"] if base else None
+        r["over_grid_best"] = r["tokens_per_second"] / best["tokens_per_second"] if best else None
+        if base and greedy:
+            r["greedy_identical"] = r["outputs"] == base["outputs"]
+
+    def first(prefix: str, key: str):
+        return next((r[key] for r in rows if r["config"].startswith(prefix) and "error" not in r), None)
+
+    last = rows[-1] if rows and rows[-1]["config"].startswith("no speculation (again") else None
+    return {
+        "grid_best": best["config"] if best else None,
+        "grid_best_tokens_per_second": best["tokens_per_second"] if best else None,
+        "engine_export_over_grid_best": first("engine-backend export", "over_grid_best"),
+        "engine_export_over_no_speculation": first("engine-backend export", "over_no_speculation"),
+        "choice_over_grid_best": first(chosen_prefix, "over_grid_best"),
+        "choice_over_no_speculation": first(chosen_prefix, "over_no_speculation"),
+        "drift_no_speculation_last_over_first": (last["tokens_per_second"] / base["tokens_per_second"]
+                                                 if base and last and "error" not in last else None),
+    }
+
+
+def report(out: Path, header: str, result: dict) -> None:
+    """Write the JSON atomically and print the table and summary."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)
+    rows = result["rows"]
+    print(f"\n{header}\n")
+    print(table(["configuration", "tok/s (median)", "min", "max", "x no-spec", "x grid best", "acceptance",
+                 "greedy = no-spec", "start-up s"],
+                [(r["config"], r.get("tokens_per_second"), r.get("min"), r.get("max"), r.get("over_no_speculation"),
+                  r.get("over_grid_best"), r.get("acceptance_rate"), r.get("greedy_identical"), r.get("startup_s"))
+                 for r in rows]))
+    print("\n" + "\n".join(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}"
+                           for k, v in result["summary"].items()))
+    print(f"\nwrote {out}")
