@@ -1,0 +1,100 @@
+"""Inside llama.cpp: the engine-tuned export, the llamacpp-tuned choice, defaults and an n-max x p-min grid.
+
+One run, one llama-server per configuration (the llamacpp backend's launcher and GGUF files,
+the same host flags, a fresh server each), the same prompts and load (the workload of
+``--config``, default the bundled tune.yaml), in this order:
+
+1. llama-server without speculation (measured again at the end: the drift check);
+2. llama.cpp's defaults with the draft model: ``--spec-draft-n-max 3 --spec-draft-p-min 0``;
+3. the config exported by ``autotune tune --backend engine`` (newest engine-backend profile for
+   this host and pair, through the llama.cpp exporter with the GGUF paths);
+4. the config chosen by ``autotune tune --backend llamacpp`` (newest llamacpp-backend profile);
+5. a grid over ``--spec-draft-n-max`` x ``--spec-draft-p-min``.
+
+Rows and summary as in ``benchmarks/_transfer.py``. Goals of the llama.cpp issue: the
+llamacpp-backend choice within 5% of the grid's best and never below no speculation; the
+engine-backend export's ratio to the grid's best is the transfer error. Usage::
+
+    python benchmarks/transfer_llamacpp.py [--config tune.yaml] [--repeats 3] [--n-max 1,2,3,4,6,8] [--p-min 0,0.3,0.6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _transfer import measure_plan, newest_profile, report, summarize  # noqa: E402
+
+from autotune import context  # noqa: E402
+from autotune.backends.llamacpp import LlamacppBackend, server_command  # noqa: E402
+from autotune.config import load_config  # noqa: E402
+from autotune.errors import USER_ERRORS  # noqa: E402
+from profiles.profile import export_inputs  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, default=ROOT / "tune.yaml")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--n-max", default="1,2,3,4,6,8")
+    p.add_argument("--p-min", default="0,0.3,0.6")
+    p.add_argument("--engine-profile", type=int, default=None, help="profile id (default: newest engine-backend one)")
+    p.add_argument("--llamacpp-profile", type=int, default=None,
+                   help="profile id (default: newest llamacpp-backend one)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "transfer_llamacpp.json")
+    args = p.parse_args()
+    try:
+        cfg = load_config(args.config)
+        ctx = context.build(cfg)
+        backend = LlamacppBackend(ctx)
+        engine_prof = newest_profile(ctx, "engine", args.engine_profile)
+        chosen_prof = newest_profile(ctx, "llamacpp", args.llamacpp_profile)
+    except USER_ERRORS as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        sys.exit(2)
+    batch = max(cfg.max_batch_size)
+
+    def grid_command(n_max: int, p_min: float) -> list[str]:
+        params = {"drafter": "model" if n_max else "none", "gamma": n_max, "confidence_threshold": p_min,
+                  "max_batch_size": batch}
+        return backend.command(params)
+
+    def profile_command(prof: dict) -> list[str]:
+        inputs = export_inputs(prof, str(backend.target_gguf), str(backend.draft_gguf) if backend.draft_gguf else None)
+        return server_command(backend.binary, cfg, inputs, backend.context)
+
+    plan = [("no speculation", grid_command(0, 0.0)), ("llama.cpp defaults (n-max 3, p-min 0)", grid_command(3, 0.0))]
+    for label, prof, how in (("engine-backend export", engine_prof, "autotune tune"),
+                             ("llamacpp-backend choice", chosen_prof, "autotune tune --backend llamacpp")):
+        if prof is None:
+            print(f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)", file=sys.stderr)
+        else:
+            plan.append((f"{label} (profile #{prof['id']})", profile_command(prof)))
+    plan += [(f"grid n-max {n} p-min {pm:g}", grid_command(int(n), float(pm)))
+             for n in args.n_max.split(",") for pm in (float(x) for x in args.p_min.split(","))]
+    plan.append(("no speculation (again, last)", grid_command(0, 0.0)))
+
+    t0 = time.perf_counter()
+    rows = measure_plan(backend, plan, batch, args.repeats, cfg.seed)
+    summary = summarize(rows, cfg.temperature == 0, "llamacpp-backend choice")
+    result = {"command": shlex.join([sys.executable, *sys.argv]), "device": ctx.fingerprint["label"],
+              "config": str(args.config), "llama_server_version": backend.version, "workload": ctx.workload,
+              "parallel": batch, "threads": cfg.llamacpp.threads, "repeats": args.repeats,
+              "wall_s": time.perf_counter() - t0, "gguf": backend.describe()["gguf"],
+              "engine_profile": engine_prof and {k: engine_prof[k] for k in ("id", "chosen", "schedule")},
+              "llamacpp_profile": chosen_prof and {k: chosen_prof[k] for k in ("id", "chosen", "schedule")},
+              "summary": summary, "rows": rows}
+    report(args.out, f"llama-server {backend.version} on {ctx.fingerprint['label']}, -t {cfg.llamacpp.threads}; "
+                     f"workload {cfg.prompts.name}, concurrency {list(cfg.concurrency)}, {cfg.num_requests} requests x "
+                     f"{cfg.max_new_tokens} tokens per level, {args.repeats} repeats per server; -np {batch}", result)
+
+
+if __name__ == "__main__":
+    main()
