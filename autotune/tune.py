@@ -74,11 +74,12 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
     """
     ctx = ctx_mod.build(cfg)
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
-    measurement, reused = ctx_mod.ensure_profile(ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"))
-    say("profile: " + ("reused stored measurement (--reprofile to measure again)" if reused else "measured and stored"))
-    ctx.backend = open_backend(ctx, cfg.backend)
+    ctx.backend = open_backend(ctx, cfg.backend)  # before profiling: a missing stack fails in seconds
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # servers are stopped on SIGTERM too
     try:
+        measurement, reused = ctx_mod.ensure_profile(ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"))
+        say("profile: " + ("reused stored measurement (--reprofile to measure again)" if reused
+                           else "measured and stored"))
         return _study_and_store(ctx, measurement, resume, say)
     finally:
         signal.signal(signal.SIGTERM, old)
