@@ -234,6 +234,36 @@ def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, b
     click.echo(render_tune(prof))
 
 
+def _ratio(value: float | None, ci: list | None, unit: str = "x") -> str:
+    """``1.62x (95% CI 1.51-1.70)``; without an interval (old profiles, one repeat) just the value."""
+    if value is None:
+        return "n/a"
+    if not ci or ci[0] == ci[1] == value:
+        return f"{value:.2f}{unit}"
+    return f"{value:.2f}{unit} (95% CI {ci[0]:.2f}-{ci[1]:.2f})"
+
+
+def _with_ci(value: float, ci: list | None, fmt: str = ".1f") -> str:
+    return f"{value:{fmt}}" + (f" (95% CI {ci[0]:{fmt}}-{ci[1]:{fmt}})" if ci and ci[0] != ci[1] else "")
+
+
+def _class_text(r: dict) -> str:
+    ci = r.get("verify_cost_ci95")
+    if not ci:
+        return f"B={r['batch_size']}: {r['label']}"
+    sep = "" if r.get("separable", True) else " (not separable at this noise)"
+    return f"B={r['batch_size']}: {r['label']}{sep} [cost {r['verify_cost']:.2f}, 95% CI {ci[0]:.2f}-{ci[1]:.2f}]"
+
+
+def _schedule_text(e: dict) -> str:
+    text = f"B={e['batch_size']}: gamma {e['gamma']}"
+    if "ratio" not in e:
+        return text
+    r = e["ratio"]
+    body = _ratio(r["value"], r["ci95"])
+    return text + (f" ({body})" if e.get("significant") else f" (no significant difference: {body})")
+
+
 def render_tune(p: dict) -> str:
     m, c = p["metrics"], p["chosen"]
     lat = m["latency_metric"]
@@ -249,20 +279,28 @@ def render_tune(p: dict) -> str:
     rows = []
     for b, lv in sorted(m["per_level"].items(), key=lambda kv: int(kv[0])):
         base = p["baseline"]["per_level"].get(b) or p["baseline"]["per_level"].get(str(b)) or {}
+        ratio = (m.get("per_level_speedup") or {}).get(b) or (m.get("per_level_speedup") or {}).get(str(b))
         rows.append((b, lv["tokens_per_second"], base.get("tokens_per_second"),
+                     _ratio(ratio["value"], ratio["ci95"]) if ratio else
                      lv["tokens_per_second"] / base["tokens_per_second"] if base.get("tokens_per_second") else None,
                      lv["tpot_ms_p50"], lv["tpot_ms_p95"], lv["ttft_ms_p95"], lv["e2e_ms_p95"], lv["acceptance_rate"]))
     lines.append(table(["load", "tok/s", "AR tok/s", "speedup", "tpot p50", "tpot p95", "ttft p95", "e2e p95",
                         "acceptance"], rows))
     lines += ["",
-              f"overall     {m['tokens_per_second']:.1f} tok/s, {lat} {m['latency_ms']:.1f} ms; "
-              f"speedup {m['speedup']:.2f}x over AR"
+              f"overall     {_with_ci(m['tokens_per_second'], m.get('tokens_per_second_ci95'))} tok/s, "
+              f"{lat} {_with_ci(m['latency_ms'], m.get('latency_ms_ci95'))} ms"
+              + (f"; medians of {m['repeats']} repeats ({(p.get('remeasure') or {}).get('order', 'interleaved')})"
+                 if m.get("repeats") else ""),
+              f"speedup     {_ratio(m['speedup'], m.get('speedup_ci95'))} over AR"
               + ("; it is the best static-gamma configuration" if m.get("chosen_is_best_static")
-                 else f", {m['speedup_over_best_static']:.2f}x over the best static-gamma configuration (both re-measured)"
+                 else f", {_ratio(m['speedup_over_best_static'], m.get('speedup_over_best_static_ci95'))} over the "
+                      "best static-gamma configuration (paired re-measurements)"
                  if m.get("speedup_over_best_static") else ""),
-              "classes     " + ", ".join(f"B={r['batch_size']}: {r['label']}" for r in p["classification"]["batch_sizes"])
-              + f"; knee n* = {p['knee_tokens']}",
-              "schedule    " + ", ".join(f"B={e['batch_size']}: gamma {e['gamma']}" for e in p["schedule"])
+              "classes     " + ", ".join(_class_text(r) for r in p["classification"]["batch_sizes"])
+              + f"; knee n* = {p['knee_tokens']}"
+              + (f" (95% CI {p['classification']['knee_tokens_ci95'][0]}-{p['classification']['knee_tokens_ci95'][1]})"
+                 if p["classification"].get("knee_tokens_ci95") else ""),
+              "schedule    " + ", ".join(_schedule_text(e) for e in p["schedule"])
               + (f"; speculation off from batch size {p['crossover_batch_size']}" if p["crossover_batch_size"] else
                  "; speculation pays at every measured batch size"),
               f"stored      profile #{p.get('id')} in {p['study']['storage']}"]

@@ -97,6 +97,7 @@ class TuneConfig:
     export_dir: Path = Path("exports")
     profile_gamma_max: int = 8
     remeasure_top: int = 3
+    repeats: int = 3
     backend: str = "engine"
     server_trials: int = 6
     server_timeout_s: float | None = None
@@ -278,6 +279,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     trial_timeout = b.num("trial_timeout_s", 300.0, lo=0.0, open_lo=True, allow_none=True)
     seed = b.int("seed", 0)
     remeasure = b.int("remeasure_top", 3, lo=1)
+    repeats = b.int("repeats", 3, lo=1)
     b.done()
 
     st = top.sub("storage")
@@ -318,7 +320,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
         gamma=Range(int(gamma.low), int(gamma.high)), confidence_threshold=thr, gamma_schedules=schedules,
         max_batch_size=max_batch, gamma_cap=cap, ngram_min=ngram_min, ngram_max=ngram_max, latency=latency,
         slo=slo, n_trials=n_trials, timeout_s=timeout, trial_timeout_s=trial_timeout, seed=seed, storage=url, study_name=study,
-        export_formats=formats, export_dir=export_dir, profile_gamma_max=gmax, remeasure_top=remeasure,
+        export_formats=formats, export_dir=export_dir, profile_gamma_max=gmax, remeasure_top=remeasure, repeats=repeats,
         backend=backend, server_trials=server_trials, server_timeout_s=server_timeout, vllm=vllm, llamacpp=llamacpp,
         source=source,
     )

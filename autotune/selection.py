@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autotune.stats import Estimate, describe_difference, paired_ratio, significant
+
 
 @dataclass(frozen=True)
 class Point:
@@ -21,6 +23,10 @@ class Point:
     violation: float = 0.0  # sum of positive SLO excesses (0 = feasible)
     per_batch: Mapping[int, float] = field(default_factory=dict)  # batch size -> tokens/s
     number: int | None = None
+    # re-measured points: (tokens/s, latency) per round, and tokens/s per batch size per round; the
+    # rounds of all re-measured points are paired (same seeds, measured alternately)
+    rounds: tuple[tuple[float, float], ...] = ()
+    per_batch_rounds: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
 
     @property
     def feasible(self) -> bool:
@@ -77,12 +83,110 @@ def choose(points: Sequence[Point], has_slo: bool) -> Choice:
     return Choice(knee_point(pareto_front(points)), True, "knee of the Pareto front (no SLOs set)")
 
 
+def simplicity(params: Mapping[str, object]) -> tuple:
+    """Sort key, simplest first: no speculation, then constant gamma, no threshold, small gamma.
+
+    Example:
+        >>> sorted([{"gamma": 4, "gamma_schedule": "heuristic"}, {"gamma": 0}, {"gamma": 6}], key=simplicity)
+        [{'gamma': 0}, {'gamma': 6}, {'gamma': 4, 'gamma_schedule': 'heuristic'}]
+    """
+    gamma = int(params.get("gamma", 0) or 0)  # type: ignore[call-overload]
+    if gamma == 0:
+        return (0, 0, 0.0, 0)
+    return (1, int(params.get("gamma_schedule", "constant") != "constant"),
+            float(params.get("confidence_threshold", 0.0) or 0.0), gamma)  # type: ignore[arg-type]
+
+
+def config_label(params: Mapping[str, object]) -> str:
+    """A configuration in a few words, for selection reasons.
+
+    Example:
+        >>> config_label({"gamma": 0}), config_label({"gamma": 8, "confidence_threshold": 0.1})
+        ('gamma=0 (no speculation)', 'gamma=8 thr=0.10 constant')
+    """
+    gamma = int(params.get("gamma", 0) or 0)  # type: ignore[call-overload]
+    if gamma == 0:
+        return "gamma=0 (no speculation)"
+    return (f"gamma={gamma} thr={float(params.get('confidence_threshold', 0.0) or 0.0):.2f} "  # type: ignore[arg-type]
+            f"{params.get('gamma_schedule', 'constant')}")
+
+
+def score_ratio(a: Point, b: Point, has_slo: bool) -> Estimate:
+    """A over B on the selection rule's own score, from paired rounds when both have them.
+
+    With SLOs the rule ranks by tokens/s; without, by tokens/s per ms of latency (the knee).
+    Points without (equally many) rounds compare as one run each.
+    """
+    def scores(p: Point) -> list[float]:
+        rounds = p.rounds or ((p.tokens_per_second, p.latency_ms),)
+        return [t if has_slo else t / max(lat, 1e-12) for t, lat in rounds]
+
+    sa, sb = scores(a), scores(b)
+    if len(sa) != len(sb):
+        sa, sb = scores(Point(a.params, a.tokens_per_second, a.latency_ms)), scores(Point(b.params, b.tokens_per_second,
+                                                                                                  b.latency_ms))
+    return paired_ratio([max(x, 1e-12) for x in sa], [max(x, 1e-12) for x in sb])
+
+
+def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
+    """:func:`choose`, except that a configuration replaces a simpler one only by a margin.
+
+    The rule's winner must beat every simpler eligible point (see :func:`simplicity`; with SLOs
+    only feasible ones) with a ratio interval excluding 1 (:func:`autotune.stats.significant`).
+    Otherwise it leaves the pool, the rule picks again, and the reason says which comparison was
+    not significant. When nothing meets the SLOs, the closest point is returned as before.
+
+    Example:
+        >>> ar = Point({"gamma": 0}, 100, 10, rounds=((100, 10), (104, 10), (96, 10)))
+        >>> g4 = Point({"gamma": 4}, 103, 10, rounds=((103, 10), (99, 10), (106, 10)))
+        >>> c = choose_with_margin([ar, g4], has_slo=False)
+        >>> c.point is ar, c.reason.split(";")[1].strip()[:45]
+        (True, 'kept gamma=0 (no speculation): gamma=4 thr=0.')
+    """
+    pool = list(points)
+    notes: list[str] = []
+    while True:
+        choice = choose(pool, has_slo)
+        winner = choice.point
+        if not choice.met_slo:
+            return choice
+        simpler = sorted((p for p in pool if p is not winner and (p.feasible or not has_slo)
+                          and simplicity(p.params) < simplicity(winner.params)), key=lambda p: simplicity(p.params))
+        blocked = None
+        for s in simpler:
+            ratio = score_ratio(winner, s, has_slo)
+            if not significant(ratio):
+                blocked = (s, ratio)
+                break
+        if blocked is None:
+            reason = choice.reason
+            if notes:
+                reason += "; kept " + config_label(winner.params) + ": " + "; ".join(notes)
+            elif simpler:
+                ratio = score_ratio(winner, simpler[0], has_slo)
+                reason += f"; over {config_label(simpler[0].params)}: {describe_difference(ratio)}"
+            else:  # the simplest won outright: say how the runner-up compared
+                others = [p for p in pool if p is not winner and (p.feasible or not has_slo)]
+                if others:
+                    runner_up = choose(others, has_slo).point
+                    ratio = score_ratio(runner_up, winner, has_slo)
+                    reason += f"; {config_label(runner_up.params)} vs it: {describe_difference(ratio)}"
+            return Choice(winner, choice.met_slo, reason)
+        s, ratio = blocked
+        notes.append(f"{config_label(winner.params)} vs {config_label(s.params)}: {describe_difference(ratio)}")
+        pool = [p for p in pool if p is not winner]
+
+
 def gamma_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
                    min_gain: float = 1.02) -> tuple[list[dict], int | None]:
     """Per batch size, the gamma of the fastest measured configuration there.
 
     Speculation must beat the best gamma=0 measurement at that batch size by ``min_gain``
     (2% by default: smaller gains are noise on a shared machine), else the entry is gamma 0.
+    Where re-measured points carry paired per-round throughput at that batch size (``per_batch_rounds``,
+    2 rounds or more), the decision is instead made among them by the interval rule: the fastest
+    speculative one must beat the fastest gamma=0 one with a ratio interval above 1, and the entry
+    records the ``ratio`` (value, 95% interval, rounds) and ``significant``.
     The crossover is the smallest batch size from which every larger one has gamma 0 (None
     when speculation pays at every measured batch size).
 
@@ -96,6 +200,10 @@ def gamma_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
     schedule = []
     for b in batch_sizes:
         at_b = [p for p in points if b in p.per_batch]
+        entry = _schedule_entry_with_margin(at_b, b)
+        if entry is not None:
+            schedule.append(entry)
+            continue
         base = max((p.per_batch[b] for p in at_b if p.params.get("gamma") == 0), default=None)
         spec = max((p for p in at_b if p.params.get("gamma", 0) > 0), key=lambda p: p.per_batch[b], default=None)
         if spec is not None and (base is None or spec.per_batch[b] >= min_gain * base):
@@ -110,3 +218,18 @@ def gamma_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
             break
         crossover = entry["batch_size"]
     return schedule, crossover
+
+
+def _schedule_entry_with_margin(at_b: Sequence[Point], b: int) -> dict | None:
+    """The interval-rule entry at batch size ``b``, or None where no paired repeats exist there."""
+    repeated = [p for p in at_b if len(p.per_batch_rounds.get(b, ())) >= 2]
+    base = max((p for p in repeated if p.params.get("gamma") == 0), key=lambda p: p.per_batch[b], default=None)
+    spec = max((p for p in repeated if p.params.get("gamma", 0) > 0), key=lambda p: p.per_batch[b], default=None)
+    if base is None or spec is None or len(base.per_batch_rounds[b]) != len(spec.per_batch_rounds[b]):
+        return None
+    ratio = paired_ratio(spec.per_batch_rounds[b], base.per_batch_rounds[b])
+    win = significant(ratio)
+    chosen = spec if win else base
+    return {"batch_size": b, "gamma": int(chosen.params["gamma"]), "tokens_per_second": chosen.per_batch[b],
+            "baseline_tokens_per_second": base.per_batch[b], "ratio": ratio.as_dict(), "significant": win,
+            "best_speculative_gamma": int(spec.params["gamma"])}

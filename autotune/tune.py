@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import statistics
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,7 +26,8 @@ from autotune.config import TuneConfig
 from autotune.costmodel import predict
 from autotune.errors import ConfigError
 from autotune.profiler import curves_from_json, samples_from_json
-from autotune.selection import Point, choose, gamma_schedule, pareto_front
+from autotune.selection import Point, choose_with_margin, gamma_schedule, pareto_front
+from autotune.stats import estimate, paired_ratio, significant
 from profiles.exporters import export, write_export
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
 from profiles.store import redact_url
@@ -170,6 +172,46 @@ def write_exports(profile: dict, formats: tuple[str, ...], folder: Path, say: Sa
     return written
 
 
+def _remeasure(ctx, configs: list[dict], repeats: int) -> tuple[list[list[dict]], str]:
+    """Run each configuration ``repeats`` times; ``results[i][r]`` is config i in round r.
+
+    On the engine the rounds are interleaved (A B C A B C ...), so drift hits every
+    configuration alike; on a serving-stack backend a configuration's repeats run back to back
+    in its server (alternating would restart a server every run). Round r uses seed + 1 + r for
+    every configuration, so rounds are paired.
+    """
+    seed = ctx.cfg.seed + 1
+    results: list[list[dict]] = [[] for _ in configs]
+    if ctx.backend is None:
+        for r in range(repeats):
+            for i, params in enumerate(configs):
+                results[i].append(study_mod.evaluate(ctx, {**params}, seed + r))
+        return results, "interleaved"
+    for i, params in enumerate(configs):
+        for r in range(repeats):
+            results[i].append(study_mod.evaluate(ctx, {**params}, seed + r))
+    return results, "back-to-back per server"
+
+
+def _median_result(rounds: list[dict]) -> dict:
+    """One result from repeated ones: the median of every numeric metric (top level and per level)."""
+    def med(values: list) -> object:
+        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return statistics.median(nums) if nums and len(nums) == len(values) else values[0]
+
+    per_level = {}
+    for b in rounds[0]["per_level"]:
+        keys = rounds[0]["per_level"][b]
+        per_level[b] = {k: med([r["per_level"][b].get(k) for r in rounds]) for k in keys}
+    out = {k: med([r.get(k) for r in rounds]) for k in rounds[0] if k != "per_level"}
+    out["per_level"] = per_level
+    return out
+
+
+def _knobs(params: dict) -> tuple:
+    return tuple(params.get(k) for k in CHOSEN_KNOBS)
+
+
 def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
     cfg = ctx.cfg
     points = [study_mod.point_from_trial(t, space) for t in trials]
@@ -177,34 +219,43 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
     pool = [p for p in points if p.feasible] if has_slo and any(p.feasible for p in points) else points
     front = pareto_front(pool)
     candidates = sorted(front, key=lambda p: -p.tokens_per_second)[: cfg.remeasure_top]
-    say(f"re-measuring the top {len(candidates)} candidates of the Pareto front")
-    remeasured = []
-    for cand in candidates:
-        params = {**cand.params}
-        result = study_mod.evaluate(ctx, params, cfg.seed + 1)
-        viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, result).values())
-        per_batch = {b: lv["tokens_per_second"] for b, lv in result["per_level"].items()}
-        remeasured.append((Point(params, result["tokens_per_second"], result["latency_ms"], viol, per_batch,
-                                 cand.number), result))
-    base_params = {**candidates[0].params, "gamma": 0, "confidence_threshold": 0.0, "gamma_schedule": "constant"}
-    baseline = study_mod.evaluate(ctx, base_params, cfg.seed + 1)
-    base_viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, baseline).values())
-    base_point = Point(base_params, baseline["tokens_per_second"], baseline["latency_ms"], base_viol,
-                       {b: lv["tokens_per_second"] for b, lv in baseline["per_level"].items()}, None)
-    remeasured.append((base_point, baseline))  # speculation must beat plain decoding to be chosen
-    choice = choose([p for p, _ in remeasured], has_slo)
-    chosen_point = choice.point
-    chosen_result = next(r for p, r in remeasured if p is chosen_point)
-    chosen = {k: chosen_point.params[k] for k in CHOSEN_KNOBS}
-    chosen["prompt_lookup_min"], chosen["prompt_lookup_max"] = cfg.ngram_min, cfg.ngram_max
     static = [p for p in points if p.params.get("gamma", 0) > 0 and p.params.get("gamma_schedule") == "constant"
               and float(p.params.get("confidence_threshold", 0.0)) == 0.0]
     best_static = max(static, key=lambda p: p.tokens_per_second, default=None)
+    base_params = {**candidates[0].params, "gamma": 0, "confidence_threshold": 0.0, "gamma_schedule": "constant"}
+    # what is measured again: the finalists, the AR baseline, the best static gamma (each once)
+    configs: list[tuple[dict, int | None]] = []
+    for params, number in [*((c.params, c.number) for c in candidates), (base_params, None),
+                           *([(best_static.params, best_static.number)] if best_static else [])]:
+        if all(_knobs(params) != _knobs(p) for p, _ in configs):
+            configs.append(({**params}, number))
+    repeats = cfg.repeats
+    say(f"re-measuring the top {len(candidates)} candidates of the Pareto front, the AR baseline"
+        + (" and the best static gamma" if best_static is not None else "")
+        + f": {len(configs)} configurations x {repeats} repeats"
+        + (" (interleaved)" if ctx.backend is None else " (back to back in each configuration's server)"))
+    rounds, order = _remeasure(ctx, [p for p, _ in configs], repeats)
+    remeasured: list[tuple[Point, dict]] = []
+    for (params, number), results in zip(configs, rounds, strict=True):
+        result = _median_result(results)
+        viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, result).values())
+        per_batch = {b: lv["tokens_per_second"] for b, lv in result["per_level"].items()}
+        per_batch_rounds = {b: tuple(r["per_level"][b]["tokens_per_second"] for r in results) for b in per_batch}
+        point = Point(params, result["tokens_per_second"], result["latency_ms"], viol, per_batch, number,
+                      tuple((r["tokens_per_second"], r["latency_ms"]) for r in results), per_batch_rounds)
+        remeasured.append((point, result))
+
+    def find(params: dict) -> tuple[Point, dict]:
+        return next((p, r) for p, r in remeasured if _knobs(p.params) == _knobs(params))
+
+    base_point, baseline = find(base_params)
+    choice = choose_with_margin([p for p, _ in remeasured], has_slo)  # must beat plain decoding by a margin
+    chosen_point = choice.point
+    chosen_result = find(chosen_point.params)[1]
+    chosen = {k: chosen_point.params[k] for k in CHOSEN_KNOBS}
+    chosen["prompt_lookup_min"], chosen["prompt_lookup_max"] = cfg.ngram_min, cfg.ngram_max
     static_is_chosen = best_static is not None and all(best_static.params.get(k) == chosen[k] for k in CHOSEN_KNOBS)
-    static_result = None  # the best static-gamma trial, re-measured like the chosen one (same seed, same round)
-    if best_static is not None:
-        static_result = chosen_result if static_is_chosen else study_mod.evaluate(ctx, {**best_static.params},
-                                                                                  cfg.seed + 1)
+    static_point = find(best_static.params)[0] if best_static is not None else None
     all_points = points + [p for p, _ in remeasured]
     schedule, crossover = gamma_schedule(all_points, list(cfg.batch_sizes))
     curves = curves_from_json(measurement["curves"])
@@ -216,13 +267,20 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
         pred = predict(curves, samples, g, float(chosen["confidence_threshold"]), min(int(b), int(chosen["max_batch_size"])))
         pvm.append({"batch_size": int(b), "gamma": g, "predicted_tokens_per_second": pred.tokens_per_second,
                     "measured_tokens_per_second": lv["tokens_per_second"]})
+    tps = [t for t, _ in chosen_point.rounds]
+    speedup = paired_ratio(tps, [t for t, _ in base_point.rounds])
+    over_static = paired_ratio(tps, [t for t, _ in static_point.rounds]) if static_point is not None else None
+    per_level_speedup = {b: paired_ratio(chosen_point.per_batch_rounds[b], base_point.per_batch_rounds[b]).as_dict()
+                         for b in chosen_point.per_batch_rounds if b in base_point.per_batch_rounds}
     metrics = {"tokens_per_second": chosen_result["tokens_per_second"], "latency_ms": chosen_result["latency_ms"],
+               "tokens_per_second_ci95": _ci(tps), "latency_ms_ci95": _ci([lat for _, lat in chosen_point.rounds]),
                "latency_metric": cfg.latency, "per_level": chosen_result["per_level"],
-               "speedup": chosen_result["tokens_per_second"] / baseline["tokens_per_second"],
-               "speedup_over_best_static": (chosen_result["tokens_per_second"] / static_result["tokens_per_second"]
-                                            if static_result else None),
+               "speedup": speedup.value, "speedup_ci95": [speedup.low, speedup.high],
+               "speedup_significant": significant(speedup), "per_level_speedup": per_level_speedup,
+               "speedup_over_best_static": over_static.value if over_static else None,
+               "speedup_over_best_static_ci95": [over_static.low, over_static.high] if over_static else None,
                "best_static": dict(best_static.params) if best_static else None,
-               "chosen_is_best_static": static_is_chosen,
+               "chosen_is_best_static": static_is_chosen, "repeats": repeats,
                "acceptance_rate": _mean([lv["acceptance_rate"] for lv in chosen_result["per_level"].values()])}
     return {
         "schema_version": SCHEMA_VERSION, "tool_version": TOOL_VERSION,
@@ -236,20 +294,26 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
                   "space": space.__dict__, "slo": cfg.slo, "objectives": ["tokens_per_second", cfg.latency]},
         "chosen": chosen,
         "selection": {"met_slo": choice.met_slo, "reason": choice.reason, "trial": chosen_point.number},
-        "schedule": [{"batch_size": e["batch_size"], "gamma": e["gamma"],
-                      "tokens_per_second": e["tokens_per_second"],
-                      "baseline_tokens_per_second": e["baseline_tokens_per_second"]} for e in schedule],
+        "schedule": [{k: e[k] for k in ("batch_size", "gamma", "tokens_per_second", "baseline_tokens_per_second",
+                                        "ratio", "significant") if k in e} for e in schedule],
         "crossover_batch_size": crossover,
         "metrics": metrics,
         "baseline": {"tokens_per_second": baseline["tokens_per_second"], "latency_ms": baseline["latency_ms"],
+                     "tokens_per_second_ci95": _ci([t for t, _ in base_point.rounds]),
+                     "latency_ms_ci95": _ci([lat for _, lat in base_point.rounds]),
                      "per_level": baseline["per_level"]},
         "trials": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
                     "latency_ms": p.latency_ms, "feasible": p.feasible, "per_batch_tokens_per_second": dict(p.per_batch)}
                    for p in points],
         "pareto_front": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
                           "latency_ms": p.latency_ms, "feasible": p.feasible} for p in pareto_front(points)],
+        "remeasure": {"repeats": repeats, "order": order},
         "remeasured": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
-                        "latency_ms": p.latency_ms, "feasible": p.feasible} for p, _ in remeasured],
+                        "latency_ms": p.latency_ms, "feasible": p.feasible,
+                        "tokens_per_second_ci95": _ci([t for t, _ in p.rounds]),
+                        "latency_ms_ci95": _ci([lat for _, lat in p.rounds]),
+                        "rounds": [{"tokens_per_second": t, "latency_ms": lat} for t, lat in p.rounds]}
+                       for p, _ in remeasured],
         "classification": measurement["classification"],
         "ceilings": measurement["ceilings"],
         "knee_tokens": measurement["knee_tokens"],
@@ -257,6 +321,11 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
         "acceptance": {k: v for k, v in measurement["acceptance"].items() if k != "samples"},
         "predicted_vs_measured": pvm,
     }
+
+
+def _ci(xs: list[float]) -> list[float]:
+    e = estimate(xs)
+    return [e.low, e.high]
 
 
 def _mean(xs: list) -> float | None:

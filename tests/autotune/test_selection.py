@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.selection import Point, choose, gamma_schedule, knee_point, pareto_front
+from autotune.selection import (
+    Point,
+    choose,
+    choose_with_margin,
+    gamma_schedule,
+    knee_point,
+    pareto_front,
+    simplicity,
+)
 
 
 def pt(tps: float, lat: float, violation: float = 0.0, name: str = "") -> Point:
@@ -185,3 +193,72 @@ def test_schedule_only_uses_points_measured_at_that_batch() -> None:
     schedule, crossover = gamma_schedule(points, [1, 4])
     assert [e["gamma"] for e in schedule] == [4, 0]
     assert crossover == 4
+
+
+# ------------------------------------------------------------------------------------------
+# decisions with a margin (paired re-measurement rounds)
+
+
+def remeasured(gamma: int, tps: list[float], lat: float = 10.0, violation: float = 0.0, **params) -> Point:
+    rounds = tuple((t, lat) for t in tps)
+    med = sorted(tps)[len(tps) // 2]
+    return Point({"gamma": gamma, **params}, med, lat, violation, {1: med}, rounds=rounds,
+                 per_batch_rounds={1: tuple(tps)})
+
+
+AR = [100.0, 104.0, 96.0, 101.0, 99.0]
+
+
+def test_a_gain_inside_the_noise_keeps_the_baseline_and_says_so() -> None:
+    ar = remeasured(0, AR)
+    g4 = remeasured(4, [103.0, 99.0, 106.0, 98.0, 104.0])  # the knee rule alone would take it
+    assert choose([ar, g4], has_slo=False).point is g4
+    choice = choose_with_margin([ar, g4], has_slo=False)
+    assert choice.point is ar
+    assert "no significant difference (ratio 1.0" in choice.reason and "95% CI" in choice.reason
+
+
+def test_a_clear_gain_replaces_the_baseline_with_its_interval_in_the_reason() -> None:
+    ar, g4 = remeasured(0, AR), remeasured(4, [150.0, 158.0, 147.0, 152.0, 149.0])
+    choice = choose_with_margin([ar, g4], has_slo=False)
+    assert choice.point is g4
+    assert "significantly better (ratio 1.5" in choice.reason
+
+
+def test_a_complex_winner_falls_back_to_the_simpler_finalist_not_to_the_baseline() -> None:
+    """Heuristic schedule ties the constant gamma it extends; both clearly beat AR: constant is kept."""
+    ar = remeasured(0, AR)
+    const = remeasured(6, [150.0, 156.0, 146.0, 151.0, 149.0])
+    heur = remeasured(6, [152.0, 155.0, 149.0, 150.0, 151.0], gamma_schedule="heuristic")
+    choice = choose_with_margin([ar, const, heur], has_slo=False)
+    assert choice.point is const
+    assert "no significant difference" in choice.reason
+
+
+def test_with_slos_only_feasible_simpler_points_block_and_nothing_feasible_is_unchanged() -> None:
+    ar = remeasured(0, AR, violation=5.0)  # infeasible: cannot be the safer choice
+    g2 = remeasured(2, [101.0, 103.0, 99.0, 100.0, 102.0])
+    assert choose_with_margin([ar, g2], has_slo=True).point is g2
+    both_bad = [remeasured(0, AR, violation=5.0), remeasured(2, AR, violation=1.0)]
+    assert "closest" in choose_with_margin(both_bad, has_slo=True).reason
+
+
+def test_without_rounds_the_margin_rule_is_the_point_rule() -> None:
+    ar, g4 = Point({"gamma": 0}, 100, 10), Point({"gamma": 4}, 101, 10)
+    assert choose_with_margin([ar, g4], has_slo=False).point is g4
+
+
+def test_simplicity_orders_baseline_constant_threshold_gamma() -> None:
+    params = [{"gamma": 4, "gamma_schedule": "heuristic"}, {"gamma": 4, "confidence_threshold": 0.2},
+              {"gamma": 8}, {"gamma": 2}, {"gamma": 0, "gamma_schedule": "heuristic"}]
+    assert sorted(params, key=simplicity) == [params[4], params[3], params[2], params[1], params[0]]
+
+
+def test_schedule_uses_the_interval_rule_where_paired_repeats_exist() -> None:
+    noisy = [remeasured(0, AR), remeasured(3, [103.0, 99.0, 106.0, 98.0, 104.0])]
+    (entry,), crossover = gamma_schedule(noisy, [1], min_gain=1.0)  # the point rule would take gamma 3
+    assert entry["gamma"] == 0 and entry["significant"] is False and crossover == 1
+    assert entry["ratio"]["n"] == 5 and entry["ratio"]["ci95"][0] < 1 < entry["ratio"]["ci95"][1]
+    clear = [remeasured(0, AR), remeasured(3, [150.0, 158.0, 147.0, 152.0, 149.0])]
+    (entry,), crossover = gamma_schedule(clear, [1])
+    assert entry["gamma"] == 3 and entry["significant"] is True and crossover is None

@@ -241,3 +241,65 @@ def test_trial_timeout_covers_the_whole_trial_not_each_load_level(tune_config, m
     with pytest.raises(TimeoutError, match=r"trial exceeded trial_timeout_s=0.3 s \(1 of 2 load levels done\)"):
         study_mod.evaluate(ctx, params, 0)
     assert limits[0] == pytest.approx(0.3, abs=0.01) and limits[1] < 0.11  # the second level got what was left
+
+
+def noisy_evaluate(gain_per_gamma: float):
+    """``synthetic_evaluate`` scaled by a seeded host-drift factor per call (+-8%)."""
+    import random
+
+    calls = []
+
+    def evaluate(ctx, params, seed):
+        calls.append((seed, int(params["gamma"])))
+        out = synthetic_evaluate(ctx, {**params, "confidence_threshold": 0.0}, seed)
+        factor = random.Random(len(calls)).uniform(0.92, 1.08) * (1 + gain_per_gamma * int(params["gamma"]))
+        for lv in out["per_level"].values():
+            lv["tokens_per_second"] = 100.0 * factor
+        out["tokens_per_second"] = 100.0 * factor
+        out["latency_ms"] = 40.0
+        return out
+
+    evaluate.calls = calls
+    return evaluate
+
+
+def test_remeasurement_interleaves_paired_rounds_and_reports_intervals(tune_config, monkeypatch) -> None:
+    cfg = tune_config(budget={"repeats": 4, "remeasure_top": 2})
+    fake = noisy_evaluate(0.25)
+    monkeypatch.setattr(study_mod, "evaluate", fake)
+
+    profile = run_tune(cfg, say=lambda _: None)
+
+    remeasure = [c for c in fake.calls if c[0] != cfg.seed]
+    k = len(remeasure) // 4
+    assert len(remeasure) == 4 * k and k >= 2
+    assert [seed for seed, _ in remeasure] == [s for s in (1, 2, 3, 4) for _ in range(k)]  # A B A B, round by round
+    assert len({tuple(g for _, g in remeasure[i * k:(i + 1) * k]) for i in range(4)}) == 1  # same order each round
+    assert profile["remeasure"] == {"repeats": 4, "order": "interleaved"}
+    m = profile["metrics"]
+    assert m["repeats"] == 4 and m["speedup_ci95"][0] <= m["speedup"] <= m["speedup_ci95"][1]
+    assert m["tokens_per_second_ci95"][0] < m["tokens_per_second_ci95"][1]
+    assert all(len(r["rounds"]) == 4 for r in profile["remeasured"])
+    assert profile["chosen"]["gamma"] > 0 and m["speedup_significant"]  # +25% per gamma step beats 8% noise
+
+
+def test_a_gain_inside_the_noise_keeps_speculation_off_and_says_why(tune_config, monkeypatch) -> None:
+    cfg = tune_config(search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0},
+                      budget={"repeats": 4})
+    monkeypatch.setattr(study_mod, "evaluate", noisy_evaluate(0.005))
+
+    profile = run_tune(cfg, say=lambda _: None)
+
+    assert profile["chosen"]["gamma"] == 0
+    assert "no significant difference (ratio " in profile["selection"]["reason"]
+    assert all(e["gamma"] == 0 and e["significant"] is False for e in profile["schedule"])
+
+
+def test_on_a_server_backend_a_configurations_repeats_run_back_to_back() -> None:
+    from autotune.tune import _remeasure
+
+    seen = []
+    backend = SimpleNamespace(evaluate=lambda params, seed: seen.append((params["gamma"], seed)) or {})
+    ctx = SimpleNamespace(cfg=SimpleNamespace(seed=0), backend=backend)
+    _, order = _remeasure(ctx, [{"gamma": 0}, {"gamma": 4}], 3)
+    assert seen == [(0, 1), (0, 2), (0, 3), (4, 1), (4, 2), (4, 3)] and order == "back-to-back per server"

@@ -1,0 +1,161 @@
+"""Small statistics for decisions on a noisy host: medians, 95% intervals, paired ratios.
+
+Pure functions over lists of repeated measurements (no numpy, no scipy):
+
+- :func:`estimate`: median of repeats with a Student-t 95% interval of their mean;
+- :func:`paired_ratio`: A/B from paired rounds (A and B measured in the same round, so drift
+  hits both): one ratio per round, then the geometric mean of the ratios with the t interval of
+  their logarithms (exponentiated), which keeps the interval of A/B the reciprocal of B/A's;
+- :func:`significant`: whether an interval of a ratio excludes 1 in A's favour;
+- :func:`bootstrap_interval`: a seeded percentile bootstrap of any statistic, for quantities
+  that are not means (the profiler's verify cost and knee).
+
+With one repeat there is no spread to estimate: the interval collapses onto the value and the
+caller decides on the point (as a single run always did).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+CONFIDENCE = 0.95
+
+# two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30; beyond, the normal 1.96
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (1.96 beyond 30).
+
+    Example:
+        >>> t975(2), t975(100)
+        (4.303, 1.96)
+    """
+    if df < 1:
+        raise ValueError(f"t975: need df >= 1, got {df}")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A repeated quantity: its point value, 95% interval and number of repeats."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "ci95": [self.low, self.high], "n": self.n}
+
+    def text(self, fmt: str = ".2f", unit: str = "") -> str:
+        """``1.62x (95% CI 1.51-1.70)``; a single repeat says ``(1 run, no interval)``.
+
+        Example:
+            >>> Estimate(1.62, 1.512, 1.70, 5).text(unit="x")
+            '1.62x (95% CI 1.51-1.70)'
+        """
+        if self.n < 2:
+            return f"{self.value:{fmt}}{unit} (1 run, no interval)"
+        return f"{self.value:{fmt}}{unit} (95% CI {self.low:{fmt}}-{self.high:{fmt}})"
+
+
+def _t_interval(xs: Sequence[float]) -> tuple[float, float]:
+    mean = statistics.fmean(xs)
+    if len(xs) < 2:
+        return mean, mean
+    half = t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return mean - half, mean + half
+
+
+def estimate(xs: Sequence[float]) -> Estimate:
+    """Median of the repeats and the t 95% interval of their mean.
+
+    Example:
+        >>> e = estimate([100.0, 104.0, 96.0])
+        >>> e.value, round(e.low, 1), round(e.high, 1), e.n
+        (100.0, 90.1, 109.9, 3)
+    """
+    if not xs:
+        raise ValueError("estimate: no values")
+    low, high = _t_interval([float(x) for x in xs])
+    return Estimate(float(statistics.median(xs)), low, high, len(xs))
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Estimate:
+    """A/B from paired rounds: geometric mean of the per-round ratios, t interval on their logs.
+
+    Example:
+        >>> r = paired_ratio([150.0, 160.0, 155.0], [100.0, 104.0, 98.0])
+        >>> round(r.value, 3), round(r.low, 3), round(r.high, 3)
+        (1.54, 1.442, 1.644)
+        >>> paired_ratio([2.0], [1.0]).text(unit="x")
+        '2.00x (1 run, no interval)'
+    """
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired_ratio: need equally many rounds (got {len(a)} and {len(b)})")
+    if any(x <= 0 for x in (*a, *b)):
+        raise ValueError("paired_ratio: values must be positive")
+    logs = [math.log(x / y) for x, y in zip(a, b, strict=True)]
+    low, high = _t_interval(logs)
+    return Estimate(math.exp(statistics.fmean(logs)), math.exp(low), math.exp(high), len(logs))
+
+
+def significant(ratio: Estimate) -> bool:
+    """True when the ratio's interval excludes 1 in A's favour (A is better).
+
+    With one round there is no interval: the point decides (> 1), as a single run always did.
+
+    Example:
+        >>> significant(Estimate(1.03, 0.95, 1.11, 5)), significant(Estimate(1.2, 1.05, 1.4, 5))
+        (False, True)
+    """
+    return ratio.value > 1.0 if ratio.n < 2 else ratio.low > 1.0
+
+
+def describe_difference(ratio: Estimate, what: str = "ratio") -> str:
+    """The one-phrase verdict on a ratio A/B: significantly better / worse, or no significant difference.
+
+    Example:
+        >>> describe_difference(Estimate(1.03, 0.95, 1.11, 5))
+        'no significant difference (ratio 1.03, 95% CI 0.95-1.11)'
+        >>> describe_difference(Estimate(1.4, 1.2, 1.6, 5), "tokens/s")
+        'significantly better (tokens/s 1.40, 95% CI 1.20-1.60)'
+        >>> describe_difference(Estimate(0.7, 0.6, 0.8, 5))
+        'significantly worse (ratio 0.70, 95% CI 0.60-0.80)'
+    """
+    body = f"{what} {ratio.value:.2f}" + (f", 95% CI {ratio.low:.2f}-{ratio.high:.2f}" if ratio.n >= 2
+                                            else ", 1 run, no interval")
+    worse = ratio.value < 1.0 if ratio.n < 2 else ratio.high < 1.0
+    verdict = "significantly better" if significant(ratio) else "significantly worse" if worse else \
+        "no significant difference"
+    return f"{verdict} ({body})"
+
+
+def bootstrap_interval(samples: Sequence[Sequence[float]], statistic: Callable[..., float], n_boot: int = 1000,
+                       seed: int = 0) -> tuple[float, float]:
+    """Seeded percentile-bootstrap 95% interval of ``statistic(*resampled)``.
+
+    Each sequence in ``samples`` is resampled independently (with replacement, same length).
+
+    Example:
+        >>> lo, hi = bootstrap_interval([[1.0, 1.1, 0.9, 1.0]], lambda xs: statistics.median(xs))
+        >>> 0.9 <= lo <= 1.0 <= hi <= 1.1
+        True
+    """
+    rng = random.Random(seed)
+    values = sorted(statistic(*[[rng.choice(s) for _ in s] for s in samples]) for _ in range(n_boot))
+    return _percentile(values, 0.025), _percentile(values, 0.975)
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
