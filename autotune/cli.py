@@ -180,10 +180,13 @@ def render_profile(data: dict) -> str:
              f"acceptance  {data['acceptance']['acceptance_rate'] or 0:.3f} at gamma {data['acceptance']['gamma_max']} "
              f"(per position: {', '.join(f'{a:.2f}' for a in data['acceptance']['per_position_acceptance'])})", ""]
     cl = data["classification"]
-    rows = [(r["batch_size"], r["verify_cost"], r["label"], r["best_gamma"], r["best_threshold"],
-             r["predicted_speedup"]) for r in cl["batch_sizes"]]
-    lines.append(table(["batch", f"verify cost (gamma={cl['gamma_max']}+1 vs 1)", "label", "best gamma",
+    rows = [(r["batch_size"], r["verify_cost"], "-".join(f"{x:.2f}" for x in r.get("verify_cost_ci95") or []) or "n/a",
+             r["label"] + ("" if r.get("separable", True) else " (not separable at this noise)"),
+             r["best_gamma"], r["best_threshold"], r["predicted_speedup"]) for r in cl["batch_sizes"]]
+    lines.append(table(["batch", f"verify cost (gamma={cl['gamma_max']}+1 vs 1)", "95% CI", "label", "best gamma",
                         "best threshold", "predicted speedup"], rows))
+    if cl.get("knee_tokens_ci95"):
+        lines.append(f"knee n* 95% CI: {_knee_ci(cl['knee_tokens_ci95'])} tokens (bootstrap of the repeated timings)")
     return "\n".join(lines)
 
 
@@ -255,6 +258,10 @@ def _class_text(r: dict) -> str:
     return f"B={r['batch_size']}: {r['label']}{sep} [cost {r['verify_cost']:.2f}, 95% CI {ci[0]:.2f}-{ci[1]:.2f}]"
 
 
+def _knee_ci(ci: list) -> str:
+    return "-".join("not bent" if n is None else str(n) for n in ci)
+
+
 def _schedule_text(e: dict) -> str:
     text = f"B={e['batch_size']}: gamma {e['gamma']}"
     if "ratio" not in e:
@@ -298,7 +305,7 @@ def render_tune(p: dict) -> str:
                  if m.get("speedup_over_best_static") else ""),
               "classes     " + ", ".join(_class_text(r) for r in p["classification"]["batch_sizes"])
               + f"; knee n* = {p['knee_tokens']}"
-              + (f" (95% CI {p['classification']['knee_tokens_ci95'][0]}-{p['classification']['knee_tokens_ci95'][1]})"
+              + (f" (95% CI {_knee_ci(p['classification']['knee_tokens_ci95'])})"
                  if p["classification"].get("knee_tokens_ci95") else ""),
               "schedule    " + ", ".join(_schedule_text(e) for e in p["schedule"])
               + (f"; speculation off from batch size {p['crossover_batch_size']}" if p["crossover_batch_size"] else

@@ -11,7 +11,9 @@
   samples (tokens accepted, draft confidence per position) the cost model uses to predict any
   confidence threshold without rerunning;
 - ``verification_efficiency[B][k]`` and ``draft_cost_ratio[B]`` (DESIGN.md, Metrics);
-- ``classification``: the per-batch-size table (autotune.classify).
+- ``classification``: the per-batch-size table (autotune.classify), each label with its evidence
+  (verify cost with a bootstrap 95% interval from the repeated timings in ``t_verify_samples``;
+  the knee with its interval from ``knee_curve_samples``).
 """
 
 from __future__ import annotations
@@ -79,12 +81,17 @@ def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, cont
     device = pair.target.lm_head.weight.device
     t_verify: dict[int, dict[int, float]] = {}
     t_draft: dict[int, float] = {}
+    cost_samples: dict[int, dict[int, list[float]]] = {}  # the classifier's evidence: k = 1 and gamma_max + 1
     noisy = []
     for b in batch_sizes:
         t_verify[b] = {}
+        cost_samples[b] = {}
         for k in range(1, gamma_max + 2):
-            m = measure_stable(_forward_timer(pair.target, b, k, context, device), device, warmup=2, repeats=repeats)
+            m = measure_stable(_forward_timer(pair.target, b, k, context, device), device, warmup=2, repeats=repeats,
+                               keep_samples=True)
             t_verify[b][k] = m["median"]
+            if k in (1, gamma_max + 1):
+                cost_samples[b][k] = m["samples"]
             if m["noisy"]:
                 noisy.append(f"verify B={b} k={k}")
         if pair.draft is not None:
@@ -93,6 +100,7 @@ def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, cont
         if progress:
             progress(f"verify/draft curves B={b}")
     knee_curve: dict[int, float] = {}
+    knee_samples: dict[int, list[float]] = {}
     t_prefill: dict[int, float] = {}
     for b in batch_sizes:
         m = measure_stable(_forward_timer(pair.target, b, prompt_tokens, 1, device), device, warmup=1,
@@ -102,12 +110,14 @@ def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, cont
     for n in powers_of_two(max(64, b_max * (gamma_max + 1))):
         b = min(n, b_max)
         k = max(1, n // b)
-        m = measure_stable(_forward_timer(pair.target, b, k, context, device), device, warmup=2, repeats=repeats)
+        m = measure_stable(_forward_timer(pair.target, b, k, context, device), device, warmup=2, repeats=repeats,
+                           keep_samples=True)
         knee_curve[b * k] = m["median"]
+        knee_samples[b * k] = m["samples"]
     if progress:
         progress("knee curve")
     return {"t_verify": t_verify, "t_draft": t_draft, "t_prefill": t_prefill, "knee_curve": knee_curve,
-            "context_tokens": context, "prompt_tokens": prompt_tokens, "repeats": repeats, "noisy": noisy}
+            "t_verify_samples": cost_samples, "knee_curve_samples": knee_samples, "context_tokens": context, "prompt_tokens": prompt_tokens, "repeats": repeats, "noisy": noisy}
 
 
 def measure_overhead(pair: ModelPair, requests: list[Request], curves: dict, seed: int = 0) -> None:
@@ -185,7 +195,9 @@ def measure(pair: ModelPair, requests: list[Request], drafter: str, max_batch_si
         progress("acceptance")
     cv = curves_from_json(curves)
     samples = samples_from_json(acceptance)
-    table = classify(cv, curves["knee_curve"], samples, gamma_max, thresholds)
+    table = classify(cv, curves["knee_curve"], samples, gamma_max, thresholds,
+                     cost_samples={b: (row[1], row[gamma_max + 1]) for b, row in curves["t_verify_samples"].items()},
+                     knee_samples=curves["knee_curve_samples"], seed=seed)
     ve = {b: {k: verification_efficiency(t, k, row[1]) for k, t in row.items()} for b, row in cv.t_verify.items()}
     dcr = {b: draft_cost_ratio(cv.draft(b), cv.verify(b, 1)) for b in cv.t_verify} if cv.t_draft else {}
     return {

@@ -109,7 +109,8 @@ def measure_stable(
     warmup: int = 3,
     repeats: int = 10,
     max_iqr_rel: float = NOISY_IQR_REL,
-) -> dict[str, float | int | bool]:
+    keep_samples: bool = False,
+) -> dict:
     """Time ``fn``; if the samples are spread out, take them once more and flag persistent noise.
 
     Args:
@@ -118,6 +119,7 @@ def measure_stable(
         warmup: Untimed calls before each set of samples.
         repeats: Timed calls per set.
         max_iqr_rel: Relative IQR above which a set is retaken (once) and then flagged.
+        keep_samples: Also return the last set's ``samples`` (seconds, in call order).
 
     Returns:
         The :func:`summarize` fields of the last set taken, plus ``repeats`` (samples in that
@@ -129,9 +131,12 @@ def measure_stable(
         >>> sorted(m)
         ['attempts', 'iqr', 'iqr_rel', 'median', 'noisy', 'repeats']
     """
-    summary = summarize(time_fn(fn, device, warmup, repeats))
+    samples = time_fn(fn, device, warmup, repeats)
+    summary = summarize(samples)
     attempts = 1
     if summary["iqr_rel"] > max_iqr_rel:
-        summary = summarize(time_fn(fn, device, warmup, repeats))
+        samples = time_fn(fn, device, warmup, repeats)
+        summary = summarize(samples)
         attempts = 2
-    return {**summary, "repeats": repeats, "attempts": attempts, "noisy": summary["iqr_rel"] > max_iqr_rel}
+    out = {**summary, "repeats": repeats, "attempts": attempts, "noisy": summary["iqr_rel"] > max_iqr_rel}
+    return {**out, "samples": samples} if keep_samples else out

@@ -101,3 +101,44 @@ def test_knee_is_relative_to_the_smallest_n() -> None:
 ])
 def test_label_thresholds(cost, gamma, expected) -> None:
     assert label(cost, gamma) == expected
+
+
+# ------------------------------------------------------------------------------------------
+# labels with evidence (repeated timings)
+
+
+def jittered(value: float, spread: float, n: int = 7) -> list[float]:
+    """n deterministic samples spread +-spread (relative) around value."""
+    return [value * (1 + spread * (2 * i / (n - 1) - 1)) for i in range(n)]
+
+
+def test_tight_timings_keep_the_label_and_carry_its_interval() -> None:
+    curves = curves_from(memory_bound)
+    cost_samples = {b: (jittered(0.010, 0.01), jittered(0.010, 0.01)) for b in BATCHES}
+    table = classify(curves, knee_curve_from(memory_bound), accepting(), GAMMA_MAX, cost_samples=cost_samples)
+    for row in table["batch_sizes"]:
+        assert row["label"] == "memory-bound" and row["separable"] is True
+        low, high = row["verify_cost_ci95"]
+        assert low <= row["verify_cost"] <= high < 1.2
+
+
+def test_noise_that_straddles_a_boundary_is_reported_not_flipped() -> None:
+    """Cost 1.15 measured with +-20% noise: memory-bound or transitional, not separable here."""
+    curves = Curves({b: {1: 0.010, 2: 0.0105, 3: 0.011, 4: 0.0115} for b in BATCHES}, {b: T_DRAFT for b in BATCHES})
+    cost_samples = {b: (jittered(0.010, 0.2), jittered(0.0115, 0.2)) for b in BATCHES}
+    table = classify(curves, knee_curve_from(memory_bound), accepting(), GAMMA_MAX, cost_samples=cost_samples, seed=1)
+    for row in table["batch_sizes"]:
+        assert row["point_label"] == "memory-bound"
+        assert row["label"] == "transitional" and row["separable"] is False
+        assert row["label_range"][0] == "memory-bound" and row["label_range"][1] != "memory-bound"
+    assert table["memory_bound_batch_sizes"] == []
+
+
+def test_classification_is_seeded() -> None:
+    curves = curves_from(knee_at_16)
+    cost_samples = {b: (jittered(0.010, 0.1), jittered(knee_at_16(b * (GAMMA_MAX + 1)), 0.1)) for b in BATCHES}
+    knee_samples = {n: jittered(knee_at_16(n), 0.02) for n in (1, 2, 4, 8, 16, 32, 64)}
+    runs = [classify(curves, knee_curve_from(knee_at_16), accepting(), GAMMA_MAX, cost_samples=cost_samples,
+                     knee_samples=knee_samples, seed=3) for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert runs[0]["knee_tokens_ci95"] == [16, 16]
