@@ -203,8 +203,9 @@ def render_profile(data: dict) -> str:
 @click.option("--backend", type=click.Choice(["engine", "vllm", "llamacpp"]), default=None,
               help="Where trials run (overrides backend.name): engine (in process), or a real vllm / llamacpp "
                    "server per trial.")
+@click.option("--strict", is_flag=True, help="Refuse to store a profile measured on a busy host (exit 2).")
 @click.option("--json", "as_json", is_flag=True, help="Print the stored profile as one JSON object.")
-def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, backend, as_json):
+def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, backend, strict, as_json):
     """The main job: profile this host, run the Optuna study, store the profile, write exports."""
     import dataclasses
 
@@ -223,7 +224,7 @@ def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, b
         overrides["storage"] = storage
     cfg = dataclasses.replace(cfg, **overrides)
     try:
-        prof = run_tune(cfg, resume=resume, reprofile=reprofile, say=_say_err)
+        prof = run_tune(cfg, resume=resume, reprofile=reprofile, say=_say_err, strict=strict)
     except Interrupted as exc:
         click.echo(str(exc), err=True)
         sys.exit(130)
@@ -311,6 +312,15 @@ def render_tune(p: dict) -> str:
               + (f"; speculation off from batch size {p['crossover_batch_size']}" if p["crossover_batch_size"] else
                  "; speculation pays at every measured batch size"),
               f"stored      profile #{p.get('id')} in {p['study']['storage']}"]
+    if p["study"].get("provisional"):
+        lines.insert(-1, f"budget      PROVISIONAL: budget.timeout_s stopped the study after {p['study']['trials_run']} of "
+                         f"{p['study']['trials_planned']} trials; more trials (`autotune tune --resume`) may change it")
+    noise = p.get("host_noise")
+    if noise:
+        worst = max((n for n in (noise.get("before"), noise.get("after")) if n), key=lambda n: n["cv"], default=None)
+        if worst is not None:
+            lines.insert(-1, "host        " + ("BUSY: " + "; ".join(worst["reasons"]) if noise["busy"] else "quiet")
+                         + f" (reference CV up to {worst['cv']:.1%})")
     if p.get("exports"):
         lines.append("exports     " + ", ".join(p["exports"]))
     return "\n".join(lines)

@@ -20,11 +20,12 @@ from pathlib import Path
 import optuna
 
 from autotune import context as ctx_mod
+from autotune import hostnoise
 from autotune import study as study_mod
 from autotune.backends import open_backend
 from autotune.config import TuneConfig
 from autotune.costmodel import predict
-from autotune.errors import ConfigError
+from autotune.errors import BusyHostError, ConfigError
 from autotune.profiler import curves_from_json, samples_from_json
 from autotune.selection import Point, choose_with_margin, gamma_schedule, pareto_front
 from autotune.stats import estimate, paired_ratio, significant
@@ -67,29 +68,46 @@ def _sigterm_as_interrupt(signum, frame):  # noqa: ARG001
     raise KeyboardInterrupt
 
 
-def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say: Say = print) -> dict:
+def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say: Say = print,
+             strict: bool = False) -> dict:
     """The whole main job for one host; returns the stored profile (with its id).
 
     The engine always profiles the device (seconds); the trials run on ``cfg.backend``: the
     engine in process, or a serving stack (one real server per configuration), warm-started
     from the engine's cost model and the nearest stored profile.
+
+    The host's noise is measured before profiling and again after the study
+    (:mod:`autotune.hostnoise`), warned about in one line when busy and recorded in
+    ``profile["host_noise"]``; with ``strict`` a busy host raises :class:`BusyHostError` and no
+    profile is stored.
     """
     ctx = ctx_mod.build(cfg)
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
+    noise_before = _host_noise(say, strict, "before tuning")
     ctx.backend = open_backend(ctx, cfg.backend)  # before profiling: a missing stack fails in seconds
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # servers are stopped on SIGTERM too
     try:
         measurement, reused = ctx_mod.ensure_profile(ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"))
         say("profile: " + ("reused stored measurement (--reprofile to measure again)" if reused
                            else "measured and stored"))
-        return _study_and_store(ctx, measurement, resume, say)
+        return _study_and_store(ctx, measurement, resume, say, noise_before, strict)
     finally:
         signal.signal(signal.SIGTERM, old)
         if ctx.backend is not None:
             ctx.backend.close()
 
 
-def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say: Say) -> dict:
+def _host_noise(say: Say, strict: bool, when: str) -> dict:
+    noise = hostnoise.measure()
+    say(hostnoise.summary(noise) + f" [{when}]")
+    if strict and noise["busy"]:
+        raise BusyHostError(f"--strict: busy host {when} ({'; '.join(noise['reasons'])}); no profile stored "
+                            "(finished trials, if any, are kept for `autotune tune --resume` on a quiet host)")
+    return noise
+
+
+def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say: Say,
+                     noise_before: dict | None = None, strict: bool = False) -> dict:
     cfg, backend = ctx.cfg, ctx.backend
     space = study_mod.shape_space(cfg, measurement, backend.fixed_knobs if backend else None)
     if backend is not None:
@@ -120,6 +138,7 @@ def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say:
             f"| gamma={params['gamma']} thr={params['confidence_threshold']:.2f} {params['gamma_schedule']} "
             f"B={params['max_batch_size']} {params['drafter']} | best so far {best['tps']:.1f} tok/s{startup}")
 
+    started_before = _n_finished(study)
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         if remaining:
@@ -131,10 +150,19 @@ def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say:
                           f"continue with `autotune tune --resume`") from None
     finally:
         signal.signal(signal.SIGTERM, old)
+    ran = _n_finished(study) - started_before
+    provisional = timeout is not None and ran < remaining
+    if provisional:
+        say(f"warning: the {'backend.' if backend else 'budget.'}timeout_s={timeout:g} s budget stopped the study after "
+            f"{ran} of {remaining} trials; the choice is provisional (`autotune tune --resume` runs the rest)")
     trials = study_mod.finished(study)
     if not trials:
         raise RuntimeError(f"study {name!r}: no trial finished (see failed trials' 'error' attribute)")
     profile = _select_and_build(ctx, space, measurement, study, trials, say)
+    noise_after = _host_noise(say, strict, "after the study")
+    noises = [n for n in (noise_before, noise_after) if n is not None]
+    profile["study"].update(trials_planned=remaining, trials_run=ran, provisional=provisional)
+    profile["host_noise"] = {"busy": any(n["busy"] for n in noises), "before": noise_before, "after": noise_after}
     profile["backend"] = backend.describe() if backend else {"name": "engine"}
     profile = json.loads(json.dumps(profile))
     profile_id = ctx.store.save_profile(profile)
@@ -142,6 +170,11 @@ def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say:
     say(f"profile #{profile_id} stored in {redact_url(cfg.storage)}")
     profile["exports"] = write_exports(profile, cfg.export_formats, cfg.export_dir, say, _gguf_models(ctx))
     return profile
+
+
+def _n_finished(study: optuna.Study) -> int:
+    """Trials that ran to an end (complete, failed, pruned); enqueued warm starts are not counted until they run."""
+    return sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
 
 
 def _gguf_models(ctx: ctx_mod.Context) -> dict[str, str]:

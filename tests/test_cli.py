@@ -238,3 +238,23 @@ def test_tune_runs_and_prints_the_summary(tiny_pair_dirs, good_prompts, tmp_path
         assert any(line.startswith(heading) for line in result.stdout.splitlines()), heading
     assert (tmp_path / "exports" / "profile.yaml").is_file()
     assert "trial 1:" in result.stderr
+
+
+def test_tune_strict_on_a_busy_host_exits_2_in_one_line_and_stores_nothing(tiny_pair_dirs, good_prompts, tmp_path,
+                                                                            monkeypatch) -> None:
+    from autotune import hostnoise
+
+    busy = {"cv": 0.3, "median_ms": 1.0, "repeats": 20, "others_cpu_share": 0.7, "loadavg_1m": 3.0, "cpus": 2,
+            "busy": True, "reasons": ["other processes used 70% of the CPU > 25%"], "thresholds": {}}
+    monkeypatch.setattr(hostnoise, "measure", lambda: busy)
+    config = write_config(tmp_path, tiny_pair_dirs, good_prompts)
+
+    result = CliRunner().invoke(main, ["tune", "--config", str(config), "--strict"])
+
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [result.stderr.splitlines()[-1]] and "--strict: busy host before tuning" in errors[0]
+    assert not (tmp_path / "exports").exists()
+    from profiles.store import Store
+
+    assert Store(f"sqlite:///{tmp_path / 'state' / 'autotune.db'}").list_profiles() == []

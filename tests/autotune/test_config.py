@@ -74,7 +74,7 @@ def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dir
     assert cfg.max_batch_size == (4,)
     assert cfg.gamma_cap == "auto" and (cfg.ngram_min, cfg.ngram_max) == (2, 4)
     assert cfg.latency == "tpot_ms_p95" and cfg.slo == {}
-    assert (cfg.n_trials, cfg.timeout_s, cfg.seed, cfg.remeasure_top) == (14, 180.0, 0, 2)
+    assert (cfg.n_trials, cfg.timeout_s, cfg.seed, cfg.remeasure_top, cfg.repeats) == (14, None, 0, 2, 3)
     assert cfg.storage == f"sqlite:///{tmp_path.resolve() / 'autotune.db'}"
     assert cfg.study_name is None
     assert cfg.export_formats == EXPORT_FORMATS
@@ -170,6 +170,8 @@ ERRORS = [
     ("slo not a mapping", lambda r: _set(r, "objectives.slo", [40]), "objectives.slo"),
     ("n_trials 0", lambda r: _set(r, "budget.n_trials", 0), "budget.n_trials"),
     ("timeout_s 0", lambda r: _set(r, "budget.timeout_s", 0), "budget.timeout_s"),
+    ("repeats 0", lambda r: _set(r, "budget.repeats", 0), "budget.repeats"),
+    ("repeats not an integer", lambda r: _set(r, "budget.repeats", 2.5), "budget.repeats"),
     ("storage.url without ://", lambda r: _set(r, "storage.url", "autotune.db"), "storage.url"),
     ("study_name empty", lambda r: _set(r, "storage.study_name", ""), "storage.study_name"),
     ("export.formats bad", lambda r: _set(r, "export.formats", ["vllm", "pdf"]), "export.formats"),

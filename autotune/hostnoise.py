@@ -1,0 +1,145 @@
+"""Busy-host detection: how noisy is this host right now, before we measure anything on it.
+
+Two kinds of evidence, recorded together in ``profile["host_noise"]``:
+
+- the coefficient of variation (stdev / mean) of a fixed small reference workload (a 192x192
+  float32 matmul chain, timed ``repeats`` times after a warm-up) on the host CPU;
+- other processes' CPU use: the busy share of all cores from ``/proc/stat`` over the timing
+  window minus this process's own share (``/proc/self/stat``), and ``/proc/loadavg``.
+
+The host counts as busy when the CV exceeds :data:`CV_BUSY` or other processes used more than
+:data:`OTHERS_BUSY` of the cores during the window. Where ``/proc`` is missing (not Linux),
+only the CV is used.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+CV_BUSY = 0.10
+"""Coefficient of variation of the reference workload above which the host counts as busy."""
+OTHERS_BUSY = 0.25
+"""Share of all cores used by other processes above which the host counts as busy."""
+
+
+def _proc_stat(root: Path) -> tuple[int, int] | None:
+    """(busy, total) jiffies over all cores from ``/proc/stat``, or None."""
+    try:
+        fields = (root / "stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    values = [int(v) for v in fields]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return sum(values[:8]) - idle, sum(values[:8])
+
+
+def _self_jiffies(root: Path) -> int | None:
+    """utime + stime of this process (all threads), in clock ticks."""
+    try:
+        fields = (root / "self" / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[11]) + int(fields[12])
+
+
+def _loadavg(root: Path) -> float | None:
+    try:
+        return float((root / "loadavg").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def others_share(busy_delta: int, total_delta: int, self_delta: int) -> float:
+    """Share of all cores' time used by other processes over a window (0 when nothing elapsed).
+
+    Example:
+        >>> others_share(busy_delta=150, total_delta=200, self_delta=100)
+        0.25
+    """
+    if total_delta <= 0:
+        return 0.0
+    return max(busy_delta - self_delta, 0) / total_delta
+
+
+def verdict(cv: float, others: float | None) -> tuple[bool, list[str]]:
+    """(busy, reasons) from the reference CV and other processes' CPU share.
+
+    Example:
+        >>> verdict(0.02, 0.05)
+        (False, [])
+        >>> verdict(0.18, 0.60)
+        (True, ['reference workload CV 18% > 10%', 'other processes used 60% of the CPU > 25%'])
+    """
+    reasons = []
+    if cv > CV_BUSY:
+        reasons.append(f"reference workload CV {cv:.0%} > {CV_BUSY:.0%}")
+    if others is not None and others > OTHERS_BUSY:
+        reasons.append(f"other processes used {others:.0%} of the CPU > {OTHERS_BUSY:.0%}")
+    return bool(reasons), reasons
+
+
+def measure(repeats: int = 20, size: int = 192, proc: str | Path = "/proc") -> dict:
+    """Time the reference workload ``repeats`` times and read /proc around it.
+
+    Returns ``{"cv", "median_ms", "repeats", "others_cpu_share", "loadavg_1m", "cpus", "busy",
+    "reasons", "thresholds"}``.
+
+    Example:
+        >>> m = measure(repeats=3, size=16)
+        >>> sorted(m)[:4], isinstance(m["busy"], bool)
+        (['busy', 'cpus', 'cv', 'loadavg_1m'], True)
+    """
+    root = Path(proc)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=gen)
+    b = torch.randn(size, size, generator=gen)
+
+    def work() -> None:
+        x = a
+        for _ in range(4):
+            x = torch.tanh(x @ b)
+
+    for _ in range(3):
+        work()
+    stat0, self0 = _proc_stat(root), _self_jiffies(root)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        work()
+        samples.append(time.perf_counter() - t0)
+    stat1, self1 = _proc_stat(root), _self_jiffies(root)
+    mean = statistics.fmean(samples)
+    cv = statistics.stdev(samples) / mean if len(samples) > 1 and mean > 0 else 0.0
+    others = None
+    if stat0 and stat1 and self0 is not None and self1 is not None:
+        others = others_share(stat1[0] - stat0[0], stat1[1] - stat0[1], self1 - self0)
+    busy, reasons = verdict(cv, others)
+    return {"cv": cv, "median_ms": statistics.median(samples) * 1e3, "repeats": repeats,
+            "others_cpu_share": others, "loadavg_1m": _loadavg(root), "cpus": os.cpu_count(),
+            "busy": busy, "reasons": reasons, "thresholds": {"cv": CV_BUSY, "others_cpu_share": OTHERS_BUSY}}
+
+
+def summary(noise: dict) -> str:
+    """One line for people; a busy host's line starts with ``warning:``.
+
+    Example:
+        >>> summary({"cv": 0.03, "others_cpu_share": 0.1, "loadavg_1m": 1.2, "cpus": 2, "busy": False, "reasons": []})
+        'host noise: reference CV 3.0%, other processes 10% of the CPU, load 1.20 on 2 CPUs: quiet'
+        >>> summary({"cv": 0.3, "others_cpu_share": None, "loadavg_1m": None, "busy": True,
+        ...          "reasons": ["reference workload CV 30% > 10%"]})[:60]
+        'warning: busy host (reference workload CV 30% > 10%); host n'
+    """
+    others = noise.get("others_cpu_share")
+    load = noise.get("loadavg_1m")
+    text = (f"host noise: reference CV {noise['cv']:.1%}"
+            + (f", other processes {others:.0%} of the CPU" if others is not None else "")
+            + (f", load {load:.2f} on {noise.get('cpus')} CPUs" if load is not None else ""))
+    if noise["busy"]:
+        return (f"warning: busy host ({'; '.join(noise['reasons'])}); {text}; "
+                "decisions may be noise (--strict refuses to store such a profile)")
+    return text + ": quiet"

@@ -1,0 +1,101 @@
+"""Busy-host detection (autotune.hostnoise) and what ``autotune tune`` does with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import hostnoise
+from autotune import study as study_mod
+from autotune.errors import BusyHostError
+from autotune.tune import run_tune
+from profiles.store import Store
+
+
+def synthetic_evaluate(ctx, params, seed):  # noqa: ARG001 - same signature as the real one
+    """Deterministic stand-in for a load run (as in test_study): speculation helps at B=1."""
+    per_level = {}
+    for c in ctx.cfg.concurrency:
+        tps = 100.0 * c + 10.0 * int(params["gamma"]) * (1 if c == 1 else -1)
+        level = dict.fromkeys(study_mod.LEVEL_KEYS, 1.0)
+        level.update(tokens_per_second=tps, tpot_ms_p95=40.0, generated_tokens=12, wall_s=12 / tps)
+        per_level[c] = level
+    wall = sum(lv["wall_s"] for lv in per_level.values())
+    return {"tokens_per_second": 12 * len(per_level) / wall, "latency_ms": 40.0, "per_level": per_level}
+
+
+def fake_noise(busy: bool) -> dict:
+    reasons = ["reference workload CV 30% > 10%"] if busy else []
+    return {"cv": 0.3 if busy else 0.02, "median_ms": 1.0, "repeats": 20, "others_cpu_share": 0.6 if busy else 0.0,
+            "loadavg_1m": 2.5, "cpus": 2, "busy": busy, "reasons": reasons, "thresholds": {}}
+
+
+def test_verdict_thresholds() -> None:
+    assert hostnoise.verdict(0.05, 0.1) == (False, [])
+    busy, reasons = hostnoise.verdict(0.05, 0.5)
+    assert busy and reasons == ["other processes used 50% of the CPU > 25%"]
+    assert hostnoise.verdict(0.2, None)[0]
+
+
+def test_others_share_subtracts_this_process() -> None:
+    assert hostnoise.others_share(100, 200, 100) == 0.0
+    assert hostnoise.others_share(180, 200, 80) == 0.5
+    assert hostnoise.others_share(5, 0, 0) == 0.0
+
+
+def test_measure_reads_a_proc_folder(tmp_path) -> None:
+    (tmp_path / "self").mkdir()
+    (tmp_path / "stat").write_text("cpu  100 0 50 800 10 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    (tmp_path / "self" / "stat").write_text("123 (python (x)) R " + " ".join(["0"] * 10) + " 7 3 0 0\n")
+    (tmp_path / "loadavg").write_text("1.50 1.00 0.50 2/100 999\n")
+    m = hostnoise.measure(repeats=3, size=8, proc=tmp_path)
+    assert m["loadavg_1m"] == 1.5 and m["others_cpu_share"] == 0.0 and m["repeats"] == 3
+    assert m["cv"] >= 0 and isinstance(m["busy"], bool)
+    missing = hostnoise.measure(repeats=2, size=8, proc=tmp_path / "nowhere")
+    assert missing["others_cpu_share"] is None and missing["loadavg_1m"] is None
+
+
+def test_busy_host_warns_and_is_recorded(tune_config, monkeypatch) -> None:
+    monkeypatch.setattr(hostnoise, "measure", lambda: fake_noise(True))
+    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
+    said: list[str] = []
+    profile = run_tune(tune_config(), say=said.append)
+    assert profile["host_noise"]["busy"] is True and profile["host_noise"]["before"]["cv"] == 0.3
+    assert sum(line.startswith("warning: busy host") for line in said) == 2  # before and after the study
+
+
+def test_strict_refuses_to_store_a_profile_from_a_busy_host(tune_config, monkeypatch) -> None:
+    cfg = tune_config()
+    calls = iter([fake_noise(False), fake_noise(True)])  # quiet at the start, busy by the end
+    monkeypatch.setattr(hostnoise, "measure", lambda: next(calls))
+    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
+    with pytest.raises(BusyHostError, match="--strict: busy host after the study"):
+        run_tune(cfg, say=lambda _: None, strict=True)
+    assert Store(cfg.storage).list_profiles() == []
+
+
+def test_quiet_host_with_strict_stores(tune_config, monkeypatch) -> None:
+    monkeypatch.setattr(hostnoise, "measure", lambda: fake_noise(False))
+    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
+    profile = run_tune(tune_config(), say=lambda _: None, strict=True)
+    assert profile["host_noise"]["busy"] is False and profile["id"]
+
+
+def test_a_timeout_that_cuts_the_study_short_makes_the_choice_provisional(tune_config, monkeypatch) -> None:
+    import time
+
+    def slow(ctx, params, seed):
+        time.sleep(0.05)
+        return synthetic_evaluate(ctx, params, seed)
+
+    monkeypatch.setattr(study_mod, "evaluate", slow)
+    said: list[str] = []
+    profile = run_tune(tune_config(budget={"timeout_s": 0.01, "n_trials": 3, "repeats": 1}), say=said.append)
+    assert profile["study"]["provisional"] is True
+    assert profile["study"]["trials_run"] == 1 and profile["study"]["trials_planned"] == 3
+    assert any("stopped the study after 1 of 3 trials; the choice is provisional" in line for line in said)
+
+
+def test_a_study_that_runs_all_its_trials_is_not_provisional(tune_config, monkeypatch) -> None:
+    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
+    profile = run_tune(tune_config(budget={"n_trials": 3}), say=lambda _: None)
+    assert profile["study"]["provisional"] is False and profile["study"]["trials_run"] == 3
