@@ -1,8 +1,10 @@
 """Llama-family decoder in plain torch (RMSNorm, RoPE, SwiGLU, grouped-query attention).
 
-Parameter names mirror Hugging Face's ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` so a
-``model.safetensors`` state dict loads without renaming, and the demo pair trained here loads
-in transformers unchanged.
+Parameter names mirror Hugging Face's ``LlamaForCausalLM`` / ``MistralForCausalLM`` /
+``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` so a ``model.safetensors`` state dict loads without
+renaming, and the demo pair trained here loads in transformers unchanged. Qwen3's per-head q/k
+RMSNorm and Mistral/Qwen sliding-window attention (a query at position p sees keys
+p - window < j <= p) follow transformers exactly.
 
 Two entry points share one code path:
 
@@ -17,12 +19,20 @@ References: Touvron et al. 2023 (Llama); Su et al. 2021 (RoPE); Ainslie et al. 2
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig, rope_inv_freq
 from engine.kv_cache import KVCache
+
+ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # config.json hidden_act (engine.config.ACTIVATIONS)
+    "silu": F.silu, "swish": F.silu, "gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh"),
+    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu,
+}
 
 
 class RMSNorm(nn.Module):
@@ -52,6 +62,11 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+        self.sliding = layer in cfg.sliding_layers
 
     def forward(
         self,
@@ -62,17 +77,21 @@ class Attention(nn.Module):
         positions: torch.Tensor | None,  # (B, T)
         kv_len: int,
         slot0: int,
-        mask: torch.Tensor | None,  # (B, 1, T, L) built once per forward
+        mask: torch.Tensor | None,  # (B, 1, T, L) built once per forward; None: plain causal, no cache
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
+        q = self.q_proj(x).view(b, t, self.n_heads, self.hd)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.hd)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.transpose(1, 2)  # (B, nh, T, hd)
+        k = k.transpose(1, 2)  # (B, nkv, T, hd)
         v = self.v_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         gqa = self.n_kv != self.n_heads
         if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
         else:
             cache.write(self.layer, slot0, positions, k, v)
             keys, values = cache.view(self.layer, slot0, b, kv_len)  # (B, nkv, L, hd)
@@ -86,9 +105,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = ACT[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -99,7 +119,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache, positions, kv_len, slot0, mask):
+    def forward(self, x, cos, sin, cache, positions, kv_len, slot0, masks):
+        mask = masks[1] if self.self_attn.sliding else masks[0]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, positions, kv_len, slot0, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -146,10 +167,18 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
         x = self.model.embed_tokens(tokens)  # (B, T, C)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        mask = None
-        if cache is not None:  # key j is visible to the query at position p iff j <= p
-            key_pos = torch.arange(kv_len, device=tokens.device)
-            mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, L)
+        masks = self._masks(positions, t if cache is None else kv_len, cache is not None)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, cache, positions, kv_len, slot0, mask)
+            x = layer(x, cos, sin, cache, positions, kv_len, slot0, masks)
         return self.lm_head(self.model.norm(x))
+
+    def _masks(self, positions: torch.Tensor, kv_len: int, cached: bool) -> tuple[torch.Tensor | None, ...]:
+        """(full, sliding) boolean masks (B, 1, T, L): key j is visible to the query at position p iff
+        j <= p (and p - j < sliding_window); full is None without a cache (SDPA's is_causal)."""
+        window = self.config.sliding_window if self.config.sliding_layers else None
+        if not cached and window is None:
+            return None, None
+        key_pos = torch.arange(kv_len, device=positions.device)[None, None, :]
+        causal = key_pos <= positions[:, :, None]  # (B, T, L)
+        sliding = causal & (key_pos > positions[:, :, None] - window) if window is not None else None
+        return (causal[:, None] if cached else None), (sliding[:, None] if sliding is not None else None)

@@ -52,7 +52,11 @@ def load_workload(path: str | Path) -> list[WorkloadItem]:
     if not path.is_file():
         raise EngineInputError(f"{path}: workload file not found")
     items: list[WorkloadItem] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise EngineInputError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
