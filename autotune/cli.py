@@ -57,6 +57,7 @@ def main() -> None:
     \b
     Start here:
       autotune bench            speculative vs autoregressive on the bundled demo pair
+      autotune init             write a commented tune.yaml (--target/--draft for your models)
       autotune tune             the main job: profile, Optuna study, store, export
     """
 
@@ -87,10 +88,11 @@ BENCH_ROWS = [
 @click.option("--confidence-threshold", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="A row stops drafting when the draft's top probability falls below this.")
 @click.option("--gamma-schedule", type=click.Choice(["constant", "heuristic"]), default="constant", show_default=True)
-@click.option("--batch-size", "--max-batch-size", "batch_size", type=click.IntRange(min=1), default=1,
-              show_default=True, help="Rows the engine runs at once (continuous batching slots).")
+@click.option("--batch-size", "--max-batch-size", "batch_size", type=click.IntRange(min=1), default=None,
+              help="Rows the engine runs at once (continuous batching slots; default: --concurrency, else 1).")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
-              help="Closed loop: requests in flight (default: the batch size).")
+              help="Closed loop: requests in flight (default: the batch size). Without --max-batch-size the "
+                   "engine runs this many rows; a smaller --max-batch-size queues the rest.")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Open loop: Poisson arrivals per second (instead of --concurrency).")
 @click.option("--num-requests", type=click.IntRange(min=1), default=8, show_default=True)
@@ -118,6 +120,7 @@ def bench(target, draft, drafter, gamma, confidence_threshold, gamma_schedule, b
     from engine.workload import load_workload
 
     spec = SpecConfig(gamma=gamma, confidence_threshold=confidence_threshold, gamma_schedule=gamma_schedule)
+    batch_size = batch_size or (concurrency if rate is None else None) or 1
     items = load_workload(prompts)
     pair = load_pair(target, draft if drafter == "model" else None, dtype=dtype, device=device)
     if pair.tokenizer is None:
@@ -139,6 +142,25 @@ def bench(target, draft, drafter, gamma, confidence_threshold, gamma_schedule, b
     click.echo(table(["metric", "speculative", "autoregressive"], rows))
     if "greedy_match" in result:
         click.echo(f"greedy_match: {str(result['greedy_match']).lower()}")
+
+
+@main.command()
+@click.option("--target", type=click.Path(path_type=Path), default=None,
+              help="Target model folder (default: the bundled demo target, written as `demo`).")
+@click.option("--draft", type=click.Path(path_type=Path), default=None,
+              help="Draft model folder (required with --target; default: the demo draft).")
+@click.option("--prompts", type=click.Path(path_type=Path), default=None,
+              help="JSONL workload (default: the demo prompts, written as `demo`).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("tune.yaml"), show_default=True,
+              help="Where to write the tune.yaml.")
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def init(target, draft, prompts, output, force):
+    """Write a commented tune.yaml for your models (the bundled one, with absolute paths)."""
+    from autotune.init import write_tune_yaml
+
+    path = write_tune_yaml(output, target, draft, prompts, force)
+    click.echo(f"wrote {path}")
+    click.echo(f"next: autotune tune --config {path}")
 
 
 CONFIG_OPTION = click.option("--config", "config_path", type=click.Path(path_type=Path), default="tune.yaml",

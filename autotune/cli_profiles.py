@@ -35,12 +35,13 @@ def _resolve(store, ref: str, config_path: Path) -> dict:
         if not ref.isdigit():
             raise ProfileError(f"profile id must be an integer or 'current' (got {ref!r})")
         return store.get_profile(int(ref))
-    from autotune.config import load_config
+    from autotune.config import check_device, load_config
     from autotune.hardware import fingerprint
     from profiles.hashing import hash_folder
 
     cfg = load_config(config_path)
-    fp = fingerprint(cfg.device if cfg.device != "auto" else "auto", cfg.dtype)
+    check_device(cfg)  # a device this host lacks is one line, not fingerprint's RuntimeError
+    fp = fingerprint(cfg.device, cfg.dtype)
     draft_hash = hash_folder(cfg.draft) if "model" in cfg.drafters and cfg.draft else None
     found = store.current_profile(fp["key"], hash_folder(cfg.target), draft_hash)
     if found is None:

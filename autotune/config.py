@@ -3,8 +3,10 @@
 Every problem is reported as ``<key.path>: <problem> (got <value>)`` through
 :class:`~autotune.errors.ConfigError`; the CLI prints it on one line and exits with 2 before
 anything is measured or written. Unknown keys are errors too (a typo must not be ignored).
-Relative paths are resolved against the folder of the config file. The bundled
-``tune.yaml`` documents every key.
+Relative paths are resolved against the folder of the config file; ``demo`` as models.target,
+models.draft or workload.prompts names the bundled demo pair and prompts (installed with the
+package), so a tune.yaml using it works from any folder. The bundled ``tune.yaml`` documents
+every key; ``autotune init`` writes a copy for other models.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import yaml
 
 from autotune.errors import ConfigError
+from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 
 DRAFTERS = ("model", "ngram", "none")
 SCHEDULES = ("constant", "heuristic")
@@ -26,6 +29,7 @@ EXPORT_FORMATS = ("vllm", "sglang", "trtllm", "tgi", "hf", "llamacpp", "yaml")
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("engine", "vllm", "llamacpp")
 DEFAULT_CACHE = Path("~/.cache/spec-autotune")
+DEMO = "demo"  # models.target / models.draft / workload.prompts: the bundled demo pair and prompts
 
 
 @dataclass(frozen=True)
@@ -205,16 +209,19 @@ class _Section:
         return Range(low, high)
 
     def path_(self, name: str, base: Path, default: Any = None, must_exist: bool = True,
-              allow_none: bool = False) -> Path | None:
+              allow_none: bool = False, demo: Path | None = None) -> Path | None:
         v = self.get(name, default)
         if v is None and allow_none:
             return None
+        if demo is not None and v == DEMO:
+            return demo
         if not isinstance(v, str) or not v:
             raise ConfigError(f"{self.key(name)}: must be a path (got {v!r})")
         p = Path(v).expanduser()
         p = p if p.is_absolute() else (base / p)
         if must_exist and not p.exists():
-            raise ConfigError(f"{self.key(name)}: {v} does not exist (resolved to {p})")
+            hint = f"; `{DEMO}` names the bundled demo {name}" if demo is not None else ""
+            raise ConfigError(f"{self.key(name)}: {v} does not exist (resolved to {p}){hint}")
         return p
 
 
@@ -222,8 +229,8 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     """Validate a parsed tune.yaml mapping; paths resolve against ``base``."""
     top = _Section(raw, "", required=True)
     m = top.sub("models")
-    target = m.path_("target", base, default=None)
-    draft = m.path_("draft", base, allow_none=True)
+    target = m.path_("target", base, default=None, demo=DEMO_TARGET)
+    draft = m.path_("draft", base, allow_none=True, demo=DEMO_DRAFT)
     device = m.get("device", "auto")
     if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
         raise ConfigError(f"models.device: must be auto, cpu or cuda[:N] (got {device!r})")
@@ -231,7 +238,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     m.done()
 
     w = top.sub("workload")
-    prompts = w.path_("prompts", base, default=None)
+    prompts = w.path_("prompts", base, default=None, demo=DEMO_PROMPTS)
     max_new = w.int("max_new_tokens", 48, lo=1)
     temperature = w.num("temperature", 0.0, lo=0.0)
     top_k = w.int("top_k", 0, lo=0)
@@ -361,6 +368,22 @@ def _vllm_section(v: _Section, base: Path) -> VllmConfig:
     return VllmConfig(python, args, tuple((k, str(x)) for k, x in env.items()), timeout, cache)
 
 
+def check_device(cfg: TuneConfig) -> str:
+    """``models.device`` as this host resolves it (``auto`` -> cpu or cuda); a device it lacks is a ConfigError.
+
+    Example:
+        >>> check_device(TuneConfig(target=Path("t"), draft=None, device="cpu"))
+        'cpu'
+    """
+    from engine.errors import EngineInputError
+    from engine.loader import resolve_device
+
+    try:
+        return str(resolve_device(cfg.device))
+    except EngineInputError as exc:
+        raise ConfigError(f"{cfg.source or 'tune.yaml'}: models.{exc}") from None
+
+
 def load_config(path: str | Path) -> TuneConfig:
     """Read and validate a tune.yaml (yaml.safe_load only).
 
@@ -373,7 +396,9 @@ def load_config(path: str | Path) -> TuneConfig:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

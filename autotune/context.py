@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune import profiler
-from autotune.config import TuneConfig
+from autotune.config import TuneConfig, check_device
 from autotune.hardware import fingerprint
 from autotune.runner import Sampling, build_requests
 from engine.loader import ModelPair, load_pair
@@ -50,6 +50,7 @@ class Context:
 def build(cfg: TuneConfig) -> Context:
     """Load the pair and workload, open the store, compute the identity hashes."""
     needs_draft = "model" in cfg.drafters
+    check_device(cfg)
     pair = load_pair(cfg.target, cfg.draft if needs_draft else None, dtype=cfg.dtype, device=cfg.device)
     if pair.tokenizer is None:
         from engine.errors import EngineInputError

@@ -8,6 +8,7 @@ folder is read.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,14 +35,22 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``"auto"`` picks cuda when present; ``"cuda"`` without a GPU is a user error."""
+    """``"auto"`` picks cuda when present; ``"cuda"`` without a GPU (or ``cuda:N`` past the last) is a user error.
+
+    Example:
+        >>> resolve_device("cpu")
+        device(type='cpu')
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", name):
+        raise EngineInputError(f"device: unknown value {name!r} (choose from auto, cpu, cuda, cuda:N)")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise EngineInputError(f"device: {name!r} requested but torch sees no CUDA device")
-    if not (name == "cpu" or name.startswith("cuda")):
-        raise EngineInputError(f"device: unknown value {name!r} (choose from auto, cpu, cuda)")
-    return torch.device(name)
+    dev = torch.device(name)
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise EngineInputError(f"device: {name!r} requested but torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return dev
 
 
 def _checkpoint_files(folder: Path) -> list[Path]:
