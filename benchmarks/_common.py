@@ -18,6 +18,7 @@ import datetime
 import json
 import os
 import random
+import re
 import shlex
 import sys
 import time
@@ -36,7 +37,8 @@ from engine.scheduler import RunResult
 from engine.speculative import Request
 from engine.workload import load_workload
 
-RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -146,8 +148,26 @@ def _jsonable(value: object) -> object:
     return value
 
 
+def portable(text: str, root: Path = REPO, home: str | None = None) -> str:
+    """``text`` with the repository root written as ``<repo>`` and the home folder as ``~``.
+
+    Committed results must not carry the absolute paths of the machine they ran on.
+
+    Example:
+        >>> portable('"/work/x/engine", "/work/x2", "/home/u/.cache"', Path("/work/x"), "/home/u")
+        '"<repo>/engine", "/work/x2", "~/.cache"'
+    """
+    home = os.path.expanduser("~") if home is None else home
+    for path, mark in ((str(root), "<repo>"), (home, "~")):
+        if path and path != "/":
+            text = re.sub(re.escape(path) + r"(?![\w.-])", mark, text)
+    return text
+
+
 def write_json(bench: Bench, results: dict, dtype: str | None = None) -> Path:
-    """Write ``<out-dir>/<name>.json`` atomically: command line, flags, fingerprint, results."""
+    """Write ``<out-dir>/<name>.json`` atomically: command line, flags, fingerprint, results.
+
+    Paths in it are made :func:`portable` (``<repo>/...``, ``~/...``)."""
     args = bench.args
     payload = {
         "benchmark": bench.name,
@@ -164,7 +184,7 @@ def write_json(bench: Bench, results: dict, dtype: str | None = None) -> Path:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     path = args.out_dir / f"{bench.name}.json"
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    tmp.write_text(portable(json.dumps(payload, indent=2, default=str)) + "\n")
     tmp.replace(path)
     print(f"\nwrote {path}")
     return path
