@@ -290,8 +290,8 @@ def _schedule_text(e: dict) -> str:
     if "ratio" not in e:
         return text
     r = e["ratio"]
-    body = _ratio(r["value"], r["ci95"])
-    return text + (f" ({body})" if e.get("significant") else f" (no significant difference: {body})")
+    body = f"{r['value']:.2f}x, 95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}"
+    return text + (f" ({body} over gamma 0)" if e.get("significant") else f" (no significant difference: {body})")
 
 
 def render_tune(p: dict) -> str:
@@ -341,8 +341,8 @@ def render_tune(p: dict) -> str:
     if noise:
         worst = max((n for n in (noise.get("before"), noise.get("after")) if n), key=lambda n: n["cv"], default=None)
         if worst is not None:
-            lines.insert(-1, "host        " + ("BUSY: " + "; ".join(worst["reasons"]) if noise["busy"] else "quiet")
-                         + f" (reference CV up to {worst['cv']:.1%})")
+            lines.insert(-1, "host        " + ("BUSY: " + "; ".join(worst["reasons"]) if noise["busy"] else
+                                                 f"quiet (reference CV up to {worst['cv']:.1%})"))
     if p.get("exports"):
         lines.append("exports     " + ", ".join(p["exports"]))
     return "\n".join(lines)
