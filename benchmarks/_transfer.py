@@ -17,6 +17,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from _common import portable
+
 from autotune.backends.server import ServerError
 from autotune.table import table
 
@@ -106,7 +108,7 @@ def report(out: Path, header: str, result: dict) -> None:
     """Write the JSON atomically and print the table and summary."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.write_text(portable(json.dumps(result, indent=2)) + "\n")  # <repo>/..., ~/...: no machine paths
     tmp.replace(out)
     rows = result["rows"]
     print(f"\n{header}\n")
