@@ -5,12 +5,14 @@ and call :func:`measure_plan`: every configuration gets a fresh server (the back
 the same host flags), the workload's load levels run ``repeats`` times after a warm-up, and the
 rows carry median tokens/s with min-max over repeats, the ratio to no speculation and to the
 grid's best, acceptance, and whether greedy outputs equal the no-speculation server's token for
-token. Commands already measured are not run twice (their row says ``same_as``), except the
+token (where the stack streams token ids: vLLM does, llama-server's OpenAI stream does not, and
+the column stays empty; tests/autotune/test_backend_llamacpp_real.py checks its ids instead). Commands already measured are not run twice (their row says ``same_as``), except the
 no-speculation baseline, which runs first and again last (the drift check).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import statistics
@@ -19,8 +21,41 @@ from pathlib import Path
 
 from _common import portable
 
+from autotune import context
 from autotune.backends.server import ServerError
+from autotune.config import load_config
+from autotune.errors import USER_ERRORS
 from autotune.table import table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def arguments(doc: str, stack: str, extra: list[tuple[str, str, str]]) -> argparse.Namespace:
+    """The flags every transfer benchmark shares, plus ``extra`` ``(flag, default, help)`` string flags."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, default=ROOT / "tune.yaml")
+    p.add_argument("--repeats", type=int, default=3)
+    for flag, default, text in extra:
+        p.add_argument(flag, default=default, help=text)
+    p.add_argument("--engine-profile", metavar="ID", type=int, default=None,
+                   help="profile id (default: newest engine-backend one)")
+    p.add_argument(f"--{stack}-profile", dest="stack_profile", metavar="ID", type=int, default=None,
+                   help=f"profile id (default: newest {stack}-backend one)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"transfer_{stack}.json")
+    return p.parse_args()
+
+
+def open_stack(args: argparse.Namespace, stack: str, backend_cls) -> tuple:
+    """``(cfg, ctx, backend, engine profile, stack profile)``; a user error is one line and exit 2."""
+    try:
+        cfg = load_config(args.config)
+        ctx = context.build(cfg)
+        backend = backend_cls(ctx)
+        return (cfg, ctx, backend, newest_profile(ctx, "engine", args.engine_profile),
+                newest_profile(ctx, stack, args.stack_profile))
+    except USER_ERRORS as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        sys.exit(2)
 
 
 def newest_profile(ctx, backend: str, profile_id: int | None) -> dict | None:
@@ -85,7 +120,8 @@ def summarize(rows: list[dict], greedy: bool, chosen_prefix: str) -> dict:
             continue
         r["over_no_speculation"] = r["tokens_per_second"] / base["tokens_per_second"] if base else None
         r["over_grid_best"] = r["tokens_per_second"] / best["tokens_per_second"] if best else None
-        if base and greedy:
+        ids = all(-1 not in out for out in r["outputs"])  # llama-server's OpenAI stream carries no ids
+        if base and greedy and ids:
             r["greedy_identical"] = r["outputs"] == base["outputs"]
 
     def first(prefix: str, key: str):

@@ -20,7 +20,6 @@ engine-backend export's ratio to the grid's best is the transfer error. Usage::
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import time
@@ -30,35 +29,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _transfer import measure_plan, newest_profile, report, summarize  # noqa: E402
+from _transfer import arguments, measure_plan, open_stack, report, summarize  # noqa: E402
 
-from autotune import context  # noqa: E402
 from autotune.backends.llamacpp import LlamacppBackend, server_command  # noqa: E402
-from autotune.config import load_config  # noqa: E402
-from autotune.errors import USER_ERRORS  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", type=Path, default=ROOT / "tune.yaml")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--n-max", default="1,2,3,4,6,8")
-    p.add_argument("--p-min", default="0,0.3,0.6")
-    p.add_argument("--engine-profile", type=int, default=None, help="profile id (default: newest engine-backend one)")
-    p.add_argument("--llamacpp-profile", type=int, default=None,
-                   help="profile id (default: newest llamacpp-backend one)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "transfer_llamacpp.json")
-    args = p.parse_args()
-    try:
-        cfg = load_config(args.config)
-        ctx = context.build(cfg)
-        backend = LlamacppBackend(ctx)
-        engine_prof = newest_profile(ctx, "engine", args.engine_profile)
-        chosen_prof = newest_profile(ctx, "llamacpp", args.llamacpp_profile)
-    except USER_ERRORS as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        sys.exit(2)
+    args = arguments(__doc__, "llamacpp", [("--n-max", "1,2,3,4,6,8", "--spec-draft-n-max values of the grid"),
+                                           ("--p-min", "0,0.3,0.6", "--spec-draft-p-min values of the grid")])
+    cfg, ctx, backend, engine_prof, chosen_prof = open_stack(args, "llamacpp", LlamacppBackend)
     batch = max(cfg.max_batch_size)
 
     def grid_command(n_max: int, p_min: float) -> list[str]:

@@ -21,7 +21,6 @@ to the grid's best is the tool's transfer error. Usage::
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import time
@@ -31,33 +30,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _transfer import measure_plan, newest_profile, report, summarize  # noqa: E402
+from _transfer import arguments, measure_plan, open_stack, report, summarize  # noqa: E402
 
-from autotune import context  # noqa: E402
 from autotune.backends.vllm import VllmBackend, serve_command, trial_inputs  # noqa: E402
-from autotune.config import load_config  # noqa: E402
-from autotune.errors import USER_ERRORS  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", type=Path, default=ROOT / "tune.yaml")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--grid", default="1,2,3,4,5,6,7,8")
-    p.add_argument("--engine-profile", type=int, default=None, help="profile id (default: newest engine-backend one)")
-    p.add_argument("--vllm-profile", type=int, default=None, help="profile id (default: newest vllm-backend one)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "transfer_vllm.json")
-    args = p.parse_args()
-    try:
-        cfg = load_config(args.config)
-        ctx = context.build(cfg)
-        backend = VllmBackend(ctx)
-        engine_prof = newest_profile(ctx, "engine", args.engine_profile)
-        vllm_prof = newest_profile(ctx, "vllm", args.vllm_profile)
-    except USER_ERRORS as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        sys.exit(2)
+    args = arguments(__doc__, "vllm", [("--grid", "1,2,3,4,5,6,7,8", "K values of the grid")])
+    cfg, ctx, backend, engine_prof, vllm_prof = open_stack(args, "vllm", VllmBackend)
     batch = max(cfg.max_batch_size)
 
     def grid_command(k: int) -> list[str]:
