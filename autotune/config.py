@@ -103,7 +103,7 @@ class TuneConfig:
     remeasure_top: int = 3
     repeats: int = 3
     backend: str = "engine"
-    server_trials: int = 6
+    server_trials: int | None = None  # None: the backend's own default (vllm 6, llamacpp 20)
     server_timeout_s: float | None = None
     vllm: VllmConfig = VllmConfig()
     llamacpp: LlamacppConfig = LlamacppConfig()
@@ -308,7 +308,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
 
     bk = top.sub("backend")
     backend = bk.choice("name", "engine", BACKENDS)
-    server_trials = bk.int("n_trials", 6, lo=1)
+    server_trials = bk.int("n_trials", None, lo=1, allow_none=True)
     server_timeout = bk.num("timeout_s", None, lo=0.0, open_lo=True, allow_none=True)
     vllm = _vllm_section(bk.sub("vllm"), base)
     llamacpp = _llamacpp_section(bk.sub("llamacpp"), base)

@@ -113,7 +113,8 @@ def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say:
     if backend is not None:
         say(f"backend: {backend.name}, a real server per configuration; fixed (the stack has no such knob): "
             + ", ".join(f"{k}={v}" for k, v in backend.fixed_knobs.items()))
-    n_trials, timeout = (cfg.server_trials, cfg.server_timeout_s) if backend else (cfg.n_trials, cfg.timeout_s)
+    n_trials, timeout = ((cfg.server_trials or backend.default_trials, cfg.server_timeout_s) if backend
+                         else (cfg.n_trials, cfg.timeout_s))
     name = _resolve_study_name(ctx, resume)
     study = study_mod.open_study(ctx, name, resume)
     done_before = len(study_mod.finished(study))

@@ -29,6 +29,7 @@ class ServerBackend(Protocol):
     """A serving stack that runs trials (see the module docstring)."""
 
     name: str
+    default_trials: int  # study trials when backend.n_trials is null
     fixed_knobs: dict[str, Any]  # knobs the stack cannot express, and the value they are fixed at
 
     def evaluate(self, params: dict, seed: int) -> dict:

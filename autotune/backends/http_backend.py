@@ -55,6 +55,7 @@ class HttpBackend:
     """A serving stack driven over its OpenAI-compatible API (see the module docstring)."""
 
     name = "http"
+    default_trials = 6  # study trials when backend.n_trials is null (each one a server start)
     metrics_prefix = ""
     fixed_knobs: dict = {}
     extra_body: tuple[tuple[str, object], ...] = ()

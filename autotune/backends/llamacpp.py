@@ -56,6 +56,7 @@ class LlamacppBackend(HttpBackend):
     """Runs trials in real llama-server processes (see the module docstring)."""
 
     name = "llamacpp"
+    default_trials = 20  # llama-server starts in ~1 s: real trials are cheap
     metrics_prefix = "llamacpp"
     fixed_knobs = FIXED_KNOBS
 
