@@ -1,6 +1,6 @@
 """Measured roofline ceilings: copy bandwidth, matmul FLOP/s and the ridge point between them.
 
-DESIGN.md "Hardware classification": ridge = FLOP/s / (bytes/s), the arithmetic intensity
+docs/metrics.md "Hardware classification": ridge = FLOP/s / (bytes/s), the arithmetic intensity
 (FLOP per byte moved) above which a kernel is compute-bound on this device. The paper
 ceilings (NVML bandwidth, datasheet FLOP/s) live in :mod:`autotune.hardware`; these are what
 the device actually delivers to torch.

@@ -1,4 +1,4 @@
-"""Memory- vs compute-bound classification from measured verify curves (DESIGN.md).
+"""Memory- vs compute-bound classification from measured verify curves (docs/metrics.md).
 
 - Knee ``n*``: over the curve T(n) of verify passes carrying n tokens (n = B*k in powers of
   two), the first n with T(n) > 1.1 * T(1). Below it extra tokens ride along almost free.

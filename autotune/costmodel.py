@@ -9,7 +9,7 @@ Leviathan et al. 2023, Thm 3.8, generalised to measured costs and per-position a
     T(B, gamma) = draft_forwards * T_draft(B) + T_verify(B, gamma + 1)
     tokens/s   = B * E / T        tpot = T / E
 
-``per_position_acceptance[i]`` is DESIGN.md's unconditional fraction (token i accepted, so all
+``per_position_acceptance[i]`` is the unconditional fraction of docs/metrics.md (token i accepted, so all
 before it too); with a constant conditional rate alpha it is alpha^i and E reduces to
 (1 - alpha^(gamma+1)) / (1 - alpha).
 

@@ -1,6 +1,6 @@
 """Device fingerprint: what accelerator (or CPU) a profile was measured on, and its paper ceilings.
 
-Implements the fingerprint half of DESIGN.md "Hardware classification". A CUDA device is
+Implements the fingerprint half of docs/metrics.md "Hardware classification". A CUDA device is
 described from two sources: ``torch.cuda.get_device_properties`` (always present when torch
 sees the GPU) and NVML via ``nvidia-ml-py`` (``import pynvml``), which adds bus width, clocks,
 power limit, MIG state and driver versions. Each NVML field is queried on its own and recorded

@@ -10,7 +10,7 @@
 - ``acceptance``: per-position acceptance at gamma_max and threshold 0, and the per-step
   samples (tokens accepted, draft confidence per position) the cost model uses to predict any
   confidence threshold without rerunning;
-- ``verification_efficiency[B][k]`` and ``draft_cost_ratio[B]`` (DESIGN.md, Metrics);
+- ``verification_efficiency[B][k]`` and ``draft_cost_ratio[B]`` (docs/metrics.md);
 - ``classification``: the per-batch-size table (autotune.classify), each label with its evidence
   (verify cost with a bootstrap 95% interval from the repeated timings in ``t_verify_samples``;
   the knee with its interval from ``knee_curve_samples``).

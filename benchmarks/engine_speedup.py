@@ -4,7 +4,7 @@ For each batch size B (closed loop: concurrency = max_batch_size = B; greedy; th
 requests) and each gamma, the engine runs the requests twice back to back through
 ``autotune.runner.run_load``: speculative (draft model, constant gamma, confidence threshold 0)
 and autoregressive (gamma 0, same engine). The prediction uses only what that pair of runs
-measured (DESIGN.md, Metrics and cost model):
+measured (docs/metrics.md, cost model):
 
     a_i        per_position_acceptance[i] of the speculative run (token i accepted, all before it too)
     E(gamma)   = 1 + sum_{i=1..gamma} a_i                      expected tokens per row per step

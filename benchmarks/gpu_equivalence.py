@@ -6,7 +6,7 @@ GPU host this check covers the output contract instead: for each dtype and batch
 model, gamma, threshold 0) and autoregressively (gamma 0) through ``autotune.runner.run_load``,
 and the outputs are compared request by request.
 
-The contract (DESIGN.md) is token-for-token equality in fp32: a float32 mismatch is a failure
+The contract (docs/architecture.md) is token-for-token equality in fp32: a float32 mismatch is a failure
 (exit code 1). In bf16/fp16 a verify pass over gamma + 1 tokens and a one-token decode round
 differently, so near-tied argmaxes may flip and the outputs part ways; those rows are reported
 (matches, first divergence), not failed. Speedup is AR wall / speculative wall of the same pair of runs.

@@ -4,7 +4,7 @@ For each concurrency level C (closed loop, max_batch_size = C, greedy, the same 
 engine runs the workload once per gamma (0 = autoregressive, same engine; the others with the
 draft model, constant gamma, threshold 0), back to back, through ``autotune.runner.run_load``.
 Each run reports tokens_per_second (generated tokens / wall time) and tpot_ms p95; speedup is
-AR wall time / speculative wall time at the same C (DESIGN.md, Metrics).
+AR wall time / speculative wall time at the same C (docs/metrics.md).
 
 "Speculation stops paying" at the smallest measured C where no gamma > 0 has a speedup above
 1 + ``--margin``; none when some gamma beats AR at every level.

@@ -1,4 +1,4 @@
-"""Run metrics, one definition each (DESIGN.md, Metrics).
+"""Run metrics, one definition each (docs/metrics.md).
 
 The engine accumulates raw counters on the device during a run (no host syncs in the hot
 loop); :meth:`SpecStats.summary` turns them into the named metrics. Latency percentiles over
@@ -51,7 +51,7 @@ class SpecStats:
         self.tokens_kept += n_emitted.sum()
 
     def summary(self) -> dict[str, float | list[float] | None]:
-        """The speculative metrics of DESIGN.md as plain numbers."""
+        """The speculative metrics of docs/metrics.md as plain numbers."""
         steps = int(self.row_steps)
         proposed, accepted = int(self.proposed), int(self.accepted)
         pos_p, pos_a = self.pos_proposed.tolist(), self.pos_accepted.tolist()

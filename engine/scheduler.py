@@ -109,7 +109,7 @@ class RequestRecord:
 
 
 def load_metrics(records: list[RequestRecord], wall_s: float) -> dict[str, float | None]:
-    """Run-level latency percentiles and throughput (DESIGN.md, Metrics)."""
+    """Run-level latency percentiles and throughput (docs/metrics.md)."""
     out: dict[str, float | None] = {}
     series = {
         "ttft_ms": [r.ttft_ms for r in records],

@@ -78,7 +78,7 @@ class SpecCounts:
                                                       strict=True)))
 
     def metrics(self) -> dict[str, float | list[float] | None]:
-        """The engine's speculative metrics, from counts (DESIGN metrics; None when undefined).
+        """The engine's speculative metrics, from counts (docs/metrics.md; None when undefined).
 
         ``rollback_frequency`` is exact only when every draft proposed the same number of
         tokens (then a draft rolled back iff its last position was rejected); otherwise None.

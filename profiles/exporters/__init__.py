@@ -2,7 +2,7 @@
 
 One small module per stack (``vllm``, ``sglang``, ``trtllm``, ``tgi``, ``hf``, ``llamacpp``,
 plus ``profile_yaml``); each builds the stack's structure, checks it with its ``validate``
-function (the hard rules of shared/stack-schemas.json) and renders the text. :func:`export`
+function (the stack's hard rules, docs/stacks/<stack>.md) and renders the text. :func:`export`
 picks the module; :func:`write_export` puts the result on disk atomically.
 """
 

@@ -2,7 +2,7 @@
 
 Every export records where it came from: the spec-autotune version and profile time, the
 device label and fingerprint key, and the serving-stack source it was written against (the
-commit shared/stack-schemas.json was read at). Formats with comments (YAML, shell) carry it
+commit its docs/stacks/<stack>.md facts were read at). Formats with comments (YAML, shell) carry it
 in a header; JSON formats carry it in a ``<file>.meta.json`` sidecar, because vLLM's
 ``SpeculativeConfig`` forbids unknown keys and ``generation_config.json`` keeps them.
 """

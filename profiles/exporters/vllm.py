@@ -37,7 +37,7 @@ from profiles.profile import ExportInputs
 STACK = StackTarget("vLLM", "--speculative-config JSON", "vllm-project/vllm@002e77c1f0ef")
 FILENAME = "vllm-speculative-config.json"
 
-# SpeculativeConfig fields at 002e77c1 (stack-schemas.json); anything else is rejected by pydantic.
+# SpeculativeConfig fields at 002e77c1 (docs/stacks/vllm.md); anything else is rejected by pydantic.
 KNOWN_KEYS = frozenset({
     "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size", "tensor_parallel_size",
     "enforce_eager", "quantization", "moe_backend", "attention_backend", "kv_cache_dtype", "max_model_len",

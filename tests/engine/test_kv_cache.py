@@ -1,5 +1,5 @@
 """After any sequence of speculative steps, rollbacks and compactions, the caches hold exactly a
-fresh prefill of each row's committed prefix (DESIGN.md, The engine: KV cache)."""
+fresh prefill of each row's committed prefix (docs/architecture.md, The engine)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN rule: ``profiles`` never imports torch, ``engine`` or ``autotune``."""
+"""docs/architecture.md rule: ``profiles`` never imports torch, ``engine`` or ``autotune``."""
 
 from __future__ import annotations
 
