@@ -289,9 +289,10 @@ def _schedule_text(e: dict) -> str:
     text = f"B={e['batch_size']}: gamma {e['gamma']}"
     if "ratio" not in e:
         return text
+    from autotune.stats import Estimate, describe_difference
+
     r = e["ratio"]
-    body = f"{r['value']:.2f}x, 95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}"
-    return text + (f" ({body} over gamma 0)" if e.get("significant") else f" (no significant difference: {body})")
+    return text + f" (speculation vs gamma 0: {describe_difference(Estimate(r['value'], *r['ci95'], r.get('n', 2)))})"
 
 
 def render_tune(p: dict) -> str:

@@ -258,3 +258,13 @@ def test_tune_strict_on_a_busy_host_exits_2_in_one_line_and_stores_nothing(tiny_
     from profiles.store import Store
 
     assert Store(f"sqlite:///{tmp_path / 'state' / 'autotune.db'}").list_profiles() == []
+
+
+def test_schedule_line_says_worse_when_the_interval_is_below_one() -> None:
+    from autotune.cli import _schedule_text
+
+    worse = _schedule_text({"batch_size": 1, "gamma": 0, "ratio": {"value": 0.75, "ci95": [0.59, 0.96], "n": 3}})
+    same = _schedule_text({"batch_size": 2, "gamma": 0, "ratio": {"value": 1.02, "ci95": [0.9, 1.1], "n": 3}})
+    better = _schedule_text({"batch_size": 4, "gamma": 5, "ratio": {"value": 1.4, "ci95": [1.2, 1.6], "n": 3}})
+    assert "significantly worse (ratio 0.75, 95% CI 0.59-0.96)" in worse
+    assert "no significant difference (ratio 1.02" in same and "significantly better (ratio 1.40" in better

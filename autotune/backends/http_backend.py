@@ -138,7 +138,7 @@ class HttpBackend:
                 if records is not None:
                     records[key] = run.records
         except (LoadError, TimeoutError, OSError) as exc:
-            server.check_alive()  # a dead server explains the failure better, with its log
+            server.check_alive(grace_s=3.0)  # a dead server explains the failure better, with its log
             self.close()  # a hung or broken server is not reused
             raise ServerError(f"{self.name} trial failed: {exc}") from None
         worst = max(lv[cfg.latency] or 0.0 for lv in per_level.values())

@@ -118,10 +118,19 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def check_alive(self) -> None:
-        """ServerError with the log tail when the server process has exited."""
-        if self.proc is not None and self.proc.poll() is not None:
-            raise ServerError(f"server died (exit code {self.proc.returncode}): {log_tail(self.log_path)}")
+    def check_alive(self, grace_s: float = 0.0) -> None:
+        """ServerError with the log tail when the server process has exited (waiting up to ``grace_s`` for it).
+
+        A request that fails because the server is dying can return before the process is gone:
+        the grace lets the caller report the death, not the dropped connection.
+        """
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            return
+        raise ServerError(f"server died (exit code {self.proc.returncode}): {log_tail(self.log_path)}")
 
     def get(self, path: str, timeout: float = 30.0) -> str:
         """GET a path of the server; the body as text."""
