@@ -9,9 +9,9 @@
 # Note: llama.cpp loads GGUF files: convert the models (convert_hf_to_gguf.py) and export again with
 #   --target-model/--draft-model naming the .gguf files.
 exec llama-server \
-  -m /work/main/engine/demo/pair/target \
+  -m <repo>/engine/demo/pair/target \
   --spec-type draft-simple \
-  -md /work/main/engine/demo/pair/draft \
+  -md <repo>/engine/demo/pair/draft \
   --spec-draft-n-max 8 \
   --spec-draft-n-min 0 \
   --spec-draft-p-min 0 \

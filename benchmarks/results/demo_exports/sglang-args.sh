@@ -7,9 +7,9 @@
 # Note: SGLang uses one draft length at every batch size: the chosen gamma 8. Tuned per-batch-size
 #   schedule, for reference: (batch size: gamma) 1: 8, 4: 8.
 exec python -m sglang.launch_server \
-  --model-path /work/main/engine/demo/pair/target \
+  --model-path <repo>/engine/demo/pair/target \
   --speculative-algorithm STANDALONE \
-  --speculative-draft-model-path /work/main/engine/demo/pair/draft \
+  --speculative-draft-model-path <repo>/engine/demo/pair/draft \
   --speculative-num-steps 8 \
   --speculative-eagle-topk 1 \
   --speculative-num-draft-tokens 9 \

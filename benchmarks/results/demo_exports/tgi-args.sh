@@ -6,10 +6,10 @@
 # Usage: sh tgi-args.sh [more text-generation-launcher flags]
 # Note: TGI uses one speculation length at every batch size: the chosen gamma 8. Tuned
 #   per-batch-size schedule, for reference: (batch size: gamma) 1: 8, 4: 8.
-# Note: TGI cannot load a separate draft model (/work/main/engine/demo/pair/draft): --speculate
+# Note: TGI cannot load a separate draft model (<repo>/engine/demo/pair/draft): --speculate
 #   makes it speculate with n-grams (or Medusa heads, for a Medusa model), whose acceptance this
 #   profile did not measure. Re-tune with the ngram drafter for a TGI-faithful gamma.
 exec text-generation-launcher \
-  --model-id /work/main/engine/demo/pair/target \
+  --model-id <repo>/engine/demo/pair/target \
   --speculate 8 \
   "$@"
