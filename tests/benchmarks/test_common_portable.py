@@ -33,3 +33,11 @@ def test_write_json_names_no_absolute_machine_path(tmp_path, monkeypatch) -> Non
     out = json.loads(text)
     assert out["args"]["target"] == "<repo>/engine/demo/pair/target" and out["cwd"] == "<repo>"
     assert out["args"]["cache"] == "~/.cache/x" and out["where"] == "<repo>/benchmarks/results"
+
+
+def test_committed_results_name_no_path_of_this_machine() -> None:
+    home = os.path.expanduser("~")
+    for path in (REPO / "benchmarks" / "results").rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".txt", ".sh", ".yaml", ".md"):
+            text = path.read_text(encoding="utf-8")
+            assert str(REPO) not in text and f"{home}/" not in text, f"{path} names a path of this machine"
