@@ -262,3 +262,13 @@ def test_schedule_uses_the_interval_rule_where_paired_repeats_exist() -> None:
     clear = [remeasured(0, AR), remeasured(3, [150.0, 158.0, 147.0, 152.0, 149.0])]
     (entry,), crossover = gamma_schedule(clear, [1])
     assert entry["gamma"] == 3 and entry["significant"] is True and crossover is None
+
+
+def test_a_steady_throughput_gain_is_not_blocked_by_noisy_p95_latency() -> None:
+    # 1.3x tokens/s in every round; the p95 latency of a few requests jumps around
+    ar = Point({"gamma": 0}, 100, 10, rounds=((100, 10), (99, 9), (104, 11)))
+    spec = Point({"gamma": 8, "confidence_threshold": 0.0, "gamma_schedule": "constant"}, 130, 8,
+                 rounds=((130, 5), (128, 20), (135, 8)))
+    choice = choose_with_margin([ar, spec], has_slo=False)
+    assert choice.point is spec, choice.reason
+    assert "significantly better" in choice.reason
