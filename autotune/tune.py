@@ -13,6 +13,7 @@ import json
 import re
 import signal
 import statistics
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -129,15 +130,20 @@ def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say:
         + (f" (capped by the profiler at {space.gamma_cap})" if space.gamma_cap is not None else ""))
     best = {"tps": 0.0}
 
+    progress = {"done": 0, "t0": time.monotonic()}
+
     def on_trial(number: int, params: dict, result: dict | None) -> None:
+        progress["done"] += 1
+        done, elapsed = progress["done"], time.monotonic() - progress["t0"]
+        eta = f"[{done}/{remaining}, ETA {_duration(elapsed / done * (remaining - done))}]"
         if result is None:
-            say(f"  trial {number}: failed ({params})")
+            say(f"  trial {number}: failed ({params}) {eta}")
             return
         best["tps"] = max(best["tps"], result["tokens_per_second"])
         startup = f" (server start {result['startup_s']:.0f} s)" if result.get("startup_s") else ""
         say(f"  trial {number}: {result['tokens_per_second']:.1f} tok/s, {cfg.latency} {result['latency_ms']:.1f} ms "
             f"| gamma={params['gamma']} thr={params['confidence_threshold']:.2f} {params['gamma_schedule']} "
-            f"B={params['max_batch_size']} {params['drafter']} | best so far {best['tps']:.1f} tok/s{startup}")
+            f"B={params['max_batch_size']} {params['drafter']} | best so far {best['tps']:.1f} tok/s{startup} {eta}")
 
     started_before = _n_finished(study)
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
@@ -191,6 +197,17 @@ def _gguf_models(ctx: ctx_mod.Context) -> dict[str, str]:
     except ConfigError:  # no converter here: the export keeps the HF paths and says to convert
         return {}
     return out
+
+
+def _duration(seconds: float) -> str:
+    """``"1m05s"`` / ``"42s"``, for ETAs.
+
+    Example:
+        >>> _duration(65.4), _duration(42)
+        ('1m05s', '42s')
+    """
+    s = int(round(seconds))
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def write_exports(profile: dict, formats: tuple[str, ...], folder: Path, say: Say,

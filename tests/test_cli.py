@@ -237,7 +237,7 @@ def test_tune_runs_and_prints_the_summary(tiny_pair_dirs, good_prompts, tmp_path
     for heading in ("chosen ", "overall ", "classes ", "schedule ", "stored ", "exports "):
         assert any(line.startswith(heading) for line in result.stdout.splitlines()), heading
     assert (tmp_path / "exports" / "profile.yaml").is_file()
-    assert "trial 1:" in result.stderr
+    assert "trial 1:" in result.stderr and "[2/2, ETA 0s]" in result.stderr  # progress with an ETA
 
 
 def test_tune_strict_on_a_busy_host_exits_2_in_one_line_and_stores_nothing(tiny_pair_dirs, good_prompts, tmp_path,
