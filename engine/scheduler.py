@@ -27,6 +27,23 @@ from engine.metrics import percentile
 from engine.speculative import Request, SpecEngine
 
 
+def poisson_arrivals(rate: float, n: int, seed: int) -> list[float]:
+    """Arrival offsets (s) of ``n`` seeded Poisson arrivals at ``rate`` per second.
+
+    The one definition of open-loop arrivals: the engine's load generator and the HTTP load
+    driver of the serving-stack backends both use it, so both see the same arrival times.
+
+    Example:
+        >>> poisson_arrivals(10.0, 3, seed=0) == poisson_arrivals(10.0, 3, seed=0)
+        True
+    """
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
 @dataclass
 class LoadGenerator:
     """Arrival process over a list of requests (cycled in order)."""
@@ -48,10 +65,7 @@ class LoadGenerator:
         if self.rate is not None:
             if self.rate <= 0:
                 raise EngineInputError(f"rate: must be > 0 (got {self.rate})")
-            rng, t = random.Random(self.seed), 0.0
-            for _ in range(self.num_requests):
-                t += rng.expovariate(self.rate)
-                self._times.append(t)
+            self._times = poisson_arrivals(self.rate, self.num_requests, self.seed)
 
     def _make(self, arrival: float) -> tuple[float, Request]:
         base = self.requests[self._issued % len(self.requests)]

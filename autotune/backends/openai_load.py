@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from engine.scheduler import RequestRecord, RunResult, load_metrics
+from engine.scheduler import RequestRecord, RunResult, load_metrics, poisson_arrivals
 from engine.speculative import Request
 
 
@@ -113,15 +112,6 @@ def stream_completion(endpoint: Endpoint, req: Request, seed: int, arrival_s: fl
                          "eos" if reason == "stop" else "length")
 
 
-def poisson_arrivals(rate: float, n: int, seed: int) -> list[float]:
-    """Arrival offsets (s) of ``n`` Poisson arrivals, identical to the engine's LoadGenerator."""
-    rng, t, out = random.Random(seed), 0.0, []
-    for _ in range(n):
-        t += rng.expovariate(rate)
-        out.append(t)
-    return out
-
-
 def run_http_load(endpoint: Endpoint, requests: list[Request], num_requests: int, *,
                   concurrency: int | None = None, rate: float | None = None, seed: int = 0,
                   time_limit_s: float | None = None,
@@ -136,9 +126,8 @@ def run_http_load(endpoint: Endpoint, requests: list[Request], num_requests: int
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of concurrency and rate")
     send = send or (lambda ep, r, s, a: stream_completion(ep, r, s, a, clock))
-    jobs = [Request(requests[k % len(requests)].prompt_ids, requests[k % len(requests)].max_new_tokens,
-                    requests[k % len(requests)].temperature, requests[k % len(requests)].top_k,
-                    requests[k % len(requests)].top_p, k) for k in range(num_requests)]
+    bases = [requests[k % len(requests)] for k in range(num_requests)]
+    jobs = [Request(r.prompt_ids, r.max_new_tokens, r.temperature, r.top_k, r.top_p, k) for k, r in enumerate(bases)]
     arrivals = poisson_arrivals(rate, num_requests, seed) if rate is not None else None
     records: list[RequestRecord] = []
     errors: list[BaseException] = []

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.backends import openai_load, prometheus
+from autotune.backends import prometheus
 from autotune.backends import vllm as vllm_backend
 from autotune.backends.openai_load import Endpoint, LoadError, parse_sse, run_http_load
 from autotune.backends.server import ServerError, ServerProcess
@@ -177,9 +177,9 @@ def test_closed_loop_keeps_concurrency_requests_in_flight_and_cycles_the_prompts
 
 
 def test_open_loop_sends_at_the_engines_poisson_arrival_times() -> None:
-    from engine.scheduler import LoadGenerator
+    from engine.scheduler import LoadGenerator, poisson_arrivals
 
-    arrivals = openai_load.poisson_arrivals(50.0, 6, seed=3)
+    arrivals = poisson_arrivals(50.0, 6, seed=3)
     assert arrivals == LoadGenerator(_requests(), 6, rate=50.0, seed=3)._times
     sent = []
 
