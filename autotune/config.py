@@ -18,16 +18,18 @@ from typing import Any
 
 import yaml
 
+from autotune.backends import BACKENDS
 from autotune.errors import ConfigError
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
+from engine.generate import DRAFTERS
+from engine.loader import DTYPES as _DTYPE_ALIASES
+from engine.speculative import GAMMA_SCHEDULES as GAMMA_POLICIES  # constant / heuristic per-row gamma policy
+from profiles.exporters import FORMATS as EXPORT_FORMATS
 
-DRAFTERS = ("model", "ngram", "none")
-SCHEDULES = ("constant", "heuristic")
 LATENCIES = ("tpot_ms_p95", "tpot_ms_p50", "e2e_ms_p95", "e2e_ms_p50", "ttft_ms_p95", "ttft_ms_p50")
 SLO_KEYS = LATENCIES + ("min_tokens_per_second",)
-EXPORT_FORMATS = ("vllm", "sglang", "trtllm", "tgi", "hf", "llamacpp", "yaml")
-DTYPES = ("float32", "bfloat16", "float16")
-BACKENDS = ("engine", "vllm", "llamacpp")
+# The engine's dtype table also accepts aliases (fp32, bf16, fp16); tune.yaml takes the canonical names.
+DTYPES = tuple(dict.fromkeys(str(t).removeprefix("torch.") for t in _DTYPE_ALIASES.values()))
 DEFAULT_CACHE = Path("~/.cache/spec-autotune")
 DEMO = "demo"  # models.target / models.draft / workload.prompts: the bundled demo pair and prompts
 
@@ -255,7 +257,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     drafters = s.choices("drafter", ("model",), DRAFTERS)
     gamma = s.range("gamma", Range(0, 8), 0, 32, integer=True)
     thr = s.range("confidence_threshold", Range(0.0, 0.5), 0.0, 1.0, integer=False)
-    schedules = s.choices("gamma_schedule", ("constant",), SCHEDULES)
+    schedules = s.choices("gamma_schedule", ("constant",), GAMMA_POLICIES)
     max_batch = s.ints("max_batch_size", (max(concurrency),))
     cap = s.get("gamma_cap", "auto")
     if not (cap in ("auto", "off") or (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0)):

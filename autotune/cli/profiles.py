@@ -10,12 +10,10 @@ from pathlib import Path
 
 import click
 
-from autotune.cli import CONFIG_OPTION, _print_json, main
-from autotune.table import table
+from autotune.cli.options import CONFIG_OPTION, STORAGE_OPTION, print_json
+from autotune.cli.render import render_profile_list, render_show
+from autotune.config import EXPORT_FORMATS
 from profiles.errors import ProfileError
-
-STORAGE_OPTION = click.option("--storage", default=None,
-                              help="SQLAlchemy URL of the profile store (default: storage.url of --config).")
 
 
 def _open_store(config_path: Path, storage: str | None):
@@ -50,7 +48,7 @@ def _resolve(store, ref: str, config_path: Path) -> dict:
     return found
 
 
-@main.group()
+@click.group()
 def profiles() -> None:
     """List, show and delete stored per-device profiles."""
 
@@ -63,14 +61,9 @@ def list_cmd(config_path, storage, as_json):
     """One line per stored profile, newest first."""
     rows = _open_store(config_path, storage).list_profiles()
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
-    if not rows:
-        click.echo("no profiles stored yet (run `autotune tune`)")
-        return
-    click.echo(table(["id", "device", "pair", "workload", "backend", "gamma", "tok/s", "created"],
-                     [(r["id"], r["device"], r["pair"], r["workload_hash"][:8], r["backend"], r["gamma"],
-                       r["tokens_per_second"], r["created_at"]) for r in rows]))
+    click.echo(render_profile_list(rows))
 
 
 @profiles.command("show")
@@ -80,27 +73,11 @@ def list_cmd(config_path, storage, as_json):
 @click.option("--json", "as_json", is_flag=True)
 def show_cmd(ref, config_path, storage, as_json):
     """Everything measured for profile REF (an id or 'current')."""
-    from autotune.cli import render_tune
-
     prof = _resolve(_open_store(config_path, storage), ref, config_path)
     if as_json:
-        _print_json(prof)
+        print_json(prof)
         return
-    click.echo(render_tune(prof))
-    cl = prof["classification"]
-    click.echo("\nclassification (verify cost of gamma_max+1 tokens vs one decode)")
-    click.echo(table(["batch", "verify cost", "label", "best gamma", "predicted speedup"],
-                     [(r["batch_size"], r["verify_cost"], r["label"], r["best_gamma"], r["predicted_speedup"])
-                      for r in cl["batch_sizes"]]))
-    click.echo("\npareto front")
-    click.echo(table(["trial", "gamma", "threshold", "schedule", "tok/s", "latency ms"],
-                     [(p["trial"], p["params"].get("gamma"), p["params"].get("confidence_threshold"),
-                       p["params"].get("gamma_schedule"), p["tokens_per_second"], p["latency_ms"])
-                      for p in prof["pareto_front"]]))
-    click.echo("\npredicted vs measured (chosen config)")
-    click.echo(table(["batch", "gamma", "predicted tok/s", "measured tok/s"],
-                     [(r["batch_size"], r["gamma"], r["predicted_tokens_per_second"], r["measured_tokens_per_second"])
-                      for r in prof["predicted_vs_measured"]]))
+    click.echo(render_show(prof))
 
 
 @profiles.command("delete")
@@ -112,15 +89,15 @@ def delete_cmd(profile_id, config_path, storage, as_json):
     """Delete profile PROFILE_ID."""
     _open_store(config_path, storage).delete_profile(profile_id)
     if as_json:
-        _print_json({"deleted": profile_id})
+        print_json({"deleted": profile_id})
     else:
         click.echo(f"deleted profile #{profile_id}")
 
 
-@main.command("export")
+@click.command("export")
 @click.argument("ref")
 @click.option("--format", "fmt", required=True,
-              type=click.Choice(["vllm", "sglang", "trtllm", "tgi", "hf", "llamacpp", "yaml"]))
+              type=click.Choice(EXPORT_FORMATS))
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="File or folder to write (atomically); default: print to stdout.")
 @click.option("--target-model", default=None, help="Target model path as the serving host sees it.")
@@ -140,7 +117,7 @@ def export_cmd(ref, fmt, output, target_model, draft_model, config_path, storage
         click.echo(f"wrote {path}", err=True)
 
 
-@main.command()
+@click.command()
 @click.argument("ref")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report"), show_default=True)
 @CONFIG_OPTION

@@ -1,0 +1,21 @@
+"""Options and output helpers shared by the command modules (no command lives here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+CONFIG_OPTION = click.option("--config", "config_path", type=click.Path(path_type=Path), default="tune.yaml",
+                             show_default=True, help="The tuning config (see the bundled tune.yaml).")
+STORAGE_OPTION = click.option("--storage", default=None,
+                              help="SQLAlchemy URL of the profile store (default: storage.url of --config).")
+
+
+def print_json(obj: object) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+def say_err(msg: str) -> None:
+    click.echo(msg, err=True)

@@ -1,0 +1,76 @@
+"""``autotune profile`` (measure the device) and ``autotune tune`` (the main job)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from autotune.cli.options import CONFIG_OPTION, print_json, say_err
+from autotune.cli.render import render_profile, render_tune
+from autotune.config import BACKENDS
+
+
+@click.command()
+@CONFIG_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def profile(config_path, as_json):
+    """Fingerprint the device, measure ceilings and verify/draft curves, classify, and store."""
+    from autotune import context
+    from autotune.config import load_config
+
+    cfg = load_config(config_path)
+    ctx = context.build(cfg)
+    data, _ = context.ensure_profile(ctx, reprofile=True, progress=lambda s: say_err(f"  measured: {s}"))
+    if as_json:
+        print_json(data)
+        return
+    click.echo(render_profile(data))
+
+
+@click.command()
+@CONFIG_OPTION
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help="Override budget.n_trials (backend.n_trials with a serving-stack backend).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Override budget.timeout_s (backend.timeout_s with a serving-stack backend).")
+@click.option("--storage", default=None, help="Override storage.url (any SQLAlchemy URL).")
+@click.option("--study", "study_name", default=None, help="Override storage.study_name.")
+@click.option("--resume", is_flag=True, help="Continue the latest study for this device, pair and workload.")
+@click.option("--reprofile", is_flag=True, help="Measure the device again instead of reusing the stored profile.")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Where trials run (overrides backend.name): engine (in process), or a real vllm / llamacpp "
+                   "server per trial.")
+@click.option("--strict", is_flag=True, help="Refuse to store a profile measured on a busy host (exit 2).")
+@click.option("--json", "as_json", is_flag=True, help="Print the stored profile as one JSON object.")
+def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, backend, strict, as_json):
+    """The main job: profile this host, run the Optuna study, store the profile, write exports."""
+    import dataclasses
+
+    from autotune.config import load_config
+    from autotune.tune import Interrupted, run_tune
+
+    cfg = load_config(config_path)
+    backend = backend or cfg.backend
+    server = backend != "engine"
+    overrides = {k: v for k, v in {"server_trials" if server else "n_trials": trials,
+                                   "server_timeout_s" if server else "timeout_s": timeout,
+                                   "study_name": study_name, "backend": backend}.items() if v is not None}
+    if storage is not None:
+        if "://" not in storage:
+            raise click.BadParameter(f"not an SQLAlchemy URL: {storage!r}", param_hint="--storage")
+        overrides["storage"] = storage
+    cfg = dataclasses.replace(cfg, **overrides)
+    try:
+        prof = run_tune(cfg, resume=resume, reprofile=reprofile, say=say_err, strict=strict)
+    except Interrupted as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:  # after the study (re-measuring): the trials are kept, no profile was stored
+        click.echo("interrupted before the profile was stored; finished trials are kept "
+                   "(`autotune tune --resume` continues)", err=True)
+        sys.exit(130)
+    if as_json:
+        print_json(prof)
+        return
+    click.echo(render_tune(prof))
