@@ -14,7 +14,8 @@ import re
 import signal
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from autotune.config import TuneConfig
 from autotune.costmodel import predict
 from autotune.errors import BusyHostError, ConfigError
 from autotune.profiler import curves_from_json, samples_from_json
-from autotune.selection import Point, choose_with_margin, gamma_schedule, pareto_front
+from autotune.selection import Choice, Point, choose_with_margin, gamma_schedule, pareto_front
 from autotune.stats import estimate, paired_ratio, significant
 from profiles.exporters import export, write_export
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
@@ -73,14 +74,20 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
              strict: bool = False) -> dict:
     """The whole main job for one host; returns the stored profile (with its id).
 
-    The engine always profiles the device (seconds); the trials run on ``cfg.backend``: the
-    engine in process, or a serving stack (one real server per configuration), warm-started
-    from the engine's cost model and the nearest stored profile.
+    1. Context: load the pair and workload, fingerprint the device (:func:`autotune.context.build`).
+    2. Host noise before, then open the backend: the engine in process, or a serving stack (one
+       real server per configuration), so a missing stack fails in seconds.
+    3. Profile the device, or reuse the stored measurement (:func:`autotune.context.ensure_profile`).
+    4. Study: shape the space, warm-start it from the cost model and the nearest stored profile,
+       run the trials (:func:`_run_study`).
+    5. Re-measure and select, batch schedule, prediction check, build the profile
+       (:func:`_select_and_build`).
+    6. Host noise after, store the profile (:func:`_store`), write the exports (:func:`write_exports`).
 
     The host's noise is measured before profiling and again after the study
     (:mod:`autotune.hostnoise`), warned about in one line when busy and recorded in
     ``profile["host_noise"]``; with ``strict`` a busy host raises :class:`BusyHostError` and no
-    profile is stored.
+    profile is stored. See docs/architecture.md (data flow of ``autotune tune``).
     """
     ctx = ctx_mod.build(cfg)
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
@@ -91,7 +98,12 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
         measurement, reused = ctx_mod.ensure_profile(ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"))
         say("profile: " + ("reused stored measurement (--reprofile to measure again)" if reused
                            else "measured and stored"))
-        return _study_and_store(ctx, measurement, resume, say, noise_before, strict)
+        run = _run_study(ctx, measurement, resume, say)
+        profile = _select_and_build(ctx, run.space, measurement, run.study, run.trials, say)
+        noise_after = _host_noise(say, strict, "after the study")
+        profile = _store(ctx, profile, run, noise_before, noise_after, say)
+        profile["exports"] = write_exports(profile, cfg.export_formats, cfg.export_dir, say, _gguf_models(ctx))
+        return profile
     finally:
         signal.signal(signal.SIGTERM, old)
         if ctx.backend is not None:
@@ -107,8 +119,20 @@ def _host_noise(say: Say, strict: bool, when: str) -> dict:
     return noise
 
 
-def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say: Say,
-                     noise_before: dict | None = None, strict: bool = False) -> dict:
+@dataclass
+class _StudyRun:
+    """A finished (or budget-stopped) study: its space, the study, its finished trials and the budget's count."""
+
+    space: study_mod.Space
+    study: optuna.Study
+    trials: list
+    trials_planned: int
+    trials_run: int
+    provisional: bool  # budget.timeout_s stopped the study before trials_planned
+
+
+def _run_study(ctx: ctx_mod.Context, measurement: dict, resume: bool, say: Say) -> _StudyRun:
+    """Shape the space, open (or resume) the study, enqueue warm starts, run the remaining trials."""
     cfg, backend = ctx.cfg, ctx.backend
     space = study_mod.shape_space(cfg, measurement, backend.fixed_knobs if backend else None)
     if backend is not None:
@@ -128,29 +152,12 @@ def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say:
     say(f"study: {name} ({'resumed, ' + str(done_before) + ' finished trials kept' if resume else 'new'}); "
         f"{remaining} trials; gamma in [{space.gamma_low}, {space.gamma_high}]"
         + (f" (capped by the profiler at {space.gamma_cap})" if space.gamma_cap is not None else ""))
-    best = {"tps": 0.0}
-
-    progress = {"done": 0, "t0": time.monotonic()}
-
-    def on_trial(number: int, params: dict, result: dict | None) -> None:
-        progress["done"] += 1
-        done, elapsed = progress["done"], time.monotonic() - progress["t0"]
-        eta = f"[{done}/{remaining}, ETA {_duration(elapsed / done * (remaining - done))}]"
-        if result is None:
-            say(f"  trial {number}: failed ({params}) {eta}")
-            return
-        best["tps"] = max(best["tps"], result["tokens_per_second"])
-        startup = f" (server start {result['startup_s']:.0f} s)" if result.get("startup_s") else ""
-        say(f"  trial {number}: {result['tokens_per_second']:.1f} tok/s, {cfg.latency} {result['latency_ms']:.1f} ms "
-            f"| gamma={params['gamma']} thr={params['confidence_threshold']:.2f} {params['gamma_schedule']} "
-            f"B={params['max_batch_size']} {params['drafter']} | best so far {best['tps']:.1f} tok/s{startup} {eta}")
-
     started_before = _n_finished(study)
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         if remaining:
-            study.optimize(study_mod.make_objective(ctx, space, on_trial), n_trials=remaining,
-                           timeout=timeout, catch=(Exception,), gc_after_trial=False)
+            study.optimize(study_mod.make_objective(ctx, space, _trial_logger(cfg, remaining, say)),
+                           n_trials=remaining, timeout=timeout, catch=(Exception,), gc_after_trial=False)
     except KeyboardInterrupt:
         n = len(study_mod.finished(study))
         raise Interrupted(f"interrupted: {n} finished trials are kept in study {name!r}; "
@@ -165,17 +172,43 @@ def _study_and_store(ctx: ctx_mod.Context, measurement: dict, resume: bool, say:
     trials = study_mod.finished(study)
     if not trials:
         raise RuntimeError(f"study {name!r}: no trial finished (see failed trials' 'error' attribute)")
-    profile = _select_and_build(ctx, space, measurement, study, trials, say)
-    noise_after = _host_noise(say, strict, "after the study")
+    return _StudyRun(space, study, trials, remaining, ran, provisional)
+
+
+def _trial_logger(cfg: TuneConfig, remaining: int, say: Say,
+                  clock: Callable[[], float] = time.monotonic) -> Callable[[int, dict, dict | None], None]:
+    """One line per finished trial: its objectives, knobs, the best so far and ``[done/planned, ETA]``."""
+    best = {"tps": 0.0}
+    progress = {"done": 0, "t0": clock()}
+
+    def on_trial(number: int, params: dict, result: dict | None) -> None:
+        progress["done"] += 1
+        done, elapsed = progress["done"], clock() - progress["t0"]
+        eta = f"[{done}/{remaining}, ETA {_duration(elapsed / done * (remaining - done))}]"
+        if result is None:
+            say(f"  trial {number}: failed ({params}) {eta}")
+            return
+        best["tps"] = max(best["tps"], result["tokens_per_second"])
+        startup = f" (server start {result['startup_s']:.0f} s)" if result.get("startup_s") else ""
+        say(f"  trial {number}: {result['tokens_per_second']:.1f} tok/s, {cfg.latency} {result['latency_ms']:.1f} ms "
+            f"| gamma={params['gamma']} thr={params['confidence_threshold']:.2f} {params['gamma_schedule']} "
+            f"B={params['max_batch_size']} {params['drafter']} | best so far {best['tps']:.1f} tok/s{startup} {eta}")
+
+    return on_trial
+
+
+def _store(ctx: ctx_mod.Context, profile: dict, run: _StudyRun, noise_before: dict | None, noise_after: dict,
+           say: Say) -> dict:
+    """Add the study's budget, host noise and backend to the profile, store it, and return it with its id."""
     noises = [n for n in (noise_before, noise_after) if n is not None]
-    profile["study"].update(trials_planned=remaining, trials_run=ran, provisional=provisional)
+    profile["study"].update(trials_planned=run.trials_planned, trials_run=run.trials_run,
+                            provisional=run.provisional)
     profile["host_noise"] = {"busy": any(n["busy"] for n in noises), "before": noise_before, "after": noise_after}
-    profile["backend"] = backend.describe() if backend else {"name": "engine"}
+    profile["backend"] = ctx.backend.describe() if ctx.backend else {"name": "engine"}
     profile = json.loads(json.dumps(profile))
     profile_id = ctx.store.save_profile(profile)
     profile["id"] = profile_id
-    say(f"profile #{profile_id} stored in {redact_url(cfg.storage)}")
-    profile["exports"] = write_exports(profile, cfg.export_formats, cfg.export_dir, say, _gguf_models(ctx))
+    say(f"profile #{profile_id} stored in {redact_url(ctx.cfg.storage)}")
     return profile
 
 
@@ -264,29 +297,75 @@ def _knobs(params: dict) -> tuple:
 
 
 def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
+    """Re-measure, baseline, best static, choose, batch schedule, prediction check, build the profile."""
     cfg = ctx.cfg
     points = [study_mod.point_from_trial(t, space) for t in trials]
-    has_slo = bool(cfg.slo)
-    pool = [p for p in points if p.feasible] if has_slo and any(p.feasible for p in points) else points
-    front = pareto_front(pool)
-    candidates = sorted(front, key=lambda p: -p.tokens_per_second)[: cfg.remeasure_top]
+    finalists = _finalists(cfg, points)
+    remeasured = _remeasure_finalists(ctx, finalists, say)
+    base_point, baseline = remeasured.find(finalists.baseline_params)
+    choice = choose_with_margin(remeasured.points, bool(cfg.slo))  # must beat plain decoding by a margin
+    chosen_result = remeasured.find(choice.point.params)[1]
+    chosen = _chosen_knobs(cfg, choice.point)
+    static_point = remeasured.find(finalists.best_static.params)[0] if finalists.best_static is not None else None
+    schedule, crossover = gamma_schedule(points + remeasured.points, list(cfg.batch_sizes))
+    pvm = _prediction_check(measurement, chosen, chosen_result)
+    metrics = _chosen_metrics(cfg, choice.point, chosen_result, chosen, base_point, static_point,
+                              finalists.best_static)
+    return _build_profile(ctx, space, measurement, study, trials, points, remeasured, choice, chosen, schedule,
+                          crossover, metrics, base_point, baseline, pvm)
+
+
+@dataclass
+class _Finalists:
+    """What is measured again: the top of the Pareto front, the AR baseline and the best static gamma."""
+
+    candidates: list[Point]
+    best_static: Point | None
+    baseline_params: dict
+    configs: list[tuple[dict, int | None]]  # (params, trial number), each configuration once
+
+
+def _finalists(cfg: TuneConfig, points: list[Point]) -> _Finalists:
+    """The ``budget.remeasure_top`` fastest Pareto points (SLO-feasible ones when any), gamma=0, best static gamma."""
+    pool = [p for p in points if p.feasible] if cfg.slo and any(p.feasible for p in points) else points
+    candidates = sorted(pareto_front(pool), key=lambda p: -p.tokens_per_second)[: cfg.remeasure_top]
     static = [p for p in points if p.params.get("gamma", 0) > 0 and p.params.get("gamma_schedule") == "constant"
               and float(p.params.get("confidence_threshold", 0.0)) == 0.0]
     best_static = max(static, key=lambda p: p.tokens_per_second, default=None)
     base_params = {**candidates[0].params, "gamma": 0, "confidence_threshold": 0.0, "gamma_schedule": "constant"}
-    # what is measured again: the finalists, the AR baseline, the best static gamma (each once)
     configs: list[tuple[dict, int | None]] = []
     for params, number in [*((c.params, c.number) for c in candidates), (base_params, None),
                            *([(best_static.params, best_static.number)] if best_static else [])]:
         if all(_knobs(params) != _knobs(p) for p, _ in configs):
             configs.append(({**params}, number))
-    repeats = cfg.repeats
-    say(f"re-measuring the top {len(candidates)} candidates of the Pareto front, the AR baseline"
-        + (" and the best static gamma" if best_static is not None else "")
+    return _Finalists(candidates, best_static, base_params, configs)
+
+
+@dataclass
+class _Remeasured:
+    """The finalists re-run ``budget.repeats`` times: one point (medians, paired rounds) and result each."""
+
+    pairs: list[tuple[Point, dict]]
+    repeats: int
+    order: str  # "interleaved" (engine) or "back-to-back per server"
+
+    @property
+    def points(self) -> list[Point]:
+        return [p for p, _ in self.pairs]
+
+    def find(self, params: Mapping) -> tuple[Point, dict]:
+        return next((p, r) for p, r in self.pairs if _knobs(p.params) == _knobs(params))
+
+
+def _remeasure_finalists(ctx, finalists: _Finalists, say: Say) -> _Remeasured:
+    cfg = ctx.cfg
+    configs, repeats = finalists.configs, cfg.repeats
+    say(f"re-measuring the top {len(finalists.candidates)} candidates of the Pareto front, the AR baseline"
+        + (" and the best static gamma" if finalists.best_static is not None else "")
         + f": {len(configs)} configurations x {repeats} repeats"
         + (" (interleaved)" if ctx.backend is None else " (back to back in each configuration's server)"))
     rounds, order = _remeasure(ctx, [p for p, _ in configs], repeats)
-    remeasured: list[tuple[Point, dict]] = []
+    pairs: list[tuple[Point, dict]] = []
     for (params, number), results in zip(configs, rounds, strict=True):
         result = _median_result(results)
         viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, result).values())
@@ -294,21 +373,19 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
         per_batch_rounds = {b: tuple(r["per_level"][b]["tokens_per_second"] for r in results) for b in per_batch}
         point = Point(params, result["tokens_per_second"], result["latency_ms"], viol, per_batch, number,
                       tuple((r["tokens_per_second"], r["latency_ms"]) for r in results), per_batch_rounds)
-        remeasured.append((point, result))
+        pairs.append((point, result))
+    return _Remeasured(pairs, repeats, order)
 
-    def find(params: dict) -> tuple[Point, dict]:
-        return next((p, r) for p, r in remeasured if _knobs(p.params) == _knobs(params))
 
-    base_point, baseline = find(base_params)
-    choice = choose_with_margin([p for p, _ in remeasured], has_slo)  # must beat plain decoding by a margin
-    chosen_point = choice.point
-    chosen_result = find(chosen_point.params)[1]
-    chosen = {k: chosen_point.params[k] for k in CHOSEN_KNOBS}
+def _chosen_knobs(cfg: TuneConfig, point: Point) -> dict:
+    """The profile's ``chosen``: the point's knobs plus the n-gram window the study ran with."""
+    chosen = {k: point.params[k] for k in CHOSEN_KNOBS}
     chosen["prompt_lookup_min"], chosen["prompt_lookup_max"] = cfg.ngram_min, cfg.ngram_max
-    static_is_chosen = best_static is not None and all(best_static.params.get(k) == chosen[k] for k in CHOSEN_KNOBS)
-    static_point = find(best_static.params)[0] if best_static is not None else None
-    all_points = points + [p for p, _ in remeasured]
-    schedule, crossover = gamma_schedule(all_points, list(cfg.batch_sizes))
+    return chosen
+
+
+def _prediction_check(measurement: dict, chosen: dict, chosen_result: dict) -> list[dict]:
+    """The cost model's throughput for the chosen configuration beside the measured one, per load level."""
     curves = curves_from_json(measurement["curves"])
     samples = samples_from_json(measurement["acceptance"])
     gmax = int(measurement["acceptance"]["gamma_max"])
@@ -318,21 +395,35 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
         pred = predict(curves, samples, g, float(chosen["confidence_threshold"]), min(int(b), int(chosen["max_batch_size"])))
         pvm.append({"batch_size": int(b), "gamma": g, "predicted_tokens_per_second": pred.tokens_per_second,
                     "measured_tokens_per_second": lv["tokens_per_second"]})
+    return pvm
+
+
+def _chosen_metrics(cfg: TuneConfig, chosen_point: Point, chosen_result: dict, chosen: dict, base_point: Point,
+                    static_point: Point | None, best_static: Point | None) -> dict:
+    """The profile's ``metrics``: the chosen configuration's medians and intervals, and its paired speedups."""
+    static_is_chosen = best_static is not None and all(best_static.params.get(k) == chosen[k] for k in CHOSEN_KNOBS)
     tps = [t for t, _ in chosen_point.rounds]
     speedup = paired_ratio(tps, [t for t, _ in base_point.rounds])
     over_static = paired_ratio(tps, [t for t, _ in static_point.rounds]) if static_point is not None else None
     per_level_speedup = {b: paired_ratio(chosen_point.per_batch_rounds[b], base_point.per_batch_rounds[b]).as_dict()
                          for b in chosen_point.per_batch_rounds if b in base_point.per_batch_rounds}
-    metrics = {"tokens_per_second": chosen_result["tokens_per_second"], "latency_ms": chosen_result["latency_ms"],
-               "tokens_per_second_ci95": _ci(tps), "latency_ms_ci95": _ci([lat for _, lat in chosen_point.rounds]),
-               "latency_metric": cfg.latency, "per_level": chosen_result["per_level"],
-               "speedup": speedup.value, "speedup_ci95": [speedup.low, speedup.high],
-               "speedup_significant": significant(speedup), "per_level_speedup": per_level_speedup,
-               "speedup_over_best_static": over_static.value if over_static else None,
-               "speedup_over_best_static_ci95": [over_static.low, over_static.high] if over_static else None,
-               "best_static": dict(best_static.params) if best_static else None,
-               "chosen_is_best_static": static_is_chosen, "repeats": repeats,
-               "acceptance_rate": _mean([lv["acceptance_rate"] for lv in chosen_result["per_level"].values()])}
+    return {"tokens_per_second": chosen_result["tokens_per_second"], "latency_ms": chosen_result["latency_ms"],
+            "tokens_per_second_ci95": _ci(tps), "latency_ms_ci95": _ci([lat for _, lat in chosen_point.rounds]),
+            "latency_metric": cfg.latency, "per_level": chosen_result["per_level"],
+            "speedup": speedup.value, "speedup_ci95": [speedup.low, speedup.high],
+            "speedup_significant": significant(speedup), "per_level_speedup": per_level_speedup,
+            "speedup_over_best_static": over_static.value if over_static else None,
+            "speedup_over_best_static_ci95": [over_static.low, over_static.high] if over_static else None,
+            "best_static": dict(best_static.params) if best_static else None,
+            "chosen_is_best_static": static_is_chosen, "repeats": cfg.repeats,
+            "acceptance_rate": _mean([lv["acceptance_rate"] for lv in chosen_result["per_level"].values()])}
+
+
+def _build_profile(ctx, space, measurement: dict, study, trials, points: list[Point], remeasured: _Remeasured,
+                   choice: Choice, chosen: dict, schedule: list[dict], crossover: int | None, metrics: dict,
+                   base_point: Point, baseline: dict, pvm: list[dict]) -> dict:
+    """The profile as stored (before host noise, backend and id are added); its keys are the stored JSON's."""
+    cfg = ctx.cfg
     return {
         "schema_version": SCHEMA_VERSION, "tool_version": TOOL_VERSION,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -344,7 +435,7 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
                   "failed_trials": sum(t.state == optuna.trial.TrialState.FAIL for t in study.get_trials(deepcopy=False)),
                   "space": space.__dict__, "slo": cfg.slo, "objectives": ["tokens_per_second", cfg.latency]},
         "chosen": chosen,
-        "selection": {"met_slo": choice.met_slo, "reason": choice.reason, "trial": chosen_point.number},
+        "selection": {"met_slo": choice.met_slo, "reason": choice.reason, "trial": choice.point.number},
         "schedule": [{k: e[k] for k in ("batch_size", "gamma", "tokens_per_second", "baseline_tokens_per_second",
                                         "ratio", "significant") if k in e} for e in schedule],
         "crossover_batch_size": crossover,
@@ -358,13 +449,13 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
                    for p in points],
         "pareto_front": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
                           "latency_ms": p.latency_ms, "feasible": p.feasible} for p in pareto_front(points)],
-        "remeasure": {"repeats": repeats, "order": order},
+        "remeasure": {"repeats": remeasured.repeats, "order": remeasured.order},
         "remeasured": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
                         "latency_ms": p.latency_ms, "feasible": p.feasible,
                         "tokens_per_second_ci95": _ci([t for t, _ in p.rounds]),
                         "latency_ms_ci95": _ci([lat for _, lat in p.rounds]),
                         "rounds": [{"tokens_per_second": t, "latency_ms": lat} for t, lat in p.rounds]}
-                       for p, _ in remeasured],
+                       for p in remeasured.points],
         "classification": measurement["classification"],
         "ceilings": measurement["ceilings"],
         "knee_tokens": measurement["knee_tokens"],
