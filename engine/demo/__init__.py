@@ -1,4 +1,4 @@
-"""The bundled demo pair and workload (trained by ``python -m engine.demo.train``)."""
+"""The bundled demo pair and workload (trained by ``python -m tools.demo_pair.train``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Reshape a Llama checkpoint to a larger ``head_dim`` without changing the function it computes.
 
 Why: vLLM's CPU attention only takes head_dim in {32, 64, 80, ...}; the demo target has 40.
-Usage: ``python -m engine.demo.pad_head_dim SRC DST [--head-dim 64]``.
+Usage: ``python -m tools.demo_pair.pad_head_dim SRC DST [--head-dim 64]``.
 
 With old head size d and new head size D >= d (both even), h = d/2, H = D/2:
 
@@ -95,7 +95,7 @@ def check(cfg: dict, src: Path, new_d: int) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     doc = __doc__.split("\n\n")[0]
-    p = argparse.ArgumentParser(prog="python -m engine.demo.pad_head_dim", description=doc)
+    p = argparse.ArgumentParser(prog="python -m tools.demo_pair.pad_head_dim", description=doc)
     p.add_argument("src", type=Path, help="model folder (config.json, model.safetensors, tokenizer ...)")
     p.add_argument("dst", type=Path, help="output folder (must not exist)")
     p.add_argument("--head-dim", type=int, default=64, help="new head_dim (default 64)")

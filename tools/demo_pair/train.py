@@ -2,7 +2,7 @@
 
 Run::
 
-    python -m engine.demo.train [--out engine/demo/pair] [--budget-minutes 45] [--seed 0]
+    python -m tools.demo_pair.train [--out engine/demo/pair] [--budget-minutes 45] [--seed 0]
 
 Everything is offline and CPU-only. The steps:
 
@@ -23,7 +23,7 @@ Everything is offline and CPU-only. The steps:
    warmup then cosine decay, gradient clipping, bf16 autocast on CPU.
 5. **Distill phase.** The target is frozen; the draft alone keeps distilling so it matches the
    final target.
-6. **On-policy phase** (:mod:`engine.demo.onpolicy`). Speculation asks the draft to predict the
+6. **On-policy phase** (:mod:`tools.demo_pair.onpolicy`). Speculation asks the draft to predict the
    target's *own* continuations, not stdlib text: the draft is deepened to two layers (a
    function-preserving stack: the new layer starts as the identity) and distilled on the frozen
    target's greedy and temperature-1 continuations of prompts cut from the train files.
@@ -69,7 +69,10 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from engine.config import ModelConfig
-from engine.demo.onpolicy import (
+from engine.errors import EngineInputError
+from engine.loader import load_model, load_tokenizer
+from engine.model import Transformer
+from tools.demo_pair.onpolicy import (
     OnPolicyConfig,
     OnPolicyData,
     acceptance_figures,
@@ -79,9 +82,6 @@ from engine.demo.onpolicy import (
     target_continuations,
     weighted_kl,
 )
-from engine.errors import EngineInputError
-from engine.loader import load_model, load_tokenizer
-from engine.model import Transformer
 
 EOT = "<|endoftext|>"
 EXCLUDED_PARTS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}

@@ -1,13 +1,20 @@
-"""The on-policy distillation pieces of the demo training (engine/demo/onpolicy.py)."""
+"""The on-policy distillation pieces of the demo training (tools/demo_pair/onpolicy.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from engine.demo.onpolicy import OnPolicyConfig, OnPolicyData, grow, pack, target_continuations, weighted_kl
 from engine.generate import generate
 from engine.loader import ModelPair
 from engine.speculative import Request, SpecConfig
+from tools.demo_pair.onpolicy import (
+    OnPolicyConfig,
+    OnPolicyData,
+    grow,
+    pack,
+    target_continuations,
+    weighted_kl,
+)
 
 
 def test_grow_preserves_the_function_with_and_without_cache(model_factory):

@@ -1,4 +1,4 @@
-"""The on-policy phase of engine/demo/train.py end to end on tiny models (no retraining of the
+"""The on-policy phase of tools/demo_pair/train.py end to end on tiny models (no retraining of the
 shipped pair: a few optimizer steps on stdlib files and a tiny tokenizer)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from engine.config import ModelConfig
-from engine.demo import train
-from engine.demo.onpolicy import OnPolicyConfig
 from engine.model import Transformer
+from tools.demo_pair import train
+from tools.demo_pair.onpolicy import OnPolicyConfig
 
 FILES = ("json/decoder.py", "json/encoder.py", "textwrap.py", "colorsys.py", "bisect.py", "shlex.py")
 
