@@ -86,9 +86,9 @@ class TuneConfig:
     drafters: tuple[str, ...] = ("model",)
     gamma: Range = Range(0, 8)
     confidence_threshold: Range = Range(0.0, 0.5)
-    gamma_schedules: tuple[str, ...] = ("constant",)
+    gamma_policies: tuple[str, ...] = ("constant",)  # tune.yaml search.gamma_schedule
     max_batch_size: tuple[int, ...] = (4,)
-    gamma_cap: int | str = "auto"
+    search_gamma_cap: int | str = "auto"  # tune.yaml search.gamma_cap; not the engine's largest row gamma
     ngram_min: int = 2
     ngram_max: int = 4
     latency: str = "tpot_ms_p95"
@@ -326,8 +326,8 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
         target=target, draft=draft, device=device, dtype=dtype, prompts=prompts, max_new_tokens=max_new,
         temperature=temperature, top_k=top_k, top_p=top_p, concurrency=concurrency, rate=rate,
         num_requests=num_requests, truncate_prompts=truncate, drafters=drafters,
-        gamma=Range(int(gamma.low), int(gamma.high)), confidence_threshold=thr, gamma_schedules=schedules,
-        max_batch_size=max_batch, gamma_cap=cap, ngram_min=ngram_min, ngram_max=ngram_max, latency=latency,
+        gamma=Range(int(gamma.low), int(gamma.high)), confidence_threshold=thr, gamma_policies=schedules,
+        max_batch_size=max_batch, search_gamma_cap=cap, ngram_min=ngram_min, ngram_max=ngram_max, latency=latency,
         slo=slo, n_trials=n_trials, timeout_s=timeout, trial_timeout_s=trial_timeout, seed=seed, storage=url, study_name=study,
         export_formats=formats, export_dir=export_dir, profile_gamma_max=gmax, remeasure_top=remeasure, repeats=repeats,
         backend=backend, server_trials=server_trials, server_timeout_s=server_timeout, vllm=vllm, llamacpp=llamacpp,

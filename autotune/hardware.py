@@ -481,23 +481,24 @@ def _software_fields(dtype: str) -> dict[str, Any]:
 
 
 def _resolve_device(device: str) -> tuple[str, int | None]:
-    """``"auto" | "cpu" | "cuda" | "cuda:N"`` to ``(kind, cuda ordinal or None)``."""
-    if device == "auto":
-        return ("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else ("cpu", None)
+    """``"auto" | "cpu" | "cuda" | "cuda:N"`` to ``(kind, cuda ordinal or None)``.
+
+    The engine's :func:`engine.loader.resolve_device` is the one resolver (the same values, the
+    same messages); an explicit CUDA device without CUDA stays a RuntimeError, as
+    :func:`fingerprint` documents, everything else it refuses is a ValueError.
+    """
+    from engine.errors import EngineInputError
+    from engine.loader import resolve_device
+
     try:
-        parsed = torch.device(device)
-    except RuntimeError as exc:
-        raise ValueError(f"unknown device {device!r}") from exc
-    if parsed.type == "cpu":
+        dev = resolve_device(device)
+    except EngineInputError as exc:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(str(exc)) from None
+        raise
+    if dev.type == "cpu":
         return "cpu", None
-    if parsed.type != "cuda":
-        raise ValueError(f"unsupported device type {parsed.type!r}; use auto, cpu or cuda[:N]")
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} requested but torch sees no CUDA device")
-    ordinal = torch.cuda.current_device() if parsed.index is None else parsed.index
-    if ordinal >= torch.cuda.device_count():
-        raise ValueError(f"{device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    return "cuda", ordinal
+    return "cuda", torch.cuda.current_device() if dev.index is None else dev.index
 
 
 def fingerprint(device: str = "auto", dtype: str = "float32") -> dict[str, Any]:

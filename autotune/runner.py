@@ -18,7 +18,7 @@ from engine.loader import ModelPair
 from engine.metrics import draft_cost_ratio, speedup, verification_efficiency
 from engine.scheduler import LoadGenerator, RunResult, Scheduler
 from engine.speculative import Request, SpecConfig, SpecEngine
-from engine.workload import WorkloadItem, encode_prompt
+from engine.workload import WorkloadItem, fit_prompt_to_context
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def build_requests(
     for i, item in enumerate(items):
         max_new = item.max_new_tokens or sampling.max_new_tokens
         ids = tokenizer.encode(item.prompt).ids
-        ids = encode_prompt(ids, context - max_new - 20, f"{where}:{item.line or i + 1}", truncate)
+        ids = fit_prompt_to_context(ids, context - max_new - 20, f"{where}:{item.line or i + 1}", truncate)
         out.append(Request(
             ids, max_new,
             sampling.temperature if item.temperature is None else item.temperature,

@@ -180,7 +180,7 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
         pool = [p for p in pool if p is not winner]
 
 
-def gamma_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
+def batch_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
                    min_gain: float = 1.02) -> tuple[list[dict], int | None]:
     """Per batch size, the gamma of the fastest measured configuration there.
 
@@ -196,7 +196,7 @@ def gamma_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
     Example:
         >>> pts = [Point({"gamma": 0}, 0, 0, per_batch={1: 10, 8: 80}),
         ...        Point({"gamma": 4}, 0, 0, per_batch={1: 20, 8: 60})]
-        >>> gamma_schedule(pts, [1, 8])
+        >>> batch_schedule(pts, [1, 8])
         ([{'batch_size': 1, 'gamma': 4, 'tokens_per_second': 20, 'baseline_tokens_per_second': 10}, \
 {'batch_size': 8, 'gamma': 0, 'tokens_per_second': 80, 'baseline_tokens_per_second': 80}], 8)
     """

@@ -48,9 +48,16 @@ class Space:
     gamma_high: int
     threshold_low: float
     threshold_high: float
-    schedules: tuple[str, ...]
+    gamma_policies: tuple[str, ...]  # per-row gamma policy: constant / heuristic (the key gamma_schedule)
     max_batch_sizes: tuple[int, ...]
-    gamma_cap: int | None  # the profiler's cap (None = not applied)
+    search_gamma_cap: int | None  # the study's largest gamma from the profiler (None = not applied)
+
+    def to_json(self) -> dict:
+        """The profile's ``study.space`` (its stored keys predate the field names: ``schedules``, ``gamma_cap``)."""
+        return {"drafters": self.drafters, "gamma_low": self.gamma_low, "gamma_high": self.gamma_high,
+                "threshold_low": self.threshold_low, "threshold_high": self.threshold_high,
+                "schedules": self.gamma_policies, "max_batch_sizes": self.max_batch_sizes,
+                "gamma_cap": self.search_gamma_cap}
 
     def suggest(self, trial: optuna.Trial) -> dict:
         p: dict = {}
@@ -60,8 +67,8 @@ class Space:
         p["confidence_threshold"] = round(trial.suggest_float(
             "confidence_threshold", self.threshold_low, self.threshold_high, step=THRESHOLD_STEP)
             if self.threshold_high > self.threshold_low else self.threshold_low, 4)
-        p["gamma_schedule"] = (trial.suggest_categorical("gamma_schedule", self.schedules)
-                               if len(self.schedules) > 1 else self.schedules[0])
+        p["gamma_schedule"] = (trial.suggest_categorical("gamma_schedule", self.gamma_policies)
+                               if len(self.gamma_policies) > 1 else self.gamma_policies[0])
         p["max_batch_size"] = (trial.suggest_categorical("max_batch_size", self.max_batch_sizes)
                                if len(self.max_batch_sizes) > 1 else self.max_batch_sizes[0])
         if p["drafter"] == "none":
@@ -76,7 +83,7 @@ class Space:
             names.add("gamma")
         if self.threshold_high > self.threshold_low:
             names.add("confidence_threshold")
-        if len(self.schedules) > 1:
+        if len(self.gamma_policies) > 1:
             names.add("gamma_schedule")
         if len(self.max_batch_sizes) > 1:
             names.add("max_batch_size")
@@ -88,7 +95,7 @@ class Space:
         out["gamma"] = min(max(int(out.get("gamma", 0)), self.gamma_low), self.gamma_high)
         thr = float(out.get("confidence_threshold", self.threshold_low))
         out["confidence_threshold"] = min(max(thr, self.threshold_low), self.threshold_high)
-        for key, allowed in (("drafter", self.drafters), ("gamma_schedule", self.schedules),
+        for key, allowed in (("drafter", self.drafters), ("gamma_schedule", self.gamma_policies),
                              ("max_batch_size", self.max_batch_sizes)):
             if out.get(key) not in allowed:
                 out[key] = allowed[0]
@@ -104,20 +111,20 @@ def shape_space(cfg: TuneConfig, measurement: dict, fixed: dict | None = None) -
     knobs a serving-stack backend cannot express (``confidence_threshold``, ``gamma_schedule``).
     """
     cap: int | None = None
-    if cfg.gamma_cap == "auto":
+    if cfg.search_gamma_cap == "auto":
         curves = curves_from_json(measurement["curves"])
         samples = samples_from_json(measurement["acceptance"])
         gmax = int(measurement["acceptance"]["gamma_max"])
         best = [best_gamma(curves, samples, b, gmax).gamma for b in cfg.batch_sizes]
         cap = max(max(best) + 2, 1)
-    elif isinstance(cap_value := cfg.gamma_cap, int):
+    elif isinstance(cap_value := cfg.search_gamma_cap, int):
         cap = cap_value
     high = cfg.gamma.high if cap is None else max(min(cfg.gamma.high, cap), cfg.gamma.low)
     fixed = fixed or {}
     thr_low = thr_high = fixed.get("confidence_threshold")
     if thr_low is None:
         thr_low, thr_high = cfg.confidence_threshold.low, cfg.confidence_threshold.high
-    schedules = (fixed["gamma_schedule"],) if "gamma_schedule" in fixed else cfg.gamma_schedules
+    schedules = (fixed["gamma_schedule"],) if "gamma_schedule" in fixed else cfg.gamma_policies
     return Space(cfg.drafters, int(cfg.gamma.low), int(high), thr_low, thr_high, schedules, cfg.max_batch_size, cap)
 
 
@@ -211,7 +218,7 @@ def warm_starts(ctx: Context, space: Space, measurement: dict, nearest: dict | N
     """Enqueued first trials: the AR baseline, the cost model's best points, the nearest profile's choice."""
     cfg = ctx.cfg
     base = {"drafter": space.drafters[0], "gamma": 0, "confidence_threshold": space.threshold_low,
-            "gamma_schedule": space.schedules[0], "max_batch_size": max(space.max_batch_sizes)}
+            "gamma_schedule": space.gamma_policies[0], "max_batch_size": max(space.max_batch_sizes)}
     points = [("baseline (gamma=0)", base)]
     curves = curves_from_json(measurement["curves"])
     samples = samples_from_json(measurement["acceptance"])

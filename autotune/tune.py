@@ -29,7 +29,7 @@ from autotune.config import TuneConfig
 from autotune.costmodel import predict
 from autotune.errors import BusyHostError, ConfigError
 from autotune.profiler import curves_from_json, samples_from_json
-from autotune.selection import Choice, Point, choose_with_margin, gamma_schedule, pareto_front
+from autotune.selection import Choice, Point, batch_schedule, choose_with_margin, pareto_front
 from autotune.stats import estimate, paired_ratio, significant
 from profiles.exporters import export, write_export
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
@@ -151,7 +151,7 @@ def _run_study(ctx: ctx_mod.Context, measurement: dict, resume: bool, say: Say) 
     remaining = max(n_trials - done_before, 0)
     say(f"study: {name} ({'resumed, ' + str(done_before) + ' finished trials kept' if resume else 'new'}); "
         f"{remaining} trials; gamma in [{space.gamma_low}, {space.gamma_high}]"
-        + (f" (capped by the profiler at {space.gamma_cap})" if space.gamma_cap is not None else ""))
+        + (f" (capped by the profiler at {space.search_gamma_cap})" if space.search_gamma_cap is not None else ""))
     started_before = _n_finished(study)
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
@@ -307,7 +307,7 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
     chosen_result = remeasured.find(choice.point.params)[1]
     chosen = _chosen_knobs(cfg, choice.point)
     static_point = remeasured.find(finalists.best_static.params)[0] if finalists.best_static is not None else None
-    schedule, crossover = gamma_schedule(points + remeasured.points, list(cfg.batch_sizes))
+    schedule, crossover = batch_schedule(points + remeasured.points, list(cfg.batch_sizes))
     pvm = _prediction_check(measurement, chosen, chosen_result)
     metrics = _chosen_metrics(cfg, choice.point, chosen_result, chosen, base_point, static_point,
                               finalists.best_static)
@@ -433,7 +433,7 @@ def _build_profile(ctx, space, measurement: dict, study, trials, points: list[Po
         "workload": {**ctx.workload, "hash": ctx.workload_hash},
         "study": {"name": study.study_name, "storage": redact_url(cfg.storage), "n_trials": len(trials),
                   "failed_trials": sum(t.state == optuna.trial.TrialState.FAIL for t in study.get_trials(deepcopy=False)),
-                  "space": space.__dict__, "slo": cfg.slo, "objectives": ["tokens_per_second", cfg.latency]},
+                  "space": space.to_json(), "slo": cfg.slo, "objectives": ["tokens_per_second", cfg.latency]},
         "chosen": chosen,
         "selection": {"met_slo": choice.met_slo, "reason": choice.reason, "trial": choice.point.number},
         "schedule": [{k: e[k] for k in ("batch_size", "gamma", "tokens_per_second", "baseline_tokens_per_second",

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from autotune.config import DTYPES
 from autotune.errors import USER_ERRORS
 from autotune.hardware import fingerprint
 from autotune.runner import Sampling, build_requests
@@ -39,7 +40,6 @@ from engine.workload import load_workload
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def int_list(text: str) -> list[int]:

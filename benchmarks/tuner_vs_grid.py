@@ -61,7 +61,7 @@ def main() -> None:
     mbs = max(cfg.max_batch_size)
     grid = [{"drafter": drafter, "gamma": g, "confidence_threshold": t, "gamma_schedule": s, "max_batch_size": mbs}
             for g in range(int(cfg.gamma.low), int(cfg.gamma.high) + 1)
-            for t in (thresholds if g else [lo]) for s in (cfg.gamma_schedules if g else cfg.gamma_schedules[:1])]
+            for t in (thresholds if g else [lo]) for s in (cfg.gamma_policies if g else cfg.gamma_policies[:1])]
     print(f"grid: {len(grid)} configurations x {len(study_mod.levels(cfg))} load levels", file=sys.stderr)
     t0 = time.perf_counter()
     grid_results = []

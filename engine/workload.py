@@ -82,7 +82,7 @@ def load_workload(path: str | Path) -> list[WorkloadItem]:
     return items
 
 
-def encode_prompt(ids: list[int], limit: int, where: str, truncate: bool = False) -> list[int]:
+def fit_prompt_to_context(ids: list[int], limit: int, where: str, truncate: bool = False) -> list[int]:
     """Check a tokenized prompt against the context ``limit`` (or keep its last tokens)."""
     if len(ids) <= limit:
         return ids

@@ -134,9 +134,17 @@ def batch_ranges(schedule: Sequence[tuple[int, int]]) -> list[tuple[int, int, in
     return ranges
 
 
-def off_reason(inputs: ExportInputs) -> str:
-    """Why a single-gamma stack gets no speculation flags."""
-    return "the chosen drafter is 'none'" if inputs.drafter == "none" else "the chosen gamma is 0"
+def off_reason(inputs: ExportInputs, *, per_batch_size: bool = False) -> str:
+    """Why an export has no speculation flags: the drafter is 'none', or gamma is 0.
+
+    A single-gamma stack reads the chosen gamma; a stack that takes the batch schedule
+    (``per_batch_size``: vLLM, TensorRT-LLM) is off only where every tuned batch size has gamma 0.
+    """
+    if inputs.drafter == "none":
+        return "the chosen drafter is 'none'"
+    if per_batch_size:
+        return f"gamma is 0 at every tuned batch size ({schedule_text(inputs.schedule)})"
+    return "the chosen gamma is 0"
 
 
 def one_length_note(inputs: ExportInputs, server: str) -> str:

@@ -28,6 +28,7 @@ from profiles.exporters._common import (
     fail,
     is_int,
     is_number,
+    off_reason,
     schedule_text,
 )
 from profiles.profile import ExportInputs
@@ -134,8 +135,7 @@ def draft_len_schedule(schedule: tuple[tuple[int, int], ...]) -> tuple[int, dict
 def extra_options(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
     """The options mapping (``{}`` when speculation is off) and the notes that explain it."""
     if inputs.schedule_max == 0:
-        why = "the chosen drafter is 'none'" if inputs.drafter == "none" else (
-            f"gamma is 0 at every tuned batch size ({schedule_text(inputs.schedule)})")
+        why = off_reason(inputs, per_batch_size=True)
         return {}, [f"Speculation off: {why}; no speculative_config."]
     max_draft_len, table, notes = draft_len_schedule(inputs.schedule)
     if max_draft_len == 0:

@@ -28,6 +28,7 @@ from profiles.exporters._common import (
     fail,
     is_int,
     json_lines,
+    off_reason,
     read_json_file,
     schedule_text,
     sidecar_json,
@@ -184,8 +185,7 @@ def export(inputs: ExportInputs) -> Exported:
     config = speculative_config(inputs)
     notes = []
     if config is None:
-        why = "the chosen drafter is 'none'" if inputs.drafter == "none" else (
-            f"gamma is 0 at every tuned batch size ({schedule_text(inputs.schedule)})")
+        why = off_reason(inputs, per_batch_size=True)
         notes.append(f"Speculation off: {why}. Serve without --speculative-config; this file holds JSON null, "
                      "which vLLM reads as no speculative config (num_speculative_tokens must be > 0).")
     else:

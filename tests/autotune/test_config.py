@@ -70,9 +70,9 @@ def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dir
     assert cfg.drafters == ("model",)
     assert cfg.gamma == Range(0, 8) and not cfg.gamma.fixed
     assert cfg.confidence_threshold == Range(0.0, 0.5)
-    assert cfg.gamma_schedules == ("constant", "heuristic")
+    assert cfg.gamma_policies == ("constant", "heuristic")
     assert cfg.max_batch_size == (4,)
-    assert cfg.gamma_cap == "auto" and (cfg.ngram_min, cfg.ngram_max) == (2, 4)
+    assert cfg.search_gamma_cap == "auto" and (cfg.ngram_min, cfg.ngram_max) == (2, 4)
     assert cfg.latency == "tpot_ms_p95" and cfg.slo == {}
     assert (cfg.n_trials, cfg.timeout_s, cfg.seed, cfg.remeasure_top, cfg.repeats) == (14, None, 0, 2, 3)
     assert cfg.storage == f"sqlite:///{tmp_path.resolve() / 'autotune.db'}"

@@ -6,9 +6,9 @@ import pytest
 
 from autotune.selection import (
     Point,
+    batch_schedule,
     choose,
     choose_with_margin,
-    gamma_schedule,
     knee_point,
     pareto_front,
     simplicity,
@@ -118,7 +118,7 @@ def test_choose_refuses_nothing() -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# gamma_schedule
+# batch_schedule
 
 
 def run(gamma: int, per_batch: dict[int, float]) -> Point:
@@ -131,7 +131,7 @@ def test_schedule_speculation_wins_small_loses_large() -> None:
         run(2, {1: 18, 2: 30, 4: 38, 8: 60}),
         run(4, {1: 22, 2: 28, 4: 35, 8: 50}),
     ]
-    schedule, crossover = gamma_schedule(points, [1, 2, 4, 8])
+    schedule, crossover = batch_schedule(points, [1, 2, 4, 8])
     assert [(e["batch_size"], e["gamma"]) for e in schedule] == [(1, 4), (2, 2), (4, 0), (8, 0)]
     assert [e["tokens_per_second"] for e in schedule] == [22, 30, 40, 80]
     assert [e["baseline_tokens_per_second"] for e in schedule] == [10, 20, 40, 80]
@@ -140,14 +140,14 @@ def test_schedule_speculation_wins_small_loses_large() -> None:
 
 def test_schedule_all_zero_crosses_over_at_the_smallest_batch() -> None:
     points = [run(0, {1: 10, 4: 40}), run(3, {1: 9, 4: 30})]
-    schedule, crossover = gamma_schedule(points, [1, 4])
+    schedule, crossover = batch_schedule(points, [1, 4])
     assert [e["gamma"] for e in schedule] == [0, 0]
     assert crossover == 1
 
 
 def test_schedule_speculation_pays_everywhere_no_crossover() -> None:
     points = [run(0, {1: 10, 4: 40}), run(3, {1: 25, 4: 60})]
-    schedule, crossover = gamma_schedule(points, [1, 4])
+    schedule, crossover = batch_schedule(points, [1, 4])
     assert [e["gamma"] for e in schedule] == [3, 3]
     assert crossover is None
 
@@ -155,7 +155,7 @@ def test_schedule_speculation_pays_everywhere_no_crossover() -> None:
 def test_schedule_crossover_is_where_it_stays_off() -> None:
     """Speculation off at B=2 but on again at B=4: the crossover is after the last win."""
     points = [run(0, {1: 10, 2: 20, 4: 40, 8: 80}), run(2, {1: 20, 2: 19, 4: 50, 8: 70})]
-    schedule, crossover = gamma_schedule(points, [1, 2, 4, 8])
+    schedule, crossover = batch_schedule(points, [1, 2, 4, 8])
     assert [e["gamma"] for e in schedule] == [2, 0, 2, 0]
     assert crossover == 8
 
@@ -163,34 +163,34 @@ def test_schedule_crossover_is_where_it_stays_off() -> None:
 @pytest.mark.parametrize(("spec_tps", "expected_gamma"), [(101.9, 0), (102.0, 3), (102.1, 3)])
 def test_schedule_two_percent_rule(spec_tps, expected_gamma) -> None:
     points = [run(0, {1: 100.0}), run(3, {1: spec_tps})]
-    schedule, _ = gamma_schedule(points, [1])
+    schedule, _ = batch_schedule(points, [1])
     assert schedule[0]["gamma"] == expected_gamma
     assert schedule[0]["baseline_tokens_per_second"] == 100.0
 
 
 def test_schedule_min_gain_is_configurable() -> None:
     points = [run(0, {1: 100.0}), run(3, {1: 104.0})]
-    assert gamma_schedule(points, [1], min_gain=1.05)[0][0]["gamma"] == 0
-    assert gamma_schedule(points, [1], min_gain=1.0)[0][0]["gamma"] == 3
+    assert batch_schedule(points, [1], min_gain=1.05)[0][0]["gamma"] == 0
+    assert batch_schedule(points, [1], min_gain=1.0)[0][0]["gamma"] == 3
 
 
 def test_schedule_compares_against_the_best_baseline() -> None:
     points = [run(0, {1: 100.0}), run(0, {1: 120.0}), run(2, {1: 115.0})]
-    schedule, _ = gamma_schedule(points, [1])
+    schedule, _ = batch_schedule(points, [1])
     assert schedule[0] == {"batch_size": 1, "gamma": 0, "tokens_per_second": 120.0,
                            "baseline_tokens_per_second": 120.0}
 
 
 def test_schedule_without_a_baseline_takes_the_fastest_speculative() -> None:
     points = [run(2, {1: 50.0}), run(5, {1: 70.0})]
-    schedule, crossover = gamma_schedule(points, [1])
+    schedule, crossover = batch_schedule(points, [1])
     assert schedule[0]["gamma"] == 5 and schedule[0]["baseline_tokens_per_second"] is None
     assert crossover is None
 
 
 def test_schedule_only_uses_points_measured_at_that_batch() -> None:
     points = [run(0, {1: 10, 4: 40}), run(4, {1: 30})]  # gamma 4 never ran at B=4
-    schedule, crossover = gamma_schedule(points, [1, 4])
+    schedule, crossover = batch_schedule(points, [1, 4])
     assert [e["gamma"] for e in schedule] == [4, 0]
     assert crossover == 4
 
@@ -256,11 +256,11 @@ def test_simplicity_orders_baseline_constant_threshold_gamma() -> None:
 
 def test_schedule_uses_the_interval_rule_where_paired_repeats_exist() -> None:
     noisy = [remeasured(0, AR), remeasured(3, [103.0, 99.0, 106.0, 98.0, 104.0])]
-    (entry,), crossover = gamma_schedule(noisy, [1], min_gain=1.0)  # the point rule would take gamma 3
+    (entry,), crossover = batch_schedule(noisy, [1], min_gain=1.0)  # the point rule would take gamma 3
     assert entry["gamma"] == 0 and entry["significant"] is False and crossover == 1
     assert entry["ratio"]["n"] == 5 and entry["ratio"]["ci95"][0] < 1 < entry["ratio"]["ci95"][1]
     clear = [remeasured(0, AR), remeasured(3, [150.0, 158.0, 147.0, 152.0, 149.0])]
-    (entry,), crossover = gamma_schedule(clear, [1])
+    (entry,), crossover = batch_schedule(clear, [1])
     assert entry["gamma"] == 3 and entry["significant"] is True and crossover is None
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from engine.errors import EngineInputError
-from engine.workload import encode_prompt, load_workload
+from engine.workload import fit_prompt_to_context, load_workload
 
 
 def write(tmp_path, lines):
@@ -51,6 +51,6 @@ def test_missing_and_empty_files(tmp_path):
 def test_long_prompt_rejected_with_length_and_limit_or_truncated():
     ids = list(range(50))
     with pytest.raises(EngineInputError, match="50 tokens, longer than the limit of 20"):
-        encode_prompt(ids, 20, "w.jsonl: prompt 3")
-    assert encode_prompt(ids, 20, "w", truncate=True) == ids[-20:]
-    assert encode_prompt(ids, 50, "w") == ids
+        fit_prompt_to_context(ids, 20, "w.jsonl: prompt 3")
+    assert fit_prompt_to_context(ids, 20, "w", truncate=True) == ids[-20:]
+    assert fit_prompt_to_context(ids, 50, "w") == ids
