@@ -133,10 +133,12 @@ def levels(cfg: TuneConfig) -> list[tuple[str, float]]:
     return [("rate", cfg.rate)] if cfg.rate is not None else [("concurrency", c) for c in cfg.concurrency]
 
 
-def evaluate(ctx: Context, params: dict, seed: int) -> dict:
+def evaluate(ctx: Context, params: dict, seed: int, clock: Callable[[], float] = time.perf_counter) -> dict:
     """Run one configuration at every load level; aggregate objectives and per-level metrics.
 
     On the context's serving-stack backend when it has one (``ctx.backend``), else on the engine.
+    ``budget.trial_timeout_s`` covers the whole trial: each level gets what is left of it, read
+    from ``clock``.
     """
     backend = getattr(ctx, "backend", None)
     if backend is not None:
@@ -147,12 +149,12 @@ def evaluate(ctx: Context, params: dict, seed: int) -> dict:
     per_level = {}
     tokens = wall = 0.0
     all_levels = levels(cfg)
-    t0 = time.perf_counter()
+    t0 = clock()
     for done, (kind, value) in enumerate(all_levels):
         load = LoadSpec(max_batch_size=int(params["max_batch_size"]),
                         concurrency=int(value) if kind == "concurrency" else None,
                         rate=float(value) if kind == "rate" else None, num_requests=cfg.num_requests)
-        left = None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (time.perf_counter() - t0)
+        left = None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (clock() - t0)
         try:
             if left is not None and left <= 0:
                 raise TimeoutError
