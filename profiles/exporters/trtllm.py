@@ -10,6 +10,11 @@ value <= ``max_draft_len``, keys >= 1, values >= 0, never with ``max_concurrency
 ``max_draft_len`` is the gamma at the smallest batch size, and a later, larger gamma is
 clamped to it (noted in the header). Key 1 is always present (older releases require it);
 trailing zero ranges are dropped (above the largest key is 0 anyway).
+
+Target version: the "up to key" lookup of NVIDIA/TensorRT-LLM at 0004396720054fd8 (llm_args.py's
+documented meaning; the standalone ``get_draft_len_for_batch_size`` under tensorrt_llm/_torch/speculative/,
+``bisect_left``). Older releases whose ``Drafter.get_draft_len_for_batch_size`` uses ``bisect_right``
+("from key on") read the same file as another schedule and are not targeted (docs/stacks/trtllm.md).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 
 import pytest
@@ -21,20 +22,56 @@ def _trtllm(make_profile, schedule: list[tuple[int, int]]) -> dict:
     return yaml.safe_load(export(make_profile(schedule=schedule), "trtllm").text)
 
 
-def _effective_vllm(table: list[list[int]], batch: int) -> int:
-    """vLLM's lookup: the range holding ``batch``, gaps take the previous k, beyond the end the last k."""
-    k = table[0][2]
-    for lo, _hi, value in table:
-        if batch >= lo:
-            k = value
-    return k
+# -- the stacks' own lookup rules, replayed from their documented upstream functions ----------
+# (docs/stacks/vllm.md and docs/stacks/trtllm.md name the file and commit each was read from)
 
 
-def _effective_trtllm(table: dict[int, int], batch: int) -> int:
-    for key in sorted(table):
-        if batch <= key:
-            return table[key]
-    return 0
+def vllm_build_dynamic_sd_schedule_lookup(table: list[list[int]], max_batch_size: int,
+                                          num_speculative_tokens: int) -> list[int]:
+    """vLLM's ``build_dynamic_sd_schedule_lookup`` after ``validate_and_normalize_dynamic_sd_schedule``
+    (vllm/v1/spec_decode/dynamic/utils.py at 14b450ca).
+
+    Validation: entries ``[lo, hi, K]`` with 0 < lo <= hi and K >= 0, sorted by lo, non-overlapping,
+    the first starting at 1. Lookup: ``dense[b]`` (b = 1..max_batch_size; index 0 unused) is the K
+    of the range holding b; a gap takes the previous range's K; past the last range the last K;
+    every K is clamped to ``num_speculative_tokens``.
+    """
+    ranges = sorted((int(lo), int(hi), int(k)) for lo, hi, k in table)
+    assert ranges and ranges[0][0] == 1, "the first range must start at 1"
+    assert all(0 < lo <= hi and k >= 0 for lo, hi, k in ranges)
+    assert all(nxt[0] > prev[1] for prev, nxt in zip(ranges, ranges[1:], strict=False)), "ranges must not overlap"
+    dense = [0]
+    for b in range(1, max_batch_size + 1):
+        k = [k for lo, _hi, k in ranges if lo <= b][-1]  # its range, or the previous one's (gap, tail)
+        dense.append(min(k, num_speculative_tokens))
+    return dense
+
+
+def trtllm_get_draft_len_for_batch_size(schedule: dict[int, int] | None, batch_size: int, max_draft_len: int) -> int:
+    """TensorRT-LLM's standalone ``get_draft_len_for_batch_size`` (tensorrt_llm/_torch/speculative/), the
+    semantics llm_args.py documents at 00043967 and the exporter targets: no schedule -> max_draft_len;
+    else the value of the first key >= batch_size (``bisect_left`` over the sorted keys: "up to that
+    key"); above the largest key 0 (speculation off)."""
+    if schedule is None:
+        return max_draft_len
+    keys = sorted(schedule)
+    i = bisect.bisect_left(keys, batch_size)
+    return schedule[keys[i]] if i < len(keys) else 0
+
+
+def trtllm_older_drafter_get_draft_len_for_batch_size(schedule: dict[int, int], batch_size: int) -> int:
+    """Older releases' ``Drafter.get_draft_len_for_batch_size``: the value of the largest key <= batch_size
+    (``bisect_right``: "from that key on"). The exporter does not target these releases."""
+    keys = sorted(schedule)
+    i = bisect.bisect_right(keys, batch_size)
+    assert i > 0, "batch sizes start at 1 and key 1 is always exported"
+    return schedule[keys[i - 1]]
+
+
+def tuned_gamma_at(schedule, batch: int) -> int | None:
+    """What the tuned schedule means at ``batch``: the gamma of the smallest tuned batch size >= batch
+    (None above the largest tuned batch size, where each stack has its own rule)."""
+    return next((g for b, g in sorted(schedule) if b >= batch), None)
 
 
 # -- vLLM -------------------------------------------------------------------------------------
@@ -81,10 +118,14 @@ def test_vllm_schedule_starting_above_one_still_starts_at_one(make_profile) -> N
 @pytest.mark.parametrize("schedule", [[(1, 5), (2, 4), (4, 2), (8, 0)], [(1, 4), (4, 2), (16, 1)],
                                       [(1, 2), (4, 5), (16, 0), (32, 1)], [(3, 0), (9, 2)]])
 def test_vllm_table_reproduces_every_tuned_point(make_profile, schedule: list[tuple[int, int]]) -> None:
-    table = _vllm(make_profile, schedule)["num_speculative_tokens_per_batch_size"]
+    config = _vllm(make_profile, schedule)
+    last = max(b for b, _ in schedule)
+    dense = vllm_build_dynamic_sd_schedule_lookup(config["num_speculative_tokens_per_batch_size"], 4 * last,
+                                                  config["num_speculative_tokens"])
     for batch, gamma in schedule:
-        assert _effective_vllm(table, batch) == gamma
-    assert _effective_vllm(table, schedule[-1][0] * 4) == schedule[-1][1]
+        assert dense[batch] == gamma
+    for batch in range(1, 4 * last + 1):  # between tuned points the next larger one; past the last, the last
+        assert dense[batch] == (tuned_gamma_at(schedule, batch) if batch <= last else dict(schedule)[last])
 
 
 # -- TensorRT-LLM -----------------------------------------------------------------------------
@@ -135,9 +176,22 @@ def test_trtllm_speculation_cannot_start_above_the_smallest_batch(make_profile) 
 def test_trtllm_schedule_reproduces_every_non_increasing_point(schedule: tuple[tuple[int, int], ...]) -> None:
     max_draft_len, table, notes = draft_len_schedule(schedule)
     assert notes == [] and table[min(table)] == max_draft_len
-    for batch, gamma in schedule:
-        assert _effective_trtllm(table, batch) == gamma
-    assert _effective_trtllm(table, schedule[-1][0] + 1) == 0
+    last = max(b for b, _ in schedule)
+    for batch in range(1, 4 * last + 1):
+        expected = tuned_gamma_at(schedule, batch) if batch <= last else 0
+        assert trtllm_get_draft_len_for_batch_size(table, batch, max_draft_len) == expected
+
+
+def test_trtllm_exports_target_the_up_to_key_release_not_the_older_from_key_one(make_profile) -> None:
+    """The same file means another schedule under the older ``bisect_right`` lookup (docs/stacks/trtllm.md)."""
+    schedule = [(1, 4), (4, 2), (16, 1)]
+    config = _trtllm(make_profile, schedule)["speculative_config"]
+    table, max_draft_len = config["draft_len_schedule"], config["max_draft_len"]
+    newest = [trtllm_get_draft_len_for_batch_size(table, b, max_draft_len) for b in range(1, 18)]
+    older = [trtllm_older_drafter_get_draft_len_for_batch_size(table, b) for b in range(1, 18)]
+    assert newest == [tuned_gamma_at(schedule, b) or 0 for b in range(1, 18)]
+    assert newest[1:4] == [2, 2, 2] and older[1:4] == [4, 4, 2]  # batch sizes 2-4: the tuned 2, or 4
+    assert trtllm_get_draft_len_for_batch_size(None, 7, max_draft_len) == max_draft_len
 
 
 def test_batch_ranges_merge_and_cover_from_one() -> None:

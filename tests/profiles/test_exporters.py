@@ -1,7 +1,7 @@
 """Exporters: golden files, round-trip parses, path overrides, atomic writes.
 
 Regenerate the golden files after an intended change with
-``SPEC_AUTOTUNE_UPDATE_GOLDEN=1 pytest tests/profiles/test_profiles_export.py`` and review the diff.
+``SPEC_AUTOTUNE_UPDATE_GOLDEN=1 pytest tests/profiles/test_exporters.py`` and review the diff.
 """
 
 from __future__ import annotations
