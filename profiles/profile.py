@@ -162,30 +162,15 @@ def export_inputs(profile: Mapping[str, Any], target_model: str | None = None,
         >>> export_inputs(p, target_model="/gguf/t.gguf").target
         '/gguf/t.gguf'
     """
+    from profiles.schema import MISSING, Chosen  # schema builds on this module
+
     check_schema_version(profile)
-    drafter = get(profile, "chosen.drafter", str)
-    if drafter not in DRAFTERS:
-        raise ProfileError(f"profile: 'chosen.drafter' must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
-    gamma = get(profile, "chosen.gamma", int)
-    if gamma < 0:
-        raise ProfileError(f"profile: 'chosen.gamma' must be >= 0, got {gamma}")
-    threshold = get(profile, "chosen.confidence_threshold", float, default=0.0)
-    if not 0.0 <= threshold <= 1.0:
-        raise ProfileError(f"profile: 'chosen.confidence_threshold' must be in [0, 1], got {threshold}")
-    gamma_schedule = get(profile, "chosen.gamma_schedule", str, default="constant")
-    if gamma_schedule not in GAMMA_SCHEDULES:
-        raise ProfileError(f"profile: 'chosen.gamma_schedule' must be one of {', '.join(GAMMA_SCHEDULES)}, "
-                           f"got {gamma_schedule!r}")
+    chosen = Chosen.from_json(profile.get("chosen", {}))
+    drafter, gamma, threshold, gamma_schedule = chosen.drafter, chosen.gamma, chosen.threshold, chosen.gamma_policy
     lookup_min = lookup_max = None
     if drafter == "ngram":
-        lookup_min = get(profile, "chosen.prompt_lookup_min", int)
-        lookup_max = get(profile, "chosen.prompt_lookup_max", int)
-        if not 1 <= lookup_min <= lookup_max:
-            raise ProfileError("profile: need 1 <= 'chosen.prompt_lookup_min' <= 'chosen.prompt_lookup_max', "
-                               f"got {lookup_min} and {lookup_max}")
-    max_batch = get(profile, "chosen.max_batch_size", int, default=None, nullable=True)
-    if max_batch is not None and max_batch < 1:
-        raise ProfileError(f"profile: 'chosen.max_batch_size' must be >= 1, got {max_batch}")
+        lookup_min, lookup_max = chosen.prompt_lookup_min, chosen.prompt_lookup_max
+    max_batch = None if chosen.max_batch_size is MISSING else chosen.max_batch_size
     target = target_model or get(profile, "pair.target", str)
     draft = draft_model or get(profile, "pair.draft", str, default=None, nullable=True)
     if drafter == "model" and draft is None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from profiles.schema import BatchSchedule, Chosen, ScheduleEntry
 from profiles.store import Store
 
 SAMPLE_PROFILE: dict[str, Any] = {
@@ -21,10 +22,9 @@ SAMPLE_PROFILE: dict[str, Any] = {
              "target_hash": "t" * 64, "draft_hash": "d" * 64},
     "workload": {"hash": "w" * 64, "prompts": "prompts.jsonl", "max_new_tokens": 64, "temperature": 0.0,
                  "concurrency": [1, 2, 4, 8]},
-    "chosen": {"drafter": "model", "gamma": 4, "confidence_threshold": 0.3, "gamma_schedule": "constant",
-               "max_batch_size": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-    "schedule": [{"batch_size": 1, "gamma": 5}, {"batch_size": 2, "gamma": 4}, {"batch_size": 4, "gamma": 2},
-                 {"batch_size": 8, "gamma": 0}],
+    "chosen": Chosen(drafter="model", gamma=4, confidence_threshold=0.3, gamma_schedule="constant", max_batch_size=8,
+                     prompt_lookup_min=2, prompt_lookup_max=4).to_json(),
+    "schedule": BatchSchedule(tuple(ScheduleEntry(b, g) for b, g in [(1, 5), (2, 4), (4, 2), (8, 0)])).to_json(),
     "crossover_batch_size": 8,
     "metrics": {"tokens_per_second": 812.5, "tpot_ms_p95": 9.8, "speedup": 1.74},
     "baseline": {"tokens_per_second": 467.0, "tpot_ms_p95": 14.1},
@@ -49,12 +49,12 @@ def make_profile() -> Callable[..., dict[str, Any]]:
               **chosen: Any) -> dict[str, Any]:
         out = copy.deepcopy(SAMPLE_PROFILE)
         if schedule is not None:
-            out["schedule"] = [{"batch_size": b, "gamma": g} for b, g in schedule]
+            out["schedule"] = BatchSchedule(tuple(ScheduleEntry(b, g) for b, g in schedule)).to_json()
         if drafter is not None:
             out["chosen"]["drafter"] = drafter
             if drafter != "model":
                 out["pair"]["draft"] = None
-        out["chosen"].update(chosen)
+        out["chosen"].update(chosen)  # raw: the bad-value tests write what Chosen would refuse
         return out
 
     return build

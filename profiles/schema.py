@@ -1,0 +1,265 @@
+"""Typed profile data: the stored profile as dataclasses with ``to_json`` / ``from_json``.
+
+The JSON keys are the stored ones (docs/architecture.md, "Data flow of ``autotune tune``"), under
+:data:`profiles.profile.SCHEMA_VERSION`. ``X.from_json(d).to_json() == d`` for every profile this
+tool writes or has written, key order included (the ``yaml`` export dumps the profile in its
+order): a key the JSON lacks stays absent (:data:`MISSING`), keys this module does not name are
+kept in ``extra``, and an object read from JSON remembers its key order. Sections that only the
+report shows (device, pair, workload, study, metrics, classification, ...) stay mappings; the
+parts the tuner decides and the exporters read are typed: :class:`Chosen` (the chosen knobs),
+:class:`ScheduleEntry` / :class:`BatchSchedule` (gamma by batch size) and :class:`Profile`.
+
+``profiles`` never imports torch, ``engine`` or ``autotune`` (tests/profiles/test_profiles_imports.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiles.errors import ProfileError
+from profiles.profile import DRAFTERS, GAMMA_SCHEDULES, SCHEMA_VERSION, get
+
+__all__ = ["MISSING", "BatchSchedule", "Chosen", "Profile", "ScheduleEntry", "SCHEMA_VERSION"]
+
+
+class _Missing:
+    """A key the JSON does not have (distinct from a key holding null)."""
+
+    _instance: _Missing | None = None
+
+    def __new__(cls) -> _Missing:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+def _split(data: Mapping[str, Any], names: Sequence[str], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    if not isinstance(data, Mapping):
+        raise ProfileError(f"profile: {where!r} must be a mapping, got {data!r}")
+    known = {n: data[n] for n in names if n in data}
+    extra = {k: v for k, v in data.items() if k not in names}
+    return known, extra
+
+
+def _ordered(values: dict[str, Any], order: Sequence[str]) -> dict[str, Any]:
+    """``values`` in ``order`` (a JSON object's original key order), then any others in their own order."""
+    out = {k: values[k] for k in order if k in values}
+    out.update((k, v) for k, v in values.items() if k not in out)
+    return out
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The chosen configuration (profile key ``chosen``).
+
+    ``gamma_schedule`` is the per-row gamma policy (``constant`` or ``heuristic``), not the
+    batch schedule; the key keeps its stored name. ``prompt_lookup_min``/``max`` are the n-gram
+    window the study ran with.
+    """
+
+    drafter: str
+    gamma: int
+    confidence_threshold: float = MISSING
+    gamma_schedule: str = MISSING
+    max_batch_size: int | None = MISSING
+    prompt_lookup_min: int | None = MISSING
+    prompt_lookup_max: int | None = MISSING
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    KEYS = ("drafter", "gamma", "confidence_threshold", "gamma_schedule", "max_batch_size", "prompt_lookup_min",
+            "prompt_lookup_max")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Chosen:
+        """Validate ``chosen`` as exporters need it; ProfileError names the key (``chosen.<key>``)."""
+        known, extra = _split(data, cls.KEYS, "chosen")
+        wrapped = {"chosen": data}
+        drafter = get(wrapped, "chosen.drafter", str)
+        if drafter not in DRAFTERS:
+            raise ProfileError(f"profile: 'chosen.drafter' must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
+        gamma = get(wrapped, "chosen.gamma", int)
+        if gamma < 0:
+            raise ProfileError(f"profile: 'chosen.gamma' must be >= 0, got {gamma}")
+        threshold = get(wrapped, "chosen.confidence_threshold", float, default=MISSING)
+        if threshold is not MISSING and not 0.0 <= threshold <= 1.0:
+            raise ProfileError(f"profile: 'chosen.confidence_threshold' must be in [0, 1], got {threshold}")
+        policy = get(wrapped, "chosen.gamma_schedule", str, default=MISSING)
+        if policy is not MISSING and policy not in GAMMA_SCHEDULES:
+            raise ProfileError(f"profile: 'chosen.gamma_schedule' must be one of {', '.join(GAMMA_SCHEDULES)}, "
+                               f"got {policy!r}")
+        if drafter == "ngram":
+            lookup_min = get(wrapped, "chosen.prompt_lookup_min", int)
+            lookup_max = get(wrapped, "chosen.prompt_lookup_max", int)
+            if not 1 <= lookup_min <= lookup_max:
+                raise ProfileError("profile: need 1 <= 'chosen.prompt_lookup_min' <= 'chosen.prompt_lookup_max', "
+                                   f"got {lookup_min} and {lookup_max}")
+        max_batch = get(wrapped, "chosen.max_batch_size", int, default=MISSING, nullable=True)
+        if max_batch not in (MISSING, None) and max_batch < 1:
+            raise ProfileError(f"profile: 'chosen.max_batch_size' must be >= 1, got {max_batch}")
+        # stored as written (a float threshold stays as it was, e.g. 0 or 0.0)
+        return cls(**{k: known.get(k, MISSING) for k in cls.KEYS}, extra=extra, key_order=tuple(data))
+
+    def to_json(self) -> dict[str, Any]:
+        values = {k: getattr(self, k) for k in self.KEYS if getattr(self, k) is not MISSING}
+        return _ordered({**values, **self.extra}, self.key_order)
+
+    # effective values, with the defaults exporters apply to an older profile that lacks a key
+    @property
+    def threshold(self) -> float:
+        return 0.0 if self.confidence_threshold is MISSING else float(self.confidence_threshold)
+
+    @property
+    def gamma_policy(self) -> str:
+        return "constant" if self.gamma_schedule is MISSING else self.gamma_schedule
+
+
+@dataclass(frozen=True)
+class ScheduleEntry:
+    """One batch size of the batch schedule (profile ``schedule[i]``).
+
+    ``ratio`` (``{"value", "ci95", "n"}``) and ``significant`` are present where the entry was
+    decided on paired repeats (the interval rule), absent otherwise.
+    """
+
+    batch_size: int
+    gamma: int
+    tokens_per_second: float | None = MISSING
+    baseline_tokens_per_second: float | None = MISSING
+    ratio: Mapping[str, Any] = MISSING
+    significant: bool = MISSING
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    KEYS = ("batch_size", "gamma", "tokens_per_second", "baseline_tokens_per_second", "ratio", "significant")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str = "schedule[0]") -> ScheduleEntry:
+        known, extra = _split(data, cls.KEYS, where)
+        for key in ("batch_size", "gamma"):
+            if key not in known:
+                raise ProfileError(f"profile: missing key '{where}.{key}'")
+        return cls(**{k: known.get(k, MISSING) for k in cls.KEYS}, extra=extra, key_order=tuple(data))
+
+    def to_json(self) -> dict[str, Any]:
+        values = {k: getattr(self, k) for k in self.KEYS if getattr(self, k) is not MISSING}
+        return _ordered({**values, **self.extra}, self.key_order)
+
+
+@dataclass(frozen=True)
+class BatchSchedule:
+    """Gamma by batch size (profile keys ``schedule`` and ``crossover_batch_size``).
+
+    The crossover is the smallest batch size from which every larger one has gamma 0 (None when
+    speculation pays at every measured batch size).
+    """
+
+    entries: tuple[ScheduleEntry, ...]
+    crossover_batch_size: int | None = MISSING
+
+    @classmethod
+    def from_json(cls, entries: Sequence[Mapping[str, Any]], crossover: int | None = MISSING) -> BatchSchedule:
+        if not isinstance(entries, list):
+            raise ProfileError(f"profile: 'schedule' must be a list, got {entries!r}")
+        return cls(tuple(ScheduleEntry.from_json(e, f"schedule[{i}]") for i, e in enumerate(entries)), crossover)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [e.to_json() for e in self.entries]
+
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        """``((batch_size, gamma), ...)`` sorted by batch size."""
+        return tuple(sorted((e.batch_size, e.gamma) for e in self.entries))
+
+
+_PROFILE_KEYS = (
+    "schema_version", "tool_version", "created_at", "device", "pair", "workload", "study", "chosen", "selection",
+    "schedule", "crossover_batch_size", "metrics", "baseline", "trials", "pareto_front", "remeasure", "remeasured",
+    "classification", "ceilings", "knee_tokens", "curves", "acceptance", "predicted_vs_measured", "host_noise",
+    "backend", "id", "exports",
+)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A stored per-device profile: what ``autotune tune`` chose, measured and decided.
+
+    Field order is the stored key order of a profile ``autotune tune`` writes. Untyped sections
+    are the mappings the tuner writes (their keys: docs/architecture.md and docs/metrics.md).
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    tool_version: str = MISSING
+    created_at: str = MISSING  # ISO 8601, UTC, seconds
+    device: Mapping[str, Any] = MISSING  # autotune.hardware.fingerprint
+    pair: Mapping[str, Any] = MISSING  # target, draft, drafter, target_hash, draft_hash
+    workload: Mapping[str, Any] = MISSING
+    study: Mapping[str, Any] = MISSING  # name, storage, n_trials, failed_trials, space, slo, objectives, budget
+    chosen: Chosen = MISSING
+    selection: Mapping[str, Any] = MISSING  # met_slo, reason, trial
+    schedule: BatchSchedule = MISSING  # stored as `schedule` and `crossover_batch_size`
+    metrics: Mapping[str, Any] = MISSING
+    baseline: Mapping[str, Any] = MISSING
+    trials: Sequence[Mapping[str, Any]] = MISSING
+    pareto_front: Sequence[Mapping[str, Any]] = MISSING
+    remeasure: Mapping[str, Any] = MISSING
+    remeasured: Sequence[Mapping[str, Any]] = MISSING
+    classification: Any = MISSING
+    ceilings: Mapping[str, Any] = MISSING
+    knee_tokens: int | None = MISSING
+    curves: Mapping[str, Any] = MISSING
+    acceptance: Mapping[str, Any] = MISSING
+    predicted_vs_measured: Sequence[Mapping[str, Any]] = MISSING
+    host_noise: Mapping[str, Any] = MISSING
+    backend: Mapping[str, Any] = MISSING
+    id: int = MISSING  # the store's id, once stored
+    exports: Sequence[str] = MISSING  # paths written by `autotune tune`
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Profile:
+        """Read a stored profile; a newer schema_version is refused, ``chosen``/``schedule`` are validated."""
+        known, extra = _split(data, _PROFILE_KEYS, "profile")
+        version = get(data, "schema_version", int, default=MISSING)
+        if version is not MISSING and version > SCHEMA_VERSION:
+            raise ProfileError(f"profile: schema_version {version} is newer than this spec-autotune reads "
+                               f"({SCHEMA_VERSION}); upgrade spec-autotune")
+        fields = {k: v for k, v in known.items() if k != "crossover_batch_size"}
+        fields.setdefault("schema_version", MISSING)
+        if "chosen" in known:
+            fields["chosen"] = Chosen.from_json(known["chosen"])
+        if "schedule" in known:
+            fields["schedule"] = BatchSchedule.from_json(known["schedule"], known.get("crossover_batch_size", MISSING))
+        elif "crossover_batch_size" in known:
+            extra = {**extra, "crossover_batch_size": known["crossover_batch_size"]}
+        return cls(**fields, extra=extra, key_order=tuple(data))
+
+    def to_json(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name in ("extra", "key_order"):
+                continue
+            value = getattr(self, f.name)
+            if value is MISSING:
+                continue
+            if f.name == "schedule":
+                values["schedule"] = value.to_json()
+                if value.crossover_batch_size is not MISSING:
+                    values["crossover_batch_size"] = value.crossover_batch_size
+            elif f.name == "chosen":
+                values["chosen"] = value.to_json()
+            else:
+                values[f.name] = value
+        return _ordered({**values, **self.extra}, self.key_order)
