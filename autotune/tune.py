@@ -9,6 +9,7 @@ one transaction at the very end, and exports are written atomically after it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import signal
@@ -33,6 +34,7 @@ from autotune.selection import Choice, Point, batch_schedule, choose_with_margin
 from autotune.stats import estimate, paired_ratio, significant
 from profiles.exporters import export, write_export
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
+from profiles.schema import BatchSchedule, Chosen, Profile, ScheduleEntry
 from profiles.store import redact_url
 
 Say = Callable[[str], None]
@@ -197,15 +199,17 @@ def _trial_logger(cfg: TuneConfig, remaining: int, say: Say,
     return on_trial
 
 
-def _store(ctx: ctx_mod.Context, profile: dict, run: _StudyRun, noise_before: dict | None, noise_after: dict,
+def _store(ctx: ctx_mod.Context, typed: Profile, run: _StudyRun, noise_before: dict | None, noise_after: dict,
            say: Say) -> dict:
-    """Add the study's budget, host noise and backend to the profile, store it, and return it with its id."""
+    """Add the study's budget, host noise and backend to the profile, store it, and return its JSON with its id."""
     noises = [n for n in (noise_before, noise_after) if n is not None]
-    profile["study"].update(trials_planned=run.trials_planned, trials_run=run.trials_run,
-                            provisional=run.provisional)
-    profile["host_noise"] = {"busy": any(n["busy"] for n in noises), "before": noise_before, "after": noise_after}
-    profile["backend"] = ctx.backend.describe() if ctx.backend else {"name": "engine"}
-    profile = json.loads(json.dumps(profile))
+    typed = dataclasses.replace(
+        typed,
+        study={**typed.study, "trials_planned": run.trials_planned, "trials_run": run.trials_run,
+               "provisional": run.provisional},
+        host_noise={"busy": any(n["busy"] for n in noises), "before": noise_before, "after": noise_after},
+        backend=ctx.backend.describe() if ctx.backend else {"name": "engine"})
+    profile = json.loads(json.dumps(typed.to_json()))
     profile_id = ctx.store.save_profile(profile)
     profile["id"] = profile_id
     say(f"profile #{profile_id} stored in {redact_url(ctx.cfg.storage)}")
@@ -296,7 +300,7 @@ def _knobs(params: dict) -> tuple:
     return tuple(params.get(k) for k in CHOSEN_KNOBS)
 
 
-def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> dict:
+def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> Profile:
     """Re-measure, baseline, best static, choose, batch schedule, prediction check, build the profile."""
     cfg = ctx.cfg
     points = [study_mod.point_from_trial(t, space) for t in trials]
@@ -377,31 +381,31 @@ def _remeasure_finalists(ctx, finalists: _Finalists, say: Say) -> _Remeasured:
     return _Remeasured(pairs, repeats, order)
 
 
-def _chosen_knobs(cfg: TuneConfig, point: Point) -> dict:
+def _chosen_knobs(cfg: TuneConfig, point: Point) -> Chosen:
     """The profile's ``chosen``: the point's knobs plus the n-gram window the study ran with."""
-    chosen = {k: point.params[k] for k in CHOSEN_KNOBS}
-    chosen["prompt_lookup_min"], chosen["prompt_lookup_max"] = cfg.ngram_min, cfg.ngram_max
-    return chosen
+    return Chosen(**{k: point.params[k] for k in CHOSEN_KNOBS}, prompt_lookup_min=cfg.ngram_min,
+                  prompt_lookup_max=cfg.ngram_max)
 
 
-def _prediction_check(measurement: dict, chosen: dict, chosen_result: dict) -> list[dict]:
+def _prediction_check(measurement: dict, chosen: Chosen, chosen_result: dict) -> list[dict]:
     """The cost model's throughput for the chosen configuration beside the measured one, per load level."""
     curves = curves_from_json(measurement["curves"])
     samples = samples_from_json(measurement["acceptance"])
     gmax = int(measurement["acceptance"]["gamma_max"])
     pvm = []
     for b, lv in chosen_result["per_level"].items():
-        g = min(int(chosen["gamma"]), gmax)
-        pred = predict(curves, samples, g, float(chosen["confidence_threshold"]), min(int(b), int(chosen["max_batch_size"])))
+        g = min(int(chosen.gamma), gmax)
+        pred = predict(curves, samples, g, float(chosen.confidence_threshold), min(int(b), int(chosen.max_batch_size)))
         pvm.append({"batch_size": int(b), "gamma": g, "predicted_tokens_per_second": pred.tokens_per_second,
                     "measured_tokens_per_second": lv["tokens_per_second"]})
     return pvm
 
 
-def _chosen_metrics(cfg: TuneConfig, chosen_point: Point, chosen_result: dict, chosen: dict, base_point: Point,
+def _chosen_metrics(cfg: TuneConfig, chosen_point: Point, chosen_result: dict, chosen: Chosen, base_point: Point,
                     static_point: Point | None, best_static: Point | None) -> dict:
     """The profile's ``metrics``: the chosen configuration's medians and intervals, and its paired speedups."""
-    static_is_chosen = best_static is not None and all(best_static.params.get(k) == chosen[k] for k in CHOSEN_KNOBS)
+    static_is_chosen = best_static is not None and all(best_static.params.get(k) == getattr(chosen, k)
+                                                       for k in CHOSEN_KNOBS)
     tps = [t for t, _ in chosen_point.rounds]
     speedup = paired_ratio(tps, [t for t, _ in base_point.rounds])
     over_static = paired_ratio(tps, [t for t, _ in static_point.rounds]) if static_point is not None else None
@@ -420,49 +424,48 @@ def _chosen_metrics(cfg: TuneConfig, chosen_point: Point, chosen_result: dict, c
 
 
 def _build_profile(ctx, space, measurement: dict, study, trials, points: list[Point], remeasured: _Remeasured,
-                   choice: Choice, chosen: dict, schedule: list[dict], crossover: int | None, metrics: dict,
-                   base_point: Point, baseline: dict, pvm: list[dict]) -> dict:
-    """The profile as stored (before host noise, backend and id are added); its keys are the stored JSON's."""
+                   choice: Choice, chosen: Chosen, schedule: list[dict], crossover: int | None, metrics: dict,
+                   base_point: Point, baseline: dict, pvm: list[dict]) -> Profile:
+    """The profile (host noise, backend and id are added when it is stored)."""
     cfg = ctx.cfg
-    return {
-        "schema_version": SCHEMA_VERSION, "tool_version": TOOL_VERSION,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": ctx.fingerprint,
-        "pair": {"target": str(cfg.target), "draft": str(cfg.draft) if ctx.draft_hash else None,
-                 "drafter": ctx.pair_drafter, "target_hash": ctx.target_hash, "draft_hash": ctx.draft_hash},
-        "workload": {**ctx.workload, "hash": ctx.workload_hash},
-        "study": {"name": study.study_name, "storage": redact_url(cfg.storage), "n_trials": len(trials),
-                  "failed_trials": sum(t.state == optuna.trial.TrialState.FAIL for t in study.get_trials(deepcopy=False)),
-                  "space": space.to_json(), "slo": cfg.slo, "objectives": ["tokens_per_second", cfg.latency]},
-        "chosen": chosen,
-        "selection": {"met_slo": choice.met_slo, "reason": choice.reason, "trial": choice.point.number},
-        "schedule": [{k: e[k] for k in ("batch_size", "gamma", "tokens_per_second", "baseline_tokens_per_second",
-                                        "ratio", "significant") if k in e} for e in schedule],
-        "crossover_batch_size": crossover,
-        "metrics": metrics,
-        "baseline": {"tokens_per_second": baseline["tokens_per_second"], "latency_ms": baseline["latency_ms"],
-                     "tokens_per_second_ci95": _ci([t for t, _ in base_point.rounds]),
-                     "latency_ms_ci95": _ci([lat for _, lat in base_point.rounds]),
-                     "per_level": baseline["per_level"]},
-        "trials": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
-                    "latency_ms": p.latency_ms, "feasible": p.feasible, "per_batch_tokens_per_second": dict(p.per_batch)}
-                   for p in points],
-        "pareto_front": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
-                          "latency_ms": p.latency_ms, "feasible": p.feasible} for p in pareto_front(points)],
-        "remeasure": {"repeats": remeasured.repeats, "order": remeasured.order},
-        "remeasured": [{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
-                        "latency_ms": p.latency_ms, "feasible": p.feasible,
-                        "tokens_per_second_ci95": _ci([t for t, _ in p.rounds]),
-                        "latency_ms_ci95": _ci([lat for _, lat in p.rounds]),
-                        "rounds": [{"tokens_per_second": t, "latency_ms": lat} for t, lat in p.rounds]}
-                       for p in remeasured.points],
-        "classification": measurement["classification"],
-        "ceilings": measurement["ceilings"],
-        "knee_tokens": measurement["knee_tokens"],
-        "curves": measurement["curves"],
-        "acceptance": {k: v for k, v in measurement["acceptance"].items() if k != "samples"},
-        "predicted_vs_measured": pvm,
-    }
+    entries = tuple(ScheduleEntry(**{k: e[k] for k in ScheduleEntry.KEYS if k in e}) for e in schedule)
+    return Profile(
+        schema_version=SCHEMA_VERSION, tool_version=TOOL_VERSION,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        device=ctx.fingerprint,
+        pair={"target": str(cfg.target), "draft": str(cfg.draft) if ctx.draft_hash else None,
+              "drafter": ctx.pair_drafter, "target_hash": ctx.target_hash, "draft_hash": ctx.draft_hash},
+        workload={**ctx.workload, "hash": ctx.workload_hash},
+        study={"name": study.study_name, "storage": redact_url(cfg.storage), "n_trials": len(trials),
+               "failed_trials": sum(t.state == optuna.trial.TrialState.FAIL for t in study.get_trials(deepcopy=False)),
+               "space": space.to_json(), "slo": cfg.slo, "objectives": ["tokens_per_second", cfg.latency]},
+        chosen=chosen,
+        selection={"met_slo": choice.met_slo, "reason": choice.reason, "trial": choice.point.number},
+        schedule=BatchSchedule(entries, crossover),
+        metrics=metrics,
+        baseline={"tokens_per_second": baseline["tokens_per_second"], "latency_ms": baseline["latency_ms"],
+                  "tokens_per_second_ci95": _ci([t for t, _ in base_point.rounds]),
+                  "latency_ms_ci95": _ci([lat for _, lat in base_point.rounds]),
+                  "per_level": baseline["per_level"]},
+        trials=[{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
+                 "latency_ms": p.latency_ms, "feasible": p.feasible, "per_batch_tokens_per_second": dict(p.per_batch)}
+                for p in points],
+        pareto_front=[{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
+                       "latency_ms": p.latency_ms, "feasible": p.feasible} for p in pareto_front(points)],
+        remeasure={"repeats": remeasured.repeats, "order": remeasured.order},
+        remeasured=[{"trial": p.number, "params": dict(p.params), "tokens_per_second": p.tokens_per_second,
+                     "latency_ms": p.latency_ms, "feasible": p.feasible,
+                     "tokens_per_second_ci95": _ci([t for t, _ in p.rounds]),
+                     "latency_ms_ci95": _ci([lat for _, lat in p.rounds]),
+                     "rounds": [{"tokens_per_second": t, "latency_ms": lat} for t, lat in p.rounds]}
+                    for p in remeasured.points],
+        classification=measurement["classification"],
+        ceilings=measurement["ceilings"],
+        knee_tokens=measurement["knee_tokens"],
+        curves=measurement["curves"],
+        acceptance={k: v for k, v in measurement["acceptance"].items() if k != "samples"},
+        predicted_vs_measured=pvm,
+    )
 
 
 def _ci(xs: list[float]) -> list[float]:

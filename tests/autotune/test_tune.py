@@ -18,6 +18,7 @@ import yaml
 
 from autotune import study as study_mod
 from autotune.tune import Interrupted, run_tune
+from profiles.schema import Profile
 from profiles.store import Store
 
 N_TRIALS = 3
@@ -71,6 +72,17 @@ def test_run_tune_end_to_end_stores_profile_and_writes_exports(tune_config, tmp_
         stored = store.get_profile(profile["id"])
     for key in ("chosen", "schedule", "pareto_front", "metrics", "baseline", "classification", "curves"):
         assert stored[key] == profile[key], key
+    # the profile's JSON keys and their order, as before the typed Profile; it reads back unchanged
+    assert list(profile) == ["schema_version", "tool_version", "created_at", "device", "pair", "workload", "study",
+                             "chosen", "selection", "schedule", "crossover_batch_size", "metrics", "baseline", "trials",
+                             "pareto_front", "remeasure", "remeasured", "classification", "ceilings", "knee_tokens",
+                             "curves", "acceptance", "predicted_vs_measured", "host_noise", "backend", "id", "exports"]
+    assert list(profile["chosen"]) == ["drafter", "gamma", "confidence_threshold", "gamma_schedule", "max_batch_size",
+                                       "prompt_lookup_min", "prompt_lookup_max"]
+    assert list(profile["study"])[-3:] == ["trials_planned", "trials_run", "provisional"]
+    typed = Profile.from_json(stored)
+    assert typed.to_json() == stored and list(typed.to_json()) == list(stored)
+    assert typed.chosen.gamma == stored["chosen"]["gamma"] and typed.schedule.crossover_batch_size == stored["crossover_batch_size"]
     chosen = stored["chosen"]
     assert chosen["drafter"] in ("model", "none") and 0 <= chosen["gamma"] <= 2
     assert chosen["max_batch_size"] == 2
