@@ -35,6 +35,15 @@ class StepSample:
     n_accepted: int
     confidence: tuple[float, ...]
 
+    def to_json(self) -> list:
+        """``[n_accepted, [confidence, ...]]``, as the profiler stores it (``acceptance.samples[i]``)."""
+        return [self.n_accepted, list(self.confidence)]
+
+    @classmethod
+    def from_json(cls, data: Sequence) -> StepSample:
+        n, confidence = data
+        return cls(int(n), tuple(confidence))
+
 
 @dataclass(frozen=True)
 class Curves:
@@ -54,6 +63,24 @@ class Curves:
     t_prefill: dict[int, float] = field(default_factory=dict)  # prefill of B prompts of typical length
     draft_overhead: dict[int, float] = field(default_factory=dict)  # engine work per draft forward
     prefill_tokens: int = 0  # prompt length t_prefill was measured at (0: unknown)
+
+    @classmethod
+    def from_json(cls, curves: dict) -> Curves:
+        """From the profiler's stored ``curves`` (mapping keys are strings there; other keys are ignored)."""
+        def floats(key: str) -> dict[int, float]:
+            return {int(b): float(t) for b, t in curves.get(key, {}).items()}
+
+        return cls(
+            {int(b): {int(k): float(t) for k, t in row.items()} for b, row in curves["t_verify"].items()},
+            floats("t_draft"), floats("overhead"), floats("t_prefill"), floats("draft_overhead"),
+            int(curves.get("prompt_tokens") or 0),
+        )
+
+    def to_json(self) -> dict:
+        """The part of the stored ``curves`` the cost model reads (the profiler stores more: knee curve, samples)."""
+        return {"t_verify": {b: dict(row) for b, row in self.t_verify.items()}, "t_draft": dict(self.t_draft),
+                "overhead": dict(self.overhead), "t_prefill": dict(self.t_prefill),
+                "draft_overhead": dict(self.draft_overhead), "prompt_tokens": self.prefill_tokens}
 
     def step_overhead(self, batch: float) -> float:
         return max(_interp(self.overhead, batch), 0.0) if self.overhead else 0.0

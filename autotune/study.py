@@ -26,15 +26,10 @@ import torch
 from autotune.config import TuneConfig
 from autotune.context import Context
 from autotune.costmodel import best_gamma
-from autotune.profiler import curves_from_json, samples_from_json
+from autotune.records import LEVEL_KEYS, LevelMetrics, Measurement, TrialResult  # noqa: F401 (LEVEL_KEYS re-exported)
 from autotune.runner import LoadSpec, run_load
 from autotune.selection import Point
 from engine.speculative import SpecConfig
-
-LEVEL_KEYS = ("tokens_per_second", "tpot_ms_p50", "tpot_ms_p95", "ttft_ms_p50", "ttft_ms_p95", "e2e_ms_p50",
-              "e2e_ms_p95", "acceptance_rate", "mean_acceptance_length", "rollback_frequency", "batch_utilization",
-              "mean_batch_size", "requests_per_second", "generated_tokens", "wall_s")
-
 
 THRESHOLD_STEP = 0.01  # confidence thresholds are searched on a 0.01 grid (exports stay readable)
 
@@ -112,9 +107,8 @@ def shape_space(cfg: TuneConfig, measurement: dict, fixed: dict | None = None) -
     """
     cap: int | None = None
     if cfg.search_gamma_cap == "auto":
-        curves = curves_from_json(measurement["curves"])
-        samples = samples_from_json(measurement["acceptance"])
-        gmax = int(measurement["acceptance"]["gamma_max"])
+        m = Measurement.from_json(measurement)
+        curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
         best = [best_gamma(curves, samples, b, gmax).gamma for b in cfg.batch_sizes]
         cap = max(max(best) + 2, 1)
     elif isinstance(cap_value := cfg.search_gamma_cap, int):
@@ -164,11 +158,11 @@ def evaluate(ctx: Context, params: dict, seed: int, clock: Callable[[], float] =
                                f"({done} of {len(all_levels)} load levels done)") from None
         m = run.metrics
         key = int(value) if kind == "concurrency" else int(params["max_batch_size"])
-        per_level[key] = {k: m.get(k) for k in LEVEL_KEYS}
+        per_level[key] = LevelMetrics.from_metrics(m)
         tokens += m["generated_tokens"]
         wall += m["wall_s"]
-    worst = max(lv[cfg.latency] or 0.0 for lv in per_level.values())
-    return {"tokens_per_second": tokens / wall, "latency_ms": worst, "per_level": per_level}
+    worst = max(getattr(lv, cfg.latency) or 0.0 for lv in per_level.values())
+    return TrialResult(tokens / wall, worst, per_level).to_json()
 
 
 def slo_violations(cfg: TuneConfig, result: dict) -> dict[str, float]:
@@ -222,9 +216,8 @@ def warm_starts(ctx: Context, space: Space, measurement: dict, nearest: dict | N
     base = {"drafter": space.drafters[0], "gamma": 0, "confidence_threshold": space.threshold_low,
             "gamma_schedule": space.gamma_policies[0], "max_batch_size": max(space.max_batch_sizes)}
     points = [("baseline (gamma=0)", base)]
-    curves = curves_from_json(measurement["curves"])
-    samples = samples_from_json(measurement["acceptance"])
-    gmax = int(measurement["acceptance"]["gamma_max"])
+    m = Measurement.from_json(measurement)
+    curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
     thresholds = tuple(sorted({space.threshold_low, space.threshold_high, (space.threshold_low + space.threshold_high) / 2}))
     drafter = next((d for d in space.drafters if d != "none"), space.drafters[0])
     for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):

@@ -29,7 +29,7 @@ from autotune.backends import open_backend
 from autotune.config import TuneConfig
 from autotune.costmodel import predict
 from autotune.errors import BusyHostError, ConfigError
-from autotune.profiler import curves_from_json, samples_from_json
+from autotune.records import Measurement
 from autotune.selection import Choice, Point, batch_schedule, choose_with_margin, pareto_front
 from autotune.stats import estimate, paired_ratio, significant
 from profiles.exporters import export, write_export
@@ -389,9 +389,8 @@ def _chosen_knobs(cfg: TuneConfig, point: Point) -> Chosen:
 
 def _prediction_check(measurement: dict, chosen: Chosen, chosen_result: dict) -> list[dict]:
     """The cost model's throughput for the chosen configuration beside the measured one, per load level."""
-    curves = curves_from_json(measurement["curves"])
-    samples = samples_from_json(measurement["acceptance"])
-    gmax = int(measurement["acceptance"]["gamma_max"])
+    m = Measurement.from_json(measurement)
+    curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
     pvm = []
     for b, lv in chosen_result["per_level"].items():
         g = min(int(chosen.gamma), gmax)

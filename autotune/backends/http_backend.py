@@ -4,7 +4,7 @@ A stack's backend subclasses :class:`HttpBackend` and supplies its launch comman
 knobs (``command``), its Prometheus counter prefix, extra request fields and server environment.
 :meth:`HttpBackend.run` then does the rest the same way for every stack: start (or reuse) the
 server, warm it up, run each load level of the workload with a ``/metrics`` scrape before and
-after, and return the engine's result dictionary (``autotune.study.LEVEL_KEYS`` per level).
+after, and return the engine's result dictionary (:class:`autotune.records.TrialResult`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from autotune.backends.openai_load import Endpoint, LoadError, run_http_load
 from autotune.backends.prometheus import SpecCounts, by_label, parse_text, total
 from autotune.backends.server import ServerError, ServerProcess
 from autotune.config import TuneConfig
-from autotune.study import LEVEL_KEYS, levels
+from autotune.records import LevelMetrics, TrialResult
+from autotune.study import levels
 from engine.speculative import Request
 from profiles.profile import TOOL_VERSION, ExportInputs
 
@@ -132,7 +133,7 @@ class HttpBackend:
                 counts = spec_counts(server.get("/metrics"), self.metrics_prefix) - before
                 m = {**run.metrics, **counts.metrics()}
                 key = int(value) if kind == "concurrency" else max_batch_size
-                per_level[key] = {k: m.get(k) for k in LEVEL_KEYS}
+                per_level[key] = LevelMetrics.from_metrics(m)
                 tokens += m["generated_tokens"]
                 wall += m["wall_s"]
                 if records is not None:
@@ -141,9 +142,8 @@ class HttpBackend:
             server.check_alive(grace_s=3.0)  # a dead server explains the failure better, with its log
             self.close()  # a hung or broken server is not reused
             raise ServerError(f"{self.name} trial failed: {exc}") from None
-        worst = max(lv[cfg.latency] or 0.0 for lv in per_level.values())
-        return {"tokens_per_second": tokens / wall, "latency_ms": worst, "per_level": per_level,
-                "startup_s": server.startup_s}
+        worst = max(getattr(lv, cfg.latency) or 0.0 for lv in per_level.values())
+        return TrialResult(tokens / wall, worst, per_level, startup_s=server.startup_s).to_json()
 
     def _warmup(self, endpoint: Endpoint, max_batch_size: int) -> None:
         """A short run at the largest batch: first-request failures surface here, lazy init leaves the runs."""

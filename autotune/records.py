@@ -1,0 +1,125 @@
+"""Typed records of what the tuner measures: the profiler's measurement and a trial's result.
+
+Each has ``to_json`` / ``from_json`` for the JSON it is stored as (the measurement in the
+profile store, a trial's per-level metrics as Optuna user attributes); ``from_json(d).to_json()``
+gives ``d`` back. The stored profile itself is :class:`profiles.schema.Profile`; the cost model's
+inputs are :class:`autotune.costmodel.Curves` and :class:`autotune.costmodel.StepSample`.
+Metric definitions: docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from autotune.costmodel import Curves, StepSample
+from profiles.schema import MISSING
+
+# The metrics of one load level, in the order they are stored (docs/metrics.md).
+LEVEL_KEYS = ("tokens_per_second", "tpot_ms_p50", "tpot_ms_p95", "ttft_ms_p50", "ttft_ms_p95", "e2e_ms_p50",
+              "e2e_ms_p95", "acceptance_rate", "mean_acceptance_length", "rollback_frequency", "batch_utilization",
+              "mean_batch_size", "requests_per_second", "generated_tokens", "wall_s")
+
+
+@dataclass(frozen=True)
+class LevelMetrics:
+    """One configuration at one load level (a trial's ``per_level[B]``); None where a backend cannot measure it."""
+
+    tokens_per_second: float | None = None
+    tpot_ms_p50: float | None = None
+    tpot_ms_p95: float | None = None
+    ttft_ms_p50: float | None = None
+    ttft_ms_p95: float | None = None
+    e2e_ms_p50: float | None = None
+    e2e_ms_p95: float | None = None
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    rollback_frequency: float | None = None
+    batch_utilization: float | None = None
+    mean_batch_size: float | None = None
+    requests_per_second: float | None = None
+    generated_tokens: int | None = None
+    wall_s: float | None = None
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> LevelMetrics:
+        """The level keys of a run's metrics (absent ones None); other metrics are not kept."""
+        return cls(**{k: metrics.get(k) for k in LEVEL_KEYS})
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LevelMetrics:
+        return cls.from_metrics(data)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in LEVEL_KEYS}
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One configuration run at every load level: the two objectives and the per-level metrics.
+
+    ``tokens_per_second`` is generated tokens / wall time over all levels; ``latency_ms`` the
+    chosen latency percentile at the worst level. ``per_level`` is keyed by batch size (the
+    concurrency, or max_batch_size under an open-loop rate). ``startup_s``: a serving-stack
+    backend's server start-up, present only there.
+    """
+
+    tokens_per_second: float
+    latency_ms: float
+    per_level: Mapping[int, LevelMetrics]
+    startup_s: float | None = MISSING
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrialResult:
+        known = ("tokens_per_second", "latency_ms", "per_level", "startup_s")
+        return cls(data["tokens_per_second"], data["latency_ms"],
+                   {b: LevelMetrics.from_json(lv) for b, lv in data["per_level"].items()},
+                   data.get("startup_s", MISSING), {k: v for k, v in data.items() if k not in known})
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tokens_per_second": self.tokens_per_second, "latency_ms": self.latency_ms,
+                               "per_level": {b: lv.to_json() for b, lv in self.per_level.items()}}
+        if self.startup_s is not MISSING:
+            out["startup_s"] = self.startup_s
+        return {**out, **self.extra}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What the profiler measured for one device, pair and workload (stored before the first trial).
+
+    ``curves``: t_verify[B][k], t_draft[B], t_prefill[B], overheads, the knee curve and the timing
+    samples; ``acceptance``: gamma_max, drafter, acceptance rate, per-position acceptance and the
+    per-step samples; ``classification``: the per-batch-size table (autotune.classify).
+    """
+
+    fingerprint: Mapping[str, Any]
+    ceilings: Mapping[str, Any]
+    curves: Mapping[str, Any]
+    knee_tokens: int | None
+    acceptance: Mapping[str, Any]
+    verification_efficiency: Mapping[Any, Any]
+    draft_cost_ratio: Mapping[Any, Any]
+    classification: Mapping[str, Any]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Measurement:
+        names = [f.name for f in fields(cls) if f.name != "extra"]
+        return cls(**{n: data[n] for n in names}, extra={k: v for k, v in data.items() if k not in names})
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}, **self.extra}
+
+    @property
+    def gamma_max(self) -> int:
+        """The largest gamma the profiler measured (the acceptance pass ran at it)."""
+        return int(self.acceptance["gamma_max"])
+
+    def cost_curves(self) -> Curves:
+        return Curves.from_json(self.curves)
+
+    def samples(self) -> list[StepSample]:
+        return [StepSample.from_json(s) for s in self.acceptance["samples"]]
