@@ -27,6 +27,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from profiles.errors import ProfileError, ProfileNotFound
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION, check_schema_version, get
+from profiles.schema import Profile
 
 __all__ = ["SCHEMA_VERSION", "TOOL_VERSION", "Store", "redact_url"]
 
@@ -338,8 +339,9 @@ class Store:
 
     # -- profiles -------------------------------------------------------------------------
 
-    def save_profile(self, profile: dict[str, Any]) -> int:
-        """Store a whole profile; its device and pair are upserted in the same transaction.
+    def save_profile(self, profile: dict[str, Any] | Profile) -> int:
+        """Store a whole profile (its JSON, or a typed :class:`~profiles.schema.Profile`); its device and pair
+        are upserted in the same transaction.
 
         Missing ``schema_version``, ``tool_version`` and ``created_at`` are filled in; the study
         name column comes from ``study.name`` (or a top-level ``study_name``). Any failure
@@ -353,6 +355,8 @@ class Store:
             >>> s.get_profile(pid)["chosen"]["gamma"]
             3
         """
+        if isinstance(profile, Profile):
+            profile = profile.to_json()
         if not isinstance(profile, Mapping):
             raise ProfileError(f"profile must be a mapping, got {type(profile).__name__}")
         check_schema_version(profile)
@@ -403,6 +407,10 @@ class Store:
             if row is None:
                 raise ProfileNotFound(f"no profile with id {profile_id} (see `autotune profiles list`)")
             return {**row.data, "id": row.id}
+
+    def load_profile(self, profile_id: int) -> Profile:
+        """:meth:`get_profile`, typed (:class:`~profiles.schema.Profile`, with its ``id``)."""
+        return Profile.from_json(self.get_profile(profile_id))
 
     def list_profiles(self) -> list[dict[str, Any]]:
         """Summary rows, newest first: id, device, pair, workload_hash, gamma, tokens_per_second, created_at, backend.

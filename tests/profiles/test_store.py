@@ -223,3 +223,14 @@ def test_bad_urls_and_missing_drivers_are_one_line_errors(tmp_path):
     with pytest.raises(ProfileError, match="cannot open the database"):
         Store(f"sqlite:///{tmp_path}/afile/sub/autotune.db")
     assert redact_url("postgresql://user:pw@host/db") == "postgresql://user:***@host/db"
+
+
+def test_a_typed_profile_is_stored_as_its_json_and_loads_typed(store, profile) -> None:
+    from profiles.schema import Chosen, Profile
+
+    typed = Profile.from_json(profile)
+    pid = store.save_profile(typed)
+    assert store.get_profile(pid) == {**profile, "id": pid}
+    loaded = store.load_profile(pid)
+    assert loaded.id == pid and loaded.chosen == Chosen("model", 4, 0.3, "constant", 8, 2, 4)
+    assert loaded.to_json() == {**profile, "id": pid}
