@@ -69,7 +69,7 @@ def _forward_timer(model: Transformer, batch: int, k: int, context: int, device:
 
     def run() -> object:
         with torch.inference_mode():
-            return model(tokens, cache=cache, start=start, kv_len=context + k)
+            return model.decode(tokens, cache, start, context + k)
 
     return run
 

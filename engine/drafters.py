@@ -25,6 +25,7 @@ class Drafter:
 
     name = "none"
     record_confidence = False  # keep per-position confidence even when no threshold needs it
+    sync_free = False  # set by the engine: size work by bounds, never by reading device values
 
     def reset(self, slots: int, max_seq_len: int) -> None:
         """(Re)allocate per-slot state for ``slots`` rows of up to ``max_seq_len`` tokens."""
@@ -61,8 +62,25 @@ class Drafter:
 NoDrafter = Drafter
 
 
+# Tokens a row can hold that the draft model has not been fed yet. After prefill it is 1 (the
+# first sampled token). A step feeds the draft the pending tokens and then its own proposals
+# but the last: with g draft forwards the draft has seen length + g - 1 tokens. If the target
+# accepts all g and adds a bonus token, the row grows to length + g + 1 and 2 are unseen (the
+# last proposal and the bonus); after any rejection, an early threshold stop or a cut at EOS
+# or budget, the row ends at or before the draft's horizon and 1 is unseen (commit() clamps
+# the draft's length to the row's committed tokens). So 2 bounds it, and the sync-free path
+# feeds a fixed width of 2 (padding writes past the row's length, which the next step
+# overwrites) instead of reading the maximum back from the device.
+PENDING_MAX = 2
+
+
 class ModelDrafter(Drafter):
-    """A draft model with its own static KV cache and per-row committed length."""
+    """A draft model with its own static KV cache and per-row committed length.
+
+    Sync-free mode (``sync_free``, set by the engine on CUDA) runs all ``gamma_max`` draft
+    positions even when a confidence threshold has stopped every row (rows past their stop
+    are masked out of ``n_proposed``), and feeds a fixed width of :data:`PENDING_MAX`.
+    """
 
     name = "model"
 
@@ -89,8 +107,8 @@ class ModelDrafter(Drafter):
         b = tokens.shape[0]
         device = tokens.device
         dlen = self.draft_len[:b]
-        n_pending = length - dlen  # (B,) tokens the draft has not seen yet (>= 1)
-        width = int(n_pending.max())
+        n_pending = length - dlen  # (B,) tokens the draft has not seen yet, 1..PENDING_MAX
+        width = PENDING_MAX if self.sync_free else int(n_pending.max())
         offs = torch.arange(width, device=device)
         idx = (dlen[:, None] + offs[None, :]).clamp(max=tokens.shape[1] - 1)  # (B, W)
         inp = tokens.gather(1, idx)  # (B, W) right-padded pending tokens
@@ -104,7 +122,7 @@ class ModelDrafter(Drafter):
         iters = 0
         self._conf = []
         for i in range(gamma_max):
-            logits = self.model(inp, cache=self.cache, start=start, kv_len=kv_len, slot0=0)  # (B, W, V)
+            logits = self.model.decode(inp, self.cache, start, kv_len)  # (B, W, V)
             logits = logits.gather(1, last[:, None, None].expand(-1, 1, logits.shape[-1]))  # (B, 1, V)
             iters += 1
             if sampling.all_greedy:  # q is one-hot: the deterministic-drafter rule is exact
@@ -122,7 +140,7 @@ class ModelDrafter(Drafter):
             out_tokens[:, i] = tok
             n_proposed += active.long()
             active = active & (gammas > i + 1)
-            if i + 1 == gamma_max or (threshold > 0 and not bool(active.any())):
+            if i + 1 == gamma_max or (threshold > 0 and not self.sync_free and not bool(active.any())):
                 break
             start = start + last + 1
             inp, last = tok[:, None], torch.zeros_like(last)

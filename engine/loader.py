@@ -142,15 +142,23 @@ class ModelPair:
 
 
 def load_pair(
-    target: str | Path, draft: str | Path | None = None, dtype: str = "float32", device: str = "cpu"
+    target: str | Path, draft: str | Path | None = None, dtype: str = "float32", device: str = "cpu",
+    fuse: bool = True,
 ) -> ModelPair:
-    """Load a target (and draft) folder; refuse a draft whose vocabulary differs from the target's.
+    """Load a target (and draft) folder for inference; refuse a draft whose vocabulary differs.
+
+    ``fuse`` (default) merges each layer's q/k/v and gate/up projections into one matmul each
+    (:meth:`Transformer.fuse`): same function, fewer kernels.
 
     Example:
         >>> pair = load_pair("engine/demo/pair/target", "engine/demo/pair/draft")  # doctest: +SKIP
     """
     tgt = load_model(target, dtype, device)
     drf = load_model(draft, dtype, device) if draft is not None else None
+    if fuse:
+        tgt.fuse()
+        if drf is not None:
+            drf.fuse()
     if drf is not None and drf.config.vocab_size != tgt.config.vocab_size:
         raise EngineInputError(
             f"{draft}: draft vocab_size {drf.config.vocab_size} != target vocab_size {tgt.config.vocab_size}"

@@ -19,6 +19,8 @@ References: Touvron et al. 2023 (Llama); Su et al. 2021 (RoPE); Ainslie et al. 2
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -67,6 +69,18 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
         self.sliding = layer in cfg.sliding_layers
+        self.qkv_proj: nn.Linear | None = None  # set by fuse(): q/k/v in one matmul
+
+    def fuse(self) -> None:
+        """Replace q/k/v_proj by one ``qkv_proj`` whose output rows are q's, then k's, then v's."""
+        self.qkv_proj = _concat_linears(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        nq, nkv = self.n_heads * self.hd, self.n_kv * self.hd
+        return self.qkv_proj(x).split((nq, nkv, nkv), dim=-1)
 
     def forward(
         self,
@@ -80,13 +94,14 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,  # (B, 1, T, L) built once per forward; None: plain causal, no cache
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.hd)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.hd)
+        q, k, v = self._qkv(x)
+        q = q.view(b, t, self.n_heads, self.hd)
+        k = k.view(b, t, self.n_kv, self.hd)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.transpose(1, 2)  # (B, nh, T, hd)
         k = k.transpose(1, 2)  # (B, nkv, T, hd)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         gqa = self.n_kv != self.n_heads
@@ -106,9 +121,28 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = ACT[cfg.hidden_act]
+        self.gate_up_proj: nn.Linear | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        """Replace gate_proj and up_proj by one ``gate_up_proj`` (gate's rows first)."""
+        self.gate_up_proj = _concat_linears(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+def _concat_linears(*parts: nn.Linear) -> nn.Linear:
+    """One Linear computing ``cat([p(x) for p in parts], -1)``: the weights stacked row-wise."""
+    w = torch.cat([p.weight for p in parts])
+    fused = nn.Linear(w.shape[1], w.shape[0], bias=parts[0].bias is not None, device="meta")
+    fused.weight = nn.Parameter(w, requires_grad=False)
+    if parts[0].bias is not None:
+        fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+    return fused
 
 
 class DecoderLayer(nn.Module):
@@ -144,13 +178,72 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self._decode: Callable[..., torch.Tensor] | None = None  # set by compile_decode()
+
+    def fuse(self) -> Transformer:
+        """Fuse each layer's q/k/v and gate/up projections into one matmul each (in place).
+
+        An inference-time layout: fewer, bigger matmuls (7 -> 4 per layer). The state dict's
+        names change with it (``qkv_proj``, ``gate_up_proj``), so fuse after loading and never
+        save a fused model as a checkpoint; the files on disk keep Hugging Face's names.
+        """
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
+
+    def compile_decode(self) -> float:
+        """Compile :meth:`decode` with ``torch.compile`` (inductor) and warm it up; returns seconds.
+
+        Shapes are dynamic (batch, width, kv length and cache size are symbols), so one study
+        never recompiles per trial; torch still specialises sizes 0 and 1, hence the warm-up runs
+        the six classes a run meets (batch 1 or more, width 1 or more, a cache of 1 slot or more)
+        on scratch caches, and the time reported is compile time, kept out of every measurement
+        after it. Inductor caches
+        the generated code on disk, so a second process pays far less. Prefill stays eager:
+        long prompts amortise the launch overhead that compiling removes.
+        """
+        import torch._dynamo
+        import torch.fx.experimental._config as fx_config
+
+        # Target and draft share Transformer.forward's code object: 4 graphs each, plus tests'
+        # models. The default limit (8) would silently fall back to eager. Duck sizing would tie
+        # symbols that happen to be equal once (slots == kv heads) and recompile when they differ.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        fx_config.use_duck_shape = False
+        self._decode = torch.compile(self.forward, dynamic=True)
+        device = self.lm_head.weight.device
+        t0 = time.perf_counter()
+        for slots, b, t in itertools.product((1, 3), (1, 2), (1, 2)):
+            if b <= slots:
+                tokens = torch.zeros(b, t, dtype=torch.long, device=device)
+                start = torch.full((b,), 4, dtype=torch.long, device=device)
+                self.decode(tokens, self.new_cache(slots, 16), start, 4 + t)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    def decode(self, tokens: torch.Tensor, cache: KVCache, start: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """The cached forward of the running rows (slots 0..B-1): decode, draft and verify steps.
+
+        Same function as ``self(tokens, cache=cache, start=start, kv_len=kv_len)``; compiled
+        once :meth:`compile_decode` has run. The compiled call always runs in inference mode on
+        inference-tensor copies of ``tokens``/``start`` (and :meth:`new_cache` always makes
+        normal tensors), because torch.compile's guards include each input's dispatch keys: a
+        caller's grad mode or where it built its inputs must not trigger a recompile.
+        """
+        if self._decode is None:
+            return self.forward(tokens, cache=cache, start=start, kv_len=kv_len)
+        with torch.inference_mode():
+            return self._decode(tokens.clone(), cache=cache, start=start.clone(), kv_len=kv_len)
 
     def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
         cfg = self.config
         w = self.lm_head.weight
-        return KVCache(
-            cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_seq_len, cfg.head_dim, w.dtype, w.device
-        )
+        with torch.inference_mode(False):  # normal tensors wherever it is called (see decode)
+            return KVCache(
+                cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_seq_len, cfg.head_dim, w.dtype, w.device
+            )
 
     def forward(
         self,

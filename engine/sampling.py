@@ -32,12 +32,13 @@ class BatchSampling:
     top_k: torch.Tensor | None = None  # (B,) 0 = off; None when no row filters
     top_p: torch.Tensor | None = None  # (B,) 1 = off; None when no row filters
     all_greedy: bool = False
+    top_k_max: int | None = None  # host copy of the largest top_k (0 = a row without), if known
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """:func:`process_logits` for this batch; all-greedy batches go straight to one-hot."""
         if self.all_greedy:
             return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-        return process_logits(logits, self.temperature, self.top_k, self.top_p)
+        return process_logits(logits, self.temperature, self.top_k, self.top_p, self.top_k_max)
 
 
 def process_logits(
@@ -45,11 +46,13 @@ def process_logits(
     temperature: torch.Tensor,  # (B,) float; 0 = greedy
     top_k: torch.Tensor | None = None,  # (B,) int; 0 = off
     top_p: torch.Tensor | None = None,  # (B,) float; 1 = off
+    top_k_max: int | None = None,  # the host's copy of top_k.max() (0 counts as the vocabulary)
 ) -> torch.Tensor:  # (B, T, V) float32 probabilities
     """The distribution a row samples from: temperature, then top-k, then top-p.
 
     Greedy rows (temperature 0) get the one-hot distribution of the raw argmax. Draft and
-    target go through this same function, so both see identical processing.
+    target go through this same function, so both see identical processing. ``top_k_max``
+    lets a caller that knows its rows' settings spare the device read that sizes top-k.
 
     Example:
         >>> logits = torch.tensor([[[2.0, 1.0, 0.0]]])
@@ -63,7 +66,8 @@ def process_logits(
     if top_k is not None:
         vocab = scaled.shape[-1]
         k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))  # (B,)
-        kth = scaled.topk(int(k.max()), dim=-1).values  # (B, T, kmax) descending
+        kmax = int(k.max()) if top_k_max is None else (vocab if top_k_max <= 0 else min(top_k_max, vocab))
+        kth = scaled.topk(kmax, dim=-1).values  # (B, T, kmax) descending
         cutoff = kth.gather(-1, (k - 1)[:, None, None].expand(-1, scaled.shape[1], 1))  # (B, T, 1)
         scaled = scaled.masked_fill(scaled < cutoff, float("-inf"))
     probs = scaled.softmax(-1)

@@ -13,7 +13,14 @@ including the *pending* token (emitted, not yet fed to the target); the target's
 the first ``length[b] - 1``. Rollback after a rejection is only a length update. Finished rows
 are compacted away by moving the last row into their slot, so the hot loop reads plain views.
 
-A step costs one host sync (to learn how many tokens each row emitted and which finished).
+A step reads the device once (to learn how many tokens each row emitted and which finished):
+with ``sync_free`` (the default on CUDA) nothing else in ``step`` waits for the device: the
+draft loop runs a fixed ``gamma_max`` positions and feeds a fixed width, top-k is sized from
+the host's copy of the rows' settings, and draft/verify times come from CUDA events.
+``tests/engine/test_host_syncs.py`` counts the reads. On CPU there is no queue to drain, so
+the default there keeps two cheap reads that size work to what is needed (the draft's pending
+width, and stopping the draft loop once a confidence threshold has stopped every row). The
+n-gram drafter is host code by nature (like vLLM's): it reads the rows it matches.
 ``gamma = 0`` (or the ``none`` drafter) makes a step a plain autoregressive decode through the
 same code, so baseline and speculative runs share every line but the drafting.
 """
@@ -110,9 +117,12 @@ class SpecEngine:
         max_seq_len: int,
         eos_ids: tuple[int, ...] | list[int] = (),
         generator: torch.Generator | None = None,
+        sync_free: bool | None = None,
     ) -> None:
         self.target, self.drafter, self.config = target, drafter, config
         self.device = target.lm_head.weight.device
+        self.sync_free = self.device.type == "cuda" if sync_free is None else sync_free
+        drafter.sync_free = self.sync_free
         self.slots, self.max_seq_len = max_batch_size, max_seq_len
         self.generator = generator
         self.gamma_cap = config.max_gamma if config.gamma_schedule == "heuristic" else config.gamma
@@ -135,6 +145,8 @@ class SpecEngine:
         self.ids: list[int] = [0] * s
         self._host_len = [0] * s  # host mirror of `length`, refreshed at each step's sync
         self._host_gamma = [0] * s
+        self._host_finished = [False] * s
+        self._host_top_k = [0] * s
         self._filters = [(False, False, True)] * s  # per slot: uses top-k, uses top-p, greedy
         self.stats = SpecStats(self.gamma_cap, dev)
         self._timed = dev.type == "cuda"
@@ -190,17 +202,22 @@ class SpecEngine:
         self.hit_eos[rows] = torch.isin(first, self.eos)
         self.finished[rows] = self.hit_eos[rows] | (self.length[rows] >= self.budget[rows])
         self.gamma[rows] = self.config.gamma
+        finished = self.finished[rows].tolist()  # admission reads the device anyway (prefill)
         for i, r in enumerate(requests):
             self.ids[n0 + i] = r.id
             self._host_len[n0 + i] = lens[i] + 1
             self._host_gamma[n0 + i] = self.config.gamma
+            self._host_finished[n0 + i] = finished[i]
+            self._host_top_k[n0 + i] = r.top_k
         self.n += m
 
     def _sampling(self, rows: slice) -> BatchSampling:
         filt = self._filters[rows]
         top_k = self.top_k[rows] if any(f[0] for f in filt) else None
         top_p = self.top_p[rows] if any(f[1] for f in filt) else None
-        return BatchSampling(self.temperature[rows], top_k, top_p, all(f[2] for f in filt))
+        ks = self._host_top_k[rows]
+        k_max = 0 if 0 in ks else max(ks)  # 0: some row keeps the whole vocabulary
+        return BatchSampling(self.temperature[rows], top_k, top_p, all(f[2] for f in filt), k_max)
 
     # ------------------------------------------------------------------ one step
 
@@ -208,6 +225,19 @@ class SpecEngine:
         """Wait for queued device work (a no-op on CPU), so host clocks read true times."""
         if self._timed:
             torch.cuda.synchronize(self.device)
+
+    def _mark(self) -> torch.cuda.Event | float:
+        """A point in time: a recorded CUDA event on the GPU (no wait), the host clock elsewhere."""
+        if self._timed:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    @staticmethod
+    def _seconds(a: torch.cuda.Event | float, b: torch.cuda.Event | float) -> float:
+        """Seconds between two marks (events must have completed: read after the step's sync)."""
+        return a.elapsed_time(b) / 1e3 if isinstance(a, torch.cuda.Event) else b - a
 
     def step(self) -> list[int]:
         """One draft + verify step over all running rows; returns tokens emitted per row."""
@@ -219,7 +249,7 @@ class SpecEngine:
         sampling = self._sampling(rows)
         gmax = max(self._host_gamma[:b]) if self.speculate else 0
         kv_len = min(max(self._host_len[:b]) + gmax + 2, self.max_seq_len)
-        t0 = time.perf_counter()
+        t0 = self._mark()
         if gmax > 0:
             drafts, draft_probs, n_prop = self.drafter.propose(
                 self.tokens[rows], length, self.gamma[rows], gmax, self.config.confidence_threshold,
@@ -229,12 +259,11 @@ class SpecEngine:
         else:
             drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
             draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
-        self.synchronize()
-        t1 = time.perf_counter()
+        t1 = self._mark()
         g = drafts.shape[1]
         pending = self.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
         verify_in = torch.cat([pending, drafts], 1)  # (B, 1 + G)
-        logits = self.target(verify_in, cache=self.cache, start=length - 1, kv_len=kv_len, slot0=0)
+        logits = self.target.decode(verify_in, self.cache, length - 1, kv_len)
         target_probs = sampling.probs(logits)  # (B, 1 + G, V)
         n_acc, nxt = accept(drafts, draft_probs, target_probs, n_prop, self.generator)
         # Emitted block: accepted drafts, then the recovered/bonus token; cut at EOS and budget.
@@ -262,15 +291,16 @@ class SpecEngine:
         self.stats.record(n_prop, n_acc, n_emit)
         if self.trace is not None and g > 0:  # per row: tokens accepted, draft confidence per position
             self.trace.append((n_acc, self.drafter.confidence(b, g)))
-        host = torch.stack([n_emit, new_len, self.gamma[rows]]).tolist()  # the step's one host sync
-        t2 = time.perf_counter()
-        self.stats.draft_time_s += t1 - t0
-        self.stats.verify_time_s += t2 - t1
+        t2 = self._mark()
+        host = torch.stack([n_emit, new_len, self.gamma[rows], self.finished[rows].long()]).tolist()  # the one sync
+        self.stats.draft_time_s += self._seconds(t0, t1)
+        self.stats.verify_time_s += self._seconds(t1, t2)
         self.stats.verify_steps += 1
         self.stats.verify_slots += b * (g + 1)
         self.stats.batch_rows += b
         self._host_len[:b] = host[1]
         self._host_gamma[:b] = host[2]
+        self._host_finished[:b] = [bool(f) for f in host[3]]
         return host[0]
 
     # ------------------------------------------------------------------ retirement
@@ -283,7 +313,7 @@ class SpecEngine:
         """
         if self.n == 0:
             return []
-        done = self.finished[: self.n].nonzero().flatten().tolist()
+        done = [slot for slot in range(self.n) if self._host_finished[slot]]  # the step's sync read them
         if not done:
             return []
         host = torch.stack([self.prompt_len[done], self.length[done], self.hit_eos[done].long()]).tolist()
@@ -311,6 +341,6 @@ class SpecEngine:
         self.cache.move(si, di, length)
         if self.speculate:
             self.drafter.move(si, di, length)
-        for host in (self.ids, self._host_len, self._host_gamma, self._filters):
+        for host in (self.ids, self._host_len, self._host_gamma, self._host_finished, self._host_top_k, self._filters):
             for a, b in zip(src, dst, strict=True):
                 host[b] = host[a]
