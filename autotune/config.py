@@ -23,7 +23,7 @@ from autotune.errors import ConfigError
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import DRAFTERS
 from engine.loader import DTYPES as _DTYPE_ALIASES
-from engine.speculative import GAMMA_SCHEDULES as GAMMA_POLICIES  # constant / heuristic per-row gamma policy
+from engine.speculative import GAMMA_POLICIES  # constant / heuristic per-row gamma policy
 from profiles.exporters import FORMATS as EXPORT_FORMATS
 
 LATENCIES = ("tpot_ms_p95", "tpot_ms_p50", "e2e_ms_p95", "e2e_ms_p50", "ttft_ms_p95", "ttft_ms_p50")
@@ -74,6 +74,7 @@ class TuneConfig:
     draft: Path | None
     device: str = "auto"
     dtype: str = "float32"
+    compile: str = "auto"  # auto | true | false: torch.compile the decode/verify forward
     prompts: Path = Path("prompts.jsonl")
     max_new_tokens: int = 48
     temperature: float = 0.0
@@ -237,6 +238,10 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
         raise ConfigError(f"models.device: must be auto, cpu or cuda[:N] (got {device!r})")
     dtype = m.choice("dtype", "float32", DTYPES)
+    compile_mode = m.get("compile", "auto")
+    if not (isinstance(compile_mode, bool) or compile_mode == "auto"):
+        raise ConfigError(f"models.compile: must be auto, true or false (got {compile_mode!r})")
+    compile_mode = {True: "true", False: "false"}.get(compile_mode, compile_mode)
     m.done()
 
     w = top.sub("workload")
@@ -323,7 +328,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
         raise ConfigError(f"profile.gamma_max: must be >= search.gamma.high (got {gmax} < {int(gamma.high)})")
     top.done()
     return TuneConfig(
-        target=target, draft=draft, device=device, dtype=dtype, prompts=prompts, max_new_tokens=max_new,
+        target=target, draft=draft, device=device, dtype=dtype, compile=compile_mode, prompts=prompts, max_new_tokens=max_new,
         temperature=temperature, top_k=top_k, top_p=top_p, concurrency=concurrency, rate=rate,
         num_requests=num_requests, truncate_prompts=truncate, drafters=drafters,
         gamma=Range(int(gamma.low), int(gamma.high)), confidence_threshold=thr, gamma_policies=schedules,

@@ -15,6 +15,7 @@ from autotune import profiler
 from autotune.config import TuneConfig, check_device
 from autotune.hardware import fingerprint
 from autotune.runner import Sampling, build_requests
+from engine.errors import EngineInputError
 from engine.loader import ModelPair, load_pair
 from engine.speculative import Request
 from engine.workload import load_workload
@@ -36,6 +37,7 @@ class Context:
     pair_id: int
     pair_drafter: str  # how the pair is keyed in the store: "model" when a draft model is part of it
     backend: Any = None  # a serving-stack backend (autotune.backends) running the trials; None: the engine
+    compile_note: str = ""  # how the engine runs decode (compiled or eager, and why), for tune's log
 
     @property
     def device_key(self) -> str:
@@ -52,9 +54,8 @@ def build(cfg: TuneConfig) -> Context:
     needs_draft = "model" in cfg.drafters
     check_device(cfg)
     pair = load_pair(cfg.target, cfg.draft if needs_draft else None, dtype=cfg.dtype, device=cfg.device)
+    compile_note = _compile(pair, cfg.compile)
     if pair.tokenizer is None:
-        from engine.errors import EngineInputError
-
         raise EngineInputError(f"{cfg.target}: no tokenizer.json")
     items = load_workload(cfg.prompts)
     sampling = Sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
@@ -70,13 +71,37 @@ def build(cfg: TuneConfig) -> Context:
         "top_p": cfg.top_p, "concurrency": list(cfg.concurrency), "rate": cfg.rate,
         "num_requests": cfg.num_requests, "dtype": cfg.dtype,
     }
+    if pair.target.compiled:  # compiled timings are another measurement (eager keeps its old key)
+        workload["engine"] = "compiled"
     store = Store(cfg.storage)
     store.upsert_device(fp)
     drafter = "model" if needs_draft else cfg.drafters[0]
     pair_id = store.upsert_pair(str(cfg.target), str(cfg.draft) if needs_draft else None, drafter,
                                 target_hash, draft_hash)
     return Context(cfg, pair, requests, store, fp, target_hash, draft_hash, workload, hash_json(workload), pair_id,
-                   drafter)
+                   drafter, compile_note=compile_note)
+
+
+def _compile(pair: ModelPair, mode: str) -> str:
+    """Compile the pair's decode forward per ``models.compile``; returns the line tune prints.
+
+    ``auto`` compiles and falls back to eager, saying why, when torch.compile cannot run here
+    (e.g. no C++ compiler for inductor on a CPU host); ``true`` makes that a one-line error.
+    """
+    if mode == "false":
+        return "engine: eager (models.compile: false)"
+    try:
+        pair.compile_s = pair.target.compile_decode() + (pair.draft.compile_decode() if pair.draft else 0.0)
+    except Exception as exc:  # inductor raises many types (compiler missing, unsupported op)
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        pair.target.compiled = False
+        if pair.draft is not None:
+            pair.draft.compiled = False
+        if mode == "true":
+            raise EngineInputError(f"models.compile: torch.compile failed on this host ({why})") from None
+        return f"engine: eager (models.compile: auto, torch.compile failed: {why})"
+    return (f"engine: compiled decode/verify in {pair.compile_s:.1f} s (torch.compile, dynamic shapes; "
+            "cached on disk by inductor, so later runs compile faster)")
 
 
 def ensure_profile(ctx: Context, reprofile: bool = False,

@@ -93,6 +93,7 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
     """
     ctx = ctx_mod.build(cfg)
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
+    say(ctx.compile_note)
     noise_before = _host_noise(say, strict, "before tuning")
     ctx.backend = open_backend(ctx, cfg.backend)  # before profiling: a missing stack fails in seconds
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # servers are stopped on SIGTERM too

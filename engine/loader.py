@@ -139,16 +139,18 @@ class ModelPair:
     tokenizer: Tokenizer | None
     target_path: Path
     draft_path: Path | None
+    compile_s: float | None = None  # seconds spent compiling decode (None: eager)
 
 
 def load_pair(
     target: str | Path, draft: str | Path | None = None, dtype: str = "float32", device: str = "cpu",
-    fuse: bool = True,
+    fuse: bool = True, compile: bool = False,
 ) -> ModelPair:
     """Load a target (and draft) folder for inference; refuse a draft whose vocabulary differs.
 
     ``fuse`` (default) merges each layer's q/k/v and gate/up projections into one matmul each
-    (:meth:`Transformer.fuse`): same function, fewer kernels.
+    (:meth:`Transformer.fuse`): same function, fewer kernels. ``compile`` compiles both models'
+    decode/verify forward (:meth:`Transformer.compile_decode`) and records the seconds it took.
 
     Example:
         >>> pair = load_pair("engine/demo/pair/target", "engine/demo/pair/draft")  # doctest: +SKIP
@@ -165,4 +167,7 @@ def load_pair(
         )
     tok_path = Path(target) / "tokenizer.json"
     tokenizer = load_tokenizer(target) if tok_path.is_file() else None
-    return ModelPair(tgt, drf, tokenizer, Path(target), Path(draft) if draft is not None else None)
+    pair = ModelPair(tgt, drf, tokenizer, Path(target), Path(draft) if draft is not None else None)
+    if compile:
+        pair.compile_s = tgt.compile_decode() + (drf.compile_decode() if drf is not None else 0.0)
+    return pair

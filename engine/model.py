@@ -167,6 +167,9 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+_COMPILED_FORWARD: Callable[..., torch.Tensor] | None = None  # torch.compile(Transformer.forward)
+
+
 class Transformer(nn.Module):
     """A causal LM with HF-compatible parameter names (``model.*``, ``lm_head``)."""
 
@@ -178,7 +181,7 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        self._decode: Callable[..., torch.Tensor] | None = None  # set by compile_decode()
+        self.compiled = False  # decode() through torch.compile (compile_decode())
 
     def fuse(self) -> Transformer:
         """Fuse each layer's q/k/v and gate/up projections into one matmul each (in place).
@@ -209,9 +212,12 @@ class Transformer(nn.Module):
         # Target and draft share Transformer.forward's code object: 4 graphs each, plus tests'
         # models. The default limit (8) would silently fall back to eager. Duck sizing would tie
         # symbols that happen to be equal once (slots == kv heads) and recompile when they differ.
+        global _COMPILED_FORWARD
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         fx_config.use_duck_shape = False
-        self._decode = torch.compile(self.forward, dynamic=True)
+        if _COMPILED_FORWARD is None:  # one compiled function: models of one shape share its graphs
+            _COMPILED_FORWARD = torch.compile(Transformer.forward, dynamic=True)
+        self.compiled = True
         device = self.lm_head.weight.device
         t0 = time.perf_counter()
         for slots, b, t in itertools.product((1, 3), (1, 2), (1, 2)):
@@ -227,15 +233,15 @@ class Transformer(nn.Module):
         """The cached forward of the running rows (slots 0..B-1): decode, draft and verify steps.
 
         Same function as ``self(tokens, cache=cache, start=start, kv_len=kv_len)``; compiled
-        once :meth:`compile_decode` has run. The compiled call always runs in inference mode on
+        once :meth:`compile_decode` has run (``self.compiled``). The compiled call always runs in inference mode on
         inference-tensor copies of ``tokens``/``start`` (and :meth:`new_cache` always makes
         normal tensors), because torch.compile's guards include each input's dispatch keys: a
         caller's grad mode or where it built its inputs must not trigger a recompile.
         """
-        if self._decode is None:
+        if not self.compiled:
             return self.forward(tokens, cache=cache, start=start, kv_len=kv_len)
         with torch.inference_mode():
-            return self._decode(tokens.clone(), cache=cache, start=start.clone(), kv_len=kv_len)
+            return _COMPILED_FORWARD(self, tokens.clone(), cache=cache, start=start.clone(), kv_len=kv_len)
 
     def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
         cfg = self.config

@@ -38,7 +38,12 @@ from engine.metrics import SpecStats
 from engine.model import Transformer
 from engine.sampling import BatchSampling, accept, sample
 
-GAMMA_SCHEDULES = ("constant", "heuristic")
+GAMMA_POLICIES = ("constant", "heuristic")  # SpecConfig.gamma_schedule: how each row sets its gamma
+
+
+def default_sync_free(device: torch.device) -> bool:
+    """Whether a step avoids every device read but its one sync: on CUDA, where a read stalls."""
+    return device.type == "cuda"
 
 
 @dataclass(frozen=True)
@@ -59,11 +64,16 @@ class SpecConfig:
             raise EngineInputError(f"gamma: must be >= 0 (got {self.gamma})")
         if not 0.0 <= self.confidence_threshold <= 1.0:
             raise EngineInputError(f"confidence_threshold: must be in [0, 1] (got {self.confidence_threshold})")
-        if self.gamma_schedule not in GAMMA_SCHEDULES:
-            raise EngineInputError(f"gamma_schedule: must be one of {GAMMA_SCHEDULES} (got {self.gamma_schedule!r})")
+        if self.gamma_schedule not in GAMMA_POLICIES:
+            raise EngineInputError(f"gamma_schedule: must be one of {GAMMA_POLICIES} (got {self.gamma_schedule!r})")
         if self.gamma_schedule == "heuristic" and self.gamma > self.max_gamma:
             raise EngineInputError(f"gamma: must be <= max_gamma for the heuristic schedule "
                                    f"(got {self.gamma} > {self.max_gamma})")
+
+    @property
+    def max_row_gamma(self) -> int:
+        """The most draft tokens one row can propose in a step under this config."""
+        return self.max_gamma if self.gamma_schedule == "heuristic" else self.gamma
 
 
 @dataclass
@@ -121,11 +131,11 @@ class SpecEngine:
     ) -> None:
         self.target, self.drafter, self.config = target, drafter, config
         self.device = target.lm_head.weight.device
-        self.sync_free = self.device.type == "cuda" if sync_free is None else sync_free
+        self.sync_free = default_sync_free(self.device) if sync_free is None else sync_free
         drafter.sync_free = self.sync_free
         self.slots, self.max_seq_len = max_batch_size, max_seq_len
         self.generator = generator
-        self.gamma_cap = config.max_gamma if config.gamma_schedule == "heuristic" else config.gamma
+        self.max_row_gamma = config.max_row_gamma
         self.speculate = config.gamma > 0 and drafter.name != "none"
         dev, s = self.device, max_batch_size
         self.cache = target.new_cache(s, max_seq_len)
@@ -148,7 +158,7 @@ class SpecEngine:
         self._host_finished = [False] * s
         self._host_top_k = [0] * s
         self._filters = [(False, False, True)] * s  # per slot: uses top-k, uses top-p, greedy
-        self.stats = SpecStats(self.gamma_cap, dev)
+        self.stats = SpecStats(self.max_row_gamma, dev)
         self._timed = dev.type == "cuda"
         self.trace: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # see enable_trace()
 
@@ -172,7 +182,7 @@ class SpecEngine:
         lens = [len(r.prompt_ids) for r in requests]
         for r in requests:
             r.validate()
-            if not r.prompt_ids or len(r.prompt_ids) + r.max_new_tokens + self.gamma_cap + 2 > self.max_seq_len:
+            if not r.prompt_ids or len(r.prompt_ids) + r.max_new_tokens + self.max_row_gamma + 2 > self.max_seq_len:
                 raise ValueError(f"request {r.id}: prompt of {len(r.prompt_ids)} tokens + {r.max_new_tokens} new "
                                  f"tokens does not fit max_seq_len {self.max_seq_len}")
         width = max(lens)
@@ -287,7 +297,7 @@ class SpecEngine:
             self.drafter.commit(new_len)
             if self.config.gamma_schedule == "heuristic":
                 full = (n_acc == n_prop) & (n_prop > 0)
-                self.gamma[rows] = torch.where(full, self.gamma[rows] + 2, self.gamma[rows] - 1).clamp(1, self.gamma_cap)
+                self.gamma[rows] = torch.where(full, self.gamma[rows] + 2, self.gamma[rows] - 1).clamp(1, self.max_row_gamma)
         self.stats.record(n_prop, n_acc, n_emit)
         if self.trace is not None and g > 0:  # per row: tokens accepted, draft confidence per position
             self.trace.append((n_acc, self.drafter.confidence(b, g)))

@@ -17,10 +17,10 @@ from typing import Any
 from profiles.errors import ProfileError
 
 SCHEMA_VERSION = 1
-# Copies of the engine's enumerations (engine.generate.DRAFTERS, engine.speculative.GAMMA_SCHEDULES):
+# Copies of the engine's enumerations (engine.generate.DRAFTERS, engine.speculative.GAMMA_POLICIES):
 # profiles never imports engine; tests/test_enumerations.py checks that the copies match.
 DRAFTERS = ("model", "ngram", "none")
-GAMMA_SCHEDULES = ("constant", "heuristic")  # the per-row gamma policies
+GAMMA_POLICIES = ("constant", "heuristic")  # the per-row gamma policies
 
 
 def _tool_version() -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiles.errors import ProfileError
-from profiles.profile import DRAFTERS, GAMMA_SCHEDULES, SCHEMA_VERSION, get
+from profiles.profile import DRAFTERS, GAMMA_POLICIES, SCHEMA_VERSION, get
 
 __all__ = ["MISSING", "BatchSchedule", "Chosen", "Profile", "ScheduleEntry", "SCHEMA_VERSION"]
 
@@ -97,8 +97,8 @@ class Chosen:
         if threshold is not MISSING and not 0.0 <= threshold <= 1.0:
             raise ProfileError(f"profile: 'chosen.confidence_threshold' must be in [0, 1], got {threshold}")
         policy = get(wrapped, "chosen.gamma_schedule", str, default=MISSING)
-        if policy is not MISSING and policy not in GAMMA_SCHEDULES:
-            raise ProfileError(f"profile: 'chosen.gamma_schedule' must be one of {', '.join(GAMMA_SCHEDULES)}, "
+        if policy is not MISSING and policy not in GAMMA_POLICIES:
+            raise ProfileError(f"profile: 'chosen.gamma_schedule' must be one of {', '.join(GAMMA_POLICIES)}, "
                                f"got {policy!r}")
         if drafter == "ngram":
             lookup_min = get(wrapped, "chosen.prompt_lookup_min", int)

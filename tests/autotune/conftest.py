@@ -19,7 +19,7 @@ N_TRIALS = 3
 def write_config(folder: Path, pair: tuple[Path, Path], prompts: Path, db: Path, **overrides) -> Path:
     target, draft = pair
     raw = {
-        "models": {"target": str(target), "draft": str(draft), "device": "cpu"},
+        "models": {"target": str(target), "draft": str(draft), "device": "cpu", "compile": False},
         "workload": {"prompts": str(prompts), "max_new_tokens": 6, "concurrency": [1, 2], "num_requests": 2},
         "search": {"drafter": ["model"], "gamma": {"low": 0, "high": 2},
                    "confidence_threshold": {"low": 0.0, "high": 0.5}, "max_batch_size": [2]},

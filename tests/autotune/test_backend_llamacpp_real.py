@@ -39,7 +39,7 @@ def _config(tmp_path: Path, **extra) -> Path:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(DEMO_PROMPTS.read_text().splitlines()[:4]) + "\n")
     raw = {
-        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu"},
+        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},
         "workload": {"prompts": str(prompts), "max_new_tokens": 16, "concurrency": [1, 2], "num_requests": 2},
         "search": {"drafter": ["model"], "gamma": {"low": 0, "high": 4}, "max_batch_size": [2], "gamma_cap": "off"},
         "budget": {"seed": 0, "remeasure_top": 1},

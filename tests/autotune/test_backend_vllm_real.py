@@ -42,7 +42,7 @@ def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
     lines = DEMO_PROMPTS.read_text().splitlines()[:3]
     prompts.write_text("\n".join(lines) + "\n")
     raw = {
-        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu"},
+        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},
         "workload": {"prompts": str(prompts), "max_new_tokens": 16, "concurrency": [1, 2], "num_requests": 2},
         "search": {"drafter": ["model"], "gamma": {"low": 0, "high": 4}, "max_batch_size": [2],
                    "gamma_cap": "off"},
@@ -74,7 +74,7 @@ def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
 
 
 def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output(tmp_path: Path) -> None:
-    raw = {"models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu"},
+    raw = {"models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},
            "workload": {"prompts": str(DEMO_PROMPTS), "max_new_tokens": 24, "concurrency": [2], "num_requests": 4},
            "backend": {"name": "vllm", "vllm": {"python": PYTHON,
                                                "args": ["--max-model-len", "512", "--no-enable-prefix-caching"]}}}

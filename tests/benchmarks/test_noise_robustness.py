@@ -51,7 +51,7 @@ def test_tiny_run_writes_the_json_and_leaves_no_hog(tmp_path, tiny_pair_dirs, ti
     target, draft = tiny_pair_dirs
     config = tmp_path / "tune.yaml"
     config.write_text(yaml.safe_dump({
-        "models": {"target": str(target), "draft": str(draft), "device": "cpu"},
+        "models": {"target": str(target), "draft": str(draft), "device": "cpu", "compile": False},
         "workload": {"prompts": str(tiny_prompts), "max_new_tokens": 6, "concurrency": [1, 2], "num_requests": 2},
         "search": {"gamma": {"low": 0, "high": 2}, "max_batch_size": [2]},
         "profile": {"gamma_max": 2},

@@ -14,6 +14,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+import engine.speculative
 from engine.config import ModelConfig
 from engine.loader import ModelPair
 from engine.model import Transformer
@@ -83,9 +84,13 @@ def target() -> Transformer:
 
 
 @pytest.fixture(scope="session")
-def draft(target: Transformer) -> Transformer:
-    """A draft close to the target: accepts some blocks fully, rejects others (partial acceptance)."""
-    return perturbed_copy(target, seed=1, sigma=0.03)
+def draft() -> Transformer:
+    """A draft close to the target: accepts some blocks fully, rejects others (partial acceptance).
+
+    Built from its own copy of the target's weights (same seed), so that modules overriding
+    ``target`` (ENGINE_MODES) do not change what the draft is made from.
+    """
+    return perturbed_copy(random_model(tiny_config(), seed=0), seed=1, sigma=0.03)
 
 
 @pytest.fixture(scope="session")
@@ -125,3 +130,38 @@ def model_factory() -> Callable[..., Transformer]:
 @pytest.fixture(scope="session")
 def perturb() -> Callable[..., Transformer]:
     return perturbed_copy
+
+
+# The engine's three ways to run a step on this CPU: eager with the cheap device reads the CPU
+# default keeps, eager sync-free (the CUDA default: fixed widths, no early draft exit), and
+# compiled decode (torch.compile, what `autotune tune` runs by default). Suites that guarantee
+# exactness run under each (see the module-scoped overrides in those test files).
+ENGINE_MODES = ("eager", "sync-free", "compiled")
+
+
+@pytest.fixture(scope="session")
+def compiled() -> Callable[[Transformer], Transformer]:
+    """``compiled(model)``: a compiled copy of ``model`` (made once per model and session)."""
+    made: dict[int, Transformer] = {}
+
+    def get(model: Transformer) -> Transformer:
+        if id(model) not in made:
+            twin = copy.deepcopy(model)
+            twin.compile_decode()
+            made[id(model)] = twin
+        return made[id(model)]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=ENGINE_MODES)
+def engine_mode(request: pytest.FixtureRequest) -> str:
+    """Parametrises a module over ENGINE_MODES (modules opt in by requesting it)."""
+    return request.param
+
+
+@pytest.fixture
+def apply_engine_mode(engine_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make SpecEngine default to the sync-free step in the "sync-free" mode."""
+    if engine_mode == "sync-free":
+        monkeypatch.setattr(engine.speculative, "default_sync_free", lambda device: True)

@@ -1,0 +1,54 @@
+"""autotune.context: the pair as tune.yaml asks for it (models.compile) and what keys its measurements."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune import context
+from autotune.config import ConfigError, load_config
+from autotune.context import _compile
+from engine.errors import EngineInputError
+from engine.loader import load_pair
+from engine.model import Transformer
+from tests.autotune.conftest import write_config  # noqa: I001
+
+
+def _config(tmp_path, tiny_pair_dirs, compile_value):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
+    return load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "db.sqlite",
+                                    models={"compile": compile_value}))
+
+
+def test_compile_true_compiles_both_models_and_keys_the_workload_apart(tmp_path, tiny_pair_dirs):
+    eager = context.build(_config(tmp_path, tiny_pair_dirs, False))
+    compiled = context.build(_config(tmp_path, tiny_pair_dirs, True))
+    assert not eager.pair.target.compiled and eager.compile_note == "engine: eager (models.compile: false)"
+    assert compiled.pair.target.compiled and compiled.pair.draft.compiled
+    assert compiled.compile_note.startswith("engine: compiled decode/verify in ")
+    assert compiled.pair.compile_s > 0
+    # compiled timings are a different measurement: stored profiler data is not reused across modes
+    assert "engine" not in eager.workload and compiled.workload["engine"] == "compiled"
+    assert compiled.workload_hash != eager.workload_hash
+
+
+def test_auto_falls_back_to_eager_and_says_why_when_compile_fails(tiny_pair_dirs, monkeypatch):
+    def broken(self):
+        raise RuntimeError("Compiler: cc not found\nmore detail")
+
+    monkeypatch.setattr(Transformer, "compile_decode", broken)
+    pair = load_pair(*tiny_pair_dirs)
+    note = _compile(pair, "auto")
+    assert note == "engine: eager (models.compile: auto, torch.compile failed: Compiler: cc not found)"
+    assert not pair.target.compiled and pair.compile_s is None
+    with pytest.raises(EngineInputError, match=r"^models.compile: torch.compile failed on this host "
+                                               r"\(Compiler: cc not found\)$"):
+        _compile(pair, "true")
+
+
+@pytest.mark.parametrize("value", ["yes", 1, "on"])
+def test_models_compile_takes_auto_true_or_false(tmp_path, tiny_pair_dirs, value):
+    with pytest.raises(ConfigError, match=r"models.compile: must be auto, true or false"):
+        _config(tmp_path, tiny_pair_dirs, value)
