@@ -30,6 +30,7 @@ from engine.errors import EngineInputError
 from engine.metrics import SpecStats
 from engine.model import Transformer
 from engine.sampling import BatchSampling, accept, sample
+from engine.tree import TREE_SAMPLING, TreeShape, tree_accept
 
 GAMMA_SCHEDULES = ("constant", "heuristic")
 
@@ -40,14 +41,36 @@ class SpecConfig:
 
     ``gamma_schedule="heuristic"`` adapts gamma per row like transformers' assisted generation:
     +2 after a fully accepted block, -1 otherwise (never below 1, never above ``max_gamma``).
+
+    ``tree_topk`` (one top-k per depth, ``len == gamma``) drafts a token tree instead of a chain
+    (engine.tree); all ones, or empty, is the chain. ``tree_sampling`` says how sampled rows pick
+    a node's children: the draft's top-k ("topk", deterministic) or k i.i.d. draft samples
+    ("iid"); greedy rows always take the top-k.
     """
 
     gamma: int = 4
     confidence_threshold: float = 0.0
     gamma_schedule: str = "constant"
     max_gamma: int = 16
+    tree_topk: tuple[int, ...] = ()
+    tree_sampling: str = "topk"
+
+    @property
+    def tree(self) -> TreeShape | None:
+        """The tree shape, or None for a chain (chains keep the chain code path)."""
+        if not self.tree_topk or self.gamma == 0 or all(k == 1 for k in self.tree_topk):
+            return None
+        return TreeShape(self.tree_topk)
+
+    @property
+    def lookahead(self) -> int:
+        """Cache slots a step may write past a row's length: the chain's gamma or the tree's nodes."""
+        tree = self.tree
+        cap = self.max_gamma if self.gamma_schedule == "heuristic" else self.gamma
+        return tree.n_nodes if tree is not None else cap
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tree_topk", tuple(self.tree_topk))
         if self.gamma < 0:
             raise EngineInputError(f"gamma: must be >= 0 (got {self.gamma})")
         if not 0.0 <= self.confidence_threshold <= 1.0:
@@ -57,6 +80,23 @@ class SpecConfig:
         if self.gamma_schedule == "heuristic" and self.gamma > self.max_gamma:
             raise EngineInputError(f"gamma: must be <= max_gamma for the heuristic schedule "
                                    f"(got {self.gamma} > {self.max_gamma})")
+        self._check_tree()
+
+    def _check_tree(self) -> None:
+        if self.tree_sampling not in TREE_SAMPLING:
+            raise EngineInputError(f"tree_sampling: must be one of {TREE_SAMPLING} (got {self.tree_sampling!r})")
+        if not self.tree_topk:
+            return
+        TreeShape(self.tree_topk)  # entries and size
+        if len(self.tree_topk) != self.gamma:
+            raise EngineInputError(f"tree_topk: needs one top-k per depth, gamma = {self.gamma} "
+                                   f"(got {list(self.tree_topk)})")
+        if self.tree is None:
+            return
+        if self.confidence_threshold > 0:
+            raise EngineInputError(f"confidence_threshold: must be 0 with a tree (got {self.confidence_threshold})")
+        if self.gamma_schedule != "constant":
+            raise EngineInputError(f"gamma_schedule: must be 'constant' with a tree (got {self.gamma_schedule!r})")
 
 
 @dataclass
