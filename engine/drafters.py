@@ -18,6 +18,7 @@ import torch
 from engine.errors import EngineInputError
 from engine.model import Transformer
 from engine.sampling import BatchSampling, sample
+from engine.tree import TreeTensors
 
 
 class Drafter:
@@ -132,6 +133,63 @@ class ModelDrafter(Drafter):
 
     def confidence(self, batch: int, width: int) -> torch.Tensor:
         return torch.stack(self._conf, 1)[:batch, :width]
+
+    def propose_tree(
+        self,
+        tokens: torch.Tensor,  # (B, S) the engine's token buffer
+        length: torch.Tensor,  # (B,)
+        tree: TreeTensors,
+        sampling: BatchSampling,
+        iid: torch.Tensor | None,  # (B,) bool rows whose children are i.i.d. draft samples; None: all top-k
+        kv_len: int,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft a token tree depth by depth: one draft forward per depth over all its nodes.
+
+        Returns node tokens (B, N+1) in the tree's breadth-first order (node 0 = the pending
+        token) and, when some row samples its children i.i.d., the draft's distribution at every
+        internal node (B, n_internal, V). Top-k children come from the raw logits: the order
+        temperature, top-k and top-p keep (and greedy rows need). Depth d's nodes sit in the draft
+        cache at slots ``length - 1 + node`` and see the prefix and their ancestors (tree mask);
+        :meth:`commit_tree` compacts the accepted path.
+        """
+        b = tokens.shape[0]
+        device = tokens.device
+        dlen = self.draft_len[:b]
+        n_pending = length - dlen  # (B,) >= 1
+        width = int(n_pending.max())
+        idx = (dlen[:, None] + torch.arange(width, device=device)[None, :]).clamp(max=tokens.shape[1] - 1)
+        logits = self.model(tokens.gather(1, idx), cache=self.cache, start=dlen, kv_len=kv_len, slot0=0)
+        logits = logits.gather(1, (n_pending - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))  # (B, 1, V) root
+        base = length - 1
+        shape = tree.shape
+        nodes = [tokens.gather(1, base[:, None])]  # (B, 1) root
+        node_probs = []
+        for d, k in enumerate(shape.topk):
+            n_d = logits.shape[1]
+            kids = logits.topk(k, -1).indices  # (B, n_d, k) best first
+            if iid is not None:
+                probs = sampling.probs(logits)  # (B, n_d, V)
+                node_probs.append(probs)
+                drawn = sample(probs[:, :, None, :].expand(-1, -1, k, -1), generator)  # (B, n_d, k)
+                kids = torch.where(iid[:, None, None], drawn, kids)
+            level = kids.reshape(b, n_d * k)
+            nodes.append(level)
+            if d + 1 < shape.depth:
+                first = shape.level_offsets[d + 1]
+                attn = tree.attention(base, first, level.shape[1], kv_len)
+                logits = self.model(level, cache=self.cache, start=base + first, kv_len=kv_len, slot0=0, attn=attn)
+        self._tree_base = base
+        return torch.cat(nodes, 1), (torch.cat(node_probs, 1) if node_probs else None)
+
+    def commit_tree(self, path: torch.Tensor, n_accepted: torch.Tensor) -> None:
+        """Move the accepted path's draft entries (depths 1..gamma-1; leaves were never fed) to their depths."""
+        b, depth = path.shape[0], path.shape[1] - 1
+        base = self._tree_base
+        if depth > 1:
+            js = torch.arange(1, depth, device=path.device)[None, :]
+            self.cache.compact(0, base[:, None] + path[:, 1:depth], base[:, None] + js)
+        self._fed[:b] = base + 1 + n_accepted.clamp(max=depth - 1)
 
     def commit(self, new_length: torch.Tensor) -> None:
         b = new_length.shape[0]

@@ -67,8 +67,7 @@ def generate(
     device = pair.target.lm_head.weight.device
     generator = torch.Generator(device=device).manual_seed(seed)
     slots = min(max_batch_size or len(requests), len(requests))
-    cap = config.max_gamma if config.gamma_schedule == "heuristic" else config.gamma
-    max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + cap + 3
+    max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + config.lookahead + 3
     eos = pair.target.config.eos_token_ids if eos_ids is None else eos_ids
     engine = SpecEngine(pair.target, drafter_obj, config, slots, max_seq_len, eos, generator)
     load = LoadGenerator(list(requests), len(requests), concurrency=slots)

@@ -157,6 +157,11 @@ class SpecEngine:
         self.generator = generator
         self.gamma_cap = config.max_gamma if config.gamma_schedule == "heuristic" else config.gamma
         self.speculate = config.gamma > 0 and drafter.name != "none"
+        self.lookahead = config.lookahead
+        shape = config.tree if self.speculate else None
+        if shape is not None and not hasattr(drafter, "propose_tree"):
+            raise EngineInputError(f"tree_topk: a tree needs the 'model' drafter (got {drafter.name!r})")
+        self.tree = shape.tensors(target.lm_head.weight.device) if shape is not None else None
         dev, s = self.device, max_batch_size
         self.cache = target.new_cache(s, max_seq_len)
         drafter.reset(s, max_seq_len)
@@ -200,7 +205,7 @@ class SpecEngine:
         lens = [len(r.prompt_ids) for r in requests]
         for r in requests:
             r.validate()
-            if not r.prompt_ids or len(r.prompt_ids) + r.max_new_tokens + self.gamma_cap + 2 > self.max_seq_len:
+            if not r.prompt_ids or len(r.prompt_ids) + r.max_new_tokens + self.lookahead + 2 > self.max_seq_len:
                 raise ValueError(f"request {r.id}: prompt of {len(r.prompt_ids)} tokens + {r.max_new_tokens} new "
                                  f"tokens does not fit max_seq_len {self.max_seq_len}")
         width = max(lens)
@@ -258,25 +263,30 @@ class SpecEngine:
         length = self.length[rows]
         sampling = self._sampling(rows)
         gmax = max(self._host_gamma[:b]) if self.speculate else 0
-        kv_len = min(max(self._host_len[:b]) + gmax + 2, self.max_seq_len)
+        width = self.tree.depths.shape[0] - 1 if self.tree is not None else gmax  # slots written past length
+        kv_len = min(max(self._host_len[:b]) + width + 2, self.max_seq_len)
         t0 = time.perf_counter()
-        if gmax > 0:
-            drafts, draft_probs, n_prop = self.drafter.propose(
-                self.tokens[rows], length, self.gamma[rows], gmax, self.config.confidence_threshold,
-                sampling, kv_len, self.generator,
-            )
-            self.stats.draft_forwards += drafts.shape[1] if self.drafter.name == "model" else 0
+        if self.tree is not None:
+            drafts, n_acc, nxt, n_prop, t1 = self._tree_draft_verify(rows, length, sampling, kv_len)
+            g = drafts.shape[1]
         else:
-            drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
-            draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
-        self.synchronize()
-        t1 = time.perf_counter()
-        g = drafts.shape[1]
-        pending = self.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
-        verify_in = torch.cat([pending, drafts], 1)  # (B, 1 + G)
-        logits = self.target(verify_in, cache=self.cache, start=length - 1, kv_len=kv_len, slot0=0)
-        target_probs = sampling.probs(logits)  # (B, 1 + G, V)
-        n_acc, nxt = accept(drafts, draft_probs, target_probs, n_prop, self.generator)
+            if gmax > 0:
+                drafts, draft_probs, n_prop = self.drafter.propose(
+                    self.tokens[rows], length, self.gamma[rows], gmax, self.config.confidence_threshold,
+                    sampling, kv_len, self.generator,
+                )
+                self.stats.draft_forwards += drafts.shape[1] if self.drafter.name == "model" else 0
+            else:
+                drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
+                draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
+            self.synchronize()
+            t1 = time.perf_counter()
+            g = drafts.shape[1]
+            pending = self.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
+            verify_in = torch.cat([pending, drafts], 1)  # (B, 1 + G)
+            logits = self.target(verify_in, cache=self.cache, start=length - 1, kv_len=kv_len, slot0=0)
+            target_probs = sampling.probs(logits)  # (B, 1 + G, V)
+            n_acc, nxt = accept(drafts, draft_probs, target_probs, n_prop, self.generator)
         # Emitted block: accepted drafts, then the recovered/bonus token; cut at EOS and budget.
         offs = torch.arange(g + 1, device=self.device)[None, :]  # (1, G+1)
         block = torch.cat([drafts, nxt[:, None]], 1)  # (B, G+1)
@@ -300,18 +310,47 @@ class SpecEngine:
                 full = (n_acc == n_prop) & (n_prop > 0)
                 self.gamma[rows] = torch.where(full, self.gamma[rows] + 2, self.gamma[rows] - 1).clamp(1, self.gamma_cap)
         self.stats.record(n_prop, n_acc, n_emit)
-        if self.trace is not None and g > 0:  # per row: tokens accepted, draft confidence per position
+        if self.trace is not None and g > 0 and self.tree is None:  # per row: tokens accepted, draft confidence per position
             self.trace.append((n_acc, self.drafter.confidence(b, g)))
         host = torch.stack([n_emit, new_len, self.gamma[rows]]).tolist()  # the step's one host sync
         t2 = time.perf_counter()
         self.stats.draft_time_s += t1 - t0
         self.stats.verify_time_s += t2 - t1
         self.stats.verify_steps += 1
-        self.stats.verify_slots += b * (g + 1)
+        self.stats.verify_slots += b * ((width if self.tree is not None else g) + 1)
         self.stats.batch_rows += b
         self._host_len[:b] = host[1]
         self._host_gamma[:b] = host[2]
         return host[0]
+
+    def _tree_draft_verify(self, rows: slice, length: torch.Tensor, sampling: BatchSampling, kv_len: int):
+        """Draft the tree, verify every node of every row in one target forward, accept a path.
+
+        Returns the accepted path as a chain block (drafts (B, gamma): the path's tokens, valid up
+        to n_accepted), n_accepted (B,), the next token (B,), n_proposed (B,) (= gamma) and the
+        clock at the end of drafting. The path's target and draft cache entries are compacted to
+        their depths, so the rest of the step (and rollback) is the chain's.
+        """
+        tree, b = self.tree, length.shape[0]
+        iid = None
+        if self.config.tree_sampling == "iid" and not sampling.all_greedy:
+            iid = sampling.temperature > 0
+        nodes, node_probs = self.drafter.propose_tree(self.tokens[rows], length, tree, sampling, iid, kv_len,
+                                                      self.generator)  # (B, N+1), (B, n_internal, V) | None
+        self.stats.draft_forwards += tree.shape.depth
+        self.synchronize()
+        t1 = time.perf_counter()
+        base = length - 1
+        attn = tree.attention(base, 0, nodes.shape[1], kv_len)
+        logits = self.target(nodes, cache=self.cache, start=base, kv_len=kv_len, slot0=0, attn=attn)
+        target_probs = sampling.probs(logits)  # (B, N+1, V)
+        n_acc, path, nxt = tree_accept(tree, nodes, target_probs, node_probs, iid, self.generator)
+        g = tree.shape.depth
+        depth = torch.arange(1, g + 1, device=self.device)[None, :]  # (1, G)
+        self.cache.compact(0, base[:, None] + path[:, 1:], base[:, None] + depth)
+        self.drafter.commit_tree(path, n_acc)
+        n_prop = torch.full((b,), g, dtype=torch.long, device=self.device)
+        return nodes.gather(1, path[:, 1:]), n_acc, nxt, n_prop, t1
 
     # ------------------------------------------------------------------ retirement
 

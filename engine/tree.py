@@ -222,8 +222,8 @@ def tree_accept(
     alive = torch.ones(b, dtype=torch.bool, device=dev)
     n_acc = torch.zeros(b, dtype=torch.long, device=dev)
     path = [cur]
-    use_iid = iid is not None and draft_probs is not None and bool(iid.any())
-    for d, k in enumerate(tree.shape.topk):
+    use_iid = iid is not None and draft_probs is not None
+    for k in tree.shape.topk:
         taken = torch.zeros(b, dtype=torch.bool, device=dev)
         nxt = cur
         q = draft_probs[rows, cur].double() if use_iid else None  # (B, V)
