@@ -86,8 +86,7 @@ def run_load(
     if spec.gamma == 0:
         drafter = "none"
     device = pair.target.lm_head.weight.device
-    cap = spec.max_gamma if spec.gamma_schedule == "heuristic" else spec.gamma
-    max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + cap + 3
+    max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + spec.lookahead + 3
     eos = pair.target.config.eos_token_ids
     concurrency = load.concurrency if load.concurrency is not None or load.rate is not None else load.max_batch_size
 
