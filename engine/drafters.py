@@ -5,7 +5,9 @@ One small interface, three implementations:
 - :class:`ModelDrafter`: a small draft model with its own KV cache (the classic pairing);
 - :class:`NgramDrafter`: prompt lookup, no model (vLLM's ``ngram`` method): find the latest
   earlier occurrence of the row's last n tokens and propose what followed it;
-- :class:`NoDrafter`: proposes nothing, so every step is a plain autoregressive decode.
+- :class:`NoDrafter`: proposes nothing, so every step is a plain autoregressive decode;
+- :class:`HybridDrafter`: per row and step, the n-gram proposal when the prompt-lookup match
+  is long enough, else the draft model's (which the confidence threshold may cut to nothing).
 
 Rows are packed in slots ``0..B-1``; the engine owns the token buffer and the per-row lengths
 and tells the drafter when rows are prefilled, committed or moved.
@@ -26,6 +28,7 @@ class Drafter:
 
     name = "none"
     record_confidence = False  # keep per-position confidence even when no threshold needs it
+    forwards = 0  # draft model forwards of the last ``propose``
 
     def reset(self, slots: int, max_seq_len: int) -> None:
         """(Re)allocate per-slot state for ``slots`` rows of up to ``max_seq_len`` tokens."""
@@ -58,8 +61,13 @@ class Drafter:
     def move(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
         """Slots ``src`` now live in slots ``dst`` (the engine compacts finished rows away)."""
 
+    def sources(self, batch: int) -> torch.Tensor | None:
+        """(B,) which source proposed each row in the last ``propose`` (:data:`SOURCES`), or None."""
+        return None
+
 
 NoDrafter = Drafter
+SOURCES = ("none", "ngram", "model")  # per-row draft sources a drafter may report (HybridDrafter)
 
 
 class ModelDrafter(Drafter):
@@ -128,6 +136,7 @@ class ModelDrafter(Drafter):
             start = start + last + 1
             inp, last = tok[:, None], torch.zeros_like(last)
         self._fed[:b] = dlen + n_pending + iters - 1  # positions written with valid inputs
+        self.forwards = iters
         probs_t = torch.stack(out_probs, 1) if out_probs else None  # (B, iters, V)
         return out_tokens[:, :iters], probs_t, n_proposed
 
@@ -231,3 +240,84 @@ class NgramDrafter(Drafter):
             out[row, : cont.numel()] = cont
             n_proposed[row] = cont.numel()
         return out, None, n_proposed
+
+
+class HybridDrafter(Drafter):
+    """Dynamic draft selection per row and step (after vLLM's ngram / draft-model split).
+
+    A row whose last ``n`` tokens (``n_min <= n <= n_max``) reappear earlier in it takes the
+    n-gram continuation (free, exact for copied spans); every other row takes the draft model's
+    proposal, cut by the confidence threshold (possibly to nothing). When every row has an
+    n-gram proposal the draft model does not run at all; its cache catches up on the next step
+    that needs it (the model drafter feeds every token it has not seen).
+
+    The n-gram proposal is deterministic, so for sampled rows its draft distribution is one-hot
+    (the deterministic-drafter rule of engine.sampling.accept), next to the model's q for the
+    others. :meth:`sources` tells the engine which source served each row (engine.metrics
+    splits usage and acceptance by source).
+    """
+
+    name = "hybrid"
+
+    def __init__(self, model: Transformer, n_min: int = 2, n_max: int = 4) -> None:
+        self.model = ModelDrafter(model)
+        self.ngram = NgramDrafter(n_min, n_max)
+        self._source: torch.Tensor | None = None
+        self._ran_model = False
+
+    @property
+    def record_confidence(self) -> bool:  # type: ignore[override]
+        return self.model.record_confidence
+
+    @record_confidence.setter
+    def record_confidence(self, value: bool) -> None:
+        self.model.record_confidence = value
+
+    def reset(self, slots: int, max_seq_len: int) -> None:
+        self.model.reset(slots, max_seq_len)
+
+    def prefill(self, slot0, prompts, prompt_lens, kv_len) -> None:
+        self.model.prefill(slot0, prompts, prompt_lens, kv_len)
+
+    def propose(self, tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator):
+        b = tokens.shape[0]
+        device = tokens.device
+        ng_tokens, _, ng_prop = self.ngram.propose(tokens, length, gammas, gamma_max, threshold, sampling, kv_len,
+                                                   generator)  # (B, G), (B,)
+        use_ng = ng_prop > 0  # (B,)
+        self._ran_model = not bool(use_ng.all())  # the n-gram lookup synced already
+        if not self._ran_model:
+            self.model._fed[:b] = self.model.draft_len[:b]  # nothing new fed: commit keeps the draft's length
+            self.forwards = 0
+            self._source = torch.full((b,), SOURCES.index("ngram"), dtype=torch.long, device=device)
+            return ng_tokens, None, ng_prop
+        m_tokens, m_probs, m_prop = self.model.propose(tokens, length, gammas, gamma_max, threshold, sampling,
+                                                       kv_len, generator)
+        self.forwards = self.model.forwards
+        pad = gamma_max - m_tokens.shape[1]  # the model may stop early (threshold); n-gram rows keep gamma
+        m_tokens = torch.nn.functional.pad(m_tokens, (0, pad))
+        out = torch.where(use_ng[:, None], ng_tokens, m_tokens)  # (B, G)
+        n_prop = torch.where(use_ng, ng_prop, m_prop)
+        probs = m_probs
+        if m_probs is not None:  # one-hot q for the n-gram rows
+            m_probs = torch.nn.functional.pad(m_probs, (0, 0, 0, pad))
+            one_hot = torch.zeros_like(m_probs).scatter_(-1, ng_tokens[..., None], 1.0)
+            probs = torch.where(use_ng[:, None, None], one_hot, m_probs)
+        # The model fed its own drafts for the n-gram rows: only their pending tokens are valid.
+        self.model._fed[:b] = torch.where(use_ng, length, self.model._fed[:b])
+        self._source = torch.where(use_ng, 1, torch.where(m_prop > 0, 2, 0))  # SOURCES indices
+        return out, probs, n_prop
+
+    def sources(self, batch: int) -> torch.Tensor | None:
+        return None if self._source is None else self._source[:batch]
+
+    def confidence(self, batch: int, width: int) -> torch.Tensor:
+        if not self._ran_model:
+            return torch.ones(batch, width)
+        return self.model.confidence(batch, width)
+
+    def commit(self, new_length: torch.Tensor) -> None:
+        self.model.commit(new_length)
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        self.model.move(src, dst, length)

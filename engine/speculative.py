@@ -275,7 +275,7 @@ class SpecEngine:
                     self.tokens[rows], length, self.gamma[rows], gmax, self.config.confidence_threshold,
                     sampling, kv_len, self.generator,
                 )
-                self.stats.draft_forwards += drafts.shape[1] if self.drafter.name == "model" else 0
+                self.stats.draft_forwards += self.drafter.forwards
             else:
                 drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
                 draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
@@ -310,6 +310,8 @@ class SpecEngine:
                 full = (n_acc == n_prop) & (n_prop > 0)
                 self.gamma[rows] = torch.where(full, self.gamma[rows] + 2, self.gamma[rows] - 1).clamp(1, self.gamma_cap)
         self.stats.record(n_prop, n_acc, n_emit)
+        if self.speculate and (source := self.drafter.sources(b)) is not None:
+            self.stats.record_sources(source, n_prop, n_acc)
         if self.trace is not None and g > 0 and self.tree is None:  # per row: tokens accepted, draft confidence per position
             self.trace.append((n_acc, self.drafter.confidence(b, g)))
         host = torch.stack([n_emit, new_len, self.gamma[rows]]).tolist()  # the step's one host sync
