@@ -3,8 +3,9 @@
 For each batch size B (closed loop: concurrency = max_batch_size = B) and mode (greedy,
 temperature 1), every configuration runs the same requests through ``autotune.runner.run_load``:
 AR (gamma 0), chains (draft model, gamma in ``--gammas``) and trees (``--trees``: top-k per
-depth, depth = gamma; children are the draft's top-k, and at T=1 also i.i.d. draft samples,
-labelled "iid"). All configurations are interleaved in
+depth, depth = gamma; greedy rows take the draft's top-k children, sampled rows k i.i.d. draft
+samples, and at T=1 each tree also runs with top-k children, labelled "topk") and the hybrid
+drafter (n-gram when the prompt lookup matches, else the draft model; ``--hybrid-gammas``). All configurations are interleaved in
 one invocation: ``--repeats`` rounds, each round running every (B, mode, configuration) once
 in a rotated order, so slow phases of a shared host hit every configuration alike. Reported
 per configuration (medians over rounds):
@@ -15,7 +16,8 @@ per configuration (medians over rounds):
     tokens/s               generated tokens / wall time of the run
     x AR                   median over rounds of tokens/s / the same round's AR tokens/s
 
-then, per (B, mode), the best chain and the best tree by median tokens/s and their ratio.
+then, per (B, mode), the best chain, tree and hybrid by median x AR, and the tree / chain ratio
+(median over rounds of the same round's tokens/s ratio).
 Ratios come from runs of one invocation on one (noisy, shared) host; read them as such.
 
 Example:
@@ -36,11 +38,11 @@ from engine.speculative import SpecConfig
 
 NAME = "trees"
 TEMPERATURE = {"greedy": 0.0, "t1": 1.0}
-DEFAULT_TREES = "2,1,1,1;2,2,1,1;3,2,1,1;2,1,1,1,1;2,2,1,1,1;4,2,1"
+DEFAULT_TREES = "2,1,1,1;2,2,1,1;2,1,1,1,1;2,2,1,1,1;3,2,1,1,1"
 HEADERS = ["B", "mode", "config", "nodes", "mean accepted length", "verify ms", "draft ms/step", "tokens/s",
            "x AR", "greedy_match"]
 SUMMARY_HEADERS = ["B", "mode", "AR tok/s", "best chain", "chain tok/s", "best tree", "tree tok/s",
-                   "tree / chain", "chain x AR", "tree x AR"]
+                   "tree / chain (paired)", "chain x AR", "tree x AR", "hybrid x AR"]
 
 
 def tree_list(text: str) -> list[tuple[int, ...]]:
@@ -48,17 +50,19 @@ def tree_list(text: str) -> list[tuple[int, ...]]:
     return [tuple(_common.int_list(part)) for part in text.split(";") if part.strip()]
 
 
-def configs(gammas: list[int], trees: list[tuple[int, ...]], mode: str) -> list[tuple[str, str, SpecConfig, str]]:
-    """(label, kind, config, drafter) for AR, every chain and every tree; at T=1 each tree twice:
-    top-k children and i.i.d. sampled children ("iid"; greedy rows always take the top-k)."""
+def configs(gammas: list[int], trees: list[tuple[int, ...]], hybrid_gammas: list[int],
+            mode: str) -> list[tuple[str, str, SpecConfig, str]]:
+    """(label, kind, config, drafter) for AR, every chain, every tree and the hybrid drafter; at T=1
+    each tree twice: i.i.d. sampled children (the default) and top-k children ("topk")."""
     out = [("AR", "ar", SpecConfig(gamma=0), "none")]
     out += [(f"chain g={g}", "chain", SpecConfig(gamma=g), "model") for g in gammas]
     for shape in trees:
         name = f"tree {'-'.join(map(str, shape))}"
         out.append((name, "tree", SpecConfig(gamma=len(shape), tree_topk=shape), "model"))
         if mode != "greedy":
-            out.append((f"{name} iid", "tree", SpecConfig(gamma=len(shape), tree_topk=shape, tree_sampling="iid"),
+            out.append((f"{name} topk", "tree", SpecConfig(gamma=len(shape), tree_topk=shape, tree_sampling="topk"),
                         "model"))
+    out += [(f"hybrid g={g}", "hybrid", SpecConfig(gamma=g), "hybrid") for g in hybrid_gammas]
     return out
 
 
@@ -68,6 +72,7 @@ def main() -> None:
     p.add_argument("--gammas", type=_common.int_list, default=[2, 3, 4, 5, 6], help="chain gammas (default 2..6)")
     p.add_argument("--trees", type=tree_list, default=tree_list(DEFAULT_TREES),
                    help=f'tree shapes, top-k per depth, ";"-separated (default "{DEFAULT_TREES}")')
+    p.add_argument("--hybrid-gammas", type=_common.int_list, default=[4], help="hybrid drafter gammas (default 4)")
     p.add_argument("--modes", default="greedy,t1", help="greedy and/or t1 (default both)")
     p.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default 2)")
     args = p.parse_args()
@@ -75,7 +80,7 @@ def main() -> None:
     if not modes or any(m not in TEMPERATURE for m in modes) or args.repeats < 1 or 0 in args.batch_sizes:
         _common.fail("--modes takes greedy and/or t1; --repeats and --batch-sizes must be >= 1")
     try:
-        cfgs = {mode: configs(args.gammas, args.trees, mode) for mode in modes}
+        cfgs = {mode: configs(args.gammas, args.trees, args.hybrid_gammas, mode) for mode in modes}
     except EngineInputError as exc:
         _common.fail(str(exc))
     bench = _common.start(NAME, args)
@@ -131,20 +136,25 @@ def main() -> None:
         for mode in modes:
             mine = [c for c in cells if c["batch_size"] == b and c["mode"] == mode]
             ar = next(c for c in mine if c["kind"] == "ar")
-            best = {k: max((c for c in mine if c["kind"] == k), key=lambda c: c["tokens_per_second"], default=None)
-                    for k in ("chain", "tree")}
-            ch, tr = best["chain"], best["tree"]
+            best = {k: max((c for c in mine if c["kind"] == k), key=lambda c: c["x_ar"], default=None)
+                    for k in ("chain", "tree", "hybrid")}
+            ch, tr, hy = best["chain"], best["tree"], best["hybrid"]
             if ch is None or tr is None:
                 continue
             s = {"batch_size": b, "mode": mode, "ar_tokens_per_second": ar["tokens_per_second"],
                  "best_chain": ch["config"], "chain_tokens_per_second": ch["tokens_per_second"],
                  "best_tree": tr["config"], "tree_tokens_per_second": tr["tokens_per_second"],
                  "tree_over_chain": tr["tokens_per_second"] / ch["tokens_per_second"],
-                 "chain_x_ar": ch["x_ar"], "tree_x_ar": tr["x_ar"]}
+                 "chain_x_ar": ch["x_ar"], "tree_x_ar": tr["x_ar"],
+                 "tree_over_chain_paired": statistics.median(
+                     t["tokens_per_second"] / c["tokens_per_second"] for t, c in zip(tr["runs"], ch["runs"], strict=True)),
+                 "best_hybrid": hy["config"] if hy else None, "hybrid_x_ar": hy["x_ar"] if hy else None}
             summary.append(s)
             srows.append((b, mode, s["ar_tokens_per_second"], ch["config"], s["chain_tokens_per_second"], tr["config"],
-                          s["tree_tokens_per_second"], s["tree_over_chain"], s["chain_x_ar"], s["tree_x_ar"]))
-    _common.print_table("best tree vs best chain (by median tokens/s; one invocation on a shared host)",
+                          s["tree_tokens_per_second"], s["tree_over_chain_paired"], s["chain_x_ar"], s["tree_x_ar"],
+                          s["hybrid_x_ar"] if hy else "-"))
+    _common.print_table("best tree vs best chain (by median x AR; ratios are medians over rounds of same-round "
+                        "ratios, one invocation on a shared host)",
                         SUMMARY_HEADERS, srows)
     _common.write_json(bench, {"cells": cells, "summary": summary})
 
