@@ -17,7 +17,11 @@ per configuration (medians over rounds):
     x AR                   median over rounds of tokens/s / the same round's AR tokens/s
 
 then, per (B, mode), the best chain, tree and hybrid by median x AR, and the tree / chain ratio
-(median over rounds of the same round's tokens/s ratio).
+(median over rounds of the same round's tokens/s ratio). Last, the least-disturbed cost of each
+configuration's forwards (min over ``--cost-repeats`` timings of one verify forward and of one
+step's draft forwards, on a random context) and the throughput they imply with the measured
+mean accepted length, B x E / (draft + verify): a noise-robust view that leaves out the engine's
+own per-step work.
 Ratios come from runs of one invocation on one (noisy, shared) host; read them as such.
 
 Example:
@@ -29,8 +33,10 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 
 import _common
+import torch
 
 from autotune.runner import LoadSpec, run_load
 from engine.errors import EngineInputError
@@ -66,6 +72,54 @@ def configs(gammas: list[int], trees: list[tuple[int, ...]], hybrid_gammas: list
     return out
 
 
+def _min_ms(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
+def min_costs(pair, spec: SpecConfig, batch: int, context: int, repeats: int) -> tuple[int, float, float]:
+    """(verify width, min-of-k ms of one target verify forward, min-of-k ms of one step's draft forwards).
+
+    The forwards the engine runs for ``spec`` at batch ``batch`` after a ``context``-token prefix:
+    a chain verifies 1 + gamma tokens causally and drafts one token per forward; a tree verifies
+    1 + nodes tokens under the tree mask and drafts each depth's nodes in one forward. The minimum
+    over ``repeats`` is the least disturbed timing a shared host gives.
+    """
+    target, draft = pair.target, pair.draft
+    gen = torch.Generator().manual_seed(0)
+    vocab = target.config.vocab_size
+    zero = torch.zeros(batch, dtype=torch.long)
+    base = torch.full((batch,), context, dtype=torch.long)
+    shape = spec.tree
+    width = 1 + (shape.n_nodes if shape is not None else spec.gamma)
+    kv = context + width + 2
+    caches = []
+    with torch.inference_mode():
+        for model in (target, draft):
+            cache = model.new_cache(batch, kv)
+            model(torch.randint(1, vocab, (batch, context), generator=gen), cache=cache, start=zero, kv_len=context)
+            caches.append(cache)
+        x = torch.randint(1, vocab, (batch, width), generator=gen)
+        if shape is None:
+            verify = _min_ms(lambda: target(x, cache=caches[0], start=base, kv_len=kv), repeats)
+            one = _min_ms(lambda: draft(x[:, :1], cache=caches[1], start=base, kv_len=kv), repeats) if spec.gamma else 0.0
+            return width, verify, one * spec.gamma
+        tree = shape.tensors("cpu")
+        verify = _min_ms(lambda: target(x, cache=caches[0], start=base, kv_len=kv,
+                                        attn=tree.attention(base, 0, width, kv)), repeats)
+        drafting = 0.0
+        for d in range(shape.depth):
+            first, n = shape.level_offsets[d], (1 if d == 0 else shape.level_sizes[d - 1])
+            drafting += _min_ms(lambda first=first, n=n: draft(
+                x[:, first:first + n], cache=caches[1], start=base + first, kv_len=kv,
+                attn=tree.attention(base, first, n, kv)), repeats)
+        return width, verify, drafting
+
+
 def main() -> None:
     p = _common.parser(__doc__.split("\n\n")[0], num_prompts=8, max_new_tokens=48)
     p.add_argument("--batch-sizes", type=_common.int_list, default=[1, 4], help="default 1,4")
@@ -75,6 +129,7 @@ def main() -> None:
     p.add_argument("--hybrid-gammas", type=_common.int_list, default=[4], help="hybrid drafter gammas (default 4)")
     p.add_argument("--modes", default="greedy,t1", help="greedy and/or t1 (default both)")
     p.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default 2)")
+    p.add_argument("--cost-repeats", type=int, default=15, help="timings per forward for the min-of-k costs (default 15)")
     args = p.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in TEMPERATURE for m in modes) or args.repeats < 1 or 0 in args.batch_sizes:
@@ -156,7 +211,37 @@ def main() -> None:
     _common.print_table("best tree vs best chain (by median x AR; ratios are medians over rounds of same-round "
                         "ratios, one invocation on a shared host)",
                         SUMMARY_HEADERS, srows)
-    _common.write_json(bench, {"cells": cells, "summary": summary})
+    # Least-disturbed step costs (min of --cost-repeats) and the throughput they imply with each
+    # configuration's measured mean accepted length: B x E / (draft + verify), no engine overhead.
+    costs, crows = [], []
+    context = max(len(r.prompt_ids) for r in requests) + args.max_new_tokens // 2
+    for b in args.batch_sizes:
+        for label, kind, spec, _ in cfgs[modes[0]]:
+            if kind == "hybrid":
+                continue
+            width, verify, drafting = min_costs(pair, spec, b, context, args.cost_repeats)
+            row = {"batch_size": b, "config": label, "verify_width": width, "verify_ms_min": verify,
+                   "draft_ms_per_step_min": drafting}
+            for mode in modes:
+                cell = next(c for c in cells if c["batch_size"] == b and c["mode"] == mode and c["config"] == label)
+                row[f"modelled_tokens_per_second_{mode}"] = 1e3 * b * cell["mean_acceptance_length"] / (verify + drafting)
+            costs.append(row)
+    for b in args.batch_sizes:
+        mine = [c for c in costs if c["batch_size"] == b]
+        for mode in modes:
+            key = f"modelled_tokens_per_second_{mode}"
+            chains = [c[key] for c in mine if c["config"].startswith("chain")]
+            for c in mine:
+                c[f"modelled_x_best_chain_{mode}"] = c[key] / max(chains) if chains else None
+        for c in mine:
+            crows.append((b, c["config"], c["verify_width"], c["verify_ms_min"], c["draft_ms_per_step_min"],
+                          *(x for m in modes for x in (c[f"modelled_tokens_per_second_{m}"],
+                                                       c[f"modelled_x_best_chain_{m}"]))))
+    _common.print_table(f"least-disturbed step costs (min of {args.cost_repeats}, context {context} tokens) and the "
+                        "throughput they imply with the measured mean accepted length",
+                        ["B", "config", "verify width", "verify ms (min)", "draft ms/step (min)",
+                         *(h for m in modes for h in (f"modelled tok/s {m}", f"x best chain {m}"))], crows)
+    _common.write_json(bench, {"cells": cells, "summary": summary, "min_costs": costs})
 
 
 if __name__ == "__main__":
