@@ -246,10 +246,11 @@ class HybridDrafter(Drafter):
     """Dynamic draft selection per row and step (after vLLM's ngram / draft-model split).
 
     A row whose last ``n`` tokens (``n_min <= n <= n_max``) reappear earlier in it takes the
-    n-gram continuation (free, exact for copied spans); every other row takes the draft model's
-    proposal, cut by the confidence threshold (possibly to nothing). When every row has an
-    n-gram proposal the draft model does not run at all; its cache catches up on the next step
-    that needs it (the model drafter feeds every token it has not seen).
+    n-gram continuation (no model forward; often right on copied spans); every other row takes
+    the draft model's proposal, cut by the confidence threshold (possibly to nothing). When every
+    row has an n-gram proposal the draft model does not run at all; its cache catches up on the
+    next step that needs it (the model drafter feeds every token it has not seen). The lookup
+    reads the rows on the host (as :class:`NgramDrafter` does): one sync per step of its own.
 
     The n-gram proposal is deterministic, so for sampled rows its draft distribution is one-hot
     (the deterministic-drafter rule of engine.sampling.accept), next to the model's q for the

@@ -12,12 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.drafters import NgramDrafter
+from engine.drafters import ModelDrafter, NgramDrafter
 from engine.errors import EngineInputError
 from engine.generate import generate
 from engine.loader import ModelPair
-from engine.sampling import process_logits
+from engine.sampling import BatchSampling, process_logits
 from engine.speculative import Request, SpecConfig, SpecEngine
+from engine.tree import TreeShape
 
 N_NEW = 20
 SHAPES = [(2,), (2, 2), (3, 2, 1), (1, 3, 1, 2), (4, 1, 1, 1, 1)]
@@ -96,6 +97,30 @@ def test_trees_accept_more_than_the_chain(pair, prompts, reference, make_request
 def test_top_k_one_everywhere_is_the_chain_path(pair, prompts, reference, make_requests):
     out = generate(pair, make_requests(prompts, N_NEW), tree_config((1, 1, 1)), "model", eos_ids=())
     assert out.engine.tree is None and out.tokens == reference
+
+
+def test_iid_children_are_separate_draws(model_factory):
+    """i.i.d. children of one node are independent draft samples (a flat draft: mostly distinct
+    tokens), not copies of one draw; top-k children are the draft's best tokens in order."""
+    flat = model_factory(seed=3, std=0.02)  # near-uniform logits
+    drafter = ModelDrafter(flat)
+    drafter.reset(8, 64)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.zeros(8, 64, dtype=torch.long)
+    tokens[:, :6] = torch.randint(1, 32, (8, 6), generator=gen)
+    drafter.prefill(0, tokens[:, :5], torch.full((8,), 5), 5)
+    length = torch.full((8,), 6)
+    tree = TreeShape((4, 2)).tensors("cpu")
+    sampling = BatchSampling(torch.ones(8))
+    nodes, probs = drafter.propose_tree(tokens, length, tree, sampling, torch.ones(8, dtype=torch.bool), 20, gen)
+    assert nodes.shape == (8, 1 + 4 + 8) and probs.shape == (8, 1 + 4, 32)
+    assert sum(len(set(row)) for row in nodes[:, 1:5].tolist()) > 8 * 3  # mostly distinct: separate draws
+    drafter.draft_len[:8] = 5
+    top, none = drafter.propose_tree(tokens, length, tree, sampling, None, 20, gen)
+    assert none is None
+    with torch.inference_mode():
+        best = flat(tokens[:, :6])[:, -1].topk(4).indices
+    assert torch.equal(top[:, 1:5], best)
 
 
 def test_a_tree_needs_the_model_drafter(target):
