@@ -16,6 +16,12 @@ are compacted away by moving the last row into their slot, so the hot loop reads
 A step costs one host sync (to learn how many tokens each row emitted and which finished).
 ``gamma = 0`` (or the ``none`` drafter) makes a step a plain autoregressive decode through the
 same code, so baseline and speculative runs share every line but the drafting.
+
+A token tree (``SpecConfig.tree_topk``, engine.tree) replaces only the draft and verify of a
+step (:meth:`SpecEngine._tree_draft_verify`): the draft model drafts the tree depth by depth, the
+target verifies every node of every row in one forward under the tree mask, the accepted path
+is compacted into place in both caches and handed back as a chain block, so emission, EOS and
+budget cuts, rollback and retirement are the chain's code. Chains never build a tree.
 """
 
 from __future__ import annotations
