@@ -86,7 +86,7 @@ def run_load(
     if spec.gamma == 0:
         drafter = "none"
     device = pair.target.lm_head.weight.device
-    max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + spec.max_row_gamma + 3
+    max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + spec.lookahead + 3
     eos = pair.target.config.eos_token_ids
     concurrency = load.concurrency if load.concurrency is not None or load.rate is not None else load.max_batch_size
 

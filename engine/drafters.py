@@ -5,7 +5,9 @@ One small interface, three implementations:
 - :class:`ModelDrafter`: a small draft model with its own KV cache (the classic pairing);
 - :class:`NgramDrafter`: prompt lookup, no model (vLLM's ``ngram`` method): find the latest
   earlier occurrence of the row's last n tokens and propose what followed it;
-- :class:`NoDrafter`: proposes nothing, so every step is a plain autoregressive decode.
+- :class:`NoDrafter`: proposes nothing, so every step is a plain autoregressive decode;
+- :class:`HybridDrafter`: per row and step, the n-gram proposal when the prompt-lookup match
+  is long enough, else the draft model's (which the confidence threshold may cut to nothing).
 
 Rows are packed in slots ``0..B-1``; the engine owns the token buffer and the per-row lengths
 and tells the drafter when rows are prefilled, committed or moved.
@@ -18,6 +20,7 @@ import torch
 from engine.errors import EngineInputError
 from engine.model import Transformer
 from engine.sampling import BatchSampling, sample
+from engine.tree import TreeTensors
 
 
 class Drafter:
@@ -26,6 +29,7 @@ class Drafter:
     name = "none"
     record_confidence = False  # keep per-position confidence even when no threshold needs it
     sync_free = False  # set by the engine: size work by bounds, never by reading device values
+    forwards = 0  # draft model forwards of the last ``propose``
 
     def reset(self, slots: int, max_seq_len: int) -> None:
         """(Re)allocate per-slot state for ``slots`` rows of up to ``max_seq_len`` tokens."""
@@ -58,8 +62,13 @@ class Drafter:
     def move(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
         """Slots ``src`` now live in slots ``dst`` (the engine compacts finished rows away)."""
 
+    def sources(self, batch: int) -> torch.Tensor | None:
+        """(B,) which source proposed each row in the last ``propose`` (:data:`SOURCES`), or None."""
+        return None
+
 
 NoDrafter = Drafter
+SOURCES = ("none", "ngram", "model")  # per-row draft sources a drafter may report (HybridDrafter)
 
 
 # Tokens a row can hold that the draft model has not been fed yet. After prefill it is 1 (the
@@ -145,11 +154,69 @@ class ModelDrafter(Drafter):
             start = start + last + 1
             inp, last = tok[:, None], torch.zeros_like(last)
         self._fed[:b] = dlen + n_pending + iters - 1  # positions written with valid inputs
+        self.forwards = iters
         probs_t = torch.stack(out_probs, 1) if out_probs else None  # (B, iters, V)
         return out_tokens[:, :iters], probs_t, n_proposed
 
     def confidence(self, batch: int, width: int) -> torch.Tensor:
         return torch.stack(self._conf, 1)[:batch, :width]
+
+    def propose_tree(
+        self,
+        tokens: torch.Tensor,  # (B, S) the engine's token buffer
+        length: torch.Tensor,  # (B,)
+        tree: TreeTensors,
+        sampling: BatchSampling,
+        iid: torch.Tensor | None,  # (B,) bool rows whose children are i.i.d. draft samples; None: all top-k
+        kv_len: int,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft a token tree depth by depth: one draft forward per depth over all its nodes.
+
+        Returns node tokens (B, N+1) in the tree's breadth-first order (node 0 = the pending
+        token) and, when some row samples its children i.i.d., the draft's distribution at every
+        internal node (B, n_internal, V). Top-k children come from the raw logits: the order
+        temperature, top-k and top-p keep (and greedy rows need). Depth d's nodes sit in the draft
+        cache at slots ``length - 1 + node`` and see the prefix and their ancestors (tree mask);
+        :meth:`commit_tree` compacts the accepted path.
+        """
+        b = tokens.shape[0]
+        device = tokens.device
+        dlen = self.draft_len[:b]
+        n_pending = length - dlen  # (B,) 1..PENDING_MAX
+        width = PENDING_MAX if self.sync_free else int(n_pending.max())
+        idx = (dlen[:, None] + torch.arange(width, device=device)[None, :]).clamp(max=tokens.shape[1] - 1)
+        logits = self.model.decode(tokens.gather(1, idx), self.cache, dlen, kv_len)
+        logits = logits.gather(1, (n_pending - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))  # (B, 1, V) root
+        base = length - 1
+        shape = tree.shape
+        nodes = [tokens.gather(1, base[:, None])]  # (B, 1) root
+        node_probs = []
+        for d, k in enumerate(shape.topk):
+            n_d = logits.shape[1]
+            kids = logits.topk(k, -1).indices  # (B, n_d, k) best first
+            if iid is not None:
+                probs = sampling.probs(logits)  # (B, n_d, V)
+                node_probs.append(probs)
+                drawn = sample(probs[:, :, None, :].expand(-1, -1, k, -1), generator)  # (B, n_d, k)
+                kids = torch.where(iid[:, None, None], drawn, kids)
+            level = kids.reshape(b, n_d * k)
+            nodes.append(level)
+            if d + 1 < shape.depth:
+                first = shape.level_offsets[d + 1]
+                attn = tree.attention(base, first, level.shape[1], kv_len)
+                logits = self.model(level, cache=self.cache, start=base + first, kv_len=kv_len, slot0=0, attn=attn)
+        self._tree_base = base
+        return torch.cat(nodes, 1), (torch.cat(node_probs, 1) if node_probs else None)
+
+    def commit_tree(self, path: torch.Tensor, n_accepted: torch.Tensor) -> None:
+        """Move the accepted path's draft entries (depths 1..gamma-1; leaves were never fed) to their depths."""
+        b, depth = path.shape[0], path.shape[1] - 1
+        base = self._tree_base
+        if depth > 1:
+            js = torch.arange(1, depth, device=path.device)[None, :]
+            self.cache.compact(0, base[:, None] + path[:, 1:depth], base[:, None] + js)
+        self._fed[:b] = base + 1 + n_accepted.clamp(max=depth - 1)
 
     def commit(self, new_length: torch.Tensor) -> None:
         b = new_length.shape[0]
@@ -191,3 +258,85 @@ class NgramDrafter(Drafter):
             out[row, : cont.numel()] = cont
             n_proposed[row] = cont.numel()
         return out, None, n_proposed
+
+
+class HybridDrafter(Drafter):
+    """Dynamic draft selection per row and step (after vLLM's ngram / draft-model split).
+
+    A row whose last ``n`` tokens (``n_min <= n <= n_max``) reappear earlier in it takes the
+    n-gram continuation (no model forward; often right on copied spans); every other row takes
+    the draft model's proposal, cut by the confidence threshold (possibly to nothing). When every
+    row has an n-gram proposal the draft model does not run at all; its cache catches up on the
+    next step that needs it (the model drafter feeds every token it has not seen). The lookup
+    reads the rows on the host (as :class:`NgramDrafter` does): one sync per step of its own.
+
+    The n-gram proposal is deterministic, so for sampled rows its draft distribution is one-hot
+    (the deterministic-drafter rule of engine.sampling.accept), next to the model's q for the
+    others. :meth:`sources` tells the engine which source served each row (engine.metrics
+    splits usage and acceptance by source).
+    """
+
+    name = "hybrid"
+
+    def __init__(self, model: Transformer, n_min: int = 2, n_max: int = 4) -> None:
+        self.model = ModelDrafter(model)
+        self.ngram = NgramDrafter(n_min, n_max)
+        self._source: torch.Tensor | None = None
+        self._ran_model = False
+
+    @property
+    def record_confidence(self) -> bool:  # type: ignore[override]
+        return self.model.record_confidence
+
+    @record_confidence.setter
+    def record_confidence(self, value: bool) -> None:
+        self.model.record_confidence = value
+
+    def reset(self, slots: int, max_seq_len: int) -> None:
+        self.model.reset(slots, max_seq_len)
+
+    def prefill(self, slot0, prompts, prompt_lens, kv_len) -> None:
+        self.model.prefill(slot0, prompts, prompt_lens, kv_len)
+
+    def propose(self, tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator):
+        b = tokens.shape[0]
+        device = tokens.device
+        ng_tokens, _, ng_prop = self.ngram.propose(tokens, length, gammas, gamma_max, threshold, sampling, kv_len,
+                                                   generator)  # (B, G), (B,)
+        use_ng = ng_prop > 0  # (B,)
+        self._ran_model = not bool(use_ng.all())  # the n-gram lookup synced already
+        if not self._ran_model:
+            self.model._fed[:b] = self.model.draft_len[:b]  # nothing new fed: commit keeps the draft's length
+            self.forwards = 0
+            self._source = torch.full((b,), SOURCES.index("ngram"), dtype=torch.long, device=device)
+            return ng_tokens, None, ng_prop
+        m_tokens, m_probs, m_prop = self.model.propose(tokens, length, gammas, gamma_max, threshold, sampling,
+                                                       kv_len, generator)
+        self.forwards = self.model.forwards
+        pad = gamma_max - m_tokens.shape[1]  # the model may stop early (threshold); n-gram rows keep gamma
+        m_tokens = torch.nn.functional.pad(m_tokens, (0, pad))
+        out = torch.where(use_ng[:, None], ng_tokens, m_tokens)  # (B, G)
+        n_prop = torch.where(use_ng, ng_prop, m_prop)
+        probs = m_probs
+        if m_probs is not None:  # one-hot q for the n-gram rows
+            m_probs = torch.nn.functional.pad(m_probs, (0, 0, 0, pad))
+            one_hot = torch.zeros_like(m_probs).scatter_(-1, ng_tokens[..., None], 1.0)
+            probs = torch.where(use_ng[:, None, None], one_hot, m_probs)
+        # The model fed its own drafts for the n-gram rows: only their pending tokens are valid.
+        self.model._fed[:b] = torch.where(use_ng, length, self.model._fed[:b])
+        self._source = torch.where(use_ng, 1, torch.where(m_prop > 0, 2, 0))  # SOURCES indices
+        return out, probs, n_prop
+
+    def sources(self, batch: int) -> torch.Tensor | None:
+        return None if self._source is None else self._source[:batch]
+
+    def confidence(self, batch: int, width: int) -> torch.Tensor:
+        if not self._ran_model:
+            return torch.ones(batch, width)
+        return self.model.confidence(batch, width)
+
+    def commit(self, new_length: torch.Tensor) -> None:
+        self.model.commit(new_length)
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        self.model.move(src, dst, length)

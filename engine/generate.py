@@ -11,21 +11,24 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from engine.errors import EngineInputError
 from engine.loader import ModelPair
 from engine.scheduler import LoadGenerator, Scheduler
 from engine.speculative import Request, SpecConfig, SpecEngine
 
-DRAFTERS = ("model", "ngram", "none")
+DRAFTERS = ("model", "ngram", "hybrid", "none")
 
 
 def make_drafter(kind: str, pair: ModelPair, ngram_min: int = 2, ngram_max: int = 4) -> Drafter:
-    """Build the drafter named ``kind`` ("model", "ngram" or "none") for ``pair``."""
-    if kind == "model":
+    """Build the drafter named ``kind`` ("model", "ngram", "hybrid" or "none") for ``pair``.
+
+    ``hybrid`` uses the n-gram proposal when the prompt-lookup match is at least ``ngram_min``
+    tokens long, else the draft model (engine.drafters.HybridDrafter)."""
+    if kind in ("model", "hybrid"):
         if pair.draft is None:
-            raise EngineInputError("drafter 'model' needs a draft model folder")
-        return ModelDrafter(pair.draft)
+            raise EngineInputError(f"drafter {kind!r} needs a draft model folder")
+        return ModelDrafter(pair.draft) if kind == "model" else HybridDrafter(pair.draft, ngram_min, ngram_max)
     if kind == "ngram":
         return NgramDrafter(ngram_min, ngram_max)
     if kind == "none":
@@ -67,7 +70,7 @@ def generate(
     device = pair.target.lm_head.weight.device
     generator = torch.Generator(device=device).manual_seed(seed)
     slots = min(max_batch_size or len(requests), len(requests))
-    max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + config.max_row_gamma + 3
+    max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + config.lookahead + 3
     eos = pair.target.config.eos_token_ids if eos_ids is None else eos_ids
     engine = SpecEngine(pair.target, drafter_obj, config, slots, max_seq_len, eos, generator)
     load = LoadGenerator(list(requests), len(requests), concurrency=slots)

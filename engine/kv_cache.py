@@ -44,6 +44,16 @@ class KVCache:
         rows = slice(slot0, slot0 + batch)
         return self.k[layer][rows, :, :length], self.v[layer][rows, :, :length]
 
+    def compact(self, slot0: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Row b of slots slot0.. copies positions ``src[b]`` to ``dst[b]`` (both (B, G)), all layers.
+
+        Token trees commit the accepted path this way (engine.tree): each node's entry moves from
+        its tree slot to its depth. The sources are gathered before any write, so overlap is safe.
+        """
+        rows = torch.arange(slot0, slot0 + src.shape[0], device=src.device)[:, None]  # (B, 1)
+        for buf in (*self.k, *self.v):
+            buf[rows, :, dst] = buf[rows, :, src]  # (B, G, n_kv, hd)
+
     def move(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
         """Copy slots ``src``'s first ``length`` positions into slots ``dst`` (row compaction)."""
         for buf in (*self.k, *self.v):

@@ -13,6 +13,10 @@ Two entry points share one code path:
   T new tokens sit at positions ``start[b] .. start[b]+T-1`` (ragged rows are right-padded;
   the padding writes cache entries past the row's length, which causality hides and the
   next step overwrites). ``kv_len`` is any upper bound on ``start + T`` over the batch.
+- the same with ``attn=ExplicitAttention(...)`` (token trees, engine.tree): the T tokens are
+  still written at cache slots ``start .. start+T-1``, but RoPE uses ``attn.positions`` and
+  attention uses ``attn.visible`` instead of causality (sliding windows apply to the
+  RoPE positions of queries and keys).
 
 References: Touvron et al. 2023 (Llama); Su et al. 2021 (RoPE); Ainslie et al. 2023 (GQA).
 """
@@ -23,6 +27,7 @@ import itertools
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +40,14 @@ ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # config.json hidden
     "silu": F.silu, "swish": F.silu, "gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh"),
     "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu,
 }
+
+
+class ExplicitAttention(NamedTuple):
+    """An explicit attention pattern for a cached forward (token trees: engine.tree)."""
+
+    positions: torch.Tensor  # (B, T) RoPE position of each query
+    key_positions: torch.Tensor  # (B, L) RoPE position of each cache slot
+    visible: torch.Tensor  # (B, T, L) bool: query t sees cache slot j
 
 
 class RMSNorm(nn.Module):
@@ -258,15 +271,20 @@ class Transformer(nn.Module):
         start: torch.Tensor | None = None,  # (B,) int64: each row's first new position
         kv_len: int = 0,
         slot0: int = 0,
+        attn: ExplicitAttention | None = None,
     ) -> torch.Tensor:  # (B, T, V) logits
         b, t = tokens.shape
         offs = torch.arange(t, device=tokens.device)
-        positions = offs[None, :].expand(b, t) if cache is None else start[:, None] + offs[None, :]  # (B, T)
-        freqs = positions[..., None].float() * self.inv_freq  # (B, T, hd/2)
+        positions = offs[None, :].expand(b, t) if cache is None else start[:, None] + offs[None, :]  # (B, T) slots
+        rope_pos = positions if attn is None else attn.positions
+        freqs = rope_pos[..., None].float() * self.inv_freq  # (B, T, hd/2)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
         x = self.model.embed_tokens(tokens)  # (B, T, C)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        masks = self._masks(positions, t if cache is None else kv_len, cache is not None)
+        if attn is None:
+            masks = self._masks(positions, t if cache is None else kv_len, cache is not None)
+        else:
+            masks = self._explicit_masks(attn)
         for layer in self.model.layers:
             x = layer(x, cos, sin, cache, positions, kv_len, slot0, masks)
         return self.lm_head(self.model.norm(x))
@@ -281,3 +299,11 @@ class Transformer(nn.Module):
         causal = key_pos <= positions[:, :, None]  # (B, T, L)
         sliding = causal & (key_pos > positions[:, :, None] - window) if window is not None else None
         return (causal[:, None] if cached else None), (sliding[:, None] if sliding is not None else None)
+
+    def _explicit_masks(self, attn: ExplicitAttention) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(full, sliding) masks (B, 1, T, L) of an explicit pattern; the window uses RoPE positions."""
+        visible = attn.visible
+        if not self.config.sliding_layers:
+            return visible[:, None], None
+        near = attn.key_positions[:, None, :] > attn.positions[:, :, None] - self.config.sliding_window
+        return visible[:, None], (visible & near)[:, None]

@@ -23,6 +23,12 @@ width, and stopping the draft loop once a confidence threshold has stopped every
 n-gram drafter is host code by nature (like vLLM's): it reads the rows it matches.
 ``gamma = 0`` (or the ``none`` drafter) makes a step a plain autoregressive decode through the
 same code, so baseline and speculative runs share every line but the drafting.
+
+A token tree (``SpecConfig.tree_topk``, engine.tree) replaces only the draft and verify of a
+step (:meth:`SpecEngine._tree_draft_verify`): the draft model drafts the tree depth by depth, the
+target verifies every node of every row in one forward under the tree mask, the accepted path
+is compacted into place in both caches and handed back as a chain block, so emission, EOS and
+budget cuts, rollback and retirement are the chain's code. Chains never build a tree.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from engine.errors import EngineInputError
 from engine.metrics import SpecStats
 from engine.model import Transformer
 from engine.sampling import BatchSampling, accept, sample
+from engine.tree import TREE_SAMPLING, TreeShape, tree_accept
 
 GAMMA_POLICIES = ("constant", "heuristic")  # SpecConfig.gamma_schedule: how each row sets its gamma
 
@@ -52,14 +59,37 @@ class SpecConfig:
 
     ``gamma_schedule="heuristic"`` adapts gamma per row like transformers' assisted generation:
     +2 after a fully accepted block, -1 otherwise (never below 1, never above ``max_gamma``).
+
+    ``tree_topk`` (one top-k per depth, ``len == gamma``) drafts a token tree instead of a chain
+    (engine.tree); all ones, or empty, is the chain. ``tree_sampling`` says how sampled rows pick
+    a node's children: k i.i.d. draft samples ("iid", accepted with min(1, p/q) against the
+    residual) or the draft's top-k ("topk", deterministic, accepted with the residual's p); greedy
+    rows always take the top-k. "iid" is the default: on the demo pair at T=1 the top-k rule
+    accepts about half as many tokens (benchmarks/results/trees.txt).
     """
 
     gamma: int = 4
     confidence_threshold: float = 0.0
     gamma_schedule: str = "constant"
     max_gamma: int = 16
+    tree_topk: tuple[int, ...] = ()
+    tree_sampling: str = "iid"
+
+    @property
+    def tree(self) -> TreeShape | None:
+        """The tree shape, or None for a chain (chains keep the chain code path)."""
+        if not self.tree_topk or self.gamma == 0 or all(k == 1 for k in self.tree_topk):
+            return None
+        return TreeShape(self.tree_topk)
+
+    @property
+    def lookahead(self) -> int:
+        """Cache slots a step may write past a row's length: the chain's gamma or the tree's nodes."""
+        tree = self.tree
+        return tree.n_nodes if tree is not None else self.max_row_gamma
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tree_topk", tuple(self.tree_topk))
         if self.gamma < 0:
             raise EngineInputError(f"gamma: must be >= 0 (got {self.gamma})")
         if not 0.0 <= self.confidence_threshold <= 1.0:
@@ -69,6 +99,23 @@ class SpecConfig:
         if self.gamma_schedule == "heuristic" and self.gamma > self.max_gamma:
             raise EngineInputError(f"gamma: must be <= max_gamma for the heuristic schedule "
                                    f"(got {self.gamma} > {self.max_gamma})")
+        self._check_tree()
+
+    def _check_tree(self) -> None:
+        if self.tree_sampling not in TREE_SAMPLING:
+            raise EngineInputError(f"tree_sampling: must be one of {TREE_SAMPLING} (got {self.tree_sampling!r})")
+        if not self.tree_topk:
+            return
+        TreeShape(self.tree_topk)  # entries and size
+        if len(self.tree_topk) != self.gamma:
+            raise EngineInputError(f"tree_topk: needs one top-k per depth, gamma = {self.gamma} "
+                                   f"(got {list(self.tree_topk)})")
+        if self.tree is None:
+            return
+        if self.confidence_threshold > 0:
+            raise EngineInputError(f"confidence_threshold: must be 0 with a tree (got {self.confidence_threshold})")
+        if self.gamma_schedule != "constant":
+            raise EngineInputError(f"gamma_schedule: must be 'constant' with a tree (got {self.gamma_schedule!r})")
 
     @property
     def max_row_gamma(self) -> int:
@@ -137,6 +184,11 @@ class SpecEngine:
         self.generator = generator
         self.max_row_gamma = config.max_row_gamma
         self.speculate = config.gamma > 0 and drafter.name != "none"
+        self.lookahead = config.lookahead
+        shape = config.tree if self.speculate else None
+        if shape is not None and not hasattr(drafter, "propose_tree"):
+            raise EngineInputError(f"tree_topk: a tree needs the 'model' drafter (got {drafter.name!r})")
+        self.tree = shape.tensors(target.lm_head.weight.device) if shape is not None else None
         dev, s = self.device, max_batch_size
         self.cache = target.new_cache(s, max_seq_len)
         drafter.reset(s, max_seq_len)
@@ -182,7 +234,7 @@ class SpecEngine:
         lens = [len(r.prompt_ids) for r in requests]
         for r in requests:
             r.validate()
-            if not r.prompt_ids or len(r.prompt_ids) + r.max_new_tokens + self.max_row_gamma + 2 > self.max_seq_len:
+            if not r.prompt_ids or len(r.prompt_ids) + r.max_new_tokens + self.lookahead + 2 > self.max_seq_len:
                 raise ValueError(f"request {r.id}: prompt of {len(r.prompt_ids)} tokens + {r.max_new_tokens} new "
                                  f"tokens does not fit max_seq_len {self.max_seq_len}")
         width = max(lens)
@@ -258,24 +310,29 @@ class SpecEngine:
         length = self.length[rows]
         sampling = self._sampling(rows)
         gmax = max(self._host_gamma[:b]) if self.speculate else 0
-        kv_len = min(max(self._host_len[:b]) + gmax + 2, self.max_seq_len)
+        width = self.tree.depths.shape[0] - 1 if self.tree is not None else gmax  # slots written past length
+        kv_len = min(max(self._host_len[:b]) + width + 2, self.max_seq_len)
         t0 = self._mark()
-        if gmax > 0:
-            drafts, draft_probs, n_prop = self.drafter.propose(
-                self.tokens[rows], length, self.gamma[rows], gmax, self.config.confidence_threshold,
-                sampling, kv_len, self.generator,
-            )
-            self.stats.draft_forwards += drafts.shape[1] if self.drafter.name == "model" else 0
+        if self.tree is not None:
+            drafts, n_acc, nxt, n_prop, t1 = self._tree_draft_verify(rows, length, sampling, kv_len)
+            g = drafts.shape[1]
         else:
-            drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
-            draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
-        t1 = self._mark()
-        g = drafts.shape[1]
-        pending = self.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
-        verify_in = torch.cat([pending, drafts], 1)  # (B, 1 + G)
-        logits = self.target.decode(verify_in, self.cache, length - 1, kv_len)
-        target_probs = sampling.probs(logits)  # (B, 1 + G, V)
-        n_acc, nxt = accept(drafts, draft_probs, target_probs, n_prop, self.generator)
+            if gmax > 0:
+                drafts, draft_probs, n_prop = self.drafter.propose(
+                    self.tokens[rows], length, self.gamma[rows], gmax, self.config.confidence_threshold,
+                    sampling, kv_len, self.generator,
+                )
+                self.stats.draft_forwards += self.drafter.forwards
+            else:
+                drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
+                draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
+            t1 = self._mark()
+            g = drafts.shape[1]
+            pending = self.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
+            verify_in = torch.cat([pending, drafts], 1)  # (B, 1 + G)
+            logits = self.target.decode(verify_in, self.cache, length - 1, kv_len)
+            target_probs = sampling.probs(logits)  # (B, 1 + G, V)
+            n_acc, nxt = accept(drafts, draft_probs, target_probs, n_prop, self.generator)
         # Emitted block: accepted drafts, then the recovered/bonus token; cut at EOS and budget.
         offs = torch.arange(g + 1, device=self.device)[None, :]  # (1, G+1)
         block = torch.cat([drafts, nxt[:, None]], 1)  # (B, G+1)
@@ -299,19 +356,49 @@ class SpecEngine:
                 full = (n_acc == n_prop) & (n_prop > 0)
                 self.gamma[rows] = torch.where(full, self.gamma[rows] + 2, self.gamma[rows] - 1).clamp(1, self.max_row_gamma)
         self.stats.record(n_prop, n_acc, n_emit)
-        if self.trace is not None and g > 0:  # per row: tokens accepted, draft confidence per position
+        if self.speculate and (source := self.drafter.sources(b)) is not None:
+            self.stats.record_sources(source, n_prop, n_acc)
+        if self.trace is not None and g > 0 and self.tree is None:  # per row: tokens accepted, draft confidence per position
             self.trace.append((n_acc, self.drafter.confidence(b, g)))
         t2 = self._mark()
         host = torch.stack([n_emit, new_len, self.gamma[rows], self.finished[rows].long()]).tolist()  # the one sync
         self.stats.draft_time_s += self._seconds(t0, t1)
         self.stats.verify_time_s += self._seconds(t1, t2)
         self.stats.verify_steps += 1
-        self.stats.verify_slots += b * (g + 1)
+        self.stats.verify_slots += b * ((width if self.tree is not None else g) + 1)
         self.stats.batch_rows += b
         self._host_len[:b] = host[1]
         self._host_gamma[:b] = host[2]
         self._host_finished[:b] = [bool(f) for f in host[3]]
         return host[0]
+
+    def _tree_draft_verify(self, rows: slice, length: torch.Tensor, sampling: BatchSampling, kv_len: int):
+        """Draft the tree, verify every node of every row in one target forward, accept a path.
+
+        Returns the accepted path as a chain block (drafts (B, gamma): the path's tokens, valid up
+        to n_accepted), n_accepted (B,), the next token (B,), n_proposed (B,) (= gamma) and the
+        clock at the end of drafting. The path's target and draft cache entries are compacted to
+        their depths, so the rest of the step (and rollback) is the chain's.
+        """
+        tree, b = self.tree, length.shape[0]
+        iid = None
+        if self.config.tree_sampling == "iid" and not sampling.all_greedy:
+            iid = sampling.temperature > 0
+        nodes, node_probs = self.drafter.propose_tree(self.tokens[rows], length, tree, sampling, iid, kv_len,
+                                                      self.generator)  # (B, N+1), (B, n_internal, V) | None
+        self.stats.draft_forwards += tree.shape.depth
+        t1 = self._mark()
+        base = length - 1
+        attn = tree.attention(base, 0, nodes.shape[1], kv_len)
+        logits = self.target(nodes, cache=self.cache, start=base, kv_len=kv_len, slot0=0, attn=attn)
+        target_probs = sampling.probs(logits)  # (B, N+1, V)
+        n_acc, path, nxt = tree_accept(tree, nodes, target_probs, node_probs, iid, self.generator)
+        g = tree.shape.depth
+        depth = torch.arange(1, g + 1, device=self.device)[None, :]  # (1, G)
+        self.cache.compact(0, base[:, None] + path[:, 1:], base[:, None] + depth)
+        self.drafter.commit_tree(path, n_acc)
+        n_prop = torch.full((b,), g, dtype=torch.long, device=self.device)
+        return nodes.gather(1, path[:, 1:]), n_acc, nxt, n_prop, t1
 
     # ------------------------------------------------------------------ retirement
 

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from engine.drafters import ModelDrafter, NgramDrafter
+from engine.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from engine.speculative import Request, SpecConfig, SpecEngine
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -36,10 +36,13 @@ def check_caches(engine: SpecEngine, target, drafter) -> None:
     for row in range(engine.n):
         committed = int(engine.length[row]) - 1  # the pending token is not in the target cache yet
         assert_cache_matches_prefill(target, engine.cache, engine.tokens, row, committed, "target")
-        if isinstance(drafter, ModelDrafter) and engine.speculate:
-            dlen = int(drafter.draft_len[row])
-            assert committed - 1 <= dlen <= committed  # at most the bonus token is left to feed
-            assert_cache_matches_prefill(drafter.model, drafter.cache, engine.tokens, row, dlen, "draft")
+        model_drafter = drafter.model if isinstance(drafter, HybridDrafter) else drafter
+        if isinstance(model_drafter, ModelDrafter) and engine.speculate:
+            dlen = int(model_drafter.draft_len[row])
+            if not isinstance(drafter, HybridDrafter):  # the hybrid's model may skip steps (n-gram rows)
+                assert committed - 1 <= dlen <= committed  # at most the bonus token is left to feed
+            assert dlen <= committed
+            assert_cache_matches_prefill(model_drafter.model, model_drafter.cache, engine.tokens, row, dlen, "draft")
 
 
 def random_requests(rng: random.Random, n: int) -> list[Request]:
@@ -56,15 +59,22 @@ CONFIGS = {
     "constant-6": SpecConfig(gamma=6),
     "heuristic": SpecConfig(gamma=2, gamma_schedule="heuristic", max_gamma=6),
     "heuristic+threshold": SpecConfig(gamma=3, gamma_schedule="heuristic", max_gamma=6, confidence_threshold=0.15),
+    "tree-3-2-1": SpecConfig(gamma=3, tree_topk=(3, 2, 1)),  # token trees: the accepted path compacted in place
+    "tree-2-1-2-1-topk": SpecConfig(gamma=4, tree_topk=(2, 1, 2, 1), tree_sampling="topk"),
 }
 
 
-@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram", "hybrid"])
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 def test_caches_equal_fresh_prefill_after_random_steps(target, draft, drafter_kind, config_name):
     config = CONFIGS[config_name]
+    if config.tree is not None and drafter_kind != "model":
+        pytest.skip("trees need the model drafter (refused otherwise)")
+    if drafter_kind == "hybrid" and config_name not in ("constant-3", "heuristic+threshold"):
+        pytest.skip("the hybrid drafter's cache handling is covered by two configurations")
     rng = random.Random(10 * list(CONFIGS).index(config_name) + len(drafter_kind))
-    drafter = ModelDrafter(draft) if drafter_kind == "model" else NgramDrafter(1, 3)
+    drafter = {"model": ModelDrafter(draft), "ngram": NgramDrafter(1, 3), "hybrid": HybridDrafter(draft, 1, 3)}[
+        drafter_kind]
     gen = torch.Generator().manual_seed(7)
     engine = SpecEngine(target, drafter, config, 4, 48, eos_ids=(5,), generator=gen)
     waiting = random_requests(rng, 12)

@@ -1,0 +1,248 @@
+"""Token trees vs chains vs autoregressive decoding on the demo pair (held-out prompts).
+
+For each batch size B (closed loop: concurrency = max_batch_size = B) and mode (greedy,
+temperature 1), every configuration runs the same requests through ``autotune.runner.run_load``:
+AR (gamma 0), chains (draft model, gamma in ``--gammas``) and trees (``--trees``: top-k per
+depth, depth = gamma; greedy rows take the draft's top-k children, sampled rows k i.i.d. draft
+samples, and at T=1 each tree also runs with top-k children, labelled "topk") and the hybrid
+drafter (n-gram when the prompt lookup matches, else the draft model; ``--hybrid-gammas``). All configurations are interleaved in
+one invocation: ``--repeats`` rounds, each round running every (B, mode, configuration) once
+in a rotated order, so slow phases of a shared host hit every configuration alike. Reported
+per configuration (medians over rounds):
+
+    mean accepted length   tokens per row per verify step (1 + accepted drafts)
+    verify ms              one target pass over B x (nodes + 1) tokens
+    draft ms / step        draft forwards per step x one draft forward
+    tokens/s               generated tokens / wall time of the run
+    x AR                   median over rounds of tokens/s / the same round's AR tokens/s
+
+then, per (B, mode), the best chain, tree and hybrid by median x AR, and the tree / chain ratio
+(median over rounds of the same round's tokens/s ratio). Last, the least-disturbed cost of each
+configuration's forwards (min over ``--cost-repeats`` timings of one verify forward and of one
+step's draft forwards, on a random context) and the throughput they imply with the measured
+mean accepted length, B x E / (draft + verify): a noise-robust view that leaves out the engine's
+own per-step work.
+Ratios come from runs of one invocation on one (noisy, shared) host; read them as such.
+
+Example:
+    python benchmarks/trees.py                                         # ~10 min on 2 cores
+    python benchmarks/trees.py --num-prompts 4 --max-new-tokens 32 --repeats 1 --trees "2,2,1;3,1,1"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import _common
+import torch
+
+from autotune.runner import LoadSpec, run_load
+from engine.errors import EngineInputError
+from engine.speculative import SpecConfig
+
+NAME = "trees"
+TEMPERATURE = {"greedy": 0.0, "t1": 1.0}
+DEFAULT_TREES = "2,1,1,1;2,2,1,1;2,1,1,1,1;2,2,1,1,1;3,2,1,1,1"
+HEADERS = ["B", "mode", "config", "nodes", "mean accepted length", "verify ms", "draft ms/step", "tokens/s",
+           "x AR", "greedy_match"]
+SUMMARY_HEADERS = ["B", "mode", "AR tok/s", "best chain", "chain tok/s", "best tree", "tree tok/s",
+                   "tree / chain (paired)", "chain x AR", "tree x AR", "hybrid x AR"]
+
+
+def tree_list(text: str) -> list[tuple[int, ...]]:
+    """``"2,2,1;3,1"`` -> ``[(2, 2, 1), (3, 1)]`` (an argparse type)."""
+    return [tuple(_common.int_list(part)) for part in text.split(";") if part.strip()]
+
+
+def configs(gammas: list[int], trees: list[tuple[int, ...]], hybrid_gammas: list[int],
+            mode: str) -> list[tuple[str, str, SpecConfig, str]]:
+    """(label, kind, config, drafter) for AR, every chain, every tree and the hybrid drafter; at T=1
+    each tree twice: i.i.d. sampled children (the default) and top-k children ("topk")."""
+    out = [("AR", "ar", SpecConfig(gamma=0), "none")]
+    out += [(f"chain g={g}", "chain", SpecConfig(gamma=g), "model") for g in gammas]
+    for shape in trees:
+        name = f"tree {'-'.join(map(str, shape))}"
+        out.append((name, "tree", SpecConfig(gamma=len(shape), tree_topk=shape), "model"))
+        if mode != "greedy":
+            out.append((f"{name} topk", "tree", SpecConfig(gamma=len(shape), tree_topk=shape, tree_sampling="topk"),
+                        "model"))
+    out += [(f"hybrid g={g}", "hybrid", SpecConfig(gamma=g), "hybrid") for g in hybrid_gammas]
+    return out
+
+
+def _min_ms(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
+def min_costs(pair, spec: SpecConfig, batch: int, context: int, repeats: int) -> tuple[int, float, float]:
+    """(verify width, min-of-k ms of one target verify forward, min-of-k ms of one step's draft forwards).
+
+    The forwards the engine runs for ``spec`` at batch ``batch`` after a ``context``-token prefix:
+    a chain verifies 1 + gamma tokens causally and drafts one token per forward; a tree verifies
+    1 + nodes tokens under the tree mask and drafts each depth's nodes in one forward. The minimum
+    over ``repeats`` is the least disturbed timing a shared host gives.
+    """
+    target, draft = pair.target, pair.draft
+    gen = torch.Generator().manual_seed(0)
+    vocab = target.config.vocab_size
+    zero = torch.zeros(batch, dtype=torch.long)
+    base = torch.full((batch,), context, dtype=torch.long)
+    shape = spec.tree
+    width = 1 + (shape.n_nodes if shape is not None else spec.gamma)
+    kv = context + width + 2
+    caches = []
+    with torch.inference_mode():
+        for model in (target, draft):
+            cache = model.new_cache(batch, kv)
+            model(torch.randint(1, vocab, (batch, context), generator=gen), cache=cache, start=zero, kv_len=context)
+            caches.append(cache)
+        x = torch.randint(1, vocab, (batch, width), generator=gen)
+        if shape is None:
+            verify = _min_ms(lambda: target(x, cache=caches[0], start=base, kv_len=kv), repeats)
+            one = _min_ms(lambda: draft(x[:, :1], cache=caches[1], start=base, kv_len=kv), repeats) if spec.gamma else 0.0
+            return width, verify, one * spec.gamma
+        tree = shape.tensors("cpu")
+        verify = _min_ms(lambda: target(x, cache=caches[0], start=base, kv_len=kv,
+                                        attn=tree.attention(base, 0, width, kv)), repeats)
+        drafting = 0.0
+        for d in range(shape.depth):
+            first, n = shape.level_offsets[d], (1 if d == 0 else shape.level_sizes[d - 1])
+            drafting += _min_ms(lambda first=first, n=n: draft(
+                x[:, first:first + n], cache=caches[1], start=base + first, kv_len=kv,
+                attn=tree.attention(base, first, n, kv)), repeats)
+        return width, verify, drafting
+
+
+def main() -> None:
+    p = _common.parser(__doc__.split("\n\n")[0], num_prompts=8, max_new_tokens=48)
+    p.add_argument("--batch-sizes", type=_common.int_list, default=[1, 4], help="default 1,4")
+    p.add_argument("--gammas", type=_common.int_list, default=[2, 3, 4, 5, 6], help="chain gammas (default 2..6)")
+    p.add_argument("--trees", type=tree_list, default=tree_list(DEFAULT_TREES),
+                   help=f'tree shapes, top-k per depth, ";"-separated (default "{DEFAULT_TREES}")')
+    p.add_argument("--hybrid-gammas", type=_common.int_list, default=[4], help="hybrid drafter gammas (default 4)")
+    p.add_argument("--modes", default="greedy,t1", help="greedy and/or t1 (default both)")
+    p.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default 2)")
+    p.add_argument("--cost-repeats", type=int, default=15, help="timings per forward for the min-of-k costs (default 15)")
+    args = p.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in TEMPERATURE for m in modes) or args.repeats < 1 or 0 in args.batch_sizes:
+        _common.fail("--modes takes greedy and/or t1; --repeats and --batch-sizes must be >= 1")
+    try:
+        cfgs = {mode: configs(args.gammas, args.trees, args.hybrid_gammas, mode) for mode in modes}
+    except EngineInputError as exc:
+        _common.fail(str(exc))
+    bench = _common.start(NAME, args)
+    pair, requests = _common.load(bench)
+    runs: dict[tuple[int, str, str], list[dict]] = {}
+    outputs: dict[tuple[int, str, str], list[list[int]]] = {}
+    for rep in range(args.repeats):
+        for b in args.batch_sizes:
+            load = LoadSpec(max_batch_size=b, concurrency=b, num_requests=len(requests))
+            for mode in modes:
+                reqs = [dataclasses.replace(r, temperature=TEMPERATURE[mode]) for r in requests]
+                shift = rep % len(cfgs[mode])
+                for label, _kind, spec, drafter in cfgs[mode][shift:] + cfgs[mode][:shift]:  # rotated each round
+                    run = run_load(pair, reqs, spec, drafter, load, args.seed)
+                    m = run.metrics
+                    draft_step = (m["draft_forward_ms"] or 0.0) * (m["draft_forwards_per_step"] or 0.0)
+                    runs.setdefault((b, mode, label), []).append({
+                        "round": rep, "tokens_per_second": m["tokens_per_second"], "wall_s": m["wall_s"],
+                        "mean_acceptance_length": m["mean_acceptance_length"], "verify_step_ms": m["verify_step_ms"],
+                        "draft_ms_per_step": draft_step, "acceptance_rate": m["acceptance_rate"],
+                        "verify_tokens_per_row": m["verify_tokens_per_row"], "generated_tokens": m["generated_tokens"],
+                    })
+                    outputs[(b, mode, label)] = _common.outputs(run)
+                    print(f"  round {rep} B={b} {mode} {label}: {m['tokens_per_second']:.1f} tok/s, "
+                          f"accepted length {m['mean_acceptance_length'] or 1:.2f}", flush=True)
+    def med(rs: list[dict], key: str) -> float | None:
+        values = [r[key] for r in rs if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    cells, rows = [], []
+    for b in args.batch_sizes:
+        for mode in modes:
+            ar = runs[(b, mode, "AR")]
+            for label, kind, spec, _ in cfgs[mode]:
+                rs = runs[(b, mode, label)]
+                x_ar = statistics.median(r["tokens_per_second"] / a["tokens_per_second"]
+                                         for r, a in zip(rs, ar, strict=True))
+                match = outputs[(b, mode, label)] == outputs[(b, mode, "AR")] if mode == "greedy" else None
+                cell = {"batch_size": b, "mode": mode, "config": label, "kind": kind, "gamma": spec.gamma,
+                        "tree_topk": list(spec.tree_topk), "nodes": spec.lookahead,
+                        "mean_acceptance_length": med(rs, "mean_acceptance_length") or 1.0,
+                        "verify_step_ms": med(rs, "verify_step_ms"), "draft_ms_per_step": med(rs, "draft_ms_per_step"),
+                        "tokens_per_second": med(rs, "tokens_per_second"), "x_ar": x_ar, "greedy_match": match,
+                        "runs": rs}
+                cells.append(cell)
+                rows.append((b, mode, label, cell["nodes"], cell["mean_acceptance_length"], cell["verify_step_ms"],
+                             cell["draft_ms_per_step"], cell["tokens_per_second"], x_ar,
+                             "-" if match is None else match))
+    _common.print_table(f"trees vs chains vs AR on {bench.device} ({len(requests)} held-out prompts, "
+                        f"{args.max_new_tokens} new tokens, medians of {args.repeats} interleaved rounds)", HEADERS, rows)
+    summary, srows = [], []
+    for b in args.batch_sizes:
+        for mode in modes:
+            mine = [c for c in cells if c["batch_size"] == b and c["mode"] == mode]
+            ar = next(c for c in mine if c["kind"] == "ar")
+            best = {k: max((c for c in mine if c["kind"] == k), key=lambda c: c["x_ar"], default=None)
+                    for k in ("chain", "tree", "hybrid")}
+            ch, tr, hy = best["chain"], best["tree"], best["hybrid"]
+            if ch is None or tr is None:
+                continue
+            s = {"batch_size": b, "mode": mode, "ar_tokens_per_second": ar["tokens_per_second"],
+                 "best_chain": ch["config"], "chain_tokens_per_second": ch["tokens_per_second"],
+                 "best_tree": tr["config"], "tree_tokens_per_second": tr["tokens_per_second"],
+                 "tree_over_chain": tr["tokens_per_second"] / ch["tokens_per_second"],
+                 "chain_x_ar": ch["x_ar"], "tree_x_ar": tr["x_ar"],
+                 "tree_over_chain_paired": statistics.median(
+                     t["tokens_per_second"] / c["tokens_per_second"] for t, c in zip(tr["runs"], ch["runs"], strict=True)),
+                 "best_hybrid": hy["config"] if hy else None, "hybrid_x_ar": hy["x_ar"] if hy else None}
+            summary.append(s)
+            srows.append((b, mode, s["ar_tokens_per_second"], ch["config"], s["chain_tokens_per_second"], tr["config"],
+                          s["tree_tokens_per_second"], s["tree_over_chain_paired"], s["chain_x_ar"], s["tree_x_ar"],
+                          s["hybrid_x_ar"] if hy else "-"))
+    _common.print_table("best tree vs best chain (by median x AR; ratios are medians over rounds of same-round "
+                        "ratios, one invocation on a shared host)",
+                        SUMMARY_HEADERS, srows)
+    # Least-disturbed step costs (min of --cost-repeats) and the throughput they imply with each
+    # configuration's measured mean accepted length: B x E / (draft + verify), no engine overhead.
+    costs, crows = [], []
+    context = max(len(r.prompt_ids) for r in requests) + args.max_new_tokens // 2
+    for b in args.batch_sizes:
+        for label, kind, spec, _ in cfgs[modes[0]]:
+            if kind == "hybrid":
+                continue
+            width, verify, drafting = min_costs(pair, spec, b, context, args.cost_repeats)
+            row = {"batch_size": b, "config": label, "verify_width": width, "verify_ms_min": verify,
+                   "draft_ms_per_step_min": drafting}
+            for mode in modes:
+                cell = next(c for c in cells if c["batch_size"] == b and c["mode"] == mode and c["config"] == label)
+                row[f"modelled_tokens_per_second_{mode}"] = 1e3 * b * cell["mean_acceptance_length"] / (verify + drafting)
+            costs.append(row)
+    for b in args.batch_sizes:
+        mine = [c for c in costs if c["batch_size"] == b]
+        for mode in modes:
+            key = f"modelled_tokens_per_second_{mode}"
+            chains = [c[key] for c in mine if c["config"].startswith("chain")]
+            for c in mine:
+                c[f"modelled_x_best_chain_{mode}"] = c[key] / max(chains) if chains else None
+        for c in mine:
+            crows.append((b, c["config"], c["verify_width"], c["verify_ms_min"], c["draft_ms_per_step_min"],
+                          *(x for m in modes for x in (c[f"modelled_tokens_per_second_{m}"],
+                                                       c[f"modelled_x_best_chain_{m}"]))))
+    _common.print_table(f"least-disturbed step costs (min of {args.cost_repeats}, context {context} tokens) and the "
+                        "throughput they imply with the measured mean accepted length",
+                        ["B", "config", "verify width", "verify ms (min)", "draft ms/step (min)",
+                         *(h for m in modes for h in (f"modelled tok/s {m}", f"x best chain {m}"))], crows)
+    _common.write_json(bench, {"cells": cells, "summary": summary, "min_costs": costs})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Token trees through the engine: greedy == autoregressive, sampled == the target's law.
+
+Greedy: every tree shape and batch composition (one slot, fewer slots than requests with
+ragged budgets and an EOS, all rows at once, greedy rows next to sampled ones) must give the
+target's greedy autoregressive tokens. Sampling: the first generated tokens of 20 000 copies
+of one prompt against the target's exact joint (tiny vocabulary), as in
+test_distribution_e2e.py, for top-k and i.i.d. children, with top-k and top-p filters.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.drafters import ModelDrafter, NgramDrafter
+from engine.errors import EngineInputError
+from engine.generate import generate
+from engine.loader import ModelPair
+from engine.sampling import BatchSampling, process_logits
+from engine.speculative import Request, SpecConfig, SpecEngine
+from engine.tree import TreeShape
+
+N_NEW = 20
+SHAPES = [(2,), (2, 2), (3, 2, 1), (1, 3, 1, 2), (4, 1, 1, 1, 1)]
+
+
+def naive_greedy(model, prompt: list[int], n_new: int) -> list[int]:
+    seq = torch.tensor([prompt])
+    with torch.inference_mode():
+        for _ in range(n_new):
+            seq = torch.cat([seq, model(seq)[0, -1].argmax().view(1, 1)], 1)
+    return seq[0, len(prompt):].tolist()
+
+
+def cut_at_eos(tokens: list[int], eos: int) -> list[int]:
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+@pytest.fixture(scope="module")
+def reference(target, prompts) -> list[list[int]]:
+    return [naive_greedy(target, p, N_NEW) for p in prompts]
+
+
+def tree_config(topk: tuple[int, ...], **kw) -> SpecConfig:
+    return SpecConfig(gamma=len(topk), tree_topk=topk, **kw)
+
+
+@pytest.mark.parametrize("topk", SHAPES, ids=lambda t: "-".join(map(str, t)))
+def test_tree_matches_autoregressive(pair, prompts, reference, make_requests, topk):
+    out = generate(pair, make_requests(prompts, N_NEW), tree_config(topk), "model", eos_ids=())
+    assert out.tokens == reference
+    assert out.engine.tree is not None
+    assert 0.0 < out.metrics["acceptance_rate"] < 1.0  # both accept and reject paths ran
+
+
+@pytest.mark.parametrize("topk", [(3, 2, 1), (1, 3, 1, 2)], ids=lambda t: "-".join(map(str, t)))
+@pytest.mark.parametrize("max_batch_size", [1, 2, 4])
+def test_tree_is_batch_invariant(pair, prompts, reference, topk, max_batch_size):
+    """Fewer slots than requests, ragged budgets and an EOS: rows retire and others join mid-run."""
+    eos = reference[3][8]
+    budgets = [N_NEW, 4, 11, N_NEW, 1, 15]
+    reqs = [Request(p, n, id=10 + i) for i, (p, n) in enumerate(zip(prompts, budgets, strict=True))]
+    expected = [cut_at_eos(r[:n], eos) for r, n in zip(reference, budgets, strict=True)]
+    out = generate(pair, reqs, tree_config(topk), "model", max_batch_size=max_batch_size, eos_ids=(eos,))
+    assert out.tokens == expected
+
+
+@pytest.mark.parametrize("tree_sampling", ["topk", "iid"])
+def test_greedy_rows_next_to_sampled_rows(pair, prompts, reference, tree_sampling):
+    """Even slots greedy, odd slots sampled (top-k, top-p): the greedy rows still match."""
+    reqs = [Request(p, N_NEW, id=i) if i % 2 == 0 else Request(p, N_NEW, temperature=1.0, top_k=5, top_p=0.9, id=i)
+            for i, p in enumerate(prompts)]
+    out = generate(pair, reqs, tree_config((3, 2, 1), tree_sampling=tree_sampling), "model", eos_ids=())
+    assert [t for i, t in enumerate(out.tokens) if i % 2 == 0] == reference[::2]
+    assert [len(t) for t in out.tokens] == [N_NEW] * len(prompts)
+
+
+def test_draft_equal_to_target_accepts_every_depth(target, prompts, reference, make_requests):
+    topk = (2, 2, 2)
+    n_new = 1 + 2 * (len(topk) + 1)
+    out = generate(ModelPair(target, target, None, None, None), make_requests(prompts, n_new), tree_config(topk),
+                   "model", eos_ids=())
+    assert out.tokens == [r[:n_new] for r in reference]
+    assert out.metrics["mean_acceptance_length"] == len(topk) + 1
+    assert out.steps == 2
+
+
+def test_trees_accept_more_than_the_chain(pair, prompts, reference, make_requests):
+    """Greedy, so deterministic: the tree holds the chain as its first branch and accepts longer paths."""
+    chain = generate(pair, make_requests(prompts, N_NEW), SpecConfig(gamma=3), "model", eos_ids=())
+    tree = generate(pair, make_requests(prompts, N_NEW), tree_config((3, 2, 2)), "model", eos_ids=())
+    assert tree.tokens == chain.tokens == reference
+    assert tree.metrics["mean_acceptance_length"] > chain.metrics["mean_acceptance_length"]
+    assert tree.metrics["verify_tokens_per_row"] == 1 + 3 + 6 + 12
+
+
+def test_top_k_one_everywhere_is_the_chain_path(pair, prompts, reference, make_requests):
+    out = generate(pair, make_requests(prompts, N_NEW), tree_config((1, 1, 1)), "model", eos_ids=())
+    assert out.engine.tree is None and out.tokens == reference
+
+
+def test_iid_children_are_separate_draws(model_factory):
+    """i.i.d. children of one node are independent draft samples (a flat draft: mostly distinct
+    tokens), not copies of one draw; top-k children are the draft's best tokens in order."""
+    flat = model_factory(seed=3, std=0.02)  # near-uniform logits
+    drafter = ModelDrafter(flat)
+    drafter.reset(8, 64)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.zeros(8, 64, dtype=torch.long)
+    tokens[:, :6] = torch.randint(1, 32, (8, 6), generator=gen)
+    drafter.prefill(0, tokens[:, :5], torch.full((8,), 5), 5)
+    length = torch.full((8,), 6)
+    tree = TreeShape((4, 2)).tensors("cpu")
+    sampling = BatchSampling(torch.ones(8))
+    nodes, probs = drafter.propose_tree(tokens, length, tree, sampling, torch.ones(8, dtype=torch.bool), 20, gen)
+    assert nodes.shape == (8, 1 + 4 + 8) and probs.shape == (8, 1 + 4, 32)
+    assert sum(len(set(row)) for row in nodes[:, 1:5].tolist()) > 8 * 3  # mostly distinct: separate draws
+    drafter.draft_len[:8] = 5
+    top, none = drafter.propose_tree(tokens, length, tree, sampling, None, 20, gen)
+    assert none is None
+    with torch.inference_mode():
+        best = flat(tokens[:, :6])[:, -1].topk(4).indices
+    assert torch.equal(top[:, 1:5], best)
+
+
+def test_a_tree_needs_the_model_drafter(target):
+    with pytest.raises(EngineInputError, match="tree_topk") as err:
+        SpecEngine(target, NgramDrafter(), tree_config((2, 2)), 2, 64)
+    assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------ sampled, end to end
+
+V = 8
+N = 20_000
+PROMPT = [3, 1, 4, 1]
+P_OK = 1e-3
+
+
+@pytest.fixture(scope="module")
+def small_pair(model_factory, perturb) -> ModelPair:
+    target = model_factory(seed=11, vocab=V)
+    return ModelPair(target, perturb(target, seed=12, sigma=0.08), None, None, None)
+
+
+def exact_joint(model, top_k: int, top_p: float) -> torch.Tensor:
+    """(V, V, V) probabilities of the first three generated tokens under ``model``."""
+    def next_probs(prefixes: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            logits = model(prefixes)[:, -1:]
+        m = prefixes.shape[0]
+        return process_logits(logits, torch.ones(m), torch.full((m,), top_k) if top_k else None,
+                              torch.full((m,), top_p) if top_p < 1 else None)[:, 0]
+
+    prompt = torch.tensor(PROMPT)
+    t = torch.arange(V)
+    p1 = next_probs(prompt[None])[0]
+    p2 = next_probs(torch.cat([prompt.expand(V, -1), t[:, None]], 1))
+    grid = torch.cartesian_prod(t, t)
+    p3 = next_probs(torch.cat([prompt.expand(V * V, -1), grid], 1)).view(V, V, V)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+@pytest.mark.parametrize(("tree_sampling", "top_k", "top_p"), [("topk", 0, 1.0), ("iid", 4, 1.0), ("topk", 0, 0.8)])
+def test_first_three_tokens_have_the_target_joint(small_pair, chi2, tree_sampling, top_k, top_p):
+    """Token 1 comes from the prefill, tokens 2-3 from the first tree step (tree (3, 2))."""
+    reqs = [Request(PROMPT, 3, temperature=1.0, top_k=top_k, top_p=top_p, id=i) for i in range(N)]
+    config = tree_config((3, 2), tree_sampling=tree_sampling)
+    out = generate(small_pair, reqs, config, "model", max_batch_size=4096, seed=1, eos_ids=())
+    toks = torch.tensor(out.tokens)
+    codes = (toks[:, 0] * V + toks[:, 1]) * V + toks[:, 2]
+    joint = exact_joint(small_pair.target, top_k, top_p).flatten()
+    assert bool((joint[codes] > 0).all()), "a token outside the filtered support"
+    assert chi2(codes, joint) > P_OK
+    assert 0.2 < out.metrics["acceptance_rate"] < 0.95
+    assert chi2(codes, exact_joint(small_pair.draft, top_k, top_p).flatten()) < P_OK  # power
+
+
+def test_the_engine_check_fails_for_a_wrong_tree_rule(small_pair, chi2, monkeypatch):
+    """Siblings tried against p itself, never against the residual: the check must catch it."""
+    import engine.tree as tree_mod
+
+    def wrong(tree, node_tokens, target_probs, draft_probs, iid, generator):
+        b = node_tokens.shape[0]
+        rows = torch.arange(b)
+        cur, alive = torch.zeros(b, dtype=torch.long), torch.ones(b, dtype=torch.bool)
+        n_acc, res, path = torch.zeros(b, dtype=torch.long), target_probs[:, 0].double(), [cur]
+        for k in tree.shape.topk:
+            p = target_probs[rows, cur].double()
+            taken, nxt = torch.zeros(b, dtype=torch.bool), cur
+            for c in range(k):
+                child = tree.children[cur, c].clamp(min=0)
+                px = p.gather(1, node_tokens.gather(1, child[:, None]))[:, 0]
+                ok = alive & ~taken & (torch.rand(b, generator=generator, dtype=torch.float64) < px)
+                nxt, taken = torch.where(ok, child, nxt), taken | ok
+            res = torch.where((alive & ~taken)[:, None], p, res)
+            cur, n_acc, alive = nxt, n_acc + taken.long(), alive & taken
+            res = torch.where(taken[:, None], target_probs[rows, cur].double(), res)
+            path.append(cur)
+        return n_acc, torch.stack(path, 1), tree_mod.sample(res, generator)
+
+    monkeypatch.setattr("engine.speculative.tree_accept", wrong)
+    reqs = [Request(PROMPT, 3, temperature=1.0, id=i) for i in range(N // 2)]
+    out = generate(small_pair, reqs, tree_config((3, 2)), "model", max_batch_size=4096, seed=2, eos_ids=())
+    toks = torch.tensor(out.tokens)
+    codes = (toks[:, 0] * V + toks[:, 1]) * V + toks[:, 2]
+    assert chi2(codes, exact_joint(small_pair.target, 0, 1.0).flatten()) < P_OK
