@@ -13,6 +13,7 @@ with the seed (file order kept), each made greedy and given exactly ``--max-new-
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import datetime
 import json
@@ -119,6 +120,15 @@ def load(bench: Bench, dtype: str | None = None, draft: bool = True) -> tuple[Mo
         fail(str(exc))
     bench.device = str(pair.target.lm_head.weight.device)
     return pair, requests
+
+
+def compiled_twin(pair: ModelPair) -> ModelPair:
+    """A copy of ``pair`` whose decode/verify forward is compiled (what ``autotune tune`` runs by
+    default, models.compile: auto); ``compile_s`` holds the compile time, reported apart."""
+    twin = dataclasses.replace(pair, target=copy.deepcopy(pair.target),
+                               draft=copy.deepcopy(pair.draft) if pair.draft is not None else None)
+    twin.compile_s = twin.target.compile_decode() + (twin.draft.compile_decode() if twin.draft is not None else 0.0)
+    return twin
 
 
 def sync(device: torch.device | str) -> None:

@@ -10,11 +10,13 @@
 #      (concurrency levels $PROFILE_CONCURRENCY, so the profile classifies B up to 32), then a
 #      short table: GPU label, theoretical and measured bandwidth, matmul TFLOP/s, ridge, knee n*,
 #      per-batch label and best gamma;
-#   3. benchmarks/load_sweep.py --device $DEVICE --dtype $DTYPE.
+#   3. benchmarks/load_sweep.py --device $DEVICE --dtype $DTYPE;
+#   4. benchmarks/gpu_compiled.py: eager vs compiled vs CUDA-graph decode for the demo pair and a
+#      ~1B Llama-shaped random target with a ~100M draft, against the HBM roofline.
 #
 # Everything goes to benchmarks/results/gpu/ (gpu_check.log holds the whole console) and is
 # copied to $OUT/gpu when $OUT is set. A failing step is logged and the next one still runs; the
-# exit code is 1 when any step failed. Step timeouts (120 + 200 + 150 s) keep it under ~8 minutes.
+# exit code is 1 when any step failed. Step timeouts (120 + 200 + 150 + 240 s) keep it under ~12 minutes.
 #
 # Usage: bash benchmarks/gpu_check.sh
 # Environment (all optional): PYTHON (python3), DTYPE (bfloat16), DEVICE (cuda), WHEELS (./wheels),
@@ -135,12 +137,12 @@ main() {
   fi
 
   # ---------------------------------------------------------------- 1. output contract on the device
-  log "1/3 greedy equivalence (fp32 and bf16, gamma 4, B = 1 and 8)"
+  log "1/4 greedy equivalence (fp32 and bf16, gamma 4, B = 1 and 8)"
   timeout -k 10 120 "$PY" benchmarks/gpu_equivalence.py "${PAIR_FLAGS[@]}" --dtypes float32,bfloat16 \
     --batch-sizes 1,8 --gamma 4 ${EXTRA[@]+"${EXTRA[@]}"} || step_failed "gpu_equivalence (rc $?)"
 
   # ---------------------------------------------------------------- 2. profile
-  log "2/3 autotune profile ($DTYPE, concurrency $PROFILE_CONCURRENCY)"
+  log "2/4 autotune profile ($DTYPE, concurrency $PROFILE_CONCURRENCY)"
   "$PY" -c "$TUNE_YAML_PY" "$ROOT/tune.yaml" "$RES/tune.yaml" "$RES" || step_failed "writing tune.yaml"
   if timeout -k 10 200 "$PY" -c 'from autotune.cli import main; main(prog_name="autotune")' \
        profile --config "$RES/tune.yaml" --json > "$RES/profile.json" 2> "$RES/profile.stderr"; then
@@ -151,10 +153,15 @@ main() {
   fi
 
   # ---------------------------------------------------------------- 3. load sweep
-  log "3/3 load sweep ($DTYPE)"
+  log "3/4 load sweep ($DTYPE)"
   timeout -k 10 150 "$PY" benchmarks/load_sweep.py "${PAIR_FLAGS[@]}" --dtype "$DTYPE" ${EXTRA[@]+"${EXTRA[@]}"} \
     ${SWEEP[@]+"${SWEEP[@]}"} \
     || step_failed "load_sweep (rc $?)"
+
+  # ---------------------------------------------------------------- 4. compiled decode vs roofline
+  log "4/4 eager vs compiled vs graphs decode ($DTYPE)"
+  timeout -k 10 240 "$PY" benchmarks/gpu_compiled.py --device "$DEVICE" --dtype "$DTYPE" --out-dir "$RES" \
+    || step_failed "gpu_compiled (rc $?)"
 
   log "done in $((SECONDS - T0)) s; results in $RES${OUT:+ and $OUT/gpu}"
   if [ ${#FAILED[@]} -gt 0 ]; then

@@ -1,10 +1,12 @@
 """Our engine against transformers' assisted generation: same pair, prompts, gamma, B=1, greedy.
 
-Four ways to generate exactly ``--max-new-tokens`` tokens for each prompt, one prompt at a time
+Six ways to generate exactly ``--max-new-tokens`` tokens for each prompt, one prompt at a time
 (end-of-sequence disabled on both sides, so every output has the same length):
 
-- ours spec:    ``engine.generate.generate`` with the draft model, constant gamma, threshold 0;
+- ours spec:    ``engine.generate.generate`` with the draft model, constant gamma, threshold 0,
+                decode/verify compiled (``Transformer.compile_decode``, what ``autotune tune`` runs);
 - ours AR:      the same engine with gamma 0;
+- ours spec eager / ours AR eager: the same two without compiling (fused projections, eager torch);
 - HF assisted:  ``model.generate(input_ids, assistant_model=draft, do_sample=False, ...)`` with
                 ``num_assistant_tokens=gamma``, ``num_assistant_tokens_schedule="constant"`` and
                 ``assistant_confidence_threshold=0.0`` set on the *draft's* generation_config (transformers
@@ -14,8 +16,10 @@ Four ways to generate exactly ``--max-new-tokens`` tokens for each prompt, one p
 Models load with ``AutoModelForCausalLM.from_pretrained(folder, dtype=...)`` (LlamaForCausalLM for
 the demo pair; the engine's folders are Hugging Face checkpoints). Each call is timed end to end
 (prefill included, host clock, device synchronised); the order of the four rotates from prompt to
-prompt so drift hits them alike, and each method first generates one untimed prompt. tokens/s =
-all generated tokens / summed wall time. Identical-output counts compare the token lists per prompt.
+prompt so drift hits them alike, and each method first generates one untimed prompt (compile time
+is reported apart). tokens/s = all generated tokens / summed wall time; the ratios' 95% intervals
+bootstrap the prompts (per-prompt times of both methods resampled together). Identical-output
+counts compare the token lists per prompt.
 
 Example:
     python benchmarks/vs_transformers.py                             # the demo pair, ~1-2 min on 2 cores
@@ -31,12 +35,14 @@ from collections.abc import Callable
 import _common
 import torch
 
+from autotune.stats import bootstrap_interval
 from engine.generate import generate
 from engine.speculative import Request, SpecConfig
 
 NAME = "vs_transformers"
-METHODS = ("ours_spec", "ours_ar", "hf_assisted", "hf_plain")
-PAIRS = (("ours_spec", "hf_assisted"), ("ours_spec", "ours_ar"), ("hf_assisted", "hf_plain"), ("ours_ar", "hf_plain"))
+METHODS = ("ours_spec", "ours_ar", "ours_spec_eager", "ours_ar_eager", "hf_assisted", "hf_plain")
+PAIRS = (("ours_spec", "hf_assisted"), ("ours_spec", "ours_ar"), ("hf_assisted", "hf_plain"), ("ours_ar", "hf_plain"),
+         ("ours_spec", "ours_spec_eager"), ("ours_ar", "ours_ar_eager"))
 
 
 def load_hf(folder, dtype: str, device):
@@ -52,6 +58,16 @@ def load_hf(folder, dtype: str, device):
     return model
 
 
+def ratio_interval(rows: list[dict], a: str, b: str, seed: int) -> tuple[float, float, float]:
+    """tokens/s of ``a`` over ``b`` and its bootstrap 95% interval (prompts resampled, both methods together)."""
+    def ratio(sample: list[dict]) -> float:
+        ta = sum(r[f"{a}_tokens"] for r in sample) / sum(r[f"{a}_s"] for r in sample)
+        return ta / (sum(r[f"{b}_tokens"] for r in sample) / sum(r[f"{b}_s"] for r in sample))
+
+    lo, hi = bootstrap_interval([range(len(rows))], lambda idx: ratio([rows[i] for i in idx]), seed=seed)
+    return ratio(rows), lo, hi
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
@@ -63,7 +79,9 @@ def main() -> None:
     if args.gamma < 1:
         _common.fail("--gamma must be >= 1")
     bench = _common.start(NAME, args)
-    pair, requests = _common.load(bench)
+    eager, requests = _common.load(bench)
+    pair = _common.compiled_twin(eager)
+    print(f"compiled decode/verify of target and draft in {pair.compile_s:.1f} s (excluded from every timing)")
     device = pair.target.lm_head.weight.device
     target, draft = load_hf(args.target, args.dtype, device), load_hf(args.draft, args.dtype, device)
     draft.generation_config.num_assistant_tokens = args.gamma
@@ -71,10 +89,10 @@ def main() -> None:
     draft.generation_config.assistant_confidence_threshold = 0.0
     n_new = args.max_new_tokens
 
-    def ours(gamma: int) -> Callable[[list[int]], list[int]]:
+    def ours(gamma: int, models=pair) -> Callable[[list[int]], list[int]]:
         cfg = SpecConfig(gamma=gamma, confidence_threshold=0.0)
         drafter = "model" if gamma else "none"
-        return lambda ids: generate(pair, [Request(ids, n_new)], cfg, drafter, max_batch_size=1, seed=args.seed,
+        return lambda ids: generate(models, [Request(ids, n_new)], cfg, drafter, max_batch_size=1, seed=args.seed,
                                     eos_ids=()).tokens[0]
 
     def hf(assistant) -> Callable[[list[int]], list[int]]:
@@ -86,7 +104,8 @@ def main() -> None:
             return out[0, len(ids):].tolist()
         return run
 
-    fns = {"ours_spec": ours(args.gamma), "ours_ar": ours(0), "hf_assisted": hf(draft), "hf_plain": hf(None)}
+    fns = {"ours_spec": ours(args.gamma), "ours_ar": ours(0), "ours_spec_eager": ours(args.gamma, eager),
+           "ours_ar_eager": ours(0, eager), "hf_assisted": hf(draft), "hf_plain": hf(None)}
 
     def timed(fn: Callable[[list[int]], list[int]], ids: list[int]) -> tuple[list[int], float]:
         if device.type == "cuda":
@@ -102,7 +121,8 @@ def main() -> None:
         timed(fns[name], requests[0].prompt_ids)
     per_prompt = []
     for i, req in enumerate(requests):
-        order = METHODS[i % 4:] + METHODS[: i % 4]
+        k = i % len(METHODS)
+        order = METHODS[k:] + METHODS[:k]
         row = {"prompt_tokens": len(req.prompt_ids)}
         toks = {}
         for name in order:
@@ -117,18 +137,21 @@ def main() -> None:
     tps = {m: sum(r[f"{m}_tokens"] for r in per_prompt) / sum(r[f"{m}_s"] for r in per_prompt) for m in METHODS}
     identical = {f"{a}=={b}": sum(r[f"{a}=={b}"] for r in per_prompt) for a, b in PAIRS}
     ratio = tps["ours_spec"] / tps["hf_assisted"]
-    rows = [("tokens/s", tps["ours_spec"], tps["ours_ar"], tps["hf_assisted"], tps["hf_plain"], ratio)]
     _common.print_table(f"B=1, gamma {args.gamma}, {len(requests)} prompts x {n_new} new tokens, greedy, "
                         f"{args.dtype} on {bench.device}, {torch.get_num_threads()} torch threads",
-                        ["", "ours spec", "ours AR", "HF assisted", "HF plain", "ours spec / HF assisted"], rows)
-    print(f"ours spec / HF assisted: {ratio:.2f}x (goal >= 2x); ours AR / HF plain: "
-          f"{tps['ours_ar'] / tps['hf_plain']:.2f}x; ours spec / ours AR: {tps['ours_spec'] / tps['ours_ar']:.2f}x; "
-          f"HF assisted / HF plain: {tps['hf_assisted'] / tps['hf_plain']:.2f}x")
+                        ["", *METHODS], [("tokens/s", *(tps[m] for m in METHODS))])
+    intervals = {f"{a}/{b}": ratio_interval(per_prompt, a, b, args.seed) for a, b in PAIRS}
+    _common.print_table("ratios of tokens/s (95% interval: bootstrap over prompts)", ["ratio", "value", "95% CI"],
+                        [(k, v[0], f"{v[1]:.2f}-{v[2]:.2f}") for k, v in intervals.items()])
+    print(f"ours spec / HF assisted: {ratio:.2f}x (goal >= 2x); compiled / eager: spec "
+          f"{tps['ours_spec'] / tps['ours_spec_eager']:.2f}x, AR {tps['ours_ar'] / tps['ours_ar_eager']:.2f}x")
     print("identical greedy outputs: " + ", ".join(f"{k} {v}/{len(requests)}" for k, v in identical.items()))
     import transformers
 
     _common.write_json(bench, {
         "gamma": args.gamma, "tokens_per_second": tps, "ours_spec_over_hf_assisted": ratio,
+        "ratio_intervals": {k: {"ratio": v[0], "ci95": [v[1], v[2]]} for k, v in intervals.items()},
+        "compile_s": pair.compile_s,
         "ours_ar_over_hf_plain": tps["ours_ar"] / tps["hf_plain"], "identical_outputs": identical,
         "num_prompts": len(requests), "transformers": transformers.__version__, "hf_class": type(target).__name__,
         "hf_attn_implementation": target.config._attn_implementation, "per_prompt": per_prompt,

@@ -180,7 +180,7 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-_COMPILED_FORWARD: Callable[..., torch.Tensor] | None = None  # torch.compile(Transformer.forward)
+_COMPILED_FORWARD: dict[str | None, Callable[..., torch.Tensor]] = {}  # mode -> torch.compile(Transformer.forward)
 
 
 class Transformer(nn.Module):
@@ -195,6 +195,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.compiled = False  # decode() through torch.compile (compile_decode())
+        self._compile_mode: str | None = None
 
     def fuse(self) -> Transformer:
         """Fuse each layer's q/k/v and gate/up projections into one matmul each (in place).
@@ -208,7 +209,7 @@ class Transformer(nn.Module):
             layer.mlp.fuse()
         return self
 
-    def compile_decode(self) -> float:
+    def compile_decode(self, mode: str | None = None) -> float:
         """Compile :meth:`decode` with ``torch.compile`` (inductor) and warm it up; returns seconds.
 
         Shapes are dynamic (batch, width, kv length and cache size are symbols), so one study
@@ -217,7 +218,8 @@ class Transformer(nn.Module):
         on scratch caches, and the time reported is compile time, kept out of every measurement
         after it. Inductor caches
         the generated code on disk, so a second process pays far less. Prefill stays eager:
-        long prompts amortise the launch overhead that compiling removes.
+        long prompts amortise the launch overhead that compiling removes. ``mode`` is
+        torch.compile's (``"reduce-overhead"``: CUDA graphs where inductor can capture them).
         """
         import torch._dynamo
         import torch.fx.experimental._config as fx_config
@@ -225,12 +227,11 @@ class Transformer(nn.Module):
         # Target and draft share Transformer.forward's code object: 4 graphs each, plus tests'
         # models. The default limit (8) would silently fall back to eager. Duck sizing would tie
         # symbols that happen to be equal once (slots == kv heads) and recompile when they differ.
-        global _COMPILED_FORWARD
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         fx_config.use_duck_shape = False
-        if _COMPILED_FORWARD is None:  # one compiled function: models of one shape share its graphs
-            _COMPILED_FORWARD = torch.compile(Transformer.forward, dynamic=True)
-        self.compiled = True
+        if mode not in _COMPILED_FORWARD:  # one compiled function per mode: models of one shape share graphs
+            _COMPILED_FORWARD[mode] = torch.compile(Transformer.forward, dynamic=True, mode=mode)
+        self.compiled, self._compile_mode = True, mode
         device = self.lm_head.weight.device
         t0 = time.perf_counter()
         for slots, b, t in itertools.product((1, 3), (1, 2), (1, 2)):
@@ -254,7 +255,7 @@ class Transformer(nn.Module):
         if not self.compiled:
             return self.forward(tokens, cache=cache, start=start, kv_len=kv_len)
         with torch.inference_mode():
-            return _COMPILED_FORWARD(self, tokens.clone(), cache=cache, start=start.clone(), kv_len=kv_len)
+            return _COMPILED_FORWARD[self._compile_mode](self, tokens.clone(), cache=cache, start=start.clone(), kv_len=kv_len)
 
     def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
         cfg = self.config
