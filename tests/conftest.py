@@ -7,13 +7,17 @@ plus its head, so it agrees with the target often enough for speculation to do s
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from autotune import hardware
 from engine.config import ModelConfig
 from engine.model import Transformer
 
@@ -87,3 +91,32 @@ def tiny_prompts(tmp_path_factory) -> Path:
     lines = [json.dumps({"prompt": p, "max_new_tokens": 12, "source": "test"}) for p in CORPUS]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+# Fixed stand-ins for what ``autotune.hardware`` reads from this host, with exactly the fields it reads.
+CPU_DEVICE_FIELDS: dict[str, Any] = {
+    "model_name": "Test CPU", "physical_cores": 2, "logical_cpus": 2, "affinity_cpus": 2, "torch_threads": 1,
+    "isa": "AVX2", "memory_total_bytes": 16 * hardware.GIB, "architecture": "x86_64",
+}
+SOFTWARE_FIELDS: dict[str, Any] = {"torch": "2.5.0", "cuda": None, "cudnn": None, "python": "3.11.7",
+                                   "platform": "linux"}
+
+
+def make_cpu_fingerprint(dtype: str = "float32", **device: Any) -> dict[str, Any]:
+    """A CPU fingerprint made by :func:`autotune.hardware.fingerprint` itself, from fixed host facts.
+
+    Only the two readers of the host (``_cpu_device_fields``, ``_software_fields``) are replaced,
+    so the shape, the label and the key are the real code's. ``device`` overrides CPU fields,
+    e.g. ``model_name="Other CPU"``. tests/test_fixture_shapes.py checks that the stand-ins have
+    exactly the fields the real readers return.
+    """
+    fields = {**CPU_DEVICE_FIELDS, **device}
+    with mock.patch.object(hardware, "_cpu_device_fields", return_value=dict(fields)), \
+            mock.patch.object(hardware, "_software_fields", return_value={**SOFTWARE_FIELDS, "dtype": dtype}):
+        return hardware.fingerprint("cpu", dtype)
+
+
+@pytest.fixture
+def cpu_fingerprint() -> Callable[..., dict[str, Any]]:
+    """``cpu_fingerprint(**device)`` -> a real-shaped CPU fingerprint (see :func:`make_cpu_fingerprint`)."""
+    return make_cpu_fingerprint
