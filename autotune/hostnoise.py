@@ -5,7 +5,10 @@ Two kinds of evidence, recorded together in ``profile["host_noise"]``:
 - the coefficient of variation (stdev / mean) of a fixed small reference workload (a 192x192
   float32 matmul chain, timed ``repeats`` times after a warm-up) on the host CPU;
 - other processes' CPU use: the busy share of all cores from ``/proc/stat`` over the timing
-  window minus this process's own share (``/proc/self/stat``), and ``/proc/loadavg``.
+  window minus this process's own share (``/proc/self/stat``), and ``/proc/loadavg``;
+- on NVIDIA hosts, each GPU's utilisation and the compute processes other than this one
+  (NVML: ``nvmlDeviceGetUtilizationRates``, ``nvmlDeviceGetComputeRunningProcesses``): another
+  process computing on the GPU makes the host busy (:data:`GPU_BUSY` utilisation before we start).
 
 The host counts as busy when the CV exceeds :data:`CV_BUSY` or other processes used more than
 :data:`OTHERS_BUSY` of the cores during the window. Where ``/proc`` is missing (not Linux),
@@ -25,6 +28,37 @@ CV_BUSY = 0.10
 """Coefficient of variation of the reference workload above which the host counts as busy."""
 OTHERS_BUSY = 0.25
 """Share of all cores used by other processes above which the host counts as busy."""
+GPU_BUSY = 0.10
+"""GPU utilisation (NVML, share of the last sample period) by others above which the host counts as busy."""
+
+
+def gpu_activity() -> list[dict] | None:
+    """Per NVIDIA GPU: ``{"index", "utilization", "other_processes"}``; None without NVML or a GPU.
+
+    ``utilization`` is NVML's share of the last sample period in which a kernel ran (0..1);
+    ``other_processes`` counts compute processes on the GPU that are not this one.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver, no GPU: nothing to report  # noqa: BLE001
+        return None
+    try:
+        me, out = os.getpid(), []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            out.append({"index": i, "utilization": pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0,
+                        "other_processes": sum(1 for p in procs if p.pid != me)})
+        return out
+    except Exception:  # a query NVML does not support here (MIG, virtualised): report nothing  # noqa: BLE001
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _proc_stat(root: Path) -> tuple[int, int] | None:
@@ -66,28 +100,33 @@ def others_share(busy_delta: int, total_delta: int, self_delta: int) -> float:
     return max(busy_delta - self_delta, 0) / total_delta
 
 
-def verdict(cv: float, others: float | None) -> tuple[bool, list[str]]:
-    """(busy, reasons) from the reference CV and other processes' CPU share.
+def verdict(cv: float, others: float | None, gpus: list[dict] | None = None) -> tuple[bool, list[str]]:
+    """(busy, reasons) from the reference CV, other processes' CPU share and GPU activity.
 
     Example:
         >>> verdict(0.02, 0.05)
         (False, [])
         >>> verdict(0.18, 0.60)
         (True, ['reference workload CV 18% > 10%', 'other processes used 60% of the CPU > 25%'])
+        >>> verdict(0.02, 0.05, [{"index": 0, "utilization": 0.9, "other_processes": 1}])
+        (True, ['GPU 0 90% utilised by 1 other process(es)'])
     """
     reasons = []
     if cv > CV_BUSY:
         reasons.append(f"reference workload CV {cv:.0%} > {CV_BUSY:.0%}")
     if others is not None and others > OTHERS_BUSY:
         reasons.append(f"other processes used {others:.0%} of the CPU > {OTHERS_BUSY:.0%}")
+    for g in gpus or []:
+        if g["other_processes"] and g["utilization"] > GPU_BUSY:
+            reasons.append(f"GPU {g['index']} {g['utilization']:.0%} utilised by {g['other_processes']} other process(es)")
     return bool(reasons), reasons
 
 
 def measure(repeats: int = 20, size: int = 192, proc: str | Path = "/proc") -> dict:
     """Time the reference workload ``repeats`` times and read /proc around it.
 
-    Returns ``{"cv", "median_ms", "repeats", "others_cpu_share", "loadavg_1m", "cpus", "busy",
-    "reasons", "thresholds"}``.
+    Returns ``{"cv", "median_ms", "repeats", "others_cpu_share", "loadavg_1m", "cpus", "gpus",
+    "busy", "reasons", "thresholds"}`` (``gpus``: :func:`gpu_activity`, None without NVML).
 
     Example:
         >>> m = measure(repeats=3, size=16)
@@ -118,10 +157,12 @@ def measure(repeats: int = 20, size: int = 192, proc: str | Path = "/proc") -> d
     others = None
     if stat0 and stat1 and self0 is not None and self1 is not None:
         others = others_share(stat1[0] - stat0[0], stat1[1] - stat0[1], self1 - self0)
-    busy, reasons = verdict(cv, others)
+    gpus = gpu_activity()
+    busy, reasons = verdict(cv, others, gpus)
     return {"cv": cv, "median_ms": statistics.median(samples) * 1e3, "repeats": repeats,
-            "others_cpu_share": others, "loadavg_1m": _loadavg(root), "cpus": os.cpu_count(),
-            "busy": busy, "reasons": reasons, "thresholds": {"cv": CV_BUSY, "others_cpu_share": OTHERS_BUSY}}
+            "others_cpu_share": others, "loadavg_1m": _loadavg(root), "cpus": os.cpu_count(), "gpus": gpus,
+            "busy": busy, "reasons": reasons,
+            "thresholds": {"cv": CV_BUSY, "others_cpu_share": OTHERS_BUSY, "gpu_utilization": GPU_BUSY}}
 
 
 def summary(noise: dict) -> str:

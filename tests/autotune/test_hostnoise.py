@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import types
+
 import pytest
 
 from autotune import hostnoise
@@ -99,3 +103,51 @@ def test_a_study_that_runs_all_its_trials_is_not_provisional(tune_config, monkey
     monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
     profile = run_tune(tune_config(budget={"n_trials": 3}), say=lambda _: None)
     assert profile["study"]["provisional"] is False and profile["study"]["trials_run"] == 3
+
+
+class _FakeNvml:
+    """pynvml's calls gpu_activity makes, over a table of GPUs {index: (utilisation %, [pids])}."""
+
+    def __init__(self, gpus: dict[int, tuple[int, list[int]]]) -> None:
+        self.gpus, self.shut = gpus, False
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        self.shut = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h: int):
+        return types.SimpleNamespace(gpu=self.gpus[h][0], memory=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int):
+        return [types.SimpleNamespace(pid=p) for p in self.gpus[h][1]]
+
+
+def test_gpu_activity_counts_other_processes_and_makes_the_host_busy(monkeypatch) -> None:
+    fake = _FakeNvml({0: (85, [os.getpid(), 4242]), 1: (0, [os.getpid()])})
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    gpus = hostnoise.gpu_activity()
+    assert gpus == [{"index": 0, "utilization": 0.85, "other_processes": 1},
+                    {"index": 1, "utilization": 0.0, "other_processes": 0}]
+    assert fake.shut
+    busy, reasons = hostnoise.verdict(0.01, 0.0, gpus)
+    assert busy and reasons == ["GPU 0 85% utilised by 1 other process(es)"]
+    # our own process keeping a GPU busy is not "another process"
+    assert hostnoise.verdict(0.01, 0.0, [{"index": 0, "utilization": 0.99, "other_processes": 0}]) == (False, [])
+
+
+def test_gpu_activity_is_none_without_nvml(monkeypatch) -> None:
+    class Broken:
+        def nvmlInit(self):
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", Broken())
+    assert hostnoise.gpu_activity() is None
+    assert hostnoise.measure(repeats=3, size=8)["gpus"] is None
