@@ -1,7 +1,10 @@
 """``autotune profiles list|show|delete``, ``autotune export`` and ``autotune report``.
 
 Profiles are addressed by id (see ``profiles list``) or ``current``: the newest profile for
-this host's fingerprint and the pair configured in tune.yaml.
+this host's fingerprint and the pair configured in tune.yaml. A stored profile is read typed
+(:class:`profiles.schema.Profile`, via ``Store.load_profile`` / ``Profile.from_json``), so one
+written by a newer schema is refused in one line; ``--json`` and the exporters get its JSON
+back (``Profile.to_json``, the stored JSON unchanged, key order included).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from autotune.cli.options import CONFIG_OPTION, STORAGE_OPTION, print_json
 from autotune.cli.render import render_profile_list, render_show
 from autotune.config import EXPORT_FORMATS
 from profiles.errors import ProfileError
+from profiles.schema import Profile
 
 
 def _open_store(config_path: Path, storage: str | None):
@@ -28,11 +32,11 @@ def _open_store(config_path: Path, storage: str | None):
     return Store(url)
 
 
-def _resolve(store, ref: str, config_path: Path) -> dict:
+def _resolve(store, ref: str, config_path: Path) -> Profile:
     if ref != "current":
         if not ref.isdigit():
             raise ProfileError(f"profile id must be an integer or 'current' (got {ref!r})")
-        return store.get_profile(int(ref))
+        return store.load_profile(int(ref))
     from autotune.config import check_device, load_config
     from autotune.hardware import fingerprint
     from profiles.hashing import hash_folder
@@ -45,7 +49,7 @@ def _resolve(store, ref: str, config_path: Path) -> dict:
     if found is None:
         raise ProfileError(f"no profile yet for this host ({fp['label']}) and the pair in {config_path}; "
                            "run `autotune tune`")
-    return found
+    return Profile.from_json(found)
 
 
 @click.group()
@@ -75,7 +79,7 @@ def show_cmd(ref, config_path, storage, as_json):
     """Everything measured for profile REF (an id or 'current')."""
     prof = _resolve(_open_store(config_path, storage), ref, config_path)
     if as_json:
-        print_json(prof)
+        print_json(prof.to_json())
         return
     click.echo(render_show(prof))
 
@@ -109,7 +113,7 @@ def export_cmd(ref, fmt, output, target_model, draft_model, config_path, storage
     from profiles.exporters import export, write_export
 
     prof = _resolve(_open_store(config_path, storage), ref, config_path)
-    out = export(prof, fmt, target_model, draft_model)
+    out = export(prof.to_json(), fmt, target_model, draft_model)
     if output is None:
         click.echo(out.text, nl=False)
         return

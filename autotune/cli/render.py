@@ -1,8 +1,21 @@
-"""Human views of command results: tables and one-line summaries. Pure functions of plain data."""
+"""Human views of command results: tables and one-line summaries. Pure functions of their inputs.
+
+Profiles arrive typed (:class:`profiles.schema.Profile`, read at the boundary by
+``Store.load_profile`` / ``Profile.from_json``), a profiler measurement as
+:class:`autotune.records.Measurement` and per-level metrics as :class:`autotune.records.LevelMetrics`.
+A caller that still holds the stored JSON (``autotune tune`` and ``autotune profile`` get dicts
+from ``run_tune`` / ``context.ensure_profile``) may pass it: it is read with ``from_json`` first.
+``autotune bench`` and ``profiles list`` render plain rows (a run's metrics, the store's summary).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.records import LevelMetrics, Measurement
 from autotune.table import table
+from profiles.schema import MISSING, Profile, ScheduleEntry
 
 BENCH_ROWS = [
     ("tokens_per_second", "tokens/s"), ("requests_per_second", "requests/s"), ("speedup", "speedup (x)"),
@@ -26,9 +39,10 @@ def render_bench(result: dict, drafter: str, gamma: int, threshold: float, batch
     return "\n".join(lines)
 
 
-def render_profile(data: dict) -> str:
+def render_profile(measurement: Measurement | Mapping[str, Any]) -> str:
     """Human view of a profiler measurement: identity, ceilings, knee, batch-size table."""
-    fp, ce = data["fingerprint"], data["ceilings"]
+    m = measurement if isinstance(measurement, Measurement) else Measurement.from_json(measurement)
+    fp, ce, acc = m.fingerprint, m.ceilings, m.acceptance
     theo = fp.get("theoretical") or {}
     lines = [f"device      {fp['label']}  [{fp['key']}]",
              f"bandwidth   measured {ce['copy_bandwidth']['median_bytes_per_s'] / 1e9:.1f} GB/s"
@@ -36,10 +50,10 @@ def render_profile(data: dict) -> str:
              f"matmul      measured {ce['matmul']['median_flops'] / 1e12:.3f} TFLOP/s"
              + (f", theoretical {theo['dense_bf16_flops'] / 1e12:.0f} TFLOP/s" if theo.get("dense_bf16_flops") else ""),
              f"ridge       {ce['ridge_flops_per_byte']:.1f} FLOP/byte",
-             f"knee n*     {data['knee_tokens'] or '> ' + str(max(int(n) for n in data['curves']['knee_curve']))} tokens per verify pass",
-             f"acceptance  {data['acceptance']['acceptance_rate'] or 0:.3f} at gamma {data['acceptance']['gamma_max']} "
-             f"(per position: {', '.join(f'{a:.2f}' for a in data['acceptance']['per_position_acceptance'])})", ""]
-    cl = data["classification"]
+             f"knee n*     {m.knee_tokens or '> ' + str(max(int(n) for n in m.curves['knee_curve']))} tokens per verify pass",
+             f"acceptance  {acc['acceptance_rate'] or 0:.3f} at gamma {m.gamma_max} "
+             f"(per position: {', '.join(f'{a:.2f}' for a in acc['per_position_acceptance'])})", ""]
+    cl = m.classification
     rows = [(r["batch_size"], r["verify_cost"], "-".join(f"{x:.2f}" for x in r.get("verify_cost_ci95") or []) or "n/a",
              r["label"] + ("" if r.get("separable", True) else " (not separable at this noise)"),
              r["best_gamma"], r["best_threshold"], r["predicted_speedup"]) for r in cl["batch_sizes"]]
@@ -75,73 +89,93 @@ def _knee_ci(ci: list) -> str:
     return "-".join("not bent" if n is None else str(n) for n in ci)
 
 
-def _schedule_text(e: dict) -> str:
-    text = f"B={e['batch_size']}: gamma {e['gamma']}"
-    if "ratio" not in e:
+def _schedule_text(e: ScheduleEntry | Mapping[str, Any]) -> str:
+    if not isinstance(e, ScheduleEntry):
+        e = ScheduleEntry.from_json(e)
+    text = f"B={e.batch_size}: gamma {e.gamma}"
+    if e.ratio is MISSING:  # decided without paired repeats
         return text
     from autotune.stats import Estimate, describe_difference
 
-    r = e["ratio"]
+    r = e.ratio
     return text + f" (speculation vs gamma 0: {describe_difference(Estimate(r['value'], *r['ci95'], r.get('n', 2)))})"
 
 
-def render_tune(p: dict) -> str:
-    m, c = p["metrics"], p["chosen"]
+def _profile(p: Profile | Mapping[str, Any]) -> Profile:
+    """The typed profile; the stored JSON of one (with its ``id``) is read with :meth:`Profile.from_json`."""
+    return p if isinstance(p, Profile) else Profile.from_json(p)
+
+
+def _level(levels: Mapping[str, Any], b: Any) -> LevelMetrics | None:
+    """``levels[b]`` typed, looked up as stored (string) or as given; None where the level is absent."""
+    lv = levels.get(b) or levels.get(str(b))
+    return LevelMetrics.from_json(lv) if lv else None
+
+
+def render_tune(p: Profile | Mapping[str, Any]) -> str:
+    """``autotune tune``'s summary of a stored profile: chosen knobs, per-level table, speedups, schedule."""
+    p = _profile(p)
+    m, c, study = p.metrics, p.chosen, p.study
     lat = m["latency_metric"]
-    backend = p.get("backend") or {"name": "engine"}
+    backend = p.backend or {"name": "engine"}
     measured_by = backend["name"] + (f" {backend['version']}" if backend.get("version") else "")
+    pid = p.id if p.id is not MISSING else None
     lines = [
-        f"profile #{p.get('id')} for {p['device']['label']} ({p['study']['n_trials']} trials on {measured_by}, "
-        f"study {p['study']['name']})",
-        f"chosen      drafter={c['drafter']} gamma={c['gamma']} threshold={c['confidence_threshold']:.2f} "
-        f"schedule={c['gamma_schedule']} max_batch_size={c['max_batch_size']}  ({p['selection']['reason']})",
+        f"profile #{pid} for {p.device['label']} ({study['n_trials']} trials on {measured_by}, "
+        f"study {study['name']})",
+        f"chosen      drafter={c.drafter} gamma={c.gamma} threshold={c.confidence_threshold:.2f} "
+        f"schedule={c.gamma_schedule} max_batch_size={c.max_batch_size}  ({p.selection['reason']})",
         "",
     ]
     rows = []
-    for b, lv in sorted(m["per_level"].items(), key=lambda kv: int(kv[0])):
-        base = p["baseline"]["per_level"].get(b) or p["baseline"]["per_level"].get(str(b)) or {}
-        ratio = (m.get("per_level_speedup") or {}).get(b) or (m.get("per_level_speedup") or {}).get(str(b))
-        rows.append((b, lv["tokens_per_second"], base.get("tokens_per_second"),
+    speedups = m.get("per_level_speedup") or {}
+    for b, stored in sorted(m["per_level"].items(), key=lambda kv: int(kv[0])):
+        lv, base = LevelMetrics.from_json(stored), _level(p.baseline["per_level"], b)
+        ratio = speedups.get(b) or speedups.get(str(b))
+        base_tps = base.tokens_per_second if base else None
+        rows.append((b, lv.tokens_per_second, base_tps,
                      _ratio(ratio["value"], ratio["ci95"]) if ratio else
-                     lv["tokens_per_second"] / base["tokens_per_second"] if base.get("tokens_per_second") else None,
-                     lv["tpot_ms_p50"], lv["tpot_ms_p95"], lv["ttft_ms_p95"], lv["e2e_ms_p95"], lv["acceptance_rate"]))
+                     lv.tokens_per_second / base_tps if base_tps else None,
+                     lv.tpot_ms_p50, lv.tpot_ms_p95, lv.ttft_ms_p95, lv.e2e_ms_p95, lv.acceptance_rate))
     lines.append(table(["load", "tok/s", "AR tok/s", "speedup", "tpot p50", "tpot p95", "ttft p95", "e2e p95",
                         "acceptance"], rows))
+    cl = p.classification
+    crossover = p.schedule.crossover_batch_size
     lines += ["",
               f"overall     {_with_ci(m['tokens_per_second'], m.get('tokens_per_second_ci95'))} tok/s, "
               f"{lat} {_with_ci(m['latency_ms'], m.get('latency_ms_ci95'))} ms"
-              + (f"; medians of {m['repeats']} repeats ({(p.get('remeasure') or {}).get('order', 'interleaved')})"
+              + (f"; medians of {m['repeats']} repeats ({(p.remeasure or {}).get('order', 'interleaved')})"
                  if m.get("repeats") else ""),
               f"speedup     {_ratio(m['speedup'], m.get('speedup_ci95'))} over AR"
               + ("; it is the best static-gamma configuration" if m.get("chosen_is_best_static")
                  else f", {_ratio(m['speedup_over_best_static'], m.get('speedup_over_best_static_ci95'))} over the "
                       "best static-gamma configuration (paired re-measurements)"
                  if m.get("speedup_over_best_static") else ""),
-              "classes     " + ", ".join(_class_text(r) for r in p["classification"]["batch_sizes"])
-              + f"; knee n* = {p['knee_tokens']}"
-              + (f" (95% CI {_knee_ci(p['classification']['knee_tokens_ci95'])})"
-                 if p["classification"].get("knee_tokens_ci95") else ""),
-              "schedule    " + ", ".join(_schedule_text(e) for e in p["schedule"])
-              + (f"; speculation off from batch size {p['crossover_batch_size']}" if p["crossover_batch_size"] else
+              "classes     " + ", ".join(_class_text(r) for r in cl["batch_sizes"])
+              + f"; knee n* = {p.knee_tokens}"
+              + (f" (95% CI {_knee_ci(cl['knee_tokens_ci95'])})" if cl.get("knee_tokens_ci95") else ""),
+              "schedule    " + ", ".join(_schedule_text(e) for e in p.schedule.entries)
+              + (f"; speculation off from batch size {crossover}" if crossover else
                  "; speculation pays at every measured batch size"),
-              f"stored      profile #{p.get('id')} in {p['study']['storage']}"]
-    if p["study"].get("provisional"):
-        lines.insert(-1, f"budget      PROVISIONAL: budget.timeout_s stopped the study after {p['study']['trials_run']} of "
-                         f"{p['study']['trials_planned']} trials; more trials (`autotune tune --resume`) may change it")
-    noise = p.get("host_noise")
+              f"stored      profile #{pid} in {study['storage']}"]
+    if study.get("provisional"):
+        lines.insert(-1, f"budget      PROVISIONAL: budget.timeout_s stopped the study after {study['trials_run']} of "
+                         f"{study['trials_planned']} trials; more trials (`autotune tune --resume`) may change it")
+    noise = p.host_noise
     if noise:
         worst = max((n for n in (noise.get("before"), noise.get("after")) if n), key=lambda n: n["cv"], default=None)
         if worst is not None:
             lines.insert(-1, "host        " + ("BUSY: " + "; ".join(worst["reasons"]) if noise["busy"] else
                                                  f"quiet (reference CV up to {worst['cv']:.1%})"))
-    if p.get("exports"):
-        lines.append("exports     " + ", ".join(p["exports"]))
+    if p.exports:
+        lines.append("exports     " + ", ".join(p.exports))
     return "\n".join(lines)
 
 
-def render_show(prof: dict) -> str:
+def render_show(prof: Profile | Mapping[str, Any]) -> str:
     """``autotune profiles show``: the tune summary, then classification, Pareto front, predicted vs measured."""
-    cl = prof["classification"]
+    prof = _profile(prof)
+    cl = prof.classification
     return "\n".join([
         render_tune(prof),
         "\nclassification (verify cost of gamma_max+1 tokens vs one decode)",
@@ -152,11 +186,11 @@ def render_show(prof: dict) -> str:
         table(["trial", "gamma", "threshold", "schedule", "tok/s", "latency ms"],
               [(p["trial"], p["params"].get("gamma"), p["params"].get("confidence_threshold"),
                 p["params"].get("gamma_schedule"), p["tokens_per_second"], p["latency_ms"])
-               for p in prof["pareto_front"]]),
+               for p in prof.pareto_front]),
         "\npredicted vs measured (chosen config)",
         table(["batch", "gamma", "predicted tok/s", "measured tok/s"],
               [(r["batch_size"], r["gamma"], r["predicted_tokens_per_second"], r["measured_tokens_per_second"])
-               for r in prof["predicted_vs_measured"]]),
+               for r in prof.predicted_vs_measured]),
     ])
 
 
