@@ -218,3 +218,23 @@ def test_tune_and_profile_views_are_pinned(cpu_fingerprint):
     prof.update(id=7, exports=["exports/vllm-speculative-config.json", "exports/profile.yaml"])
     assert_golden("tune.txt", render_tune(prof) + "\n")
     assert_golden("profile.txt", render_profile(sample_measurement(cpu_fingerprint()).to_json()) + "\n")
+
+
+@pytest.mark.parametrize("args", [("profiles", "show", "1"), ("profiles", "show", "1", "--json"),
+                                  ("export", "1", "--format", "vllm"), ("report", "1")])
+def test_a_profile_of_an_unknown_schema_is_one_line_naming_the_version(store_url, tmp_path, args):
+    from sqlalchemy import update
+
+    from profiles.profile import SCHEMA_VERSION
+    from profiles.store import ProfileRow
+
+    with Store(store_url) as store:
+        data = store.get_profile(1)
+        del data["id"]
+        with store.engine.begin() as conn:  # as a newer spec-autotune sharing the database would write it
+            conn.execute(update(ProfileRow).where(ProfileRow.id == 1).values(data={**data, "schema_version": 99}))
+    code, out = run(*args, "--storage", store_url, *(("-o", str(tmp_path / "r")) if args[0] == "report" else ()))
+    assert code == 2 and out.strip().splitlines() == [
+        f"error: profile: schema_version 99 is newer than this spec-autotune reads ({SCHEMA_VERSION}); "
+        "upgrade spec-autotune"]
+    assert not (tmp_path / "r").exists()

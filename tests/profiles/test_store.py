@@ -234,3 +234,27 @@ def test_a_typed_profile_is_stored_as_its_json_and_loads_typed(store, profile) -
     loaded = store.load_profile(pid)
     assert loaded.id == pid and loaded.chosen == Chosen("model", 4, 0.3, "constant", 8, 2, 4)
     assert loaded.to_json() == {**profile, "id": pid}
+
+
+def test_a_profile_on_a_real_fingerprint_round_trips_and_fills_the_device_row(store, real_device_profile) -> None:
+    from profiles.schema import Profile
+
+    fp = real_device_profile["device"]
+    pid = store.save_profile(Profile.from_json(real_device_profile))
+    assert store.load_profile(pid).to_json() == {**real_device_profile, "id": pid}
+    with store.engine.connect() as conn:
+        row = conn.execute(select(DeviceRow.key, DeviceRow.label, DeviceRow.kind, DeviceRow.fingerprint)).one()
+    assert tuple(row) == (fp["key"], fp["label"], "cpu", fp)
+    assert store.current_profile(fp["key"], "t" * 64, "d" * 64)["id"] == pid
+    assert store.nearest_profile(fp["label"].upper())["id"] == pid  # tune's warm start looks up by label
+
+
+@pytest.mark.parametrize("version", [SCHEMA_VERSION + 1, 99])
+def test_a_stored_profile_of_an_unknown_schema_is_refused_on_load_naming_it(store, profile, version) -> None:
+    pid = store.save_profile(profile)
+    with store.engine.begin() as conn:  # written by a newer spec-autotune sharing this database
+        conn.execute(update(ProfileRow).where(ProfileRow.id == pid).values(data={**profile, "schema_version": version}))
+    with pytest.raises(ProfileError) as err:
+        store.load_profile(pid)
+    assert str(err.value) == (f"profile: schema_version {version} is newer than this spec-autotune reads "
+                              f"({SCHEMA_VERSION}); upgrade spec-autotune")
