@@ -217,7 +217,10 @@ def test_tune_and_profile_views_are_pinned(cpu_fingerprint):
     prof["backend"] = {"name": "vllm", "version": "0.32.0"}
     prof.update(id=7, exports=["exports/vllm-speculative-config.json", "exports/profile.yaml"])
     assert_golden("tune.txt", render_tune(prof) + "\n")
-    assert_golden("profile.txt", render_profile(sample_measurement(cpu_fingerprint()).to_json()) + "\n")
+    assert render_tune(Profile.from_json(prof)) == render_tune(prof)  # the JSON is read typed first
+    measurement = sample_measurement(cpu_fingerprint())
+    assert_golden("profile.txt", render_profile(measurement.to_json()) + "\n")
+    assert render_profile(measurement) == render_profile(measurement.to_json())
 
 
 @pytest.mark.parametrize("args", [("profiles", "show", "1"), ("profiles", "show", "1", "--json"),
