@@ -90,6 +90,7 @@ class TuneConfig:
     gamma_policies: tuple[str, ...] = ("constant",)  # tune.yaml search.gamma_schedule
     max_batch_size: tuple[int, ...] = (4,)
     search_gamma_cap: int | str = "auto"  # tune.yaml search.gamma_cap; not the engine's largest row gamma
+    tree_shapes: tuple[tuple[int, ...], ...] = ((),)  # tune.yaml search.tree_topk; () = the chain
     ngram_min: int = 2
     ngram_max: int = 4
     latency: str = "tpot_ms_p95"
@@ -111,6 +112,11 @@ class TuneConfig:
     vllm: VllmConfig = VllmConfig()
     llamacpp: LlamacppConfig = LlamacppConfig()
     source: Path | None = None
+
+    @property
+    def trees_searched(self) -> bool:
+        """Whether ``search.tree_topk`` names a tree (top-k > 1 somewhere), not only the chain."""
+        return any(self.tree_shapes)
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -267,6 +273,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     cap = s.get("gamma_cap", "auto")
     if not (cap in ("auto", "off") or (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0)):
         raise ConfigError(f"search.gamma_cap: must be auto, off or an integer >= 0 (got {cap!r})")
+    trees = _tree_shapes(s)
     ngram_min = s.int("ngram_min", 2, lo=1)
     ngram_max = s.int("ngram_max", 4, lo=1)
     if ngram_max < ngram_min:
@@ -274,6 +281,13 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     s.done()
     if "model" in drafters and draft is None:
         raise ConfigError("models.draft: required when search.drafter includes 'model'")
+    if "hybrid" in drafters and "model" not in drafters:
+        # autotune.context loads the draft model only when 'model' is searched
+        raise ConfigError(f"search.drafter: 'hybrid' drafts with the draft model too; list 'model' with it "
+                          f"(got {list(drafters)!r})")
+    if any(trees) and "model" not in drafters:
+        raise ConfigError(f"search.tree_topk: a tree needs the 'model' drafter in search.drafter "
+                          f"(got drafter {list(drafters)!r})")
 
     o = top.sub("objectives")
     latency = o.choice("latency", "tpot_ms_p95", LATENCIES)
@@ -326,18 +340,79 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     p.done()
     if gamma.high > gmax:
         raise ConfigError(f"profile.gamma_max: must be >= search.gamma.high (got {gmax} < {int(gamma.high)})")
+    deep = next((t for t in trees if len(t) > gmax), None)
+    if deep is not None:
+        raise ConfigError(f"search.tree_topk: {tree_name(deep)!r} has depth {len(deep)} > profile.gamma_max {gmax} "
+                          "(the profiler's acceptance samples stop there)")
     top.done()
     return TuneConfig(
         target=target, draft=draft, device=device, dtype=dtype, compile=compile_mode, prompts=prompts, max_new_tokens=max_new,
         temperature=temperature, top_k=top_k, top_p=top_p, concurrency=concurrency, rate=rate,
         num_requests=num_requests, truncate_prompts=truncate, drafters=drafters,
         gamma=Range(int(gamma.low), int(gamma.high)), confidence_threshold=thr, gamma_policies=schedules,
-        max_batch_size=max_batch, search_gamma_cap=cap, ngram_min=ngram_min, ngram_max=ngram_max, latency=latency,
+        max_batch_size=max_batch, search_gamma_cap=cap, tree_shapes=trees, ngram_min=ngram_min, ngram_max=ngram_max, latency=latency,
         slo=slo, n_trials=n_trials, timeout_s=timeout, trial_timeout_s=trial_timeout, seed=seed, storage=url, study_name=study,
         export_formats=formats, export_dir=export_dir, profile_gamma_max=gmax, remeasure_top=remeasure, repeats=repeats,
         backend=backend, server_trials=server_trials, server_timeout_s=server_timeout, vllm=vllm, llamacpp=llamacpp,
         source=source,
     )
+
+
+CHAIN = "chain"
+
+
+def tree_name(shape: tuple[int, ...]) -> str:
+    """A shape as tune.yaml and the profile write it: ``"chain"`` or the per-depth top-k, ``"2,1,1"``.
+
+    Example:
+        >>> tree_name(()), tree_name((2, 1, 1))
+        ('chain', '2,1,1')
+    """
+    return CHAIN if not shape or all(k == 1 for k in shape) else ",".join(map(str, shape))
+
+
+def parse_tree(value: Any, key: str = "search.tree_topk") -> tuple[int, ...]:
+    """One ``search.tree_topk`` entry -> per-depth top-k (``()`` for the chain); ConfigError names key and value.
+
+    ``"chain"`` (or top-k 1 at every depth) is the chain; ``"2,1,1"``, ``[2, 1, 1]`` or ``2`` give the
+    top-k of each depth (depth = gamma = the number of entries).
+
+    Example:
+        >>> parse_tree("2,1,1"), parse_tree([3, 1]), parse_tree("chain"), parse_tree("1,1")
+        ((2, 1, 1), (3, 1), (), ())
+    """
+    from engine.errors import EngineInputError
+    from engine.tree import TreeShape
+
+    if value == CHAIN:
+        return ()
+    if isinstance(value, int) and not isinstance(value, bool):
+        parts: list[Any] = [value]
+    elif isinstance(value, str):
+        parts = [p.strip() for p in value.split(",")]
+        parts = [int(p) if re.fullmatch(r"\d+", p) else p for p in parts]
+    elif isinstance(value, list):
+        parts = list(value)
+    else:
+        parts = [value]
+    if not parts or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in parts):
+        raise ConfigError(f"{key}: {value!r} is not 'chain' or a per-depth top-k list like '2,1,1' "
+                          "(integers >= 1)")
+    try:
+        TreeShape(tuple(parts))
+    except EngineInputError as exc:
+        raise ConfigError(f"{key}: {value!r}: {str(exc).removeprefix('tree_topk: ')}") from None
+    return () if all(k == 1 for k in parts) else tuple(parts)
+
+
+def _tree_shapes(s: _Section) -> tuple[tuple[int, ...], ...]:
+    """``search.tree_topk``: one shape or a list of them; default the chain only (today's behaviour)."""
+    v = s.get("tree_topk", [CHAIN])
+    vals = v if isinstance(v, list) and (not v or not all(isinstance(x, int) for x in v)) else [v]
+    if not vals:
+        raise ConfigError(f"{s.key('tree_topk')}: must be 'chain', a shape like '2,1,1' or a non-empty list of them "
+                          f"(got {v!r})")
+    return tuple(dict.fromkeys(parse_tree(x, s.key("tree_topk")) for x in vals))
 
 
 def _args(v: _Section, default: tuple[str, ...]) -> tuple[str, ...]:

@@ -289,3 +289,104 @@ def best_gamma(curves: Curves, samples: Sequence[StepSample], batch: int, gamma_
     cands = [predict(curves, samples, g, t, batch, new_tokens, num_requests, prompt_lens)
              for g in range(gamma_max + 1) for t in (thresholds if g else (0.0,))]
     return max(cands, key=lambda p: (p.tokens_per_second, -p.gamma))
+
+
+# --- token trees -----------------------------------------------------------------------------------
+
+TREE_RANK_CAP = 16  # ranks are stored up to this (a rank >= the cap is never inside a searched top-k)
+
+
+def tree_rank_samples(acceptance: dict) -> list[list[int]] | None:
+    """The profiler's per-position draft ranks (``acceptance.tree_ranks``), or None when not measured."""
+    ranks = acceptance.get("tree_ranks") if isinstance(acceptance, dict) else None
+    return [list(map(int, r)) for r in ranks] if ranks else None
+
+
+def tree_expected_tokens(ranks: Sequence[Sequence[int]], topk: Sequence[int]) -> float:
+    """Expected tokens per row-step of a static tree (per-depth ``topk``), bonus included.
+
+    ``ranks`` (per profiled request) holds, for each output position t, the rank of the target's
+    token among the draft's predictions at that position (0 = the draft's top-1), both models
+    teacher-forced on the target's own output. A step starting at t with a top-k tree reaches depth
+    d when ``rank[t + j] < topk[j]`` for every j < d: the node of the target's token exists at every
+    depth (a node's children are the draft's top-k given its path, which is the target's path).
+    The step's tokens are 1 + that depth; the estimate averages over every start t of every
+    request (starts near the end are cut by the output's end, as the request itself would be).
+
+    Approximations (docs/metrics.md, cost model): exact in expectation for greedy rows when step
+    starts are uniform over positions; for sampled rows the target token is a sample, and the
+    tree's recursive rejection accepts more than "the sampled token is a child" for top-k children
+    (the residual is renormalised after each rejected sibling) and differently for i.i.d.
+    children, so there it is an approximation. A chain (top-k 1) gives the greedy chain's E.
+
+    Example:
+        >>> tree_expected_tokens([[0, 1, 0, 3]], (1, 1))  # starts 0..3 reach depths 1, 0, 1, 0
+        1.5
+        >>> tree_expected_tokens([[0, 1, 0, 3]], (2, 2))  # depths 2, 2, 1, 0
+        2.25
+    """
+    total = count = 0
+    for seq in ranks:
+        n = len(seq)
+        for t in range(n):
+            d = 0
+            while d < len(topk) and t + d < n and seq[t + d] < topk[d]:
+                d += 1
+            total += 1 + d
+            count += 1
+    return total / count if count else 1.0
+
+
+def tree_level_sizes(topk: Sequence[int]) -> list[int]:
+    """Nodes per depth 1..depth of a static tree (engine.tree.TreeShape.level_sizes, without torch)."""
+    sizes, n = [], 1
+    for k in topk:
+        n *= k
+        sizes.append(n)
+    return sizes
+
+
+@dataclass(frozen=True)
+class TreePrediction:
+    topk: tuple[int, ...]
+    batch_size: int
+    tokens_per_step: float
+    step_time_s: float
+    tokens_per_second: float
+    tpot_ms: float
+    speedup: float  # over plain decoding at the same batch size
+
+
+def predict_tree(curves: Curves, ranks: Sequence[Sequence[int]], topk: Sequence[int], batch: int) -> TreePrediction:
+    """Steady-state throughput of a static tree at batch size B.
+
+    Step time = sum over depths of one draft forward over the previous depth's nodes
+    (T_draft(B) x T_verify(B, w) / T_verify(B, 1) for w nodes per row: the draft's width cost is
+    assumed to scale like the target's) + T_verify(B, 1 + nodes) + overhead(B). Every row drafts
+    the whole tree (no confidence cut), so there is no lock-step maximum. Tokens per step:
+    :func:`tree_expected_tokens`.
+
+    Example:
+        >>> curves = Curves({1: {1: 0.010, 2: 0.010, 3: 0.011, 4: 0.012}}, {1: 0.001})
+        >>> p = predict_tree(curves, [[0, 1, 0, 3]], (2, 1), 1)
+        >>> round(p.tokens_per_step, 2), round(p.step_time_s, 4)
+        (2.0, 0.014)
+    """
+    topk = tuple(topk)
+    sizes = tree_level_sizes(topk)
+    t1 = curves.verify(batch, 1)
+    widths = [1, *sizes[:-1]]
+    draft = sum(curves.draft(batch) * (curves.verify(batch, w) / t1 if t1 else 1.0) for w in widths)
+    overhead = curves.step_overhead(batch)
+    step = draft + curves.verify(batch, 1 + sum(sizes)) + overhead
+    tokens = tree_expected_tokens(ranks, topk)
+    tps = batch * tokens / step
+    return TreePrediction(topk, batch, tokens, step, tps, 1e3 * step / tokens, tps / (batch / (t1 + overhead)))
+
+
+def best_tree(curves: Curves, ranks: Sequence[Sequence[int]], shapes: Sequence[Sequence[int]],
+              batch: int) -> tuple[tuple[int, ...], TreePrediction]:
+    """The highest predicted throughput among ``shapes`` at batch size B (ties to fewer nodes)."""
+    preds = [predict_tree(curves, ranks, s, batch) for s in shapes]
+    best = max(preds, key=lambda p: (p.tokens_per_second, -sum(tree_level_sizes(p.topk))))
+    return best.topk, best

@@ -5,11 +5,14 @@
 - ``fingerprint`` and ``ceilings``: device identity, theoretical and measured roofline;
 - ``curves``: ``t_verify[B][k]`` (a target forward of B rows x k tokens over a cache filled
   to the workload's typical context) and ``t_draft[B]`` (one batched draft forward), for B in
-  powers of two up to the largest batch size, k = 1 .. gamma_max + 1;
+  powers of two up to the largest batch size, k = 1 .. gamma_max + 1 (and, when token trees are
+  searched, up to the largest tree's nodes + 1: ``extend_for_trees``);
 - ``knee_curve``: T(n) for verify passes of n = B*k tokens in powers of two, and ``knee_tokens``;
 - ``acceptance``: per-position acceptance at gamma_max and threshold 0, and the per-step
   samples (tokens accepted, draft confidence per position) the cost model uses to predict any
-  confidence threshold without rerunning;
+  confidence threshold without rerunning; when token trees are searched (``extend_for_trees``),
+  also ``tree_ranks``: per request and output position, the rank of the target's token among the
+  draft's predictions, from which the cost model predicts any tree shape's accepted length;
 - ``verification_efficiency[B][k]`` and ``draft_cost_ratio[B]`` (docs/metrics.md);
 - ``classification``: the per-batch-size table (autotune.classify), each label with its evidence
   (verify cost with a bootstrap 95% interval from the repeated timings in ``t_verify_samples``;
@@ -18,6 +21,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable
 
@@ -25,7 +29,7 @@ import torch
 
 from autotune.ceilings import measure_ceilings
 from autotune.classify import classify
-from autotune.costmodel import Curves, StepSample, per_position_acceptance
+from autotune.costmodel import TREE_RANK_CAP, Curves, StepSample, per_position_acceptance, tree_level_sizes
 from autotune.hardware import fingerprint
 from autotune.runner import LoadSpec, run_load
 from autotune.timing import measure_stable
@@ -75,8 +79,11 @@ def _forward_timer(model: Transformer, batch: int, k: int, context: int, device:
 
 
 def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, context: int,
-                   repeats: int = 7, progress: Progress | None = None, prompt_tokens: int | None = None) -> dict:
-    """T_verify(B, k), T_draft(B), T_prefill(B) and the knee curve T(n), medians over ``repeats``."""
+                   repeats: int = 7, progress: Progress | None = None, prompt_tokens: int | None = None,
+                   verify_k_max: int | None = None) -> dict:
+    """T_verify(B, k), T_draft(B), T_prefill(B) and the knee curve T(n), medians over ``repeats``.
+
+    k runs 1 .. gamma_max + 1, or 1 .. ``verify_k_max`` when that is larger (a token tree's nodes + 1)."""
     prompt_tokens = prompt_tokens or context
     device = pair.target.lm_head.weight.device
     t_verify: dict[int, dict[int, float]] = {}
@@ -86,7 +93,7 @@ def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, cont
     for b in batch_sizes:
         t_verify[b] = {}
         cost_samples[b] = {}
-        for k in range(1, gamma_max + 2):
+        for k in range(1, max(gamma_max + 1, verify_k_max or 0) + 1):
             m = measure_stable(_forward_timer(pair.target, b, k, context, device), device, warmup=2, repeats=repeats,
                                keep_samples=True)
             t_verify[b][k] = m["median"]
@@ -154,6 +161,79 @@ def measure_acceptance(pair: ModelPair, requests: list[Request], drafter: str, g
         "per_position_acceptance": per_position_acceptance(samples, gamma_max),
         "samples": [[s.n_accepted, list(s.confidence)] for s in samples],
     }
+
+
+def measure_tree_ranks(pair: ModelPair, requests: list[Request], seed: int = 0,
+                       cap: int = TREE_RANK_CAP) -> list[list[int]]:
+    """Per request, the rank of each output token among the draft's predictions (capped at ``cap``).
+
+    The target generates each request's output (plain decoding, the workload's sampling); then
+    one uncached forward of the draft over prompt + output gives, at every output position, the
+    draft's logits given the target's own prefix, and the output token's rank among them (0 =
+    the draft's argmax). :func:`autotune.costmodel.tree_expected_tokens` reads these.
+    """
+    if pair.draft is None:
+        return []
+    device = pair.target.lm_head.weight.device
+    run = run_load(pair, requests, SpecConfig(gamma=0), "none",
+                   LoadSpec(max_batch_size=1, num_requests=len(requests)), seed, warmup=False)
+    by_id = {r.id: r for r in requests}
+    out = []
+    for rec in run.records:
+        req = by_id.get(rec.id)
+        if req is None or not rec.output_tokens:
+            continue
+        ids = torch.tensor([list(req.prompt_ids) + list(rec.output_tokens)], device=device)
+        p = len(req.prompt_ids)
+        with torch.inference_mode():
+            logits = pair.draft(ids[:, :-1])[0, p - 1:]  # predictions of output positions 0..n-1
+        tokens = ids[0, p:]
+        chosen = logits.gather(1, tokens[:, None])
+        ranks = (logits > chosen).sum(-1).clamp(max=cap)
+        out.append([int(r) for r in ranks.tolist()])
+    return out
+
+
+def tree_nodes(shapes) -> int:
+    """The most drafted nodes among tree shapes (per-depth top-k tuples); 0 for chains only."""
+    return max((sum(tree_level_sizes(s)) for s in shapes if s and any(k > 1 for k in s)), default=0)
+
+
+def extend_for_trees(pair: ModelPair, requests: list[Request], measurement: dict, shapes, seed: int = 0,
+                     progress: Progress | None = None) -> dict | None:
+    """What the profiler adds when token trees are searched, or None when the measurement has it already.
+
+    T_verify(B, k) for k up to the largest tree's nodes + 1 at every measured batch size (same
+    context, repeats and timer as :func:`measure_curves`), and ``acceptance.tree_ranks``
+    (:func:`measure_tree_ranks`). Returns a new measurement (stored form: string keys); nothing
+    already measured changes.
+    """
+    need = tree_nodes(shapes) + 1
+    curves = measurement["curves"]
+    t_verify = curves["t_verify"]
+    missing = {b: [k for k in range(1, need + 1) if str(k) not in row and k not in row] for b, row in t_verify.items()}
+    has_ranks = bool(measurement.get("acceptance", {}).get("tree_ranks"))
+    if need <= 1 or (has_ranks and not any(missing.values())):
+        return None
+    device = pair.target.lm_head.weight.device
+    context = int(curves.get("context_tokens") or max(len(r.prompt_ids) for r in requests))
+    repeats = int(curves.get("repeats") or 7)
+    new = json.loads(json.dumps(measurement))
+    for b, ks in missing.items():
+        for k in ks:
+            m = measure_stable(_forward_timer(pair.target, int(b), k, context, device), device, warmup=2,
+                               repeats=repeats)
+            new["curves"]["t_verify"][str(b)][str(k)] = m["median"]
+            t1 = new["curves"]["t_verify"][str(b)].get("1")
+            if t1:
+                new["verification_efficiency"].setdefault(str(b), {})[str(k)] = verification_efficiency(m["median"], k, t1)
+        if ks and progress:
+            progress(f"tree verify widths B={b} k<={need}")
+    if not has_ranks:
+        new["acceptance"]["tree_ranks"] = measure_tree_ranks(pair, spread(requests, ACCEPTANCE_PROMPTS), seed)
+        if progress:
+            progress("tree acceptance (draft ranks of the target's tokens)")
+    return new
 
 
 def curves_from_json(curves: dict) -> Curves:

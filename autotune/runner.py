@@ -77,8 +77,13 @@ def run_load(
     warmup: bool = True,
     trace: bool = False,
     time_limit_s: float | None = None,
+    ngram: tuple[int, int] = (2, 4),
 ) -> RunResult:
     """One engine run of ``requests`` under ``load`` with speculation settings ``spec``.
+
+    ``spec.tree_topk`` drafts a token tree (the ``model`` drafter only; engine.tree). ``ngram`` is the
+    prompt-lookup window (min, max) of the ``ngram`` and ``hybrid`` drafters (tune.yaml
+    search.ngram_min/ngram_max).
 
     ``trace=True`` also returns per-row step samples (``RunResult.trace``: tokens accepted and
     draft confidence per position, as :class:`~autotune.costmodel.StepSample`).
@@ -92,7 +97,7 @@ def run_load(
 
     def once(reqs: list[Request], n: int, conc: int | None, rate: float | None, record: bool = False) -> RunResult:
         generator = torch.Generator(device=device).manual_seed(seed)
-        engine = SpecEngine(pair.target, make_drafter(drafter, pair), spec, load.max_batch_size, max_seq_len,
+        engine = SpecEngine(pair.target, make_drafter(drafter, pair, *ngram), spec, load.max_batch_size, max_seq_len,
                             eos, generator)
         if record:
             engine.enable_trace()

@@ -84,7 +84,8 @@ def choose(points: Sequence[Point], has_slo: bool) -> Choice:
 
 
 def simplicity(params: Mapping[str, object]) -> tuple:
-    """Sort key, simplest first: no speculation, then constant gamma, no threshold, small gamma.
+    """Sort key, simplest first: no speculation, then constant gamma, a chain (not a token tree),
+    no threshold, small gamma.
 
     Example:
         >>> sorted([{"gamma": 4, "gamma_schedule": "heuristic"}, {"gamma": 0}, {"gamma": 6}], key=simplicity)
@@ -92,9 +93,14 @@ def simplicity(params: Mapping[str, object]) -> tuple:
     """
     gamma = int(params.get("gamma", 0) or 0)  # type: ignore[call-overload]
     if gamma == 0:
-        return (0, 0, 0.0, 0)
-    return (1, int(params.get("gamma_schedule", "constant") != "constant"),
+        return (0, 0, 0, 0.0, 0)
+    return (1, int(params.get("gamma_schedule", "constant") != "constant"), int(_is_tree(params)),
             float(params.get("confidence_threshold", 0.0) or 0.0), gamma)  # type: ignore[arg-type]
+
+
+def _is_tree(params: Mapping[str, object]) -> bool:
+    """A token tree (``tree_topk`` other than the chain): less simple than any chain of the same policy."""
+    return str(params.get("tree_topk", "chain")) != "chain"
 
 
 def config_label(params: Mapping[str, object]) -> str:
@@ -107,8 +113,9 @@ def config_label(params: Mapping[str, object]) -> str:
     gamma = int(params.get("gamma", 0) or 0)  # type: ignore[call-overload]
     if gamma == 0:
         return "gamma=0 (no speculation)"
-    return (f"gamma={gamma} thr={float(params.get('confidence_threshold', 0.0) or 0.0):.2f} "  # type: ignore[arg-type]
-            f"{params.get('gamma_schedule', 'constant')}")
+    label = (f"gamma={gamma} thr={float(params.get('confidence_threshold', 0.0) or 0.0):.2f} "  # type: ignore[arg-type]
+             f"{params.get('gamma_schedule', 'constant')}")
+    return label + f" tree={params['tree_topk']}" if _is_tree(params) else label
 
 
 def score_ratio(a: Point, b: Point, has_slo: bool) -> Estimate:  # noqa: ARG001 - one rule with or without SLOs

@@ -1,7 +1,11 @@
 """The Optuna study: every trial is a real engine run of the workload under load.
 
 Knobs (each searched or fixed by tune.yaml): drafter, gamma (0 = speculation off),
-confidence_threshold, gamma_schedule, max_batch_size. A trial runs the configuration at every
+confidence_threshold, gamma_schedule, max_batch_size, and (``search.tree_topk``) the token-tree
+shape. A tree fixes gamma to its depth, threshold 0 and the constant policy, and needs the
+draft model: the space is constrained so that such a trial is never sampled with settings the
+engine refuses (the tree knob is suggested only for the ``model`` drafter; the chain's knobs only
+for the chain). A trial runs the configuration at every
 load level of the workload (closed-loop concurrency levels, or one open-loop rate) and reports
 two objectives: throughput (generated tokens / wall time over all levels; maximised) and the
 chosen latency percentile (worst level; minimised). SLOs become Optuna constraints via
@@ -23,9 +27,9 @@ from dataclasses import dataclass
 import optuna
 import torch
 
-from autotune.config import TuneConfig
+from autotune.config import CHAIN, TuneConfig, parse_tree, tree_name
 from autotune.context import Context
-from autotune.costmodel import best_gamma
+from autotune.costmodel import best_gamma, best_tree, tree_rank_samples
 from autotune.records import LEVEL_KEYS, LevelMetrics, Measurement, TrialResult  # noqa: F401 (LEVEL_KEYS re-exported)
 from autotune.runner import LoadSpec, run_load
 from autotune.selection import Point
@@ -46,28 +50,53 @@ class Space:
     gamma_policies: tuple[str, ...]  # per-row gamma policy: constant / heuristic (the key gamma_schedule)
     max_batch_sizes: tuple[int, ...]
     search_gamma_cap: int | None  # the study's largest gamma from the profiler (None = not applied)
+    tree_shapes: tuple[tuple[int, ...], ...] = ((),)  # search.tree_topk; () = the chain
+
+    @property
+    def trees(self) -> bool:
+        """Whether tree shapes are searched (then every trial's params carry ``tree_topk``)."""
+        return any(self.tree_shapes)
+
+    @property
+    def tree_names(self) -> tuple[str, ...]:
+        return tuple(tree_name(t) for t in self.tree_shapes)
 
     def to_json(self) -> dict:
-        """The profile's ``study.space`` (its stored keys predate the field names: ``schedules``, ``gamma_cap``)."""
-        return {"drafters": self.drafters, "gamma_low": self.gamma_low, "gamma_high": self.gamma_high,
-                "threshold_low": self.threshold_low, "threshold_high": self.threshold_high,
-                "schedules": self.gamma_policies, "max_batch_sizes": self.max_batch_sizes,
-                "gamma_cap": self.search_gamma_cap}
+        """The profile's ``study.space`` (its stored keys predate the field names: ``schedules``, ``gamma_cap``).
+        ``tree_topk`` is written only when trees are searched."""
+        out = {"drafters": self.drafters, "gamma_low": self.gamma_low, "gamma_high": self.gamma_high,
+               "threshold_low": self.threshold_low, "threshold_high": self.threshold_high,
+               "schedules": self.gamma_policies, "max_batch_sizes": self.max_batch_sizes,
+               "gamma_cap": self.search_gamma_cap}
+        if self.trees:
+            out["tree_topk"] = self.tree_names
+        return out
 
     def suggest(self, trial: optuna.Trial) -> dict:
+        """One configuration. With trees searched, the shape is suggested for the ``model`` drafter only;
+        a tree fixes gamma (its depth), threshold 0 and the constant policy, so those are not suggested."""
         p: dict = {}
         p["drafter"] = trial.suggest_categorical("drafter", self.drafters) if len(self.drafters) > 1 else self.drafters[0]
-        p["gamma"] = (trial.suggest_int("gamma", self.gamma_low, self.gamma_high)
-                      if self.gamma_high > self.gamma_low else self.gamma_low)
-        p["confidence_threshold"] = round(trial.suggest_float(
-            "confidence_threshold", self.threshold_low, self.threshold_high, step=THRESHOLD_STEP)
-            if self.threshold_high > self.threshold_low else self.threshold_low, 4)
-        p["gamma_schedule"] = (trial.suggest_categorical("gamma_schedule", self.gamma_policies)
-                               if len(self.gamma_policies) > 1 else self.gamma_policies[0])
+        tree: tuple[int, ...] = ()
+        if self.trees and p["drafter"] == "model":
+            names = self.tree_names
+            tree = parse_tree(trial.suggest_categorical("tree_topk", names) if len(names) > 1 else names[0])
+        if tree:
+            p["gamma"], p["confidence_threshold"], p["gamma_schedule"] = len(tree), 0.0, "constant"
+        else:
+            p["gamma"] = (trial.suggest_int("gamma", self.gamma_low, self.gamma_high)
+                          if self.gamma_high > self.gamma_low else self.gamma_low)
+            p["confidence_threshold"] = round(trial.suggest_float(
+                "confidence_threshold", self.threshold_low, self.threshold_high, step=THRESHOLD_STEP)
+                if self.threshold_high > self.threshold_low else self.threshold_low, 4)
+            p["gamma_schedule"] = (trial.suggest_categorical("gamma_schedule", self.gamma_policies)
+                                   if len(self.gamma_policies) > 1 else self.gamma_policies[0])
         p["max_batch_size"] = (trial.suggest_categorical("max_batch_size", self.max_batch_sizes)
                                if len(self.max_batch_sizes) > 1 else self.max_batch_sizes[0])
         if p["drafter"] == "none":
             p["gamma"] = 0
+        if self.trees:
+            p["tree_topk"] = tree_name(tree)
         return p
 
     def searched(self) -> set[str]:
@@ -82,11 +111,28 @@ class Space:
             names.add("gamma_schedule")
         if len(self.max_batch_sizes) > 1:
             names.add("max_batch_size")
+        if self.trees and len(self.tree_shapes) > 1:
+            names.add("tree_topk")
         return names
 
     def clip(self, params: dict) -> dict:
-        """A warm-start point moved inside the space, restricted to the searched knobs."""
+        """A warm-start point moved inside the space, restricted to the searched knobs.
+
+        With trees searched: a tree point keeps only the tree's own knobs (drafter, shape, batch
+        size; its gamma, threshold and policy follow from the shape), a chain point names the chain
+        when the chain is searched, else the first searched shape."""
         out = dict(params)
+        if self.trees:
+            shape = parse_tree(out.get("tree_topk", CHAIN)) if out.get("drafter", self.drafters[0]) == "model" else ()
+            if shape not in self.tree_shapes:
+                shape = () if () in self.tree_shapes else self.tree_shapes[0]
+            if shape and out.get("drafter") == "model":
+                out["tree_topk"] = tree_name(shape)
+                keep = self.searched() & {"drafter", "tree_topk", "max_batch_size"}
+                if out.get("max_batch_size") not in self.max_batch_sizes:
+                    out["max_batch_size"] = self.max_batch_sizes[0]
+                return {k: v for k, v in out.items() if k in keep}
+            out["tree_topk"] = CHAIN
         out["gamma"] = min(max(int(out.get("gamma", 0)), self.gamma_low), self.gamma_high)
         thr = float(out.get("confidence_threshold", self.threshold_low))
         out["confidence_threshold"] = min(max(thr, self.threshold_low), self.threshold_high)
@@ -94,6 +140,8 @@ class Space:
                              ("max_batch_size", self.max_batch_sizes)):
             if out.get(key) not in allowed:
                 out[key] = allowed[0]
+        if out.get("drafter") != "model":
+            out.pop("tree_topk", None)
         return {k: v for k, v in out.items() if k in self.searched()}
 
 
@@ -119,7 +167,8 @@ def shape_space(cfg: TuneConfig, measurement: dict, fixed: dict | None = None) -
     if thr_low is None:
         thr_low, thr_high = cfg.confidence_threshold.low, cfg.confidence_threshold.high
     schedules = (fixed["gamma_schedule"],) if "gamma_schedule" in fixed else cfg.gamma_policies
-    return Space(cfg.drafters, int(cfg.gamma.low), int(high), thr_low, thr_high, schedules, cfg.max_batch_size, cap)
+    return Space(cfg.drafters, int(cfg.gamma.low), int(high), thr_low, thr_high, schedules, cfg.max_batch_size, cap,
+                 cfg.tree_shapes)
 
 
 def levels(cfg: TuneConfig) -> list[tuple[str, float]]:
@@ -138,8 +187,9 @@ def evaluate(ctx: Context, params: dict, seed: int, clock: Callable[[], float] =
     if backend is not None:
         return backend.evaluate(params, seed)
     cfg = ctx.cfg
-    spec = SpecConfig(gamma=int(params["gamma"]), confidence_threshold=float(params["confidence_threshold"]),
-                      gamma_schedule=params["gamma_schedule"])
+    spec = spec_config(params)
+    # the prompt-lookup window of tune.yaml (search.ngram_min/max), for the drafters that look up n-grams
+    ngram = {"ngram": (cfg.ngram_min, cfg.ngram_max)} if params["drafter"] in ("ngram", "hybrid") else {}
     per_level = {}
     tokens = wall = 0.0
     all_levels = levels(cfg)
@@ -152,7 +202,7 @@ def evaluate(ctx: Context, params: dict, seed: int, clock: Callable[[], float] =
         try:
             if left is not None and left <= 0:
                 raise TimeoutError
-            run = run_load(ctx.pair, ctx.requests, spec, params["drafter"], load, seed, time_limit_s=left)
+            run = run_load(ctx.pair, ctx.requests, spec, params["drafter"], load, seed, time_limit_s=left, **ngram)
         except TimeoutError:  # the limit is the whole trial's, every load level included
             raise TimeoutError(f"trial exceeded trial_timeout_s={cfg.trial_timeout_s:g} s "
                                f"({done} of {len(all_levels)} load levels done)") from None
@@ -163,6 +213,22 @@ def evaluate(ctx: Context, params: dict, seed: int, clock: Callable[[], float] =
         wall += m["wall_s"]
     worst = max(getattr(lv, cfg.latency) or 0.0 for lv in per_level.values())
     return TrialResult(tokens / wall, worst, per_level).to_json()
+
+
+def spec_config(params: dict) -> SpecConfig:
+    """The engine's settings for a trial's params; ``tree_topk`` (when present and not the chain, with the
+    ``model`` drafter and gamma > 0) becomes ``SpecConfig.tree_topk`` with gamma = the tree's depth.
+
+    Example:
+        >>> spec_config({"drafter": "model", "gamma": 2, "confidence_threshold": 0.0, "gamma_schedule": "constant",
+        ...              "tree_topk": "2,1"}).tree_topk
+        (2, 1)
+    """
+    tree = parse_tree(params.get("tree_topk", CHAIN))
+    if tree and params.get("drafter") == "model" and int(params["gamma"]) > 0:
+        return SpecConfig(gamma=len(tree), tree_topk=tree)
+    return SpecConfig(gamma=int(params["gamma"]), confidence_threshold=float(params["confidence_threshold"]),
+                      gamma_schedule=params["gamma_schedule"])
 
 
 def slo_violations(cfg: TuneConfig, result: dict) -> dict[str, float]:
@@ -225,6 +291,15 @@ def warm_starts(ctx: Context, space: Space, measurement: dict, nearest: dict | N
                           cfg.max_new_tokens, max(cfg.num_requests, b), [len(r.prompt_ids) for r in ctx.requests])
         points.append((f"cost model best at batch {b}", {**base, "drafter": drafter, "gamma": max(best.gamma, 1),
                                                          "confidence_threshold": best.confidence_threshold}))
+    ranks = tree_rank_samples(m.acceptance) if space.trees else None
+    if ranks:
+        trees = [t for t in space.tree_shapes if t]
+        for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
+            shape, _ = best_tree(curves, ranks, trees, b)
+            points.append((f"cost model best tree at batch {b}", {**base, "drafter": "model", "gamma": len(shape),
+                                                                  "confidence_threshold": 0.0,
+                                                                  "gamma_schedule": "constant",
+                                                                  "tree_topk": tree_name(shape)}))
     if nearest is not None and isinstance(nearest.get("chosen"), dict):
         points.append((f"nearest stored profile #{nearest.get('id')}", {**base, **nearest["chosen"]}))
     out, seen = [], set()

@@ -27,7 +27,7 @@ from autotune import hostnoise
 from autotune import study as study_mod
 from autotune.backends import open_backend
 from autotune.config import TuneConfig
-from autotune.costmodel import predict
+from autotune.costmodel import predict, predict_tree, tree_rank_samples
 from autotune.errors import BusyHostError, ConfigError
 from autotune.records import Measurement
 from autotune.selection import Choice, Point, batch_schedule, choose_with_margin, pareto_front
@@ -39,6 +39,7 @@ from profiles.store import redact_url
 
 Say = Callable[[str], None]
 CHOSEN_KNOBS = ("drafter", "gamma", "confidence_threshold", "gamma_schedule", "max_batch_size")
+TREE_KNOB = "tree_topk"  # in a trial's params only when search.tree_topk names a tree
 
 
 class Interrupted(Exception):
@@ -101,6 +102,7 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
         measurement, reused = ctx_mod.ensure_profile(ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"))
         say("profile: " + ("reused stored measurement (--reprofile to measure again)" if reused
                            else "measured and stored"))
+        measurement = _extend_for_trees(ctx, measurement, say)
         run = _run_study(ctx, measurement, resume, say)
         profile = _select_and_build(ctx, run.space, measurement, run.study, run.trials, say)
         noise_after = _host_noise(say, strict, "after the study")
@@ -111,6 +113,21 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
         signal.signal(signal.SIGTERM, old)
         if ctx.backend is not None:
             ctx.backend.close()
+
+
+def _extend_for_trees(ctx: ctx_mod.Context, measurement: dict, say: Say) -> dict:
+    """With trees searched: the verify widths and draft ranks trees need, measured once and stored."""
+    if not ctx.cfg.trees_searched or ctx.backend is not None:
+        return measurement
+    from autotune import profiler
+
+    extended = profiler.extend_for_trees(ctx.pair, ctx.requests, measurement, ctx.cfg.tree_shapes, ctx.cfg.seed,
+                                         progress=lambda s: say(f"  profiling: {s}"))
+    if extended is None:
+        return measurement
+    ctx.store.save_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler", extended)
+    say("profile: tree verify widths and draft ranks measured and stored")
+    return extended
 
 
 def _host_noise(say: Say, strict: bool, when: str) -> dict:
@@ -298,7 +315,16 @@ def _median_result(rounds: list[dict]) -> dict:
 
 
 def _knobs(params: dict) -> tuple:
-    return tuple(params.get(k) for k in CHOSEN_KNOBS)
+    return tuple(params.get(k) for k in (*CHOSEN_KNOBS, TREE_KNOB))
+
+
+def _is_tree(params: Mapping) -> bool:
+    return params.get(TREE_KNOB, "chain") != "chain" and params.get("drafter") == "model" and params.get("gamma", 0) > 0
+
+
+def _chain_points(points: list[Point]) -> list[Point]:
+    """The points without a token tree (all of them when trees were not searched)."""
+    return [p for p in points if not _is_tree(p.params)]
 
 
 def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> Profile:
@@ -312,7 +338,10 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> Profi
     chosen_result = remeasured.find(choice.point.params)[1]
     chosen = _chosen_knobs(cfg, choice.point)
     static_point = remeasured.find(finalists.best_static.params)[0] if finalists.best_static is not None else None
-    schedule, crossover = batch_schedule(points + remeasured.points, list(cfg.batch_sizes))
+    # gamma by batch size is a chain table (stacks take it for chains); a tree is the chosen configuration's
+    schedule, crossover = batch_schedule(_chain_points(points + remeasured.points), list(cfg.batch_sizes))
+    if _is_tree(choice.point.params):
+        chosen = dataclasses.replace(chosen, best_chain=_best_chain(points, remeasured.points))
     pvm = _prediction_check(measurement, chosen, chosen_result)
     metrics = _chosen_metrics(cfg, choice.point, chosen_result, chosen, base_point, static_point,
                               finalists.best_static)
@@ -334,10 +363,12 @@ def _finalists(cfg: TuneConfig, points: list[Point]) -> _Finalists:
     """The ``budget.remeasure_top`` fastest Pareto points (SLO-feasible ones when any), gamma=0, best static gamma."""
     pool = [p for p in points if p.feasible] if cfg.slo and any(p.feasible for p in points) else points
     candidates = sorted(pareto_front(pool), key=lambda p: -p.tokens_per_second)[: cfg.remeasure_top]
-    static = [p for p in points if p.params.get("gamma", 0) > 0 and p.params.get("gamma_schedule") == "constant"
-              and float(p.params.get("confidence_threshold", 0.0)) == 0.0]
+    static = [p for p in _chain_points(points) if p.params.get("gamma", 0) > 0
+              and p.params.get("gamma_schedule") == "constant" and float(p.params.get("confidence_threshold", 0.0)) == 0.0]
     best_static = max(static, key=lambda p: p.tokens_per_second, default=None)
     base_params = {**candidates[0].params, "gamma": 0, "confidence_threshold": 0.0, "gamma_schedule": "constant"}
+    if TREE_KNOB in base_params:
+        base_params[TREE_KNOB] = "chain"
     configs: list[tuple[dict, int | None]] = []
     for params, number in [*((c.params, c.number) for c in candidates), (base_params, None),
                            *([(best_static.params, best_static.number)] if best_static else [])]:
@@ -384,8 +415,24 @@ def _remeasure_finalists(ctx, finalists: _Finalists, say: Say) -> _Remeasured:
 
 def _chosen_knobs(cfg: TuneConfig, point: Point) -> Chosen:
     """The profile's ``chosen``: the point's knobs plus the n-gram window the study ran with."""
-    return Chosen(**{k: point.params[k] for k in CHOSEN_KNOBS}, prompt_lookup_min=cfg.ngram_min,
-                  prompt_lookup_max=cfg.ngram_max)
+    chosen = Chosen(**{k: point.params[k] for k in CHOSEN_KNOBS}, prompt_lookup_min=cfg.ngram_min,
+                    prompt_lookup_max=cfg.ngram_max)
+    if TREE_KNOB in point.params:  # trees were searched: "chain" or the chosen shape
+        chosen = dataclasses.replace(chosen, tree_topk=point.params[TREE_KNOB] if _is_tree(point.params) else "chain")
+    return chosen
+
+
+def _best_chain(points: list[Point], remeasured: list[Point]) -> dict | None:
+    """The fastest measured chain of the draft model (re-measured medians first): what chain-only stacks get."""
+    for pool in (remeasured, points):
+        chains = [p for p in _chain_points(pool) if p.params.get("drafter") == "model" and p.params.get("gamma", 0) > 0]
+        if chains:
+            best = max(chains, key=lambda p: p.tokens_per_second)
+            return {"gamma": int(best.params["gamma"]),
+                    "confidence_threshold": float(best.params.get("confidence_threshold", 0.0)),
+                    "gamma_schedule": best.params.get("gamma_schedule", "constant"),
+                    "tokens_per_second": best.tokens_per_second}
+    return None
 
 
 def _prediction_check(measurement: dict, chosen: Chosen, chosen_result: dict) -> list[dict]:
@@ -393,6 +440,14 @@ def _prediction_check(measurement: dict, chosen: Chosen, chosen_result: dict) ->
     m = Measurement.from_json(measurement)
     curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
     pvm = []
+    ranks = tree_rank_samples(m.acceptance)
+    if chosen.tree_shape and ranks:
+        for b, lv in chosen_result["per_level"].items():
+            pred = predict_tree(curves, ranks, chosen.tree_shape, min(int(b), int(chosen.max_batch_size)))
+            pvm.append({"batch_size": int(b), "gamma": int(chosen.gamma), "tree_topk": chosen.tree_topk,
+                        "predicted_tokens_per_second": pred.tokens_per_second,
+                        "measured_tokens_per_second": lv["tokens_per_second"]})
+        return pvm
     for b, lv in chosen_result["per_level"].items():
         g = min(int(chosen.gamma), gmax)
         pred = predict(curves, samples, g, float(chosen.confidence_threshold), min(int(b), int(chosen.max_batch_size)))
@@ -404,7 +459,7 @@ def _prediction_check(measurement: dict, chosen: Chosen, chosen_result: dict) ->
 def _chosen_metrics(cfg: TuneConfig, chosen_point: Point, chosen_result: dict, chosen: Chosen, base_point: Point,
                     static_point: Point | None, best_static: Point | None) -> dict:
     """The profile's ``metrics``: the chosen configuration's medians and intervals, and its paired speedups."""
-    static_is_chosen = best_static is not None and all(best_static.params.get(k) == getattr(chosen, k)
+    static_is_chosen = best_static is not None and chosen.tree_shape == () and all(best_static.params.get(k) == getattr(chosen, k)
                                                        for k in CHOSEN_KNOBS)
     tps = [t for t, _ in chosen_point.rounds]
     speedup = paired_ratio(tps, [t for t, _ in base_point.rounds])

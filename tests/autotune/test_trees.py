@@ -1,0 +1,263 @@
+"""Token trees in the study (issue 13): tune.yaml's search.tree_topk, the constrained space, the cost model's
+tree prediction, the profiler's tree extension, warm starts, and a short real study with trees searched."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+
+from autotune import study as study_mod
+from autotune.config import Range, TuneConfig, parse
+from autotune.costmodel import Curves, best_tree, predict_tree, tree_expected_tokens
+from autotune.errors import ConfigError
+from autotune.selection import config_label, simplicity
+from autotune.tune import run_tune
+from profiles.exporters import export
+from profiles.store import Store
+
+
+def _raw(root: Path, **search) -> dict:
+    for d in ("target", "draft"):
+        (root / d).mkdir(exist_ok=True)
+    (root / "prompts.jsonl").write_text('{"prompt": "x"}\n')
+    return {"models": {"target": "target", "draft": "draft"}, "workload": {"prompts": "prompts.jsonl"},
+            "search": search}
+
+
+# --- tune.yaml -----------------------------------------------------------------------------------
+
+
+def test_tree_topk_defaults_to_the_chain_only(tmp_path) -> None:
+    cfg = parse(_raw(tmp_path), tmp_path)
+    assert cfg.tree_shapes == ((),) and not cfg.trees_searched
+
+
+@pytest.mark.parametrize("value, shapes", [
+    (["chain", "2,1,1"], ((), (2, 1, 1))),
+    ("2,1", ((2, 1),)),
+    ([3, 1], ((3, 1),)),  # a list of integers is one shape
+    (["1", "1,1", "2"], ((), (2,))),  # all ones is the chain, duplicates dropped
+])
+def test_tree_topk_values(tmp_path, value, shapes) -> None:
+    assert parse(_raw(tmp_path, tree_topk=value), tmp_path).tree_shapes == shapes
+
+
+@pytest.mark.parametrize("search, message", [
+    ({"tree_topk": "2,x"}, r"^search.tree_topk: '2,x' is not 'chain' or a per-depth top-k list"),
+    ({"tree_topk": ["chain", "0,1"]}, r"^search.tree_topk: '0,1' is not 'chain'"),
+    ({"tree_topk": []}, r"^search.tree_topk: must be 'chain', a shape like '2,1,1' or a non-empty list"),
+    ({"tree_topk": {"a": 1}}, r"^search.tree_topk: \{'a': 1\} is not 'chain'"),
+    ({"tree_topk": "16,16"}, r"^search.tree_topk: '16,16': \[16, 16\] has 272 nodes \(at most 256\)"),
+    ({"tree_topk": "2,1", "drafter": ["ngram"]}, r"^search.tree_topk: a tree needs the 'model' drafter"),
+    ({"tree_topk": "2,1,1,1,1,1,1,1,1"}, r"^search.tree_topk: '2,1,1,1,1,1,1,1,1' has depth 9 > profile.gamma_max 8"),
+    ({"drafter": ["hybrid"]}, r"^search.drafter: 'hybrid' drafts with the draft model too; list 'model' with it"),
+])
+def test_bad_tree_values_are_one_line_config_errors(tmp_path, search, message) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        parse(_raw(tmp_path, **search), tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_hybrid_is_accepted_next_to_model(tmp_path) -> None:
+    assert parse(_raw(tmp_path, drafter=["model", "hybrid"]), tmp_path).drafters == ("model", "hybrid")
+
+
+def test_bad_tree_value_exits_2_via_the_cli(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+
+    raw = _raw(tmp_path, tree_topk="2,x")
+    path = tmp_path / "tune.yaml"
+    path.write_text(json.dumps(raw))
+    result = CliRunner().invoke(main, ["tune", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "search.tree_topk: '2,x'" in result.output
+
+
+# --- the space -----------------------------------------------------------------------------------
+
+CFG = TuneConfig(target=Path("t"), draft=None, device="cpu", concurrency=(1, 2), gamma=Range(0, 4),
+                 drafters=("model", "ngram"), gamma_policies=("constant", "heuristic"), max_batch_size=(2,),
+                 tree_shapes=((), (2, 1)), search_gamma_cap="off")
+
+
+def test_without_trees_the_space_and_params_are_unchanged() -> None:
+    space = study_mod.shape_space(dataclasses.replace(CFG, tree_shapes=((),)), measurement={})
+    assert "tree_topk" not in space.to_json() and "tree_topk" not in space.searched()
+    p = space.suggest(optuna.trial.FixedTrial({"drafter": "model", "gamma": 2, "confidence_threshold": 0.1,
+                                               "gamma_schedule": "heuristic"}))
+    assert "tree_topk" not in p
+    assert study_mod.spec_config(p).tree_topk == ()
+
+
+def test_a_tree_trial_never_takes_settings_the_engine_refuses() -> None:
+    """The tree fixes gamma (depth), threshold 0 and the constant policy; the chain knobs are not suggested."""
+    space = study_mod.shape_space(CFG, measurement={})
+    assert space.to_json()["tree_topk"] == ("chain", "2,1") and "tree_topk" in space.searched()
+    study = optuna.create_study(directions=["maximize", "minimize"],
+                                sampler=optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=6))
+    seen = set()
+    for _ in range(40):
+        trial = study.ask()
+        p = space.suggest(trial)
+        spec = study_mod.spec_config(p)  # raises EngineInputError for a refused combination
+        if p["drafter"] != "model":
+            assert p["tree_topk"] == "chain" and "tree_topk" not in trial.params and spec.tree_topk == ()
+        if p["tree_topk"] != "chain":
+            assert (p["gamma"], p["confidence_threshold"], p["gamma_schedule"]) == (2, 0.0, "constant")
+            assert spec.tree_topk == (2, 1) and "gamma" not in trial.params
+            assert "confidence_threshold" not in trial.params and "gamma_schedule" not in trial.params
+        seen.add((p["drafter"], p["tree_topk"]))
+        study.tell(trial, [1.0, 1.0])
+    assert ("model", "2,1") in seen and ("model", "chain") in seen
+
+
+def test_clip_keeps_a_tree_warm_start_inside_the_space() -> None:
+    space = study_mod.shape_space(CFG, measurement={})
+    assert space.clip({"drafter": "model", "gamma": 2, "confidence_threshold": 0.0, "gamma_schedule": "constant",
+                       "max_batch_size": 2, "tree_topk": "2,1"}) == {"drafter": "model", "tree_topk": "2,1"}
+    assert space.clip({"drafter": "model", "gamma": 3, "confidence_threshold": 0.0, "gamma_schedule": "constant",
+                       "max_batch_size": 2, "tree_topk": "3,3"})["tree_topk"] == "chain"  # not searched
+    assert "tree_topk" not in space.clip({"drafter": "ngram", "gamma": 3, "tree_topk": "2,1"})
+    only_trees = dataclasses.replace(space, tree_shapes=((2, 1),))
+    assert only_trees.clip({"drafter": "model", "gamma": 3}) == {"drafter": "model"}  # the one shape is fixed
+
+
+def test_a_tree_is_less_simple_than_a_chain_of_the_same_policy() -> None:
+    chain = {"gamma": 2, "gamma_schedule": "constant", "confidence_threshold": 0.3, "tree_topk": "chain"}
+    tree = {"gamma": 2, "gamma_schedule": "constant", "confidence_threshold": 0.0, "tree_topk": "2,1"}
+    assert simplicity(chain) < simplicity(tree)
+    assert config_label(tree) == "gamma=2 thr=0.00 constant tree=2,1" and "tree" not in config_label(chain)
+
+
+# --- cost model ----------------------------------------------------------------------------------
+
+
+def test_tree_expected_tokens_reduces_to_the_greedy_chain_and_grows_with_width() -> None:
+    ranks = [[0, 0, 1, 0, 2, 0, 0, 5], [1, 0, 0]]
+    chain = tree_expected_tokens(ranks, (1, 1, 1))
+    # the chain's E from the same data: count leading zeros (rank 0 = the draft's argmax = greedy acceptance)
+    starts = [seq[t:] for seq in ranks for t in range(len(seq))]
+    lead = [next((i for i, r in enumerate(s[:3]) if r != 0), min(3, len(s))) for s in starts]
+    assert chain == pytest.approx(1 + sum(lead) / len(lead))
+    assert tree_expected_tokens(ranks, (2, 1, 1)) > chain
+    assert tree_expected_tokens(ranks, (3, 3, 3)) >= tree_expected_tokens(ranks, (2, 2, 2))
+
+
+def test_best_tree_pays_only_where_verify_width_is_cheap() -> None:
+    ranks = [[0, 1, 0, 1, 0, 1, 1, 0, 2, 0]] * 3
+    flat = Curves({1: dict.fromkeys(range(1, 12), 0.010)}, {1: 0.001})  # memory-bound: width is free
+    steep = Curves({1: {k: 0.010 * k for k in range(1, 12)}}, {1: 0.001})  # compute-bound
+    shapes = [(1, 1), (2, 1), (2, 2), (3, 1, 1)]
+    best_flat, _ = best_tree(flat, ranks, shapes, 1)
+    best_steep, _ = best_tree(steep, ranks, shapes, 1)
+    assert best_flat != (1, 1) and best_steep == (1, 1)
+    # two draft forwards of one token, one verify of 1 + 2 tokens: what a chain of gamma 2 costs
+    assert predict_tree(flat, ranks, (1, 1), 1).step_time_s == pytest.approx(0.012)
+
+
+# --- the profiler's extension and warm starts ----------------------------------------------------
+
+
+def test_extend_for_trees_measures_only_what_is_missing(tiny_pair_dirs, tune_config) -> None:
+    from autotune import context, profiler
+
+    cfg = tune_config(search={"tree_topk": ["chain", "2,1"]})
+    ctx = context.build(cfg)
+    try:
+        measurement, reused = context.ensure_profile(ctx)
+        assert reused and "tree_ranks" not in measurement["acceptance"]
+        extended = profiler.extend_for_trees(ctx.pair, ctx.requests, measurement, cfg.tree_shapes)
+        for b, row in extended["curves"]["t_verify"].items():
+            assert sorted(map(int, row)) == [1, 2, 3, 4, 5], b  # gamma_max 2 -> 3; the tree's 4 nodes -> 5
+            for k in ("1", "2", "3"):
+                assert row[k] == measurement["curves"]["t_verify"][b][k]  # nothing measured changes
+        ranks = extended["acceptance"]["tree_ranks"]
+        assert ranks and all(0 <= r <= 16 for seq in ranks for r in seq)
+        assert profiler.extend_for_trees(ctx.pair, ctx.requests, extended, cfg.tree_shapes) is None
+        warm = study_mod.warm_starts(ctx, study_mod.shape_space(cfg, extended), extended, None)
+        labels = [label for label, _ in warm]
+        assert any(label.startswith("cost model best tree at batch") for label in labels)
+        tree_points = [p for label, p in warm if label.startswith("cost model best tree")]
+        assert tree_points[0]["tree_topk"] == "2,1"
+    finally:
+        ctx.store.close()
+
+
+# --- a short real study with trees searched ------------------------------------------------------
+
+
+def test_real_study_searches_trees_and_stores_the_shape(tune_config) -> None:
+    """Trials run the real engine on the tiny pair; a tree trial runs, the space and trials carry the shape."""
+    cfg = tune_config(search={"tree_topk": ["chain", "2,1"], "confidence_threshold": 0.0,
+                              "gamma": {"low": 0, "high": 2}},
+                      budget={"n_trials": 4, "repeats": 1, "remeasure_top": 1},
+                      export={"formats": ["sglang", "vllm", "yaml"]})
+    lines: list[str] = []
+    profile = run_tune(cfg, say=lines.append)
+    assert any("tree verify widths and draft ranks measured and stored" in line for line in lines)
+    assert profile["study"]["space"]["tree_topk"] == ["chain", "2,1"]
+    trees = [t for t in profile["trials"] if t["params"].get("tree_topk") == "2,1"]
+    assert trees and all(t["params"]["gamma"] == 2 and t["params"]["confidence_threshold"] == 0.0 for t in trees)
+    assert profile["chosen"]["tree_topk"] in ("chain", "2,1")
+    with Store(cfg.storage) as store:
+        assert store.get_profile(profile["id"])["chosen"] == profile["chosen"]
+
+
+def _tree_wins(ctx, params, seed):  # noqa: ARG001 - same signature as study.evaluate
+    """Deterministic stand-in: the 2,1 tree is the fastest configuration at every level."""
+    g = int(params["gamma"])
+    tree = params.get("tree_topk", "chain") != "chain" and g > 0
+    per_level = {}
+    for c in ctx.cfg.concurrency:
+        tps = 100.0 * c + 10.0 * g + (50.0 if tree else 0.0) - 5.0 * float(params["confidence_threshold"])
+        level = dict.fromkeys(study_mod.LEVEL_KEYS, 1.0)
+        level.update(tokens_per_second=tps, tpot_ms_p95=30.0, generated_tokens=12, wall_s=12 / tps)
+        per_level[c] = level
+    wall = sum(lv["wall_s"] for lv in per_level.values())
+    return {"tokens_per_second": 12 * len(per_level) / wall, "latency_ms": 30.0, "per_level": per_level}
+
+
+def test_a_chosen_tree_is_stored_and_exported(tune_config, monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(study_mod, "evaluate", _tree_wins)
+    cfg = tune_config(search={"tree_topk": ["chain", "2,1"]}, budget={"n_trials": 6, "repeats": 3},
+                      export={"formats": ["sglang", "vllm", "trtllm", "yaml"]})
+    profile = run_tune(cfg, say=lambda s: None)
+    chosen = profile["chosen"]
+    assert chosen["tree_topk"] == "2,1" and chosen["gamma"] == 2
+    assert chosen["best_chain"]["gamma"] >= 1 and list(chosen)[:5] == ["drafter", "gamma", "confidence_threshold",
+                                                                        "gamma_schedule", "max_batch_size"]
+    assert all(e["gamma"] <= cfg.gamma.high for e in profile["schedule"])  # the schedule is a chain table
+    assert profile["predicted_vs_measured"][0]["tree_topk"] == "2,1"
+    sglang = Path(cfg.export_dir, "sglang-args.sh").read_text()
+    assert "--speculative-eagle-topk 2" in sglang and "--speculative-num-draft-tokens 5" in sglang
+    vllm = json.loads(Path(cfg.export_dir, "vllm-speculative-config.json").read_text())
+    assert vllm["method"] == "draft_model"
+    meta = json.loads(Path(cfg.export_dir, "vllm-speculative-config.json.meta.json").read_text())
+    assert any("token tree 2,1" in n and "best measured chain" in n for n in meta["notes"])
+    assert "token tree 2,1" in export(profile, "trtllm").text.replace("\n#   ", " ")
+
+
+def test_runner_passes_the_tree_to_the_engine(monkeypatch) -> None:
+    seen = {}
+
+    def run_load(pair, requests, spec, drafter, load, seed, time_limit_s=None, **kw):  # noqa: ARG001
+        seen.update(spec=spec, drafter=drafter, kw=kw)
+        return SimpleNamespace(metrics={"generated_tokens": 4, "wall_s": 0.2, "tpot_ms_p95": 1.0})
+
+    monkeypatch.setattr(study_mod, "run_load", run_load)
+    cfg = dataclasses.replace(CFG, concurrency=(1,), trial_timeout_s=None)
+    study_mod.evaluate(SimpleNamespace(cfg=cfg, pair=None, requests=[]),
+                       {"drafter": "model", "gamma": 2, "confidence_threshold": 0.0, "gamma_schedule": "constant",
+                        "max_batch_size": 2, "tree_topk": "2,1"}, 0)
+    assert seen["spec"].tree_topk == (2, 1) and seen["spec"].gamma == 2 and seen["kw"] == {}
+    study_mod.evaluate(SimpleNamespace(cfg=cfg, pair=None, requests=[]),
+                       {"drafter": "hybrid", "gamma": 3, "confidence_threshold": 0.1, "gamma_schedule": "constant",
+                        "max_batch_size": 2}, 0)
+    assert seen["drafter"] == "hybrid" and seen["kw"] == {"ngram": (2, 4)} and seen["spec"].tree_topk == ()
