@@ -19,7 +19,7 @@ from profiles.errors import ProfileError
 SCHEMA_VERSION = 1
 # Copies of the engine's enumerations (engine.generate.DRAFTERS, engine.speculative.GAMMA_POLICIES):
 # profiles never imports engine; tests/test_enumerations.py checks that the copies match.
-DRAFTERS = ("model", "ngram", "none")
+DRAFTERS = ("model", "ngram", "hybrid", "none")
 GAMMA_POLICIES = ("constant", "heuristic")  # the per-row gamma policies
 
 
@@ -142,6 +142,13 @@ class ExportInputs:
     prompt_lookup_max: int | None
     schedule: tuple[tuple[int, int], ...]
     max_batch_size: int | None = None  # the tuned number of concurrent sequences, when the profile has one
+    # A chosen token tree (per-depth top-k; () for a chain). When set, ``gamma``/``confidence_threshold``/
+    # ``gamma_schedule`` hold the best measured chain (what stacks without trees export), ``tree_gamma`` the depth.
+    tree_topk: tuple[int, ...] = ()
+    # The profile's drafter when exporters substitute another: "hybrid" (exported as the draft model, "model").
+    chosen_drafter: str | None = None
+    tree_gamma: int = 0
+    best_chain_measured: bool = True  # False: no chain of the draft model was measured; gamma is the tree's depth
 
     @property
     def schedule_max(self) -> int:
@@ -167,6 +174,17 @@ def export_inputs(profile: Mapping[str, Any], target_model: str | None = None,
     check_schema_version(profile)
     chosen = Chosen.from_json(profile.get("chosen", {}))
     drafter, gamma, threshold, gamma_schedule = chosen.drafter, chosen.gamma, chosen.threshold, chosen.gamma_policy
+    tree, chain_measured = chosen.tree_shape, True
+    if tree:  # chain-only stacks get the best measured chain; the tree travels in tree_topk
+        best = chosen.best_chain if chosen.best_chain is not MISSING else None
+        chain_measured = best is not None
+        if best is not None:
+            gamma = int(best["gamma"])
+            threshold = float(best.get("confidence_threshold", 0.0) or 0.0)
+            gamma_schedule = best.get("gamma_schedule", "constant")
+    chosen_drafter = None
+    if drafter == "hybrid":  # per-row n-gram / draft model: stacks get the draft model (notes say so)
+        drafter, chosen_drafter = "model", "hybrid"
     lookup_min = lookup_max = None
     if drafter == "ngram":
         lookup_min, lookup_max = chosen.prompt_lookup_min, chosen.prompt_lookup_max
@@ -174,7 +192,7 @@ def export_inputs(profile: Mapping[str, Any], target_model: str | None = None,
     target = target_model or get(profile, "pair.target", str)
     draft = draft_model or get(profile, "pair.draft", str, default=None, nullable=True)
     if drafter == "model" and draft is None:
-        raise ProfileError("profile: missing key 'pair.draft' (the chosen drafter is 'model'; "
+        raise ProfileError(f"profile: missing key 'pair.draft' (the chosen drafter is {chosen.drafter!r}; "
                            "pass --draft-model to name it)")
     return ExportInputs(
         tool_version=get(profile, "tool_version", str),
@@ -191,4 +209,8 @@ def export_inputs(profile: Mapping[str, Any], target_model: str | None = None,
         prompt_lookup_max=lookup_max,
         schedule=parse_schedule(profile),
         max_batch_size=max_batch,
+        tree_topk=tree,
+        chosen_drafter=chosen_drafter,
+        tree_gamma=len(tree),
+        best_chain_measured=chain_measured,
     )

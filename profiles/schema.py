@@ -66,7 +66,11 @@ class Chosen:
 
     ``gamma_schedule`` is the per-row gamma policy (``constant`` or ``heuristic``), not the
     batch schedule; the key keeps its stored name. ``prompt_lookup_min``/``max`` are the n-gram
-    window the study ran with.
+    window the study ran with. ``tree_topk`` is present only when the study searched token trees:
+    ``"chain"`` or the chosen tree's per-depth top-k (``"2,1,1"``; gamma is then its depth, the
+    threshold 0 and the policy constant). ``best_chain`` (``gamma``, ``confidence_threshold``,
+    ``gamma_schedule``, ``tokens_per_second``), present only when a tree was chosen, is the
+    fastest measured chain of the draft model: what a stack that takes no tree exports.
     """
 
     drafter: str
@@ -76,11 +80,13 @@ class Chosen:
     max_batch_size: int | None = MISSING
     prompt_lookup_min: int | None = MISSING
     prompt_lookup_max: int | None = MISSING
+    tree_topk: str = MISSING
+    best_chain: Mapping[str, Any] | None = MISSING
     extra: Mapping[str, Any] = field(default_factory=dict)
     key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     KEYS = ("drafter", "gamma", "confidence_threshold", "gamma_schedule", "max_batch_size", "prompt_lookup_min",
-            "prompt_lookup_max")
+            "prompt_lookup_max", "tree_topk", "best_chain")
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Chosen:
@@ -109,6 +115,19 @@ class Chosen:
         max_batch = get(wrapped, "chosen.max_batch_size", int, default=MISSING, nullable=True)
         if max_batch not in (MISSING, None) and max_batch < 1:
             raise ProfileError(f"profile: 'chosen.max_batch_size' must be >= 1, got {max_batch}")
+        tree = get(wrapped, "chosen.tree_topk", str, default=MISSING)
+        if tree is not MISSING:
+            shape = parse_tree_topk(tree)
+            if shape and drafter != "model":
+                raise ProfileError(f"profile: 'chosen.tree_topk' {tree!r} needs the 'model' drafter, got {drafter!r}")
+            if shape and len(shape) != gamma:
+                raise ProfileError(f"profile: 'chosen.tree_topk' {tree!r} has depth {len(shape)} but "
+                                   f"'chosen.gamma' is {gamma}")
+        best_chain = get(wrapped, "chosen.best_chain", dict, default=MISSING, nullable=True)
+        if best_chain not in (MISSING, None):
+            chain_gamma = get(wrapped, "chosen.best_chain.gamma", int)
+            if chain_gamma < 1:
+                raise ProfileError(f"profile: 'chosen.best_chain.gamma' must be >= 1, got {chain_gamma}")
         # stored as written (a float threshold stays as it was, e.g. 0 or 0.0)
         return cls(**{k: known.get(k, MISSING) for k in cls.KEYS}, extra=extra, key_order=tuple(data))
 
@@ -124,6 +143,28 @@ class Chosen:
     @property
     def gamma_policy(self) -> str:
         return "constant" if self.gamma_schedule is MISSING else self.gamma_schedule
+
+    @property
+    def tree_shape(self) -> tuple[int, ...]:
+        """The chosen tree's per-depth top-k; ``()`` for a chain (or a profile from before trees)."""
+        return () if self.tree_topk is MISSING else parse_tree_topk(self.tree_topk)
+
+
+def parse_tree_topk(value: str) -> tuple[int, ...]:
+    """``"chain"`` -> ``()``; ``"2,1,1"`` -> ``(2, 1, 1)`` (all ones is the chain); ProfileError otherwise.
+
+    Example:
+        >>> parse_tree_topk("2,1,1"), parse_tree_topk("chain"), parse_tree_topk("1,1")
+        ((2, 1, 1), (), ())
+    """
+    if value == "chain":
+        return ()
+    parts = value.split(",")
+    if not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise ProfileError(f"profile: 'chosen.tree_topk' must be 'chain' or a per-depth top-k like '2,1,1', "
+                           f"got {value!r}")
+    shape = tuple(int(p) for p in parts)
+    return () if all(k == 1 for k in shape) else shape
 
 
 @dataclass(frozen=True)

@@ -197,3 +197,34 @@ def is_number(value: Any) -> bool:
 def fail(stack: str, message: str) -> ProfileError:
     """``ProfileError("<stack> export: <message>")``, for validators."""
     return ProfileError(f"{stack} export: {message}")
+
+
+def tree_text(topk: Sequence[int]) -> str:
+    """``"2,1,1 (per-depth top-k; 6 nodes, depth 3)"``, for notes."""
+    nodes, width = 0, 1
+    for k in topk:
+        width *= k
+        nodes += width
+    return f"{','.join(map(str, topk))} (per-depth top-k; {nodes} nodes, depth {len(topk)})"
+
+
+def substitution_notes(inputs: ExportInputs, stack: str, tree_exported: bool = False) -> list[str]:
+    """Notes for what the profile chose but ``stack`` cannot take: a token tree, the hybrid drafter.
+
+    Empty when the profile chose neither (so exports of other profiles are unchanged).
+    """
+    notes = []
+    if inputs.tree_topk and not tree_exported:
+        if inputs.best_chain_measured:
+            chain = (f"the best measured chain of the draft model instead: gamma {inputs.gamma}"
+                     + (f", confidence_threshold {inputs.confidence_threshold}" if inputs.confidence_threshold else "")
+                     + (f", {inputs.gamma_schedule} gamma" if inputs.gamma_schedule != "constant" else ""))
+        else:
+            chain = f"a chain of the tree's depth instead (gamma {inputs.gamma}; the study measured no chain)"
+        notes.append(f"The profile chose the token tree {tree_text(inputs.tree_topk)}; {stack} takes no token tree "
+                     f"for a draft-model drafter, so this exports {chain}.")
+    if inputs.chosen_drafter == "hybrid":
+        notes.append(f"The profile chose the hybrid drafter (per row and step: the prompt-lookup n-gram proposal "
+                     f"when it matches, else the draft model); {stack} has no per-row switch between the two, so "
+                     "this exports the draft model alone with the chosen gamma.")
+    return notes

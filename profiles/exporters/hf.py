@@ -27,6 +27,7 @@ from profiles.exporters._common import (
     read_json_file,
     schedule_text,
     sidecar_json,
+    substitution_notes,
 )
 from profiles.profile import ExportInputs
 
@@ -109,6 +110,7 @@ def export(inputs: ExportInputs) -> Exported:
         if inputs.drafter == "ngram" and inputs.prompt_lookup_min and inputs.prompt_lookup_min > 1:
             notes.append(f"transformers matches n-grams from max_matching_ngram_size down to 1; the profile's "
                          f"prompt_lookup_min {inputs.prompt_lookup_min} has no equivalent.")
+        notes += substitution_notes(inputs, "transformers assisted generation")
     text = json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     sidecar = sidecar_json(inputs, STACK, speculation=speculation, notes=notes, usage=usage,
                            target=inputs.target, draft=inputs.draft)

@@ -24,6 +24,7 @@ from profiles.exporters._common import (
     off_reason,
     one_length_note,
     shell_script,
+    substitution_notes,
 )
 from profiles.profile import ExportInputs
 
@@ -129,6 +130,7 @@ def export(inputs: ExportInputs) -> Exported:
         if inputs.gamma_schedule != "constant":
             notes.append(f"gamma_schedule {inputs.gamma_schedule!r} has no llama.cpp equivalent; the draft "
                          "length stays at most --spec-draft-n-max.")
+        notes += substitution_notes(inputs, "llama-server (draft-simple)")
     paths = [inputs.target] + ([inputs.draft] if speculation and inputs.draft else [])
     if any(not path.endswith(".gguf") for path in paths):
         notes.append("llama.cpp loads GGUF files: convert the models (convert_hf_to_gguf.py) and export again "

@@ -7,6 +7,16 @@ drafter runs as ``NGRAM``: topk is taken from ``--speculative-ngram-max-bfs-brea
 1 for a chain, ``--speculative-eagle-topk`` would be overridden) and num-draft-tokens =
 gamma + 1. SGLang has one draft length for all batch sizes, so the profile's chosen gamma is
 used; gamma 0 exports no speculative flags.
+
+A chosen token tree is exported as a STANDALONE tree: SGLang's eagle-family argument handling
+(``_handle_eagle_family`` in python/sglang/srt/arg_groups/speculative_hook.py, which STANDALONE
+goes through) rejects ``--speculative-eagle-topk`` > 1 only with the trtllm_mha attention
+backend, with rejection sampling, and with page size > 1 outside flashinfer/fa3/triton
+(docs/stacks/sglang.md). SGLang's tree takes one top-k for every step and keeps the draft's best
+``num_draft_tokens - 1`` nodes (EAGLE-2's best-first selection) of ``topk + (steps - 1) * topk^2``
+candidates, so the export is ``--speculative-num-steps`` = depth, ``--speculative-eagle-topk`` =
+the largest per-depth top-k and ``--speculative-num-draft-tokens`` = the tree's nodes (capped at
+the candidates) + 1; a note says that the shape is SGLang's selection, not the static one measured.
 """
 
 from __future__ import annotations
@@ -22,7 +32,10 @@ from profiles.exporters._common import (
     is_int,
     off_reason,
     one_length_note,
+    schedule_text,
     shell_script,
+    substitution_notes,
+    tree_text,
 )
 from profiles.profile import ExportInputs
 
@@ -77,6 +90,12 @@ def validate(args: Mapping[str, Any]) -> None:
         if topk == 1 and steps is not None and draft_tokens != steps + 1:
             raise fail("sglang", f"with topk 1 --speculative-num-draft-tokens must be num-steps + 1 "
                        f"({steps + 1}), got {draft_tokens}")
+        if topk is not None and topk > 1 and steps is not None:
+            if draft_tokens is None:
+                raise fail("sglang", "with topk > 1 set --speculative-num-draft-tokens (the tree's verified tokens)")
+            if draft_tokens - 1 > tree_candidates(topk, steps):
+                raise fail("sglang", f"--speculative-num-draft-tokens {draft_tokens} exceeds the tree's "
+                           f"{tree_candidates(topk, steps)} candidate nodes + 1 (topk {topk}, num-steps {steps})")
     if algorithm == "NGRAM":
         if "--speculative-eagle-topk" in args:
             raise fail("sglang", "NGRAM takes topk from --speculative-ngram-max-bfs-breadth; "
@@ -87,6 +106,28 @@ def validate(args: Mapping[str, Any]) -> None:
         high = args.get("--speculative-ngram-max-bfs-breadth", 10)
         if low > high:
             raise fail("sglang", f"ngram min BFS breadth {low} exceeds max {high}")
+
+
+def tree_candidates(topk: int, steps: int) -> int:
+    """Draft nodes an SGLang eagle-family tree chooses from: topk at the first step, topk^2 at each later one."""
+    return topk + (steps - 1) * topk * topk
+
+
+def tree_args(topk_per_depth: tuple[int, ...]) -> tuple[int, int, int]:
+    """``(num_steps, eagle_topk, num_draft_tokens)`` for a static tree (per-depth top-k).
+
+    Example:
+        >>> tree_args((2, 1, 1))  # 6 nodes, 2 + 2 * 4 = 10 candidates
+        (3, 2, 7)
+        >>> tree_args((2, 2, 2))  # 14 nodes, capped at 10 candidates
+        (3, 2, 11)
+    """
+    steps, topk = len(topk_per_depth), max(topk_per_depth)
+    nodes, width = 0, 1
+    for k in topk_per_depth:
+        width *= k
+        nodes += width
+    return steps, topk, min(nodes, tree_candidates(topk, steps)) + 1
 
 
 def server_args(inputs: ExportInputs) -> dict[str, Any]:
@@ -103,7 +144,12 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
     gamma = 0 if inputs.drafter == "none" else inputs.gamma
     if gamma == 0:
         return args
-    if inputs.drafter == "model":
+    if inputs.drafter == "model" and inputs.tree_topk:
+        steps, topk, draft_tokens = tree_args(inputs.tree_topk)
+        args.update({"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": inputs.draft,
+                     "--speculative-num-steps": steps, "--speculative-eagle-topk": topk,
+                     "--speculative-num-draft-tokens": draft_tokens})
+    elif inputs.drafter == "model":
         args.update({"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": inputs.draft,
                      "--speculative-num-steps": gamma, "--speculative-eagle-topk": 1,
                      "--speculative-num-draft-tokens": gamma + 1})
@@ -123,15 +169,29 @@ def export(inputs: ExportInputs) -> Exported:
         why = off_reason(inputs)
         notes.append(f"Speculation off: {why}, so no --speculative-* flags.")
     else:
-        notes.append(one_length_note(inputs, "SGLang"))
-        if inputs.drafter == "model" and inputs.confidence_threshold > 0:
+        if inputs.tree_topk:
+            notes.append(f"SGLang uses one tree at every batch size. Tuned chain schedule, for reference: "
+                         f"{schedule_text(inputs.schedule)}.")
+        else:
+            notes.append(one_length_note(inputs, "SGLang"))
+        if inputs.drafter == "model" and inputs.confidence_threshold > 0 and not inputs.tree_topk:
             notes.append(f"SGLang has no draft-confidence early stop; confidence_threshold "
                          f"{inputs.confidence_threshold} is not exported.")
         if inputs.drafter == "ngram":
             notes.append("NGRAM matches against its own trie (--speculative-ngram-max-trie-depth), not the "
                          f"profile's prompt_lookup {inputs.prompt_lookup_min}..{inputs.prompt_lookup_max} window.")
-        if inputs.gamma_schedule != "constant":
+        if inputs.gamma_schedule != "constant" and not inputs.tree_topk:
             notes.append(f"gamma_schedule {inputs.gamma_schedule!r} has no SGLang equivalent; gamma stays constant.")
+        if inputs.tree_topk:
+            steps, topk, draft_tokens = tree_args(inputs.tree_topk)
+            notes.append(f"Token tree {tree_text(inputs.tree_topk)}: STANDALONE accepts --speculative-eagle-topk > 1 "
+                         f"(speculative_hook.py _handle_eagle_family). SGLang drafts {steps} steps with top-{topk} "
+                         f"at every step and verifies the draft's best {draft_tokens - 1} nodes (EAGLE-2 selection), "
+                         "not this exact static shape; the engine measured the static one. "
+                         + ("Best measured chain" if inputs.best_chain_measured else "A chain of the tree's depth")
+                         + f", for a chain launch: --speculative-num-steps {inputs.gamma} --speculative-eagle-topk 1 "
+                         f"--speculative-num-draft-tokens {inputs.gamma + 1}.")
+        notes += substitution_notes(inputs, "SGLang", tree_exported=True)
     header = comment_header(FILENAME, "SGLang server launch with the tuned speculative decoding flags",
                             inputs, STACK, notes, usage=f"sh {FILENAME} [more sglang.launch_server flags]")
     flags = [(flag, value) for flag, value in args.items()]

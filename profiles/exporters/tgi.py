@@ -21,6 +21,7 @@ from profiles.exporters._common import (
     off_reason,
     schedule_text,
     shell_script,
+    substitution_notes,
 )
 from profiles.profile import ExportInputs
 
@@ -71,6 +72,7 @@ def export(inputs: ExportInputs) -> Exported:
             notes.append(f"TGI cannot load a separate draft model ({inputs.draft}): --speculate makes it speculate "
                          "with n-grams (or Medusa heads, for a Medusa model), whose acceptance this profile did "
                          "not measure. Re-tune with the ngram drafter for a TGI-faithful gamma.")
+        notes += substitution_notes(inputs, "TGI")
     header = comment_header(FILENAME, "TGI launch with the tuned speculation length", inputs, STACK, notes,
                             usage=f"sh {FILENAME} [more text-generation-launcher flags]")
     text, command = shell_script(header, PROGRAM, list(args.items()))

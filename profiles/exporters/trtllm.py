@@ -35,6 +35,7 @@ from profiles.exporters._common import (
     is_number,
     off_reason,
     schedule_text,
+    substitution_notes,
 )
 from profiles.profile import ExportInputs
 
@@ -160,6 +161,7 @@ def extra_options(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
     if inputs.drafter == "model" and inputs.confidence_threshold > 0:
         notes.append(f"Draft_Target has no draft-confidence cutoff; confidence_threshold "
                      f"{inputs.confidence_threshold} is not exported.")
+    notes += substitution_notes(inputs, "TensorRT-LLM's Draft_Target")
     return {"speculative_config": config}, notes
 
 

@@ -32,6 +32,7 @@ from profiles.exporters._common import (
     read_json_file,
     schedule_text,
     sidecar_json,
+    substitution_notes,
 )
 from profiles.profile import ExportInputs
 
@@ -205,6 +206,7 @@ def export(inputs: ExportInputs) -> Exported:
         if inputs.confidence_threshold > 0:
             notes.append(f"vLLM has no draft-confidence cutoff; confidence_threshold {inputs.confidence_threshold} "
                          "is not exported.")
+        notes += substitution_notes(inputs, "vLLM (draft_model; ngram and draft_model are separate methods)")
     validate(config)
     command = shlex.join(["vllm", *serve_args(inputs)])
     text = "null\n" if config is None else json_lines(config)

@@ -59,7 +59,7 @@ def test_a_newer_schema_is_refused(profile) -> None:
 
 @pytest.mark.parametrize(("chosen", "message"), [
     ({"gamma": 4}, "missing key 'chosen.drafter'"),
-    ({"drafter": "eagle", "gamma": 4}, "'chosen.drafter' must be one of model, ngram, none"),
+    ({"drafter": "eagle", "gamma": 4}, "'chosen.drafter' must be one of model, ngram, hybrid, none"),
     ({"drafter": "model", "gamma": -1}, "'chosen.gamma' must be >= 0"),
     ({"drafter": "model", "gamma": 1, "confidence_threshold": 1.5}, r"'chosen.confidence_threshold' must be in \[0, 1\]"),
     ({"drafter": "model", "gamma": 1, "gamma_schedule": "adaptive"}, "'chosen.gamma_schedule' must be one of"),
