@@ -277,7 +277,8 @@ def make_objective(ctx: Context, space: Space, on_trial: Callable[[int, dict, di
 
 
 def warm_starts(ctx: Context, space: Space, measurement: dict, nearest: dict | None) -> list[tuple[str, dict]]:
-    """Enqueued first trials: the AR baseline, the cost model's best points, the nearest profile's choice."""
+    """Enqueued first trials: the AR baseline, the cost model's best points (chains, and with trees searched
+    the best tree at the smallest and largest batch size), the nearest profile's choice."""
     cfg = ctx.cfg
     base = {"drafter": space.drafters[0], "gamma": 0, "confidence_threshold": space.threshold_low,
             "gamma_schedule": space.gamma_policies[0], "max_batch_size": max(space.max_batch_sizes)}
