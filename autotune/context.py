@@ -51,7 +51,7 @@ class Context:
 
 def build(cfg: TuneConfig) -> Context:
     """Load the pair and workload, open the store, compute the identity hashes."""
-    needs_draft = "model" in cfg.drafters
+    needs_draft = "model" in cfg.drafters or "hybrid" in cfg.drafters  # hybrid falls back to the draft model
     check_device(cfg)
     pair = load_pair(cfg.target, cfg.draft if needs_draft else None, dtype=cfg.dtype, device=cfg.device)
     compile_note = _compile(pair, cfg.compile)

@@ -124,7 +124,9 @@ def render_tune(p: Profile | Mapping[str, Any]) -> str:
         f"profile #{pid} for {p.device['label']} ({study['n_trials']} trials on {measured_by}, "
         f"study {study['name']})",
         f"chosen      drafter={c.drafter} gamma={c.gamma} threshold={c.confidence_threshold:.2f} "
-        f"schedule={c.gamma_schedule} max_batch_size={c.max_batch_size}  ({p.selection['reason']})",
+        f"schedule={c.gamma_schedule} max_batch_size={c.max_batch_size}"
+        + (f" tree_topk={c.tree_topk}" if isinstance(c.tree_topk, str) and c.tree_topk != "chain" else "")
+        + f"  ({p.selection['reason']})",
         "",
     ]
     rows = []

@@ -9,6 +9,8 @@ import click
 from autotune.cli.options import CONFIG_OPTION, print_json, say_err
 from autotune.cli.render import render_profile, render_tune
 from autotune.config import BACKENDS
+from autotune.records import Measurement
+from profiles.schema import Profile
 
 
 @click.command()
@@ -25,7 +27,7 @@ def profile(config_path, as_json):
     if as_json:
         print_json(data)
         return
-    click.echo(render_profile(data))
+    click.echo(render_profile(Measurement.from_json(data)))
 
 
 @click.command()
@@ -73,4 +75,4 @@ def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, b
     if as_json:
         print_json(prof)
         return
-    click.echo(render_tune(prof))
+    click.echo(render_tune(Profile.from_json(prof)))
