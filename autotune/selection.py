@@ -188,7 +188,7 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
 
 
 def batch_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
-                   min_gain: float = 1.02) -> tuple[list[dict], int | None]:
+                   min_gain: float = 1.02, prefer: Point | None = None) -> tuple[list[dict], int | None]:
     """Per batch size, the gamma of the fastest measured configuration there.
 
     Speculation must beat the best gamma=0 measurement at that batch size by ``min_gain``
@@ -196,7 +196,12 @@ def batch_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
     Where re-measured points carry paired per-round throughput at that batch size (``per_batch_rounds``,
     2 rounds or more), the decision is instead made among them by the interval rule: the fastest
     speculative one must beat the fastest gamma=0 one with a ratio interval above 1, and the entry
-    records the ``ratio`` (value, 95% interval, rounds) and ``significant``.
+    records the ``ratio`` (value, 95% interval, rounds) and ``significant``. With ``prefer`` (the
+    chosen configuration) the same margin rule keeps the schedule coherent with the choice: at a
+    batch size where the fastest speculative point does not beat ``prefer`` significantly,
+    ``prefer``'s gamma stands for speculation there (the entry's ``kept_chosen`` says so), so the
+    exports that take the table and those that take the chosen gamma agree unless the data says
+    otherwise.
     The crossover is the smallest batch size from which every larger one has gamma 0 (None
     when speculation pays at every measured batch size).
 
@@ -210,7 +215,7 @@ def batch_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
     schedule = []
     for b in batch_sizes:
         at_b = [p for p in points if b in p.per_batch]
-        entry = _schedule_entry_with_margin(at_b, b)
+        entry = _schedule_entry_with_margin(at_b, b, prefer)
         if entry is not None:
             schedule.append(entry)
             continue
@@ -230,16 +235,25 @@ def batch_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
     return schedule, crossover
 
 
-def _schedule_entry_with_margin(at_b: Sequence[Point], b: int) -> dict | None:
+def _schedule_entry_with_margin(at_b: Sequence[Point], b: int, prefer: Point | None = None) -> dict | None:
     """The interval-rule entry at batch size ``b``, or None where no paired repeats exist there."""
     repeated = [p for p in at_b if len(p.per_batch_rounds.get(b, ())) >= 2]
     base = max((p for p in repeated if p.params.get("gamma") == 0), key=lambda p: p.per_batch[b], default=None)
-    spec = max((p for p in repeated if p.params.get("gamma", 0) > 0), key=lambda p: p.per_batch[b], default=None)
-    if base is None or spec is None or len(base.per_batch_rounds[b]) != len(spec.per_batch_rounds[b]):
+    fastest = max((p for p in repeated if p.params.get("gamma", 0) > 0), key=lambda p: p.per_batch[b], default=None)
+    if base is None or fastest is None or len(base.per_batch_rounds[b]) != len(fastest.per_batch_rounds[b]):
         return None
+    spec, kept = fastest, False
+    mine = next((p for p in repeated if prefer is not None and p.params == prefer.params), None)
+    if (mine is not None and mine is not fastest and mine.params.get("gamma", 0) > 0
+            and len(mine.per_batch_rounds[b]) == len(fastest.per_batch_rounds[b])
+            and not significant(paired_ratio(fastest.per_batch_rounds[b], mine.per_batch_rounds[b]))):
+        spec, kept = mine, True  # the fastest is not separable from the chosen configuration here
     ratio = paired_ratio(spec.per_batch_rounds[b], base.per_batch_rounds[b])
     win = significant(ratio)
     chosen = spec if win else base
-    return {"batch_size": b, "gamma": int(chosen.params["gamma"]), "tokens_per_second": chosen.per_batch[b],
-            "baseline_tokens_per_second": base.per_batch[b], "ratio": ratio.as_dict(), "significant": win,
-            "best_speculative_gamma": int(spec.params["gamma"])}
+    entry = {"batch_size": b, "gamma": int(chosen.params["gamma"]), "tokens_per_second": chosen.per_batch[b],
+             "baseline_tokens_per_second": base.per_batch[b], "ratio": ratio.as_dict(), "significant": win,
+             "best_speculative_gamma": int(fastest.params["gamma"])}
+    if kept:
+        entry["kept_chosen"] = True
+    return entry

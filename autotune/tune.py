@@ -339,7 +339,8 @@ def _select_and_build(ctx, space, measurement, study, trials, say: Say) -> Profi
     chosen = _chosen_knobs(cfg, choice.point)
     static_point = remeasured.find(finalists.best_static.params)[0] if finalists.best_static is not None else None
     # gamma by batch size is a chain table (stacks take it for chains); a tree is the chosen configuration's
-    schedule, crossover = batch_schedule(_chain_points(points + remeasured.points), list(cfg.batch_sizes))
+    schedule, crossover = batch_schedule(_chain_points(points + remeasured.points), list(cfg.batch_sizes),
+                                         prefer=choice.point)  # the table follows the choice unless the data says not
     if _is_tree(choice.point.params):
         chosen = dataclasses.replace(chosen, best_chain=_best_chain(points, remeasured.points))
     pvm = _prediction_check(measurement, chosen, chosen_result)

@@ -272,3 +272,23 @@ def test_a_steady_throughput_gain_is_not_blocked_by_noisy_p95_latency() -> None:
     choice = choose_with_margin([ar, spec], has_slo=False)
     assert choice.point is spec, choice.reason
     assert "significantly better" in choice.reason
+
+
+def test_the_schedule_follows_the_chosen_gamma_where_the_fastest_is_not_separable_from_it() -> None:
+    """Chosen gamma 8 and the fastest gamma 5 within noise at B=1: the table says 8, like the choice."""
+    ar = remeasured(0, AR)
+    g5 = remeasured(5, [152.0, 149.0, 156.0, 150.0, 153.0])
+    g8 = remeasured(8, [150.0, 151.0, 153.0, 147.0, 152.0])
+    schedule, _ = batch_schedule([ar, g5, g8], [1])
+    assert schedule[0]["gamma"] == 5 and "kept_chosen" not in schedule[0]  # without a choice: the fastest
+    schedule, _ = batch_schedule([ar, g5, g8], [1], prefer=g8)
+    assert schedule[0]["gamma"] == 8 and schedule[0]["kept_chosen"] and schedule[0]["significant"]
+    assert schedule[0]["best_speculative_gamma"] == 5
+
+
+def test_a_significantly_faster_gamma_still_replaces_the_chosen_one_in_the_schedule() -> None:
+    ar = remeasured(0, AR)
+    g2 = remeasured(2, [120.0, 118.0, 121.0, 119.0, 122.0])
+    g5 = remeasured(5, [152.0, 149.0, 156.0, 150.0, 153.0])
+    schedule, _ = batch_schedule([ar, g2, g5], [1], prefer=g2)
+    assert schedule[0]["gamma"] == 5 and "kept_chosen" not in schedule[0]

@@ -105,6 +105,22 @@ def prompts() -> list[list[int]]:
     return [torch.randint(1, 32, (n,), generator=gen).tolist() for n in (3, 9, 5, 14, 1, 7)]
 
 
+def naive_greedy(model: Transformer, prompt: list[int], n_new: int) -> list[int]:
+    """The ground truth of greedy decoding: full forward without a cache, argmax, ``n_new`` times."""
+    seq = torch.tensor([prompt])
+    with torch.inference_mode():
+        for _ in range(n_new):
+            seq = torch.cat([seq, model(seq)[0, -1].argmax().view(1, 1)], 1)
+    return seq[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def reference(request: pytest.FixtureRequest, target: Transformer, prompts: list[list[int]]) -> list[list[int]]:
+    """Each prompt's greedy tokens under ``target`` (the module's, if it overrides it), as many as
+    the requesting module's ``N_NEW``."""
+    return [naive_greedy(target, p, request.module.N_NEW) for p in prompts]
+
+
 @pytest.fixture(scope="session")
 def make_requests() -> Callable[..., list[Request]]:
     def make(prompts: list[list[int]], max_new_tokens: int, **kw) -> list[Request]:

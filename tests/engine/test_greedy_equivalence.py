@@ -17,8 +17,9 @@ from engine.generate import generate
 from engine.loader import ModelPair
 from engine.speculative import Request, SpecConfig, SpecEngine
 
+N_NEW = 20  # tokens per request; the conftest `reference` fixture reads it
+
 GAMMAS = [1, 3, 5, 8]
-N_NEW = 20
 
 pytestmark = pytest.mark.usefixtures("apply_engine_mode")  # every test x ENGINE_MODES (conftest)
 
@@ -36,15 +37,6 @@ def draft(draft, engine_mode, compiled):
 @pytest.fixture(scope="module")
 def pair(target, draft) -> ModelPair:
     return ModelPair(target, draft, None, None, None)
-
-
-def naive_greedy(model, prompt: list[int], n_new: int) -> list[int]:
-    seq = torch.tensor([prompt])
-    with torch.inference_mode():
-        for _ in range(n_new):
-            nxt = model(seq)[0, -1].argmax()
-            seq = torch.cat([seq, nxt.view(1, 1)], 1)
-    return seq[0, len(prompt):].tolist()
 
 
 def cut_at_eos(tokens: list[int], eos: int) -> list[int]:
@@ -69,11 +61,6 @@ def run_engine(target, drafter, config, requests, max_batch_size, eos_ids=()):
                 assert len(emitted) <= sum(r.max_new_tokens for r in requests), "no progress"
                 out.update((f.id, f) for f in engine.retire())
     return [out[r.id].tokens for r in requests], [out[r.id].reason for r in requests], emitted
-
-
-@pytest.fixture(scope="module")
-def reference(target, prompts) -> list[list[int]]:
-    return [naive_greedy(target, p, N_NEW) for p in prompts]
 
 
 @pytest.fixture(scope="module")

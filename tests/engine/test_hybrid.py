@@ -17,20 +17,8 @@ from engine.loader import ModelPair
 from engine.sampling import process_logits
 from engine.speculative import Request, SpecConfig
 
-N_NEW = 20
+N_NEW = 20  # tokens per request; the conftest `reference` fixture reads it
 
-
-def naive_greedy(model, prompt: list[int], n_new: int) -> list[int]:
-    seq = torch.tensor([prompt])
-    with torch.inference_mode():
-        for _ in range(n_new):
-            seq = torch.cat([seq, model(seq)[0, -1].argmax().view(1, 1)], 1)
-    return seq[0, len(prompt):].tolist()
-
-
-@pytest.fixture(scope="module")
-def reference(target, prompts) -> list[list[int]]:
-    return [naive_greedy(target, p, N_NEW) for p in prompts]
 
 
 def test_hybrid_is_a_named_drafter(pair):

@@ -20,25 +20,13 @@ from engine.sampling import BatchSampling, process_logits
 from engine.speculative import Request, SpecConfig, SpecEngine
 from engine.tree import TreeShape
 
-N_NEW = 20
+N_NEW = 20  # tokens per request; the conftest `reference` fixture reads it
+
 SHAPES = [(2,), (2, 2), (3, 2, 1), (1, 3, 1, 2), (4, 1, 1, 1, 1)]
-
-
-def naive_greedy(model, prompt: list[int], n_new: int) -> list[int]:
-    seq = torch.tensor([prompt])
-    with torch.inference_mode():
-        for _ in range(n_new):
-            seq = torch.cat([seq, model(seq)[0, -1].argmax().view(1, 1)], 1)
-    return seq[0, len(prompt):].tolist()
 
 
 def cut_at_eos(tokens: list[int], eos: int) -> list[int]:
     return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
-
-
-@pytest.fixture(scope="module")
-def reference(target, prompts) -> list[list[int]]:
-    return [naive_greedy(target, p, N_NEW) for p in prompts]
 
 
 def tree_config(topk: tuple[int, ...], **kw) -> SpecConfig:
