@@ -100,8 +100,8 @@ def _compile(pair: ModelPair, mode: str) -> str:
         if mode == "true":
             raise EngineInputError(f"models.compile: torch.compile failed on this host ({why})") from None
         return f"engine: eager (models.compile: auto, torch.compile failed: {why})"
-    return (f"engine: compiled decode/verify in {pair.compile_s:.1f} s (torch.compile, dynamic shapes; "
-            "cached on disk by inductor, so later runs compile faster)")
+    return (f"engine: compiled decode/verify in {pair.compile_s:.1f} s (torch.compile, dynamic shapes, once "
+            "per process; models.compile: false skips it)")
 
 
 def ensure_profile(ctx: Context, reprofile: bool = False,

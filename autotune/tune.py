@@ -212,7 +212,8 @@ def _trial_logger(cfg: TuneConfig, remaining: int, say: Say,
         startup = f" (server start {result['startup_s']:.0f} s)" if result.get("startup_s") else ""
         say(f"  trial {number}: {result['tokens_per_second']:.1f} tok/s, {cfg.latency} {result['latency_ms']:.1f} ms "
             f"| gamma={params['gamma']} thr={params['confidence_threshold']:.2f} {params['gamma_schedule']} "
-            f"B={params['max_batch_size']} {params['drafter']} | best so far {best['tps']:.1f} tok/s{startup} {eta}")
+            f"B={params['max_batch_size']} {params['drafter']}"
+            + (f" tree={params['tree_topk']}" if _is_tree(params) else "") + f" | best so far {best['tps']:.1f} tok/s{startup} {eta}")
 
     return on_trial
 
