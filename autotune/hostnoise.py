@@ -165,6 +165,29 @@ def measure(repeats: int = 20, size: int = 192, proc: str | Path = "/proc") -> d
             "thresholds": {"cv": CV_BUSY, "others_cpu_share": OTHERS_BUSY, "gpu_utilization": GPU_BUSY}}
 
 
+def threads_for(noise: dict, current: int) -> int:
+    """torch intra-op threads for a run on this host: ``current``, or the cores other processes leave free.
+
+    Intra-op threads wait for each other at the end of every op, so one thread sharing a core
+    with a busy process stalls them all: on the 2-core host a single busy-loop process made a
+    tune ~15x slower with 2 threads. When other processes use a measurable share of the cores,
+    the run takes only the cores they leave (rounded, at least 1).
+
+    Example:
+        >>> threads_for({"others_cpu_share": 0.5, "cpus": 2}, current=2)
+        1
+        >>> threads_for({"others_cpu_share": 0.05, "cpus": 2}, current=2)
+        2
+        >>> threads_for({"others_cpu_share": None, "cpus": 2}, current=2)
+        2
+    """
+    others, cpus = noise.get("others_cpu_share"), noise.get("cpus")
+    if others is None or not cpus or others <= OTHERS_BUSY:
+        return current
+    free = max(1, int(cpus - others * cpus + 0.5))
+    return min(current, free)
+
+
 def summary(noise: dict) -> str:
     """One line for people; a busy host's line starts with ``warning:``.
 

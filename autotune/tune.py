@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import optuna
+import torch
 
 from autotune import context as ctx_mod
 from autotune import hostnoise
@@ -33,6 +34,7 @@ from autotune.records import Measurement
 from autotune.selection import Choice, Point, batch_schedule, choose_with_margin, pareto_front
 from autotune.stats import estimate, paired_ratio, significant
 from profiles.exporters import export, write_export
+from profiles.hashing import hash_json
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
 from profiles.schema import BatchSchedule, Chosen, Profile, ScheduleEntry
 from profiles.store import redact_url
@@ -96,6 +98,8 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
     say(ctx.compile_note)
     noise_before = _host_noise(say, strict, "before tuning")
+    threads = torch.get_num_threads()
+    _size_threads(ctx, noise_before, say)
     ctx.backend = open_backend(ctx, cfg.backend)  # before profiling: a missing stack fails in seconds
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # servers are stopped on SIGTERM too
     try:
@@ -111,8 +115,28 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
         return profile
     finally:
         signal.signal(signal.SIGTERM, old)
+        torch.set_num_threads(threads)
         if ctx.backend is not None:
             ctx.backend.close()
+
+
+def _size_threads(ctx: ctx_mod.Context, noise: dict, say: Say) -> None:
+    """On a host other processes keep busy, run torch on the cores they leave (hostnoise.threads_for).
+
+    The count is recorded in ``noise["torch_threads"]`` and, when it differs from torch's
+    default, in the workload identity, so measurements taken with fewer threads are never reused
+    as if they had all of them.
+    """
+    current = torch.get_num_threads()
+    want = hostnoise.threads_for(noise, current)
+    noise["torch_threads"] = want
+    if want == current:
+        return
+    torch.set_num_threads(want)
+    ctx.workload["torch_threads"] = want
+    ctx.workload_hash = hash_json(ctx.workload)
+    say(f"host: other processes use {noise['others_cpu_share']:.0%} of {noise['cpus']} CPUs; torch threads "
+        f"{current} -> {want} for this run (threads sharing a busy core stall every op)")
 
 
 def _extend_for_trees(ctx: ctx_mod.Context, measurement: dict, say: Say) -> dict:

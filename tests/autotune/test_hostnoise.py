@@ -151,3 +151,36 @@ def test_gpu_activity_is_none_without_nvml(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", Broken())
     assert hostnoise.gpu_activity() is None
     assert hostnoise.measure(repeats=3, size=8)["gpus"] is None
+
+
+def test_a_busy_host_runs_on_the_cores_left_and_keys_the_measurement_apart(tune_config, monkeypatch) -> None:
+    """Other processes on 60% of 2 CPUs: the run takes 1 thread, says so, records it, restores torch after."""
+    import torch
+
+    monkeypatch.setattr(hostnoise, "measure", lambda: fake_noise(True))
+    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
+    torch.set_num_threads(2)
+    seen: list[int] = []
+    real_measure = study_mod.evaluate
+
+    def evaluate(ctx, params, seed):
+        seen.append(torch.get_num_threads())
+        return real_measure(ctx, params, seed)
+
+    monkeypatch.setattr(study_mod, "evaluate", evaluate)
+    said: list[str] = []
+    profile = run_tune(tune_config(), say=said.append)
+    assert set(seen) == {1}  # every trial ran on the one free core
+    assert torch.get_num_threads() == 2  # restored for whoever runs next in this process
+    assert any(line.startswith("host: other processes use 60% of 2 CPUs; torch threads 2 -> 1") for line in said)
+    assert profile["host_noise"]["before"]["torch_threads"] == 1
+    assert profile["workload"]["torch_threads"] == 1  # never reused as a measurement with both cores
+    assert any("measured and stored" in line for line in said)  # the template's 2-thread profile was not reused
+
+
+def test_threads_for_keeps_the_default_on_a_quiet_or_unknown_host() -> None:
+    assert hostnoise.threads_for({"others_cpu_share": 0.0, "cpus": 8}, 8) == 8
+    assert hostnoise.threads_for({"others_cpu_share": 0.75, "cpus": 8}, 8) == 2
+    assert hostnoise.threads_for({"others_cpu_share": 0.99, "cpus": 2}, 2) == 1  # never 0
+    assert hostnoise.threads_for({"others_cpu_share": 0.5, "cpus": 16}, 4) == 4  # never more than asked
+    assert hostnoise.threads_for({"cpus": 2}, 2) == 2
