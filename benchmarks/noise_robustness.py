@@ -51,9 +51,13 @@ NO_DIFFERENCE = "no significant difference"
 HOG = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
 
 
-def start_hog(procs: int, max_s: float) -> list[subprocess.Popen]:
-    """``procs`` bounded busy-loop processes (each exits by itself after ``max_s`` seconds)."""
-    return [subprocess.Popen([sys.executable, "-c", HOG, str(max_s)], start_new_session=True) for _ in range(procs)]
+def start_hog(procs: int, max_s: float, spin_up_s: float = 2.0) -> list[subprocess.Popen]:
+    """``procs`` bounded busy-loop processes (each exits by itself after ``max_s`` seconds), already
+    spinning when this returns (``spin_up_s``): a busy host is busy before the tune starts, and the
+    tune's own host check, which sizes its threads, must see the load."""
+    hog = [subprocess.Popen([sys.executable, "-c", HOG, str(max_s)], start_new_session=True) for _ in range(procs)]
+    time.sleep(spin_up_s)
+    return hog
 
 
 def stop_hog(hog: list[subprocess.Popen]) -> None:
@@ -89,6 +93,7 @@ def run_once(cfg, folder: Path) -> dict:
         "schedule": {str(e["batch_size"]): e["gamma"] for e in profile["schedule"]},
         "crossover_batch_size": profile["crossover_batch_size"],
         "host_busy": profile["host_noise"]["busy"],
+        "torch_threads": profile["host_noise"]["before"].get("torch_threads"),
         "host_cv": max(n["cv"] for n in (profile["host_noise"]["before"], profile["host_noise"]["after"]) if n),
     }
 
@@ -165,7 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
                 stop_hog(hog)
             runs[condition].append(run)
             print(f"{condition} run {i + 1}/{args.k}: gamma {run['chosen_gamma']}, speedup {run['speedup']:.2f}x, "
-                  f"host {'busy' if run['host_busy'] else 'quiet'} (CV {run['host_cv']:.1%}), {run['wall_s']:.0f} s",
+                  f"host {'busy' if run['host_busy'] else 'quiet'} (CV {run['host_cv']:.1%}), {run['wall_s']:.0f} s, "
+                  f"torch threads {run['torch_threads']}",
                   flush=True)
     summary = summarize(runs["quiet"], runs["busy"])
     rows = []
