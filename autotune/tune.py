@@ -89,15 +89,16 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
        (:func:`_select_and_build`).
     6. Host noise after, store the profile (:func:`_store`), write the exports (:func:`write_exports`).
 
-    The host's noise is measured before profiling and again after the study
+    The host's noise is measured before anything is loaded and again after the study
     (:mod:`autotune.hostnoise`), warned about in one line when busy and recorded in
     ``profile["host_noise"]``; with ``strict`` a busy host raises :class:`BusyHostError` and no
     profile is stored. See docs/architecture.md (data flow of ``autotune tune``).
     """
+    # Before loading and compiling: compiling starts worker processes a check right after would count.
+    noise_before = _host_noise(say, strict, "before tuning")
     ctx = ctx_mod.build(cfg)
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
     say(ctx.compile_note)
-    noise_before = _host_noise(say, strict, "before tuning")
     threads = torch.get_num_threads()
     _size_threads(ctx, noise_before, say)
     ctx.backend = open_backend(ctx, cfg.backend)  # before profiling: a missing stack fails in seconds
