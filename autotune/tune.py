@@ -34,7 +34,6 @@ from autotune.records import Measurement
 from autotune.selection import Choice, Point, batch_schedule, choose_with_margin, pareto_front
 from autotune.stats import estimate, paired_ratio, significant
 from profiles.exporters import export, write_export
-from profiles.hashing import hash_json
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
 from profiles.schema import BatchSchedule, Chosen, Profile, ScheduleEntry
 from profiles.store import redact_url
@@ -89,16 +88,15 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
        (:func:`_select_and_build`).
     6. Host noise after, store the profile (:func:`_store`), write the exports (:func:`write_exports`).
 
-    The host's noise is measured before anything is loaded and again after the study
+    The host's noise is measured before profiling and again after the study
     (:mod:`autotune.hostnoise`), warned about in one line when busy and recorded in
     ``profile["host_noise"]``; with ``strict`` a busy host raises :class:`BusyHostError` and no
     profile is stored. See docs/architecture.md (data flow of ``autotune tune``).
     """
-    # Before loading and compiling: compiling starts worker processes a check right after would count.
-    noise_before = _host_noise(say, strict, "before tuning")
     ctx = ctx_mod.build(cfg)
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
     say(ctx.compile_note)
+    noise_before = _host_noise(say, strict, "before tuning")
     threads = torch.get_num_threads()
     _size_threads(ctx, noise_before, say)
     ctx.backend = open_backend(ctx, cfg.backend)  # before profiling: a missing stack fails in seconds
@@ -124,9 +122,9 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
 def _size_threads(ctx: ctx_mod.Context, noise: dict, say: Say) -> None:
     """On a host other processes keep busy, run torch on the cores they leave (hostnoise.threads_for).
 
-    The count is recorded in ``noise["torch_threads"]`` and, when it differs from torch's
-    default, in the workload identity, so measurements taken with fewer threads are never reused
-    as if they had all of them.
+    The count is recorded in ``noise["torch_threads"]`` (``profile["host_noise"]["before"]``).
+    It is not part of the workload identity: a study interrupted on a busy host must resume on a
+    quiet one (the reused profiler measurement then says how many threads it had).
     """
     current = torch.get_num_threads()
     want = hostnoise.threads_for(noise, current)
@@ -134,8 +132,6 @@ def _size_threads(ctx: ctx_mod.Context, noise: dict, say: Say) -> None:
     if want == current:
         return
     torch.set_num_threads(want)
-    ctx.workload["torch_threads"] = want
-    ctx.workload_hash = hash_json(ctx.workload)
     say(f"host: other processes use {noise['others_cpu_share']:.0%} of {noise['cpus']} CPUs; torch threads "
         f"{current} -> {want} for this run (threads sharing a busy core stall every op)")
 
