@@ -54,7 +54,7 @@ def build(cfg: TuneConfig) -> Context:
     needs_draft = "model" in cfg.drafters or "hybrid" in cfg.drafters  # hybrid falls back to the draft model
     check_device(cfg)
     pair = load_pair(cfg.target, cfg.draft if needs_draft else None, dtype=cfg.dtype, device=cfg.device)
-    compile_note = _compile(pair, cfg.compile)
+    compile_note = _compile(pair, cfg.compile, cfg.trees_searched)
     if pair.tokenizer is None:
         raise EngineInputError(f"{cfg.target}: no tokenizer.json")
     items = load_workload(cfg.prompts)
@@ -82,7 +82,7 @@ def build(cfg: TuneConfig) -> Context:
                    drafter, compile_note=compile_note)
 
 
-def _compile(pair: ModelPair, mode: str) -> str:
+def _compile(pair: ModelPair, mode: str, trees: bool = False) -> str:
     """Compile the pair's decode forward per ``models.compile``; returns the line tune prints.
 
     ``auto`` compiles and falls back to eager, saying why, when torch.compile cannot run here
@@ -91,7 +91,8 @@ def _compile(pair: ModelPair, mode: str) -> str:
     if mode == "false":
         return "engine: eager (models.compile: false)"
     try:
-        pair.compile_s = pair.target.compile_decode() + (pair.draft.compile_decode() if pair.draft else 0.0)
+        pair.compile_s = (pair.target.compile_decode(trees=trees)
+                          + (pair.draft.compile_decode(trees=trees) if pair.draft else 0.0))
     except Exception as exc:  # inductor raises many types (compiler missing, unsupported op)
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         pair.target.compiled = False

@@ -21,6 +21,7 @@ import os
 import random
 import re
 import shlex
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -29,8 +30,16 @@ from pathlib import Path
 import torch
 
 from autotune.config import DTYPES
+from autotune.costmodel import Curves, StepSample
 from autotune.errors import USER_ERRORS
 from autotune.hardware import fingerprint
+from autotune.profiler import (
+    curves_from_json,
+    measure_acceptance,
+    measure_curves,
+    measure_overhead,
+    samples_from_json,
+)
 from autotune.runner import Sampling, build_requests
 from autotune.table import table
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
@@ -122,13 +131,41 @@ def load(bench: Bench, dtype: str | None = None, draft: bool = True) -> tuple[Mo
     return pair, requests
 
 
-def compiled_twin(pair: ModelPair) -> ModelPair:
+def compiled_twin(pair: ModelPair, trees: bool = False) -> ModelPair:
     """A copy of ``pair`` whose decode/verify forward is compiled (what ``autotune tune`` runs by
-    default, models.compile: auto); ``compile_s`` holds the compile time, reported apart."""
+    default, models.compile: auto; ``trees``: the token-tree forward warmed too); ``compile_s``
+    holds the compile time, reported apart."""
     twin = dataclasses.replace(pair, target=copy.deepcopy(pair.target),
                                draft=copy.deepcopy(pair.draft) if pair.draft is not None else None)
-    twin.compile_s = twin.target.compile_decode() + (twin.draft.compile_decode() if twin.draft is not None else 0.0)
+    twin.compile_s = (twin.target.compile_decode(trees=trees)
+                      + (twin.draft.compile_decode(trees=trees) if twin.draft is not None else 0.0))
     return twin
+
+
+@dataclasses.dataclass
+class PairProfile:
+    """What ``autotune profile`` measures of a pair, as the cost model reads it."""
+
+    curves: Curves
+    samples: list[StepSample]
+    raw_curves: dict  # the profiler's JSON (profile["curves"])
+    acceptance: dict  # the profiler's JSON without its samples
+    context: int  # tokens of context the curves were measured at
+
+
+def profile_pair(pair: ModelPair, requests: list[Request], batch_sizes: Sequence[int], gamma_max: int,
+                 new_tokens: int, repeats: int = 7, seed: int = 0) -> PairProfile:
+    """Profile ``pair`` as ``autotune profile`` does: T_verify(B, k) for k = 1..gamma_max + 1, T_draft(B),
+    T_prefill(B) at the workload's context (median prompt + new_tokens / 2), the engine's overhead
+    around the forwards, and per-position acceptance at gamma_max (B=1, threshold 0)."""
+    prompt = int(statistics.median(len(r.prompt_ids) for r in requests))
+    context = prompt + new_tokens // 2
+    curves = measure_curves(pair, sorted(set(batch_sizes)), gamma_max, context, repeats=repeats, prompt_tokens=prompt)
+    measure_overhead(pair, requests, curves, seed)
+    acceptance = measure_acceptance(pair, requests, "model", gamma_max, seed)
+    samples = samples_from_json(acceptance)
+    return PairProfile(curves_from_json(curves), samples, curves,
+                       {k: v for k, v in acceptance.items() if k != "samples"} | {"n_samples": len(samples)}, context)
 
 
 def sync(device: torch.device | str) -> None:

@@ -35,13 +35,6 @@ import statistics
 import _common
 
 from autotune.costmodel import predict
-from autotune.profiler import (
-    curves_from_json,
-    measure_acceptance,
-    measure_curves,
-    measure_overhead,
-    samples_from_json,
-)
 from autotune.runner import LoadSpec, run_load
 from engine.speculative import SpecConfig
 
@@ -72,15 +65,11 @@ def main() -> None:
     bench = _common.start(NAME, args)
     pair, requests = _common.load(bench)
     batch_sizes = sorted(set(args.batch_sizes))
-    prompt = int(statistics.median(len(r.prompt_ids) for r in requests))
-    context = prompt + args.max_new_tokens // 2
-    print(f"profiling: curves for B in {batch_sizes}, k = 1..{args.gamma_max + 1}, context {context}", flush=True)
-    curves = measure_curves(pair, batch_sizes, args.gamma_max, context, repeats=args.repeats, prompt_tokens=prompt)
-    measure_overhead(pair, requests, curves, args.seed)
-    acceptance = measure_acceptance(pair, requests, "model", args.gamma_max, args.seed)
-    cv, samples = curves_from_json(curves), samples_from_json(acceptance)
-    print(f"profiling: acceptance {acceptance['acceptance_rate'] or 0:.3f} at gamma {args.gamma_max} "
-          f"({len(samples)} step samples)", flush=True)
+    print(f"profiling: curves for B in {batch_sizes}, k = 1..{args.gamma_max + 1}", flush=True)
+    prof = _common.profile_pair(pair, requests, batch_sizes, args.gamma_max, args.max_new_tokens, args.repeats, args.seed)
+    cv, samples, context = prof.curves, prof.samples, prof.context
+    print(f"profiling: acceptance {prof.acceptance['acceptance_rate'] or 0:.3f} at gamma {args.gamma_max} "
+          f"({len(samples)} step samples), context {context}", flush=True)
     prompt_lens = [len(r.prompt_ids) for r in requests]
     cells = []
     for b in batch_sizes:
@@ -114,8 +103,7 @@ def main() -> None:
     print(f"median |error|: {100 * median_err:.1f}% (goal <= 10%); step-phase: {100 * median_step:.1f}%")
     _common.write_json(bench, {
         "cells": cells, "median_abs_rel_error": median_err, "median_step_phase_abs_rel_error": median_step,
-        "context_tokens": context, "curves": curves,
-        "acceptance": {k: v for k, v in acceptance.items() if k != "samples"} | {"n_samples": len(samples)},
+        "context_tokens": context, "curves": prof.raw_curves, "acceptance": prof.acceptance,
     })
 
 

@@ -23,6 +23,8 @@ step's draft forwards, on a random context) and the throughput they imply with t
 mean accepted length, B x E / (draft + verify): a noise-robust view that leaves out the engine's
 own per-step work.
 Ratios come from runs of one invocation on one (noisy, shared) host; read them as such.
+``--engine compiled`` (the default, what ``autotune tune`` runs) puts chains and trees alike
+through the compiled forward, warmed before any timing.
 
 Example:
     python benchmarks/trees.py                                         # ~10 min on 2 cores
@@ -105,18 +107,16 @@ def min_costs(pair, spec: SpecConfig, batch: int, context: int, repeats: int) ->
             caches.append(cache)
         x = torch.randint(1, vocab, (batch, width), generator=gen)
         if shape is None:
-            verify = _min_ms(lambda: target(x, cache=caches[0], start=base, kv_len=kv), repeats)
-            one = _min_ms(lambda: draft(x[:, :1], cache=caches[1], start=base, kv_len=kv), repeats) if spec.gamma else 0.0
+            verify = _min_ms(lambda: target.decode(x, caches[0], base, kv), repeats)
+            one = _min_ms(lambda: draft.decode(x[:, :1], caches[1], base, kv), repeats) if spec.gamma else 0.0
             return width, verify, one * spec.gamma
         tree = shape.tensors("cpu")
-        verify = _min_ms(lambda: target(x, cache=caches[0], start=base, kv_len=kv,
-                                        attn=tree.attention(base, 0, width, kv)), repeats)
+        verify = _min_ms(lambda: target.decode(x, caches[0], base, kv, tree.attention(base, 0, width, kv)), repeats)
         drafting = 0.0
         for d in range(shape.depth):
             first, n = shape.level_offsets[d], (1 if d == 0 else shape.level_sizes[d - 1])
-            drafting += _min_ms(lambda first=first, n=n: draft(
-                x[:, first:first + n], cache=caches[1], start=base + first, kv_len=kv,
-                attn=tree.attention(base, first, n, kv)), repeats)
+            drafting += _min_ms(lambda first=first, n=n: draft.decode(
+                x[:, first:first + n], caches[1], base + first, kv, tree.attention(base, first, n, kv)), repeats)
         return width, verify, drafting
 
 
@@ -130,6 +130,9 @@ def main() -> None:
     p.add_argument("--modes", default="greedy,t1", help="greedy and/or t1 (default both)")
     p.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default 2)")
     p.add_argument("--cost-repeats", type=int, default=15, help="timings per forward for the min-of-k costs (default 15)")
+    p.add_argument("--engine", choices=("compiled", "eager"), default="compiled",
+                   help="decode, draft and verify (chains and trees alike) through torch.compile, as autotune tune "
+                        "runs them by default, or eager (default compiled)")
     args = p.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in TEMPERATURE for m in modes) or args.repeats < 1 or 0 in args.batch_sizes:
@@ -140,6 +143,10 @@ def main() -> None:
         _common.fail(str(exc))
     bench = _common.start(NAME, args)
     pair, requests = _common.load(bench)
+    if args.engine == "compiled":
+        pair = _common.compiled_twin(pair, trees=True)
+        print(f"compiled decode/verify (chains and trees) of target and draft in {pair.compile_s:.1f} s "
+              "(excluded from every timing)", flush=True)
     runs: dict[tuple[int, str, str], list[dict]] = {}
     outputs: dict[tuple[int, str, str], list[list[int]]] = {}
     for rep in range(args.repeats):

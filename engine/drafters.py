@@ -205,7 +205,7 @@ class ModelDrafter(Drafter):
             if d + 1 < shape.depth:
                 first = shape.level_offsets[d + 1]
                 attn = tree.attention(base, first, level.shape[1], kv_len)
-                logits = self.model(level, cache=self.cache, start=base + first, kv_len=kv_len, slot0=0, attn=attn)
+                logits = self.model.decode(level, self.cache, base + first, kv_len, attn)
         self._tree_base = base
         return torch.cat(nodes, 1), (torch.cat(node_probs, 1) if node_probs else None)
 

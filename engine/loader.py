@@ -144,13 +144,14 @@ class ModelPair:
 
 def load_pair(
     target: str | Path, draft: str | Path | None = None, dtype: str = "float32", device: str = "cpu",
-    fuse: bool = True, compile: bool = False,
+    fuse: bool = True, compile: bool = False, trees: bool = False,
 ) -> ModelPair:
     """Load a target (and draft) folder for inference; refuse a draft whose vocabulary differs.
 
     ``fuse`` (default) merges each layer's q/k/v and gate/up projections into one matmul each
     (:meth:`Transformer.fuse`): same function, fewer kernels. ``compile`` compiles both models'
-    decode/verify forward (:meth:`Transformer.compile_decode`) and records the seconds it took.
+    decode/verify forward (:meth:`Transformer.compile_decode`) and records the seconds it took;
+    ``trees`` warms the token-tree forward too (for runs that draft trees).
 
     Example:
         >>> pair = load_pair("engine/demo/pair/target", "engine/demo/pair/draft")  # doctest: +SKIP
@@ -169,5 +170,5 @@ def load_pair(
     tokenizer = load_tokenizer(target) if tok_path.is_file() else None
     pair = ModelPair(tgt, drf, tokenizer, Path(target), Path(draft) if draft is not None else None)
     if compile:
-        pair.compile_s = tgt.compile_decode() + (drf.compile_decode() if drf is not None else 0.0)
+        pair.compile_s = tgt.compile_decode(trees=trees) + (drf.compile_decode(trees=trees) if drf is not None else 0.0)
     return pair

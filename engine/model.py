@@ -209,7 +209,7 @@ class Transformer(nn.Module):
             layer.mlp.fuse()
         return self
 
-    def compile_decode(self, mode: str | None = None) -> float:
+    def compile_decode(self, mode: str | None = None, trees: bool = False) -> float:
         """Compile :meth:`decode` with ``torch.compile`` (inductor) and warm it up; returns seconds.
 
         Shapes are dynamic (batch, width, kv length and cache size are symbols), so one study
@@ -220,6 +220,9 @@ class Transformer(nn.Module):
         cache warm or not). Prefill stays eager:
         long prompts amortise the launch overhead that compiling removes. ``mode`` is
         torch.compile's (``"reduce-overhead"``: CUDA graphs where inductor can capture them).
+        ``trees`` also warms the token-tree forward (an explicit attention pattern: another graph,
+        same six classes), so a run that drafts trees keeps compile time out of its timings too;
+        without it a tree's first forward compiles on the spot.
         """
         import torch._dynamo
         import torch.fx.experimental._config as fx_config
@@ -227,35 +230,46 @@ class Transformer(nn.Module):
         # Target and draft share Transformer.forward's code object: 4 graphs each, plus tests'
         # models. The default limit (8) would silently fall back to eager. Duck sizing would tie
         # symbols that happen to be equal once (slots == kv heads) and recompile when they differ.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 128)
         fx_config.use_duck_shape = False
         if mode not in _COMPILED_FORWARD:  # one compiled function per mode: models of one shape share graphs
             _COMPILED_FORWARD[mode] = torch.compile(Transformer.forward, dynamic=True, mode=mode)
         self.compiled, self._compile_mode = True, mode
         device = self.lm_head.weight.device
         t0 = time.perf_counter()
-        for slots, b, t in itertools.product((1, 3), (1, 2), (1, 2)):
+        for tree, slots, b, t in itertools.product((False, True) if trees else (False,), (1, 3), (1, 2), (1, 2)):
             if b <= slots:
                 tokens = torch.zeros(b, t, dtype=torch.long, device=device)
                 start = torch.full((b,), 4, dtype=torch.long, device=device)
-                self.decode(tokens, self.new_cache(slots, 16), start, 4 + t)
+                attn = None
+                if tree:  # a causal pattern spelled out: the tree graph's shapes, the chain's function
+                    pos = start[:, None] + torch.arange(t, device=device)[None, :]
+                    keys = torch.arange(4 + t, device=device)[None, :].expand(b, -1)
+                    attn = ExplicitAttention(pos, keys, keys[:, None, :] <= pos[:, :, None])
+                self.decode(tokens, self.new_cache(slots, 16), start, 4 + t, attn)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - t0
 
-    def decode(self, tokens: torch.Tensor, cache: KVCache, start: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """The cached forward of the running rows (slots 0..B-1): decode, draft and verify steps.
+    def decode(self, tokens: torch.Tensor, cache: KVCache, start: torch.Tensor, kv_len: int,
+               attn: ExplicitAttention | None = None) -> torch.Tensor:
+        """The cached forward of the running rows (slots 0..B-1): decode, draft and verify steps,
+        chains and token trees (``attn``: the tree's explicit attention, engine.tree).
 
-        Same function as ``self(tokens, cache=cache, start=start, kv_len=kv_len)``; compiled
-        once :meth:`compile_decode` has run (``self.compiled``). The compiled call always runs in inference mode on
-        inference-tensor copies of ``tokens``/``start`` (and :meth:`new_cache` always makes
-        normal tensors), because torch.compile's guards include each input's dispatch keys: a
-        caller's grad mode or where it built its inputs must not trigger a recompile.
+        Same function as ``self(tokens, cache=cache, start=start, kv_len=kv_len, attn=attn)``;
+        compiled once :meth:`compile_decode` has run (``self.compiled``). The compiled call always
+        runs in inference mode on inference-tensor copies of its tensor inputs (and
+        :meth:`new_cache` always makes normal tensors), because torch.compile's guards include
+        each input's dispatch keys: a caller's grad mode or where it built its inputs must not
+        trigger a recompile.
         """
         if not self.compiled:
-            return self.forward(tokens, cache=cache, start=start, kv_len=kv_len)
+            return self.forward(tokens, cache=cache, start=start, kv_len=kv_len, attn=attn)
         with torch.inference_mode():
-            return _COMPILED_FORWARD[self._compile_mode](self, tokens.clone(), cache=cache, start=start.clone(), kv_len=kv_len)
+            if attn is not None:  # contiguous too: a tree builds its mask from permuted views
+                attn = ExplicitAttention(*(t.clone(memory_format=torch.contiguous_format) for t in attn))
+            return _COMPILED_FORWARD[self._compile_mode](self, tokens.clone(), cache=cache, start=start.clone(),
+                                                         kv_len=kv_len, attn=attn)
 
     def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
         cfg = self.config

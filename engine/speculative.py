@@ -390,7 +390,7 @@ class SpecEngine:
         t1 = self._mark()
         base = length - 1
         attn = tree.attention(base, 0, nodes.shape[1], kv_len)
-        logits = self.target(nodes, cache=self.cache, start=base, kv_len=kv_len, slot0=0, attn=attn)
+        logits = self.target.decode(nodes, self.cache, base, kv_len, attn)
         target_probs = sampling.probs(logits)  # (B, N+1, V)
         n_acc, path, nxt = tree_accept(tree, nodes, target_probs, node_probs, iid, self.generator)
         g = tree.shape.depth

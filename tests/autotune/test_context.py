@@ -35,7 +35,7 @@ def test_compile_true_compiles_both_models_and_keys_the_workload_apart(tmp_path,
 
 
 def test_auto_falls_back_to_eager_and_says_why_when_compile_fails(tiny_pair_dirs, monkeypatch):
-    def broken(self):
+    def broken(self, mode=None, trees=False):
         raise RuntimeError("Compiler: cc not found\nmore detail")
 
     monkeypatch.setattr(Transformer, "compile_decode", broken)
@@ -52,3 +52,23 @@ def test_auto_falls_back_to_eager_and_says_why_when_compile_fails(tiny_pair_dirs
 def test_models_compile_takes_auto_true_or_false(tmp_path, tiny_pair_dirs, value):
     with pytest.raises(ConfigError, match=r"models.compile: must be auto, true or false"):
         _config(tmp_path, tiny_pair_dirs, value)
+
+
+@pytest.mark.parametrize("shapes, warms_trees", [(["chain"], False), (["chain", "2,1"], True)])
+def test_the_compile_warm_up_includes_the_tree_forward_when_trees_are_searched(
+        tmp_path, tiny_pair_dirs, monkeypatch, shapes, warms_trees):
+    seen = []
+
+    def record(self, mode=None, trees=False):
+        seen.append(trees)
+        self.compiled = True
+        return 0.5
+
+    monkeypatch.setattr(Transformer, "compile_decode", record)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
+    cfg = load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "db.sqlite",
+                                   models={"compile": True}, search={"tree_topk": shapes}))
+    ctx = context.build(cfg)
+    assert seen == [warms_trees, warms_trees]  # target and draft
+    assert ctx.pair.compile_s == 1.0

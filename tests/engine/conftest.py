@@ -78,24 +78,47 @@ def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor, min_expected: float 
 
 
 @pytest.fixture(scope="session")
-def target() -> Transformer:
+def eager_target() -> Transformer:
     """The tiny target: vocab 32, 2 layers, GQA (4 query heads, 2 KV heads)."""
     return random_model(tiny_config(), seed=0)
 
 
 @pytest.fixture(scope="session")
-def draft() -> Transformer:
-    """A draft close to the target: accepts some blocks fully, rejects others (partial acceptance).
-
-    Built from its own copy of the target's weights (same seed), so that modules overriding
-    ``target`` (ENGINE_MODES) do not change what the draft is made from.
-    """
+def eager_draft() -> Transformer:
+    """A draft close to the target: accepts some blocks fully, rejects others (partial acceptance)."""
     return perturbed_copy(random_model(tiny_config(), seed=0), seed=1, sigma=0.03)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
+def in_mode(request: pytest.FixtureRequest, compiled: Callable[[Transformer], Transformer]) -> Callable:
+    """``in_mode(model)``: ``model`` as the requesting module's engine mode runs it: a compiled copy
+    in ENGINE_MODES' "compiled" mode, else the model itself (modules that do not opt in: eager)."""
+    mode = request.getfixturevalue("engine_mode") if "engine_mode" in request.fixturenames else "eager"
+    return compiled if mode == "compiled" else (lambda model: model)
+
+
+@pytest.fixture(scope="module")
+def target(eager_target: Transformer, in_mode: Callable) -> Transformer:
+    """The tiny target, in the module's engine mode (see ``in_mode``)."""
+    return in_mode(eager_target)
+
+
+@pytest.fixture(scope="module")
+def draft(eager_draft: Transformer, in_mode: Callable) -> Transformer:
+    """The draft, in the module's engine mode."""
+    return in_mode(eager_draft)
+
+
+@pytest.fixture(scope="module")
 def pair(target: Transformer, draft: Transformer) -> ModelPair:
     return ModelPair(target, draft, None, None, None)
+
+
+@pytest.fixture(scope="module")
+def small_pair(model_factory: Callable, perturb: Callable, in_mode: Callable) -> ModelPair:
+    """A vocab-8 pair whose exact joint distributions are cheap to enumerate (distribution tests)."""
+    target = model_factory(seed=11, vocab=8)
+    return ModelPair(in_mode(target), in_mode(perturb(target, seed=12, sigma=0.08)), None, None, None)
 
 
 @pytest.fixture(scope="session")
@@ -151,7 +174,9 @@ def perturb() -> Callable[..., Transformer]:
 # The engine's three ways to run a step on this CPU: eager with the cheap device reads the CPU
 # default keeps, eager sync-free (the CUDA default: fixed widths, no early draft exit), and
 # compiled decode (torch.compile, what `autotune tune` runs by default). Suites that guarantee
-# exactness run under each (see the module-scoped overrides in those test files).
+# exactness run under each: a module opts in with
+# ``pytestmark = pytest.mark.usefixtures("apply_engine_mode")``, and its target/draft/pair/small_pair
+# are then the mode's (``in_mode``).
 ENGINE_MODES = ("eager", "sync-free", "compiled")
 
 

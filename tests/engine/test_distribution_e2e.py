@@ -26,22 +26,6 @@ P_OK = 1e-3
 pytestmark = pytest.mark.usefixtures("apply_engine_mode")  # every test x ENGINE_MODES (conftest)
 
 
-@pytest.fixture(scope="module")
-def small_pair(model_factory, perturb, engine_mode, compiled) -> ModelPair:
-    target = model_factory(seed=11, vocab=V)
-    draft = perturb(target, seed=12, sigma=0.08)
-    if engine_mode == "compiled":
-        target, draft = compiled(target), compiled(draft)
-    return ModelPair(target, draft, None, None, None)
-
-
-@pytest.fixture(scope="module")
-def pair(target, draft, engine_mode, compiled) -> ModelPair:
-    if engine_mode == "compiled":
-        target, draft = compiled(target), compiled(draft)
-    return ModelPair(target, draft, None, None, None)
-
-
 def exact_factors(model, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """p(t1) (V,) and p(t2, t3 | t1) (V, V, V) under ``model``, enumerated from its logits."""
     tk = torch.tensor([top_k])

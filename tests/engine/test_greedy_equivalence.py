@@ -24,21 +24,6 @@ GAMMAS = [1, 3, 5, 8]
 pytestmark = pytest.mark.usefixtures("apply_engine_mode")  # every test x ENGINE_MODES (conftest)
 
 
-@pytest.fixture(scope="module")
-def target(target, engine_mode, compiled):
-    return compiled(target) if engine_mode == "compiled" else target
-
-
-@pytest.fixture(scope="module")
-def draft(draft, engine_mode, compiled):
-    return compiled(draft) if engine_mode == "compiled" else draft
-
-
-@pytest.fixture(scope="module")
-def pair(target, draft) -> ModelPair:
-    return ModelPair(target, draft, None, None, None)
-
-
 def cut_at_eos(tokens: list[int], eos: int) -> list[int]:
     return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
 

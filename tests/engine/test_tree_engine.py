@@ -27,21 +27,6 @@ SHAPES = [(2,), (2, 2), (3, 2, 1), (1, 3, 1, 2), (4, 1, 1, 1, 1)]
 pytestmark = pytest.mark.usefixtures("apply_engine_mode")  # every test x ENGINE_MODES (conftest)
 
 
-@pytest.fixture(scope="module")
-def target(target, engine_mode, compiled):
-    return compiled(target) if engine_mode == "compiled" else target
-
-
-@pytest.fixture(scope="module")
-def draft(draft, engine_mode, compiled):
-    return compiled(draft) if engine_mode == "compiled" else draft
-
-
-@pytest.fixture(scope="module")
-def pair(target, draft) -> ModelPair:
-    return ModelPair(target, draft, None, None, None)
-
-
 def cut_at_eos(tokens: list[int], eos: int) -> list[int]:
     return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
 
@@ -140,15 +125,6 @@ V = 8
 N = 20_000
 PROMPT = [3, 1, 4, 1]
 P_OK = 1e-3
-
-
-@pytest.fixture(scope="module")
-def small_pair(model_factory, perturb, engine_mode, compiled) -> ModelPair:
-    target = model_factory(seed=11, vocab=V)
-    draft = perturb(target, seed=12, sigma=0.08)
-    if engine_mode == "compiled":
-        target, draft = compiled(target), compiled(draft)
-    return ModelPair(target, draft, None, None, None)
 
 
 def exact_joint(model, top_k: int, top_p: float) -> torch.Tensor:
