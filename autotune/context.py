@@ -125,6 +125,20 @@ def ensure_profile(ctx: Context, reprofile: bool = False,
     return data, False
 
 
+def extend_for_trees(ctx: Context, measurement: dict, say: Callable[[str], None]) -> dict:
+    """With trees searched: the verify widths and draft ranks trees need, measured once and stored
+    (``autotune profile`` and ``autotune tune`` alike; serving-stack backends draft no trees)."""
+    if not ctx.cfg.trees_searched or ctx.backend is not None:
+        return measurement
+    extended = profiler.extend_for_trees(ctx.pair, ctx.requests, measurement, ctx.cfg.tree_shapes, ctx.cfg.seed,
+                                         progress=lambda s: say(f"  profiling: {s}"))
+    if extended is None:
+        return measurement
+    ctx.store.save_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler", extended)
+    say("profile: tree verify widths and draft ranks measured and stored")
+    return extended
+
+
 def _threshold_grid(low: float, high: float, steps: int = 6) -> tuple[float, ...]:
     if high <= low:
         return (low,)

@@ -105,7 +105,7 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
         measurement, reused = ctx_mod.ensure_profile(ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"))
         say("profile: " + ("reused stored measurement (--reprofile to measure again)" if reused
                            else "measured and stored"))
-        measurement = _extend_for_trees(ctx, measurement, say)
+        measurement = ctx_mod.extend_for_trees(ctx, measurement, say)
         run = _run_study(ctx, measurement, resume, say)
         profile = _select_and_build(ctx, run.space, measurement, run.study, run.trials, say)
         noise_after = _host_noise(say, strict, "after the study")
@@ -134,21 +134,6 @@ def _size_threads(ctx: ctx_mod.Context, noise: dict, say: Say) -> None:
     torch.set_num_threads(want)
     say(f"host: other processes use {noise['others_cpu_share']:.0%} of {noise['cpus']} CPUs; torch threads "
         f"{current} -> {want} for this run (threads sharing a busy core stall every op)")
-
-
-def _extend_for_trees(ctx: ctx_mod.Context, measurement: dict, say: Say) -> dict:
-    """With trees searched: the verify widths and draft ranks trees need, measured once and stored."""
-    if not ctx.cfg.trees_searched or ctx.backend is not None:
-        return measurement
-    from autotune import profiler
-
-    extended = profiler.extend_for_trees(ctx.pair, ctx.requests, measurement, ctx.cfg.tree_shapes, ctx.cfg.seed,
-                                         progress=lambda s: say(f"  profiling: {s}"))
-    if extended is None:
-        return measurement
-    ctx.store.save_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler", extended)
-    say("profile: tree verify widths and draft ranks measured and stored")
-    return extended
 
 
 def _host_noise(say: Say, strict: bool, when: str) -> dict:

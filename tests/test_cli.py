@@ -201,6 +201,25 @@ def test_profile_json(tiny_pair_dirs, good_prompts, tmp_path) -> None:
     assert [r["batch_size"] for r in data["classification"]["batch_sizes"]] == [1, 2]
 
 
+@pytest.mark.parametrize("command", ["profile", "tune"])
+@pytest.mark.parametrize("in_yaml, flag, runs", [(False, "--compile", "true"), (True, "--no-compile", "false"),
+                                                 ("auto", None, "auto")])
+def test_compile_flag_overrides_models_compile(tiny_pair_dirs, good_prompts, tmp_path, monkeypatch, command,
+                                               in_yaml, flag, runs) -> None:
+    from autotune import context
+
+    seen = []
+
+    def stop(cfg):  # the config the command would build its engine from; nothing runs past it
+        seen.append(cfg.compile)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(context, "build", stop)
+    config = write_config(tmp_path, tiny_pair_dirs, good_prompts, models={"compile": in_yaml})
+    CliRunner().invoke(main, [command, "--config", str(config), *([flag] if flag else [])])
+    assert seen == [runs]
+
+
 def test_tune_invalid_config_exits_2_names_the_key_and_writes_nothing(tiny_pair_dirs, good_prompts,
                                                                      tmp_path) -> None:
     config = write_config(tmp_path, tiny_pair_dirs, good_prompts, search={"gamma": {"low": 4, "high": 2}})

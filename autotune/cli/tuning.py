@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from autotune.cli.options import CONFIG_OPTION, print_json, say_err
+from autotune.cli.options import COMPILE_OPTION, CONFIG_OPTION, print_json, say_err, with_compile
 from autotune.cli.render import render_profile, render_tune
 from autotune.config import BACKENDS
 from autotune.records import Measurement
@@ -15,15 +15,17 @@ from profiles.schema import Profile
 
 @click.command()
 @CONFIG_OPTION
+@COMPILE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def profile(config_path, as_json):
+def profile(config_path, compile_flag, as_json):
     """Fingerprint the device, measure ceilings and verify/draft curves, classify, and store."""
     from autotune import context
     from autotune.config import load_config
 
-    cfg = load_config(config_path)
+    cfg = with_compile(load_config(config_path), compile_flag)
     ctx = context.build(cfg)
     data, _ = context.ensure_profile(ctx, reprofile=True, progress=lambda s: say_err(f"  measured: {s}"))
+    data = context.extend_for_trees(ctx, data, say_err)  # search.tree_topk: the widths and ranks trees need
     if as_json:
         print_json(data)
         return
@@ -44,15 +46,16 @@ def profile(config_path, as_json):
               help="Where trials run (overrides backend.name): engine (in process), or a real vllm / llamacpp "
                    "server per trial.")
 @click.option("--strict", is_flag=True, help="Refuse to store a profile measured on a busy host (exit 2).")
+@COMPILE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the stored profile as one JSON object.")
-def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, backend, strict, as_json):
+def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, backend, strict, compile_flag, as_json):
     """The main job: profile this host, run the Optuna study, store the profile, write exports."""
     import dataclasses
 
     from autotune.config import load_config
     from autotune.tune import Interrupted, run_tune
 
-    cfg = load_config(config_path)
+    cfg = with_compile(load_config(config_path), compile_flag)
     backend = backend or cfg.backend
     server = backend != "engine"
     overrides = {k: v for k, v in {"server_trials" if server else "n_trials": trials,

@@ -190,6 +190,28 @@ def test_extend_for_trees_measures_only_what_is_missing(tiny_pair_dirs, tune_con
         ctx.store.close()
 
 
+def test_autotune_profile_measures_what_trees_need_when_they_are_searched(tune_config) -> None:
+    """`autotune profile` stores the same tree extension `autotune tune` would measure (widths, ranks)."""
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+
+    cfg = tune_config(search={"tree_topk": ["chain", "2,1"]})
+    result = CliRunner().invoke(main, ["profile", "--config", str(cfg.source), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert all(sorted(map(int, row)) == [1, 2, 3, 4, 5] for row in data["curves"]["t_verify"].values())
+    assert data["acceptance"]["tree_ranks"]
+    from autotune import context
+
+    ctx = context.build(cfg)  # what the next `autotune tune` finds stored
+    try:
+        stored, reused = context.ensure_profile(ctx)
+    finally:
+        ctx.store.close()
+    assert reused and stored["acceptance"]["tree_ranks"] == data["acceptance"]["tree_ranks"]
+
+
 # --- a short real study with trees searched ------------------------------------------------------
 
 

@@ -7,7 +7,6 @@ read that counter around real engine runs (B=1 and B=3, chains and trees, greedy
 
 from __future__ import annotations
 
-import torch
 from torch._dynamo.utils import counters
 
 from engine.generate import generate
@@ -22,7 +21,8 @@ def compiled_frames() -> int:
 def runs(pair: ModelPair, prompts: list[list[int]], configs: list[SpecConfig]) -> None:
     for config in configs:
         for batch in (1, 3):
-            reqs = [Request(list(p), 12, id=i, temperature=t) for i, (p, t) in enumerate(zip(prompts, (0.0, 1.0, 0.0)))]
+            temps = (0.0, 1.0, 0.0)  # greedy and sampled rows in one batch
+            reqs = [Request(list(p), 12, id=i, temperature=t) for i, (p, t) in enumerate(zip(prompts, temps, strict=True))]
             generate(pair, reqs[:batch], config, max_batch_size=batch, seed=0)
 
 
