@@ -4,8 +4,10 @@ Two kinds of evidence, recorded together in ``profile["host_noise"]``:
 
 - the coefficient of variation (stdev / mean) of a fixed small reference workload (a 192x192
   float32 matmul chain, timed ``repeats`` times after a warm-up) on the host CPU;
-- other processes' CPU use: the busy share of all cores from ``/proc/stat`` over the timing
-  window minus this process's own share (``/proc/self/stat``), and ``/proc/loadavg``;
+- other processes' CPU use: the busy share of all cores from ``/proc/stat`` over a window of at
+  least :data:`WINDOW_S` (the timings, then idle) minus this process's own share
+  (``/proc/self/stat``), and ``/proc/loadavg``. ``/proc`` counts in clock ticks (10 ms): over
+  the 7 ms the timings alone take, one tick of anyone else read as "50% of 2 CPUs";
 - on NVIDIA hosts, each GPU's utilisation and the compute processes other than this one
   (NVML: ``nvmlDeviceGetUtilizationRates``, ``nvmlDeviceGetComputeRunningProcesses``): another
   process computing on the GPU makes the host busy (:data:`GPU_BUSY` utilisation before we start).
@@ -30,6 +32,8 @@ OTHERS_BUSY = 0.25
 """Share of all cores used by other processes above which the host counts as busy."""
 GPU_BUSY = 0.10
 """GPU utilisation (NVML, share of the last sample period) by others above which the host counts as busy."""
+WINDOW_S = 0.5
+"""Seconds of /proc accounting per check: 100 clock ticks per CPU-second, so 1% resolution on 2 CPUs."""
 
 
 def gpu_activity() -> list[dict] | None:
@@ -122,16 +126,16 @@ def verdict(cv: float, others: float | None, gpus: list[dict] | None = None) -> 
     return bool(reasons), reasons
 
 
-def measure(repeats: int = 20, size: int = 192, proc: str | Path = "/proc") -> dict:
-    """Time the reference workload ``repeats`` times and read /proc around it.
+def measure(repeats: int = 20, size: int = 192, proc: str | Path = "/proc", window_s: float = WINDOW_S) -> dict:
+    """Time the reference workload ``repeats`` times and read /proc over at least ``window_s`` around it.
 
-    Returns ``{"cv", "median_ms", "repeats", "others_cpu_share", "loadavg_1m", "cpus", "gpus",
-    "busy", "reasons", "thresholds"}`` (``gpus``: :func:`gpu_activity`, None without NVML).
+    Returns ``{"cv", "median_ms", "repeats", "window_s", "others_cpu_share", "loadavg_1m", "cpus",
+    "gpus", "busy", "reasons", "thresholds"}`` (``gpus``: :func:`gpu_activity`, None without NVML).
 
     Example:
-        >>> m = measure(repeats=3, size=16)
+        >>> m = measure(repeats=3, size=16, window_s=0.05)
         >>> sorted(m)[:4], isinstance(m["busy"], bool)
-        (['busy', 'cpus', 'cv', 'loadavg_1m'], True)
+        (['busy', 'cpus', 'cv', 'gpus'], True)
     """
     root = Path(proc)
     gen = torch.Generator().manual_seed(0)
@@ -146,11 +150,13 @@ def measure(repeats: int = 20, size: int = 192, proc: str | Path = "/proc") -> d
     for _ in range(3):
         work()
     stat0, self0 = _proc_stat(root), _self_jiffies(root)
-    samples = []
+    samples, start = [], time.perf_counter()
     for _ in range(repeats):
         t0 = time.perf_counter()
         work()
         samples.append(time.perf_counter() - t0)
+    time.sleep(max(0.0, window_s - (time.perf_counter() - start)))  # /proc's ticks need the window, the CV not
+    window = time.perf_counter() - start
     stat1, self1 = _proc_stat(root), _self_jiffies(root)
     mean = statistics.fmean(samples)
     cv = statistics.stdev(samples) / mean if len(samples) > 1 and mean > 0 else 0.0
@@ -159,7 +165,7 @@ def measure(repeats: int = 20, size: int = 192, proc: str | Path = "/proc") -> d
         others = others_share(stat1[0] - stat0[0], stat1[1] - stat0[1], self1 - self0)
     gpus = gpu_activity()
     busy, reasons = verdict(cv, others, gpus)
-    return {"cv": cv, "median_ms": statistics.median(samples) * 1e3, "repeats": repeats,
+    return {"cv": cv, "median_ms": statistics.median(samples) * 1e3, "repeats": repeats, "window_s": window,
             "others_cpu_share": others, "loadavg_1m": _loadavg(root), "cpus": os.cpu_count(), "gpus": gpus,
             "busy": busy, "reasons": reasons,
             "thresholds": {"cv": CV_BUSY, "others_cpu_share": OTHERS_BUSY, "gpu_utilization": GPU_BUSY}}

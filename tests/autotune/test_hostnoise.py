@@ -51,11 +51,18 @@ def test_measure_reads_a_proc_folder(tmp_path) -> None:
     (tmp_path / "stat").write_text("cpu  100 0 50 800 10 0 0 0 0 0\ncpu0 1 2 3 4\n")
     (tmp_path / "self" / "stat").write_text("123 (python (x)) R " + " ".join(["0"] * 10) + " 7 3 0 0\n")
     (tmp_path / "loadavg").write_text("1.50 1.00 0.50 2/100 999\n")
-    m = hostnoise.measure(repeats=3, size=8, proc=tmp_path)
+    m = hostnoise.measure(repeats=3, size=8, proc=tmp_path, window_s=0.0)
     assert m["loadavg_1m"] == 1.5 and m["others_cpu_share"] == 0.0 and m["repeats"] == 3
     assert m["cv"] >= 0 and isinstance(m["busy"], bool)
-    missing = hostnoise.measure(repeats=2, size=8, proc=tmp_path / "nowhere")
+    missing = hostnoise.measure(repeats=2, size=8, proc=tmp_path / "nowhere", window_s=0.0)
     assert missing["others_cpu_share"] is None and missing["loadavg_1m"] is None
+
+
+def test_proc_is_read_over_a_window_of_many_clock_ticks() -> None:
+    # /proc counts 10 ms ticks; the timings alone take ~7 ms, where one tick of any other process
+    # read as "50% of 2 CPUs" and sized torch's threads down on a quiet host. 0.5 s = 100 ticks/CPU.
+    m = hostnoise.measure(repeats=3, size=8)
+    assert hostnoise.WINDOW_S >= 0.5 and m["window_s"] >= hostnoise.WINDOW_S
 
 
 def test_busy_host_warns_and_is_recorded(tune_config, monkeypatch) -> None:
