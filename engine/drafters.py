@@ -123,40 +123,41 @@ class ModelDrafter(Drafter):
         inp = tokens.gather(1, idx)  # (B, W) right-padded pending tokens
         greedy = sampling.temperature <= 0
         want_conf = threshold > 0 or self.record_confidence
-        out_tokens = torch.zeros(b, gamma_max, dtype=torch.long, device=device)
-        out_probs = []
+        toks, out_probs = [], []
         n_proposed = torch.zeros(b, dtype=torch.long, device=device)
         active = gammas > 0
-        start, last = dlen, n_pending - 1
-        iters = 0
+        start = dlen
         self._conf = []
         for i in range(gamma_max):
-            logits = self.model.decode(inp, self.cache, start, kv_len)  # (B, W, V)
-            logits = logits.gather(1, last[:, None, None].expand(-1, 1, logits.shape[-1]))  # (B, 1, V)
-            iters += 1
+            logits = self.model.decode(inp, self.cache, start, kv_len)  # (B, W, V); W = 1 after the first
+            if i == 0 and width > 1:  # each row's last pending token
+                logits = logits.gather(1, (n_pending - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))
             if sampling.all_greedy:  # q is one-hot: the deterministic-drafter rule is exact
                 probs, tok = None, logits[:, 0].argmax(-1)
             else:
                 probs = sampling.probs(logits)[:, 0]  # (B, V)
                 tok = sample(probs, generator)  # one-hot rows (greedy) give their argmax
                 out_probs.append(probs)
+            toks.append(tok)
             if want_conf:
                 top = logits[:, 0].float().softmax(-1).amax(-1)
                 conf = top if probs is None else torch.where(greedy, top, probs.amax(-1))  # (B,)
                 self._conf.append(conf)
-                if threshold > 0:
-                    active = active & (conf >= threshold)
-            out_tokens[:, i] = tok
-            n_proposed += active.long()
-            active = active & (gammas > i + 1)
-            if i + 1 == gamma_max or (threshold > 0 and not self.sync_free and not bool(active.any())):
-                break
-            start = start + last + 1
-            inp, last = tok[:, None], torch.zeros_like(last)
+            if threshold > 0:  # a row proposes position i while confident and under its gamma
+                active = active & (conf >= threshold)
+                n_proposed += active.long()
+                active = active & (gammas > i + 1)
+                if not self.sync_free and not bool(active.any()):
+                    break
+            if i + 1 < gamma_max:
+                start, inp = start + (n_pending if i == 0 else 1), tok[:, None]
+        iters = len(toks)
+        if threshold <= 0:  # no threshold: row b proposes its first gammas[b] positions
+            n_proposed = gammas.clamp(max=iters)
         self._fed[:b] = dlen + n_pending + iters - 1  # positions written with valid inputs
         self.forwards = iters
         probs_t = torch.stack(out_probs, 1) if out_probs else None  # (B, iters, V)
-        return out_tokens[:, :iters], probs_t, n_proposed
+        return torch.stack(toks, 1), probs_t, n_proposed
 
     def confidence(self, batch: int, width: int) -> torch.Tensor:
         return torch.stack(self._conf, 1)[:batch, :width]
