@@ -7,7 +7,7 @@ device + pair + workload" means (the keys under which profiles are stored and re
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,7 @@ def build(cfg: TuneConfig) -> Context:
     needs_draft = "model" in cfg.drafters or "hybrid" in cfg.drafters  # hybrid falls back to the draft model
     check_device(cfg)
     pair = load_pair(cfg.target, cfg.draft if needs_draft else None, dtype=cfg.dtype, device=cfg.device)
-    compile_note = _compile(pair, cfg.compile, cfg.trees_searched)
+    compile_note = _compile(pair, cfg.compile, cfg.tree_shapes)
     if pair.tokenizer is None:
         raise EngineInputError(f"{cfg.target}: no tokenizer.json")
     items = load_workload(cfg.prompts)
@@ -82,7 +82,7 @@ def build(cfg: TuneConfig) -> Context:
                    drafter, compile_note=compile_note)
 
 
-def _compile(pair: ModelPair, mode: str, trees: bool = False) -> str:
+def _compile(pair: ModelPair, mode: str, trees: Sequence[Sequence[int]] = ()) -> str:
     """Compile the pair's decode forward per ``models.compile``; returns the line tune prints.
 
     ``auto`` compiles and falls back to eager, saying why, when torch.compile cannot run here

@@ -131,10 +131,10 @@ def load(bench: Bench, dtype: str | None = None, draft: bool = True) -> tuple[Mo
     return pair, requests
 
 
-def compiled_twin(pair: ModelPair, trees: bool = False) -> ModelPair:
+def compiled_twin(pair: ModelPair, trees: Sequence[Sequence[int]] = ()) -> ModelPair:
     """A copy of ``pair`` whose decode/verify forward is compiled (what ``autotune tune`` runs by
-    default, models.compile: auto; ``trees``: the token-tree forward warmed too); ``compile_s``
-    holds the compile time, reported apart."""
+    default, models.compile: auto; ``trees``: the tree shapes whose forward is warmed too);
+    ``compile_s`` holds the compile time, reported apart."""
     twin = dataclasses.replace(pair, target=copy.deepcopy(pair.target),
                                draft=copy.deepcopy(pair.draft) if pair.draft is not None else None)
     twin.compile_s = (twin.target.compile_decode(trees=trees)

@@ -144,7 +144,7 @@ def main() -> None:
     bench = _common.start(NAME, args)
     pair, requests = _common.load(bench)
     if args.engine == "compiled":
-        pair = _common.compiled_twin(pair, trees=True)
+        pair = _common.compiled_twin(pair, trees=args.trees)
         print(f"compiled decode/verify (chains and trees) of target and draft in {pair.compile_s:.1f} s "
               "(excluded from every timing)", flush=True)
     runs: dict[tuple[int, str, str], list[dict]] = {}

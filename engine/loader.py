@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,14 +145,14 @@ class ModelPair:
 
 def load_pair(
     target: str | Path, draft: str | Path | None = None, dtype: str = "float32", device: str = "cpu",
-    fuse: bool = True, compile: bool = False, trees: bool = False,
+    fuse: bool = True, compile: bool = False, trees: Sequence[Sequence[int]] = (),
 ) -> ModelPair:
     """Load a target (and draft) folder for inference; refuse a draft whose vocabulary differs.
 
     ``fuse`` (default) merges each layer's q/k/v and gate/up projections into one matmul each
     (:meth:`Transformer.fuse`): same function, fewer kernels. ``compile`` compiles both models'
     decode/verify forward (:meth:`Transformer.compile_decode`) and records the seconds it took;
-    ``trees`` warms the token-tree forward too (for runs that draft trees).
+    ``trees`` (tree shapes the run will draft) warms the token-tree forward too.
 
     Example:
         >>> pair = load_pair("engine/demo/pair/target", "engine/demo/pair/draft")  # doctest: +SKIP

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NamedTuple
 
@@ -209,7 +209,7 @@ class Transformer(nn.Module):
             layer.mlp.fuse()
         return self
 
-    def compile_decode(self, mode: str | None = None, trees: bool = False) -> float:
+    def compile_decode(self, mode: str | None = None, trees: Sequence[Sequence[int]] = ()) -> float:
         """Compile :meth:`decode` with ``torch.compile`` (inductor) and warm it up; returns seconds.
 
         Shapes are dynamic (batch, width, kv length and cache size are symbols), so one study
@@ -220,9 +220,11 @@ class Transformer(nn.Module):
         cache warm or not). Prefill stays eager:
         long prompts amortise the launch overhead that compiling removes. ``mode`` is
         torch.compile's (``"reduce-overhead"``: CUDA graphs where inductor can capture them).
-        ``trees`` also warms the token-tree forward (an explicit attention pattern: another graph,
-        same six classes), so a run that drafts trees keeps compile time out of its timings too;
-        without it a tree's first forward compiles on the spot.
+        ``trees`` (per-depth top-k shapes, engine.tree) also warms the token-tree forward (an
+        explicit attention pattern: another graph) for the widths those trees feed: always more
+        than one token (the verify pass), one token only when a tree starts with top-k 1 (its first
+        draft level is a single node). A run that drafts trees thus keeps compile time out of its
+        timings too; a tree not warmed compiles on its first forward.
         """
         import torch._dynamo
         import torch.fx.experimental._config as fx_config
@@ -237,8 +239,10 @@ class Transformer(nn.Module):
         self.compiled, self._compile_mode = True, mode
         device = self.lm_head.weight.device
         t0 = time.perf_counter()
-        for tree, slots, b, t in itertools.product((False, True) if trees else (False,), (1, 3), (1, 2), (1, 2)):
-            if b <= slots:
+        shapes = [tuple(s) for s in trees if any(k > 1 for k in s)]
+        tree_widths = {2} | ({1} if any(s[0] == 1 for s in shapes) else set())
+        for tree, slots, b, t in itertools.product((False, True) if shapes else (False,), (1, 3), (1, 2), (1, 2)):
+            if b <= slots and (not tree or t in tree_widths):
                 tokens = torch.zeros(b, t, dtype=torch.long, device=device)
                 start = torch.full((b,), 4, dtype=torch.long, device=device)
                 attn = None

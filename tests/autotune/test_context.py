@@ -35,7 +35,7 @@ def test_compile_true_compiles_both_models_and_keys_the_workload_apart(tmp_path,
 
 
 def test_auto_falls_back_to_eager_and_says_why_when_compile_fails(tiny_pair_dirs, monkeypatch):
-    def broken(self, mode=None, trees=False):
+    def broken(self, mode=None, trees=()):
         raise RuntimeError("Compiler: cc not found\nmore detail")
 
     monkeypatch.setattr(Transformer, "compile_decode", broken)
@@ -54,13 +54,13 @@ def test_models_compile_takes_auto_true_or_false(tmp_path, tiny_pair_dirs, value
         _config(tmp_path, tiny_pair_dirs, value)
 
 
-@pytest.mark.parametrize("shapes, warms_trees", [(["chain"], False), (["chain", "2,1"], True)])
+@pytest.mark.parametrize("shapes, warmed", [(["chain"], [()]), (["chain", "2,1"], [(), (2, 1)])])
 def test_the_compile_warm_up_includes_the_tree_forward_when_trees_are_searched(
-        tmp_path, tiny_pair_dirs, monkeypatch, shapes, warms_trees):
+        tmp_path, tiny_pair_dirs, monkeypatch, shapes, warmed):
     seen = []
 
-    def record(self, mode=None, trees=False):
-        seen.append(trees)
+    def record(self, mode=None, trees=()):
+        seen.append(list(trees))
         self.compiled = True
         return 0.5
 
@@ -70,5 +70,5 @@ def test_the_compile_warm_up_includes_the_tree_forward_when_trees_are_searched(
     cfg = load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "db.sqlite",
                                    models={"compile": True}, search={"tree_topk": shapes}))
     ctx = context.build(cfg)
-    assert seen == [warms_trees, warms_trees]  # target and draft
+    assert seen == [warmed, warmed]  # target and draft: the searched shapes (chain = ())
     assert ctx.pair.compile_s == 1.0

@@ -26,28 +26,44 @@ def runs(pair: ModelPair, prompts: list[list[int]], configs: list[SpecConfig]) -
             generate(pair, reqs[:batch], config, max_batch_size=batch, seed=0)
 
 
+def pair_of(model_factory, perturb, seed: int, vocab: int) -> ModelPair:
+    # a vocabulary no other test uses: a model shape nobody compiled, so the warm-up is this test's own
+    target = model_factory(seed=seed, vocab=vocab)
+    return ModelPair(target, perturb(target, seed=seed + 1, sigma=0.05), None, None, None)
+
+
+CHAINS = [SpecConfig(gamma=0), SpecConfig(gamma=3)]
+
+
 def test_warm_up_with_trees_leaves_nothing_to_compile(model_factory, perturb, prompts):
-    # vocab 40: a model shape no other test compiles, so the warm-up below is this test's own
-    target = model_factory(seed=31, vocab=40)
-    draft = perturb(target, seed=32, sigma=0.05)
-    for model in (target, draft):
-        assert model.compile_decode(trees=True) > 0
+    pair = pair_of(model_factory, perturb, 31, vocab=40)
+    shapes = [(2, 2, 1), (1, 3)]  # (1, 3) feeds a one-node level: the warm-up covers width 1 too
+    for model in (pair.target, pair.draft):
+        assert model.compile_decode(trees=shapes) > 0
     before = compiled_frames()
-    runs(ModelPair(target, draft, None, None, None), prompts[:3],
-         [SpecConfig(gamma=0), SpecConfig(gamma=3), SpecConfig(gamma=3, tree_topk=(2, 2, 1)),
-          SpecConfig(gamma=2, tree_topk=(1, 3))])
+    runs(pair, prompts[:3], CHAINS + [SpecConfig(gamma=len(s), tree_topk=s) for s in shapes])
     assert compiled_frames() == before
 
 
-def test_without_the_tree_warm_up_a_tree_compiles_on_first_use(model_factory, perturb, prompts):
-    # the counter sees compiles: a chain-only warm-up leaves the tree graph to the first tree step
-    target = model_factory(seed=33, vocab=41)
-    draft = perturb(target, seed=34, sigma=0.05)
-    for model in (target, draft):
-        model.compile_decode()
-    pair = ModelPair(target, draft, None, None, None)
+def test_the_warm_up_compiles_only_the_widths_the_searched_trees_feed(model_factory, perturb, prompts):
+    # the counter sees compiles: trees that start with top-k 2 never feed one node, so the warm-up
+    # leaves that graph out, and a tree starting with top-k 1 compiles it on its first forward
+    pair = pair_of(model_factory, perturb, 33, vocab=41)
+    for model in (pair.target, pair.draft):
+        model.compile_decode(trees=[(2, 1, 1)])
     before = compiled_frames()
-    runs(pair, prompts[:3], [SpecConfig(gamma=3)])
+    runs(pair, prompts[:3], CHAINS + [SpecConfig(gamma=3, tree_topk=(2, 1, 1))])
+    assert compiled_frames() == before
+    runs(pair, prompts[:3], [SpecConfig(gamma=2, tree_topk=(1, 3))])
+    assert compiled_frames() > before
+
+
+def test_without_trees_the_warm_up_leaves_the_tree_graph_to_the_first_tree(model_factory, perturb, prompts):
+    pair = pair_of(model_factory, perturb, 35, vocab=42)
+    for model in (pair.target, pair.draft):
+        model.compile_decode()
+    before = compiled_frames()
+    runs(pair, prompts[:3], CHAINS)
     assert compiled_frames() == before
     runs(pair, prompts[:3], [SpecConfig(gamma=3, tree_topk=(2, 2, 1))])
     assert compiled_frames() > before
