@@ -82,11 +82,18 @@ def build(cfg: TuneConfig) -> Context:
                    drafter, compile_note=compile_note)
 
 
+COMPILE_SLOWER = 1.05
+"""models.compile: auto keeps eager when the compiled target decode takes more than this times eager's
+time (a margin: on a shared host two equal paths differ by a few percent run to run)."""
+
+
 def _compile(pair: ModelPair, mode: str, trees: Sequence[Sequence[int]] = ()) -> str:
     """Compile the pair's decode forward per ``models.compile``; returns the line tune prints.
 
     ``auto`` compiles and falls back to eager, saying why, when torch.compile cannot run here
-    (e.g. no C++ compiler for inductor on a CPU host); ``true`` makes that a one-line error.
+    (e.g. no C++ compiler for inductor on a CPU host) or when the compiled target decodes clearly
+    slower than eager (:data:`COMPILE_SLOWER`, timed interleaved at B=1: profiler.compiled_over_eager);
+    ``true`` makes the first an error in one line and never falls back on speed.
     """
     if mode == "false":
         return "engine: eager (models.compile: false)"
@@ -101,8 +108,17 @@ def _compile(pair: ModelPair, mode: str, trees: Sequence[Sequence[int]] = ()) ->
         if mode == "true":
             raise EngineInputError(f"models.compile: torch.compile failed on this host ({why})") from None
         return f"engine: eager (models.compile: auto, torch.compile failed: {why})"
-    return (f"engine: compiled decode/verify in {pair.compile_s:.1f} s (torch.compile, dynamic shapes, once "
-            "per process; models.compile: false skips it)")
+    ratio = profiler.compiled_over_eager(pair.target)
+    timing = f"decode {ratio:.2f}x eager's time here"
+    if mode == "auto" and ratio > COMPILE_SLOWER:
+        pair.target.compiled = False
+        if pair.draft is not None:
+            pair.draft.compiled = False
+        spent, pair.compile_s = pair.compile_s, None
+        return (f"engine: eager (models.compile: auto; compiled in {spent:.1f} s but its {timing}, "
+                "so eager is kept; models.compile: true forces it)")
+    return (f"engine: compiled decode/verify in {pair.compile_s:.1f} s, {timing} (torch.compile, dynamic "
+            "shapes, once per process; models.compile: false skips it)")
 
 
 def ensure_profile(ctx: Context, reprofile: bool = False,

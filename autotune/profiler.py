@@ -32,7 +32,7 @@ from autotune.classify import classify
 from autotune.costmodel import TREE_RANK_CAP, Curves, StepSample, per_position_acceptance, tree_level_sizes
 from autotune.hardware import fingerprint
 from autotune.runner import LoadSpec, run_load
-from autotune.timing import measure_stable
+from autotune.timing import measure_stable, time_fn
 from engine.loader import ModelPair
 from engine.metrics import draft_cost_ratio, verification_efficiency
 from engine.model import Transformer
@@ -76,6 +76,32 @@ def _forward_timer(model: Transformer, batch: int, k: int, context: int, device:
             return model.decode(tokens, cache, start, context + k)
 
     return run
+
+
+def compiled_over_eager(model: Transformer, widths: tuple[int, ...] = (1, 5), rounds: int = 7,
+                        context: int = 64) -> float:
+    """Time of ``model``'s compiled decode over its eager one at B=1 (< 1: compiling pays).
+
+    Per width (a decode step and a gamma-4 verify by default) the same forward runs compiled and
+    eager (``model.compiled`` toggled) in ``rounds`` interleaved rounds of 5 calls, so a slow
+    phase of a shared host hits both; returns the sum over widths of the compiled medians over the
+    sum of the eager ones. ``model`` must be compiled (and stays so).
+    """
+    device = model.lm_head.weight.device
+    medians = {True: 0.0, False: 0.0}
+    try:
+        for k in widths:
+            run = _forward_timer(model, 1, k, context, device)
+            samples: dict[bool, list[float]] = {True: [], False: []}
+            for _ in range(rounds):
+                for compiled in (True, False):
+                    model.compiled = compiled  # decode() reads the flag on every call
+                    samples[compiled].append(statistics.median(time_fn(run, device, warmup=1, repeats=5)))
+            for compiled, times in samples.items():
+                medians[compiled] += statistics.median(times)
+    finally:
+        model.compiled = True
+    return medians[True] / medians[False]
 
 
 def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, context: int,

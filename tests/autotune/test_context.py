@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autotune import context
+from autotune import context, profiler
 from autotune.config import ConfigError, load_config
 from autotune.context import _compile
 from engine.errors import EngineInputError
@@ -54,6 +54,34 @@ def test_models_compile_takes_auto_true_or_false(tmp_path, tiny_pair_dirs, value
         _config(tmp_path, tiny_pair_dirs, value)
 
 
+@pytest.mark.parametrize("mode, ratio, compiled", [("auto", 0.7, True), ("auto", 1.2, False), ("true", 1.2, True)])
+def test_auto_keeps_eager_where_the_compiled_decode_is_slower(tiny_pair_dirs, monkeypatch, mode, ratio, compiled):
+    monkeypatch.setattr(profiler, "compiled_over_eager", lambda model: ratio)
+    pair = load_pair(*tiny_pair_dirs)
+    note = _compile(pair, mode)
+    assert pair.target.compiled is compiled and pair.draft.compiled is compiled
+    assert f"decode {ratio:.2f}x eager's time here" in note
+    if compiled:
+        assert note.startswith("engine: compiled decode/verify in ") and pair.compile_s > 0
+    else:
+        assert note.startswith("engine: eager (models.compile: auto; compiled in ") and pair.compile_s is None
+
+
+def test_compiled_over_eager_times_both_paths_and_leaves_the_model_compiled(tiny_pair_dirs, monkeypatch) -> None:
+    pair = load_pair(*tiny_pair_dirs, compile=True)
+    eager_calls = []
+    real = Transformer.forward
+
+    def counting(self, *args, **kw):  # eager decodes call forward; compiled ones run the traced graph
+        eager_calls.append(self.compiled)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Transformer, "forward", counting)
+    ratio = profiler.compiled_over_eager(pair.target, widths=(1,), rounds=2)
+    assert ratio > 0 and pair.target.compiled
+    assert eager_calls.count(False) >= 2 * 5  # every round timed 5 eager calls
+
+
 @pytest.mark.parametrize("shapes, warmed", [(["chain"], [()]), (["chain", "2,1"], [(), (2, 1)])])
 def test_the_compile_warm_up_includes_the_tree_forward_when_trees_are_searched(
         tmp_path, tiny_pair_dirs, monkeypatch, shapes, warmed):
@@ -65,6 +93,7 @@ def test_the_compile_warm_up_includes_the_tree_forward_when_trees_are_searched(
         return 0.5
 
     monkeypatch.setattr(Transformer, "compile_decode", record)
+    monkeypatch.setattr(profiler, "compiled_over_eager", lambda model: 0.7)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
     cfg = load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "db.sqlite",
