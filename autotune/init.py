@@ -38,8 +38,8 @@ def yaml_scalar(value: str) -> str:
     """``value`` as a YAML scalar: bare when YAML reads it back unchanged, else double-quoted.
 
     Example:
-        >>> yaml_scalar("/models/qwen3"), yaml_scalar("/my models/#1")
-        ('/models/qwen3', '"/my models/#1"')
+        >>> yaml_scalar("/models/qwen3"), yaml_scalar("/my models #1"), yaml_scalar("on")
+        ('/models/qwen3', '"/my models #1"', '"on"')
     """
     try:
         if yaml.safe_load(f"k: {value}") == {"k": value}:
@@ -73,7 +73,7 @@ def render(template: str, values: dict[str, str]) -> str:
         if len(hits) != 1:
             raise ConfigError(f"bundled tune.yaml: expected one {section}.{key} line (found {len(hits)})")
         i = hits[0]
-        m = re.match(rf"(  {key}:\s+)(\S+)(\s*)(#.*)?(\r?\n)?$", lines[i])
+        m = re.match(rf"(  {key}:[ \t]+)(\S+)([ \t]*)(#.*)?(\r?\n)?$", lines[i])  # \s would eat the newline
         if m is None:
             raise ConfigError(f"bundled tune.yaml: cannot read the {section}.{key} line")
         head = m.group(1)[: len(key) + 4] + yaml_scalar(values[key])
