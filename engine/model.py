@@ -216,8 +216,9 @@ class Transformer(nn.Module):
         never recompiles per trial; torch still specialises sizes 0 and 1, hence the warm-up runs
         the six classes a run meets (batch 1 or more, width 1 or more, a cache of 1 slot or more)
         on scratch caches, and the time reported is compile time, kept out of every measurement
-        after it (44-46 s for the demo pair on 2 CPU cores, in every process, inductor's on-disk
-        cache warm or not). Prefill stays eager:
+        after it (demo pair, 2 CPU cores: 239 s on a cold inductor cache, 45-47 s once the cache
+        holds the graphs; ``autotune`` keeps that cache under ~/.cache/spec-autotune/inductor).
+        Prefill stays eager:
         long prompts amortise the launch overhead that compiling removes. ``mode`` is
         torch.compile's (``"reduce-overhead"``: CUDA graphs where inductor can capture them).
         ``trees`` (per-depth top-k shapes, engine.tree) also warms the token-tree forward (an
