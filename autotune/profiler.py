@@ -203,11 +203,10 @@ def measure_tree_ranks(pair: ModelPair, requests: list[Request], seed: int = 0,
     device = pair.target.lm_head.weight.device
     run = run_load(pair, requests, SpecConfig(gamma=0), "none",
                    LoadSpec(max_batch_size=1, num_requests=len(requests)), seed, warmup=False)
-    by_id = {r.id: r for r in requests}
     out = []
     for rec in run.records:
-        req = by_id.get(rec.id)
-        if req is None or not rec.output_tokens:
+        req = requests[rec.id % len(requests)]  # the load generator issues the list in order, as ids 0, 1, ...
+        if not rec.output_tokens:
             continue
         ids = torch.tensor([list(req.prompt_ids) + list(rec.output_tokens)], device=device)
         p = len(req.prompt_ids)

@@ -190,6 +190,24 @@ def test_extend_for_trees_measures_only_what_is_missing(tiny_pair_dirs, tune_con
         ctx.store.close()
 
 
+def test_tree_ranks_pair_each_output_with_its_own_prompt(tiny_pair_dirs) -> None:
+    """Draft == target, greedy: every target token is the draft's argmax, so every rank is 0 -- but
+    only if each output is ranked after its own prompt. The profiler passes a spread of the
+    workload (ids like 5, 17, 30), while a run numbers its records 0, 1, 2: pairing by the
+    request's id once kept 1 request in 8 and ranked outputs after other prompts."""
+    from autotune.profiler import measure_tree_ranks
+    from engine.loader import load_pair
+    from engine.speculative import Request
+
+    target, _ = tiny_pair_dirs
+    pair = load_pair(target, target)
+    prompts = [[5, 9, 2, 7], [11, 3], [4, 4, 8, 1, 6, 2], [13]]
+    requests = [Request(p, 8, id=i) for i, p in zip((5, 17, 30, 41), prompts, strict=True)]
+    ranks = measure_tree_ranks(pair, requests)
+    assert [len(r) for r in ranks] == [8, 8, 8, 8]
+    assert all(rank == 0 for seq in ranks for rank in seq)
+
+
 def test_autotune_profile_measures_what_trees_need_when_they_are_searched(tune_config) -> None:
     """`autotune profile` stores the same tree extension `autotune tune` would measure (widths, ranks)."""
     from click.testing import CliRunner
