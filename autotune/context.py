@@ -104,23 +104,18 @@ def _compile(pair: ModelPair, mode: str, trees: Sequence[Sequence[int]] = ()) ->
     # 47 s warm); its default lives in /tmp, which hosts clear. Keep it with our other caches.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE.expanduser()))
     try:
-        pair.compile_s = (pair.target.compile_decode(trees=trees)
-                          + (pair.draft.compile_decode(trees=trees) if pair.draft else 0.0))
+        pair.compile_decode(trees)
     except Exception as exc:  # inductor raises many types (compiler missing, unsupported op)
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        pair.target.compiled = False
-        if pair.draft is not None:
-            pair.draft.compiled = False
+        pair.run_eager()
         if mode == "true":
             raise EngineInputError(f"models.compile: torch.compile failed on this host ({why})") from None
         return f"engine: eager (models.compile: auto, torch.compile failed: {why})"
     ratio = profiler.compiled_over_eager(pair.target)
     timing = f"decode {ratio:.2f}x eager's time here"
     if mode == "auto" and ratio > COMPILE_SLOWER:
-        pair.target.compiled = False
-        if pair.draft is not None:
-            pair.draft.compiled = False
-        spent, pair.compile_s = pair.compile_s, None
+        spent = pair.compile_s
+        pair.run_eager()
         return (f"engine: eager (models.compile: auto; compiled in {spent:.1f} s but its {timing}, "
                 "so eager is kept; models.compile: true forces it)")
     return (f"engine: compiled decode/verify in {pair.compile_s:.1f} s, {timing} (torch.compile, dynamic "

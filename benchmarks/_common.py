@@ -137,8 +137,7 @@ def compiled_twin(pair: ModelPair, trees: Sequence[Sequence[int]] = ()) -> Model
     ``compile_s`` holds the compile time, reported apart."""
     twin = dataclasses.replace(pair, target=copy.deepcopy(pair.target),
                                draft=copy.deepcopy(pair.draft) if pair.draft is not None else None)
-    twin.compile_s = (twin.target.compile_decode(trees=trees)
-                      + (twin.draft.compile_decode(trees=trees) if twin.draft is not None else 0.0))
+    twin.compile_decode(trees)
     return twin
 
 

@@ -142,6 +142,21 @@ class ModelPair:
     draft_path: Path | None
     compile_s: float | None = None  # seconds spent compiling decode (None: eager)
 
+    def compile_decode(self, trees: Sequence[Sequence[int]] = ()) -> float:
+        """Compile both models' decode/verify forward (:meth:`Transformer.compile_decode`; ``trees``:
+        the tree shapes whose forward is warmed too); records and returns the seconds it took."""
+        self.compile_s = self.target.compile_decode(trees=trees)
+        if self.draft is not None:
+            self.compile_s += self.draft.compile_decode(trees=trees)
+        return self.compile_s
+
+    def run_eager(self) -> None:
+        """Decode eager again (after a failed or unprofitable compile); the compiled graphs stay cached."""
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.compiled = False
+        self.compile_s = None
+
 
 def load_pair(
     target: str | Path, draft: str | Path | None = None, dtype: str = "float32", device: str = "cpu",
@@ -171,5 +186,5 @@ def load_pair(
     tokenizer = load_tokenizer(target) if tok_path.is_file() else None
     pair = ModelPair(tgt, drf, tokenizer, Path(target), Path(draft) if draft is not None else None)
     if compile:
-        pair.compile_s = tgt.compile_decode(trees=trees) + (drf.compile_decode(trees=trees) if drf is not None else 0.0)
+        pair.compile_decode(trees)
     return pair

@@ -230,7 +230,7 @@ class Transformer(nn.Module):
         import torch._dynamo
         import torch.fx.experimental._config as fx_config
 
-        # Target and draft share Transformer.forward's code object: 4 graphs each, plus tests'
+        # Target and draft share Transformer.forward's code object: 6 graphs each (12 with trees), plus tests'
         # models. The default limit (8) would silently fall back to eager. Duck sizing would tie
         # symbols that happen to be equal once (slots == kv heads) and recompile when they differ.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 128)

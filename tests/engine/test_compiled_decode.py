@@ -38,8 +38,7 @@ CHAINS = [SpecConfig(gamma=0), SpecConfig(gamma=3)]
 def test_warm_up_with_trees_leaves_nothing_to_compile(model_factory, perturb, prompts):
     pair = pair_of(model_factory, perturb, 31, vocab=40)
     shapes = [(2, 2, 1), (1, 3)]  # (1, 3) feeds a one-node level: the warm-up covers width 1 too
-    for model in (pair.target, pair.draft):
-        assert model.compile_decode(trees=shapes) > 0
+    assert pair.compile_decode(trees=shapes) > 0
     before = compiled_frames()
     runs(pair, prompts[:3], CHAINS + [SpecConfig(gamma=len(s), tree_topk=s) for s in shapes])
     assert compiled_frames() == before
@@ -49,8 +48,7 @@ def test_the_warm_up_compiles_only_the_widths_the_searched_trees_feed(model_fact
     # the counter sees compiles: trees that start with top-k 2 never feed one node, so the warm-up
     # leaves that graph out, and a tree starting with top-k 1 compiles it on its first forward
     pair = pair_of(model_factory, perturb, 33, vocab=41)
-    for model in (pair.target, pair.draft):
-        model.compile_decode(trees=[(2, 1, 1)])
+    pair.compile_decode(trees=[(2, 1, 1)])
     before = compiled_frames()
     runs(pair, prompts[:3], CHAINS + [SpecConfig(gamma=3, tree_topk=(2, 1, 1))])
     assert compiled_frames() == before
@@ -60,8 +58,7 @@ def test_the_warm_up_compiles_only_the_widths_the_searched_trees_feed(model_fact
 
 def test_without_trees_the_warm_up_leaves_the_tree_graph_to_the_first_tree(model_factory, perturb, prompts):
     pair = pair_of(model_factory, perturb, 35, vocab=42)
-    for model in (pair.target, pair.draft):
-        model.compile_decode()
+    pair.compile_decode()
     before = compiled_frames()
     runs(pair, prompts[:3], CHAINS)
     assert compiled_frames() == before
