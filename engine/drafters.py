@@ -20,7 +20,7 @@ import torch
 from engine.errors import EngineInputError
 from engine.model import Transformer
 from engine.sampling import BatchSampling, sample
-from engine.tree import TreeTensors
+from engine.tree import DynamicTree, RowTrees, TreeTensors, tree_attention
 
 
 class Drafter:
@@ -162,6 +162,15 @@ class ModelDrafter(Drafter):
     def confidence(self, batch: int, width: int) -> torch.Tensor:
         return torch.stack(self._conf, 1)[:batch, :width]
 
+    def _root_logits(self, tokens: torch.Tensor, length: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """Feed the rows' pending tokens; the draft's logits after the last one (the tree's root): (B, 1, V)."""
+        dlen = self.draft_len[:tokens.shape[0]]
+        n_pending = length - dlen  # (B,) 1..PENDING_MAX
+        width = PENDING_MAX if self.sync_free else int(n_pending.max())
+        idx = (dlen[:, None] + torch.arange(width, device=tokens.device)[None, :]).clamp(max=tokens.shape[1] - 1)
+        logits = self.model.decode(tokens.gather(1, idx), self.cache, dlen, kv_len)
+        return logits.gather(1, (n_pending - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))
+
     def propose_tree(
         self,
         tokens: torch.Tensor,  # (B, S) the engine's token buffer
@@ -182,13 +191,7 @@ class ModelDrafter(Drafter):
         :meth:`commit_tree` compacts the accepted path.
         """
         b = tokens.shape[0]
-        device = tokens.device
-        dlen = self.draft_len[:b]
-        n_pending = length - dlen  # (B,) 1..PENDING_MAX
-        width = PENDING_MAX if self.sync_free else int(n_pending.max())
-        idx = (dlen[:, None] + torch.arange(width, device=device)[None, :]).clamp(max=tokens.shape[1] - 1)
-        logits = self.model.decode(tokens.gather(1, idx), self.cache, dlen, kv_len)
-        logits = logits.gather(1, (n_pending - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))  # (B, 1, V) root
+        logits = self._root_logits(tokens, length, kv_len)
         base = length - 1
         shape = tree.shape
         nodes = [tokens.gather(1, base[:, None])]  # (B, 1) root
@@ -210,14 +213,61 @@ class ModelDrafter(Drafter):
         self._tree_base = base
         return torch.cat(nodes, 1), (torch.cat(node_probs, 1) if node_probs else None)
 
-    def commit_tree(self, path: torch.Tensor, n_accepted: torch.Tensor) -> None:
-        """Move the accepted path's draft entries (depths 1..gamma-1; leaves were never fed) to their depths."""
+    def propose_dynamic_tree(self, tokens: torch.Tensor, length: torch.Tensor, tree: DynamicTree,
+                             kv_len: int) -> tuple[torch.Tensor, RowTrees]:
+        """Draft each row's dynamic tree (engine.tree.DynamicTree): ``depth`` draft forwards, the
+        first over the pending tokens, each later one over the ``topk`` best-scoring nodes of the
+        previous depth (fed at draft-cache slots ``length + (d - 1) * topk + j``, seeing the prefix,
+        the root and their ancestors). Returns node tokens (B, n+1) and the rows' trees."""
+        b, dev = tokens.shape[0], tokens.device
+        k, depth = tree.topk, tree.depth
+        base = length - 1
+        top = self._root_logits(tokens, length, kv_len)[:, 0].float().log_softmax(-1).topk(k, -1)  # (B, K)
+        cand_tok, cand_score, cand_par = [top.indices], [top.values], [torch.full((b, k), -1, device=dev)]
+        front_tok, front_score = top.indices, top.values
+        front_id = torch.arange(k, device=dev).expand(b, -1)  # candidate index of each fed node
+        front_par_slot = torch.zeros(b, k, dtype=torch.long, device=dev)  # draft slot of its parent (the root: 0)
+        n_slots = 1 + (depth - 1) * k
+        slot_depth = torch.arange(n_slots, device=dev).add(k - 1).div(k, rounding_mode="floor")  # 0, then k per depth
+        anc = torch.zeros(b, n_slots, n_slots, dtype=torch.bool, device=dev)
+        anc[:, 0, 0] = True
+        cand_slot = torch.full((b, tree.candidates), -1, dtype=torch.long, device=dev)
+        for d in range(1, depth):
+            first = 1 + (d - 1) * k
+            slots = torch.arange(first, first + k, device=dev)
+            anc[:, first:first + k] = anc.gather(1, front_par_slot[:, :, None].expand(-1, -1, n_slots))
+            anc[:, slots, slots] = True
+            cand_slot.scatter_(1, front_id, slots.expand(b, -1).contiguous())
+            attn = tree_attention(base, slot_depth.expand(b, -1), anc, first, k, kv_len)
+            logits = self.model.decode(front_tok, self.cache, base + first, kv_len, attn)  # (B, K, V)
+            top = logits.float().log_softmax(-1).topk(k, -1)  # (B, K, K) best first
+            score = (front_score[:, :, None] + top.values).reshape(b, k * k)
+            tok = top.indices.reshape(b, k * k)
+            cand_tok.append(tok)
+            cand_score.append(score)
+            cand_par.append(front_id[:, :, None].expand(-1, -1, k).reshape(b, k * k))
+            if d + 1 < depth:
+                best = score.topk(k, -1).indices  # (B, K) the next depth's fed nodes
+                front_id = k + (d - 1) * k * k + best
+                front_tok, front_score = tok.gather(1, best), score.gather(1, best)
+                front_par_slot = slots[best // k]  # the fed node each came from
+        self._tree_base = base
+        return tree.select(tokens.gather(1, base[:, None]), torch.cat(cand_tok, 1), torch.cat(cand_score, 1),
+                           torch.cat(cand_par, 1), cand_slot)
+
+    def commit_tree(self, tree: RowTrees, path: torch.Tensor, n_accepted: torch.Tensor) -> None:
+        """Move the accepted path's draft entries to their depths (the nodes the draft was fed: every
+        accepted node but maybe the last; a static tree's leaves and a dynamic tree's unexpanded
+        nodes were never fed)."""
         b, depth = path.shape[0], path.shape[1] - 1
         base = self._tree_base
         if depth > 1:
+            src = tree.draft_slots.gather(1, path[:, 1:depth]).clamp(min=0)  # unfed: past what commits
             js = torch.arange(1, depth, device=path.device)[None, :]
-            self.cache.compact(0, base[:, None] + path[:, 1:depth], base[:, None] + js)
-        self._fed[:b] = base + 1 + n_accepted.clamp(max=depth - 1)
+            self.cache.compact(0, base[:, None] + src, base[:, None] + js)
+        last = path.gather(1, n_accepted[:, None])
+        fed = n_accepted - 1 + (tree.draft_slots.gather(1, last)[:, 0] >= 0).long()
+        self._fed[:b] = base + 1 + fed
 
     def commit(self, new_length: torch.Tensor) -> None:
         b = new_length.shape[0]

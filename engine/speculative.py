@@ -43,7 +43,7 @@ from engine.errors import EngineInputError
 from engine.metrics import SpecStats
 from engine.model import Transformer
 from engine.sampling import BatchSampling, accept, sample
-from engine.tree import TREE_SAMPLING, TreeShape, tree_accept
+from engine.tree import TREE_SAMPLING, DynamicTree, TreeShape, tree_accept
 
 GAMMA_POLICIES = ("constant", "heuristic")  # SpecConfig.gamma_schedule: how each row sets its gamma
 
@@ -66,6 +66,11 @@ class SpecConfig:
     residual) or the draft's top-k ("topk", deterministic, accepted with the residual's p); greedy
     rows always take the top-k. "iid" is the default: on the demo pair at T=1 the top-k rule
     accepts about half as many tokens (benchmarks/results/trees.txt).
+
+    ``tree_nodes`` > 0 makes the tree dynamic (EAGLE-2, engine.tree.DynamicTree): ``tree_topk`` is
+    then one top-k repeated at every depth, and each row verifies the ``tree_nodes`` drafted
+    nodes its draft scores highest, expanding the ``topk`` best nodes of each depth. Its children
+    are the draft's top-k, so it takes ``tree_sampling="topk"``.
     """
 
     gamma: int = 4
@@ -74,19 +79,23 @@ class SpecConfig:
     max_gamma: int = 16
     tree_topk: tuple[int, ...] = ()
     tree_sampling: str = "iid"
+    tree_nodes: int = 0
 
     @property
-    def tree(self) -> TreeShape | None:
-        """The tree shape, or None for a chain (chains keep the chain code path)."""
+    def tree(self) -> TreeShape | DynamicTree | None:
+        """The tree (a static shape, or a dynamic tree's spec), or None for a chain (chains keep the
+        chain code path)."""
         if not self.tree_topk or self.gamma == 0 or all(k == 1 for k in self.tree_topk):
             return None
+        if self.tree_nodes:
+            return DynamicTree(self.tree_topk[0], len(self.tree_topk), self.tree_nodes)
         return TreeShape(self.tree_topk)
 
     @property
     def lookahead(self) -> int:
-        """Cache slots a step may write past a row's length: the chain's gamma or the tree's nodes."""
+        """Cache slots a step may write past a row's length: the chain's gamma or the tree's width."""
         tree = self.tree
-        return tree.n_nodes if tree is not None else self.max_row_gamma
+        return tree.width if tree is not None else self.max_row_gamma
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tree_topk", tuple(self.tree_topk))
@@ -104,9 +113,18 @@ class SpecConfig:
     def _check_tree(self) -> None:
         if self.tree_sampling not in TREE_SAMPLING:
             raise EngineInputError(f"tree_sampling: must be one of {TREE_SAMPLING} (got {self.tree_sampling!r})")
+        if self.tree_nodes and (self.tree_nodes < 0 or len(set(self.tree_topk)) != 1 or self.tree_topk[0] < 2):
+            raise EngineInputError(f"tree_nodes: a dynamic tree takes tree_nodes >= 1 and one top-k >= 2 at every "
+                                   f"depth (got tree_nodes {self.tree_nodes}, tree_topk {list(self.tree_topk)})")
         if not self.tree_topk:
             return
-        TreeShape(self.tree_topk)  # entries and size
+        if self.tree_nodes and self.tree_sampling != "topk":
+            raise EngineInputError(f"tree_sampling: a dynamic tree (tree_nodes {self.tree_nodes}) drafts the "
+                                   f"draft's top-k children: set 'topk' (got {self.tree_sampling!r})")
+        if self.tree_nodes:  # entries and size
+            DynamicTree(self.tree_topk[0], len(self.tree_topk), self.tree_nodes)
+        else:
+            TreeShape(self.tree_topk)
         if len(self.tree_topk) != self.gamma:
             raise EngineInputError(f"tree_topk: needs one top-k per depth, gamma = {self.gamma} "
                                    f"(got {list(self.tree_topk)})")
@@ -310,7 +328,7 @@ class SpecEngine:
         length = self.length[rows]
         sampling = self._sampling(rows)
         gmax = max(self._host_gamma[:b]) if self.speculate else 0
-        width = self.tree.depths.shape[0] - 1 if self.tree is not None else gmax  # slots written past length
+        width = self.tree.width if self.tree is not None else gmax  # slots written past length
         kv_len = min(max(self._host_len[:b]) + width + 2, self.max_seq_len)
         t0 = self._mark()
         if self.tree is not None:
@@ -365,7 +383,7 @@ class SpecEngine:
         self.stats.draft_time_s += self._seconds(t0, t1)
         self.stats.verify_time_s += self._seconds(t1, t2)
         self.stats.verify_steps += 1
-        self.stats.verify_slots += b * ((width if self.tree is not None else g) + 1)
+        self.stats.verify_slots += b * ((self.tree.n_nodes if self.tree is not None else g) + 1)
         self.stats.batch_rows += b
         self._host_len[:b] = host[1]
         self._host_gamma[:b] = host[2]
@@ -380,23 +398,27 @@ class SpecEngine:
         clock at the end of drafting. The path's target and draft cache entries are compacted to
         their depths, so the rest of the step (and rollback) is the chain's.
         """
-        tree, b = self.tree, length.shape[0]
-        iid = None
-        if self.config.tree_sampling == "iid" and not sampling.all_greedy:
-            iid = sampling.temperature > 0
-        nodes, node_probs = self.drafter.propose_tree(self.tokens[rows], length, tree, sampling, iid, kv_len,
-                                                      self.generator)  # (B, N+1), (B, n_internal, V) | None
-        self.stats.draft_forwards += tree.shape.depth
+        b = length.shape[0]
+        iid = node_probs = None
+        if isinstance(self.tree, DynamicTree):
+            nodes, trees = self.drafter.propose_dynamic_tree(self.tokens[rows], length, self.tree, kv_len)
+        else:
+            if self.config.tree_sampling == "iid" and not sampling.all_greedy:
+                iid = sampling.temperature > 0
+            nodes, node_probs = self.drafter.propose_tree(self.tokens[rows], length, self.tree, sampling, iid,
+                                                          kv_len, self.generator)  # (B, N+1), (B, n_internal, V) | None
+            trees = self.tree.rows(b)
+        g = trees.depth
+        self.stats.draft_forwards += g
         t1 = self._mark()
         base = length - 1
-        attn = tree.attention(base, 0, nodes.shape[1], kv_len)
+        attn = trees.attention(base, 0, nodes.shape[1], kv_len)
         logits = self.target.decode(nodes, self.cache, base, kv_len, attn)
         target_probs = sampling.probs(logits)  # (B, N+1, V)
-        n_acc, path, nxt = tree_accept(tree, nodes, target_probs, node_probs, iid, self.generator)
-        g = tree.shape.depth
+        n_acc, path, nxt = tree_accept(trees, nodes, target_probs, node_probs, iid, self.generator)
         depth = torch.arange(1, g + 1, device=self.device)[None, :]  # (1, G)
         self.cache.compact(0, base[:, None] + path[:, 1:], base[:, None] + depth)
-        self.drafter.commit_tree(path, n_acc)
+        self.drafter.commit_tree(trees, path, n_acc)
         n_prop = torch.full((b,), g, dtype=torch.long, device=self.device)
         return nodes.gather(1, path[:, 1:]), n_acc, nxt, n_prop, t1
 

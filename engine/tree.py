@@ -114,6 +114,11 @@ class TreeShape:
         """Drafted nodes (the root excluded)."""
         return sum(self.level_sizes)
 
+    @property
+    def width(self) -> int:
+        """Cache slots a step writes past the root (target and draft: node i at slot root + i)."""
+        return self.n_nodes
+
     @cached_property
     def level_offsets(self) -> list[int]:
         """Index of depth d's first node, d = 0..depth (node 0 is the root)."""
@@ -162,6 +167,97 @@ class TreeShape:
 
 
 @dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's dynamic tree: each row's own tree, built best-first from the draft's confidence.
+
+    Depth 1 holds the draft's top-``topk`` tokens after the root. At each later depth the
+    ``topk`` nodes of the previous depth with the highest *path score* (the sum of the draft's
+    log-probabilities along the path from the root) are fed to the draft model (one forward of
+    ``topk`` tokens per row) and each proposes its top-``topk`` children. Of all the candidates
+    (``topk`` + ``(depth - 1) * topk**2``), the ``nodes`` with the highest path scores are verified.
+    A child never scores above its parent (log-probabilities are <= 0) and ties keep the earlier
+    (shallower) candidate, so the chosen set always contains its nodes' parents: it is a tree.
+
+    The tree depends only on the committed prefix and the draft's logits (no randomness), so
+    the deterministic top-k acceptance rule (module docstring) is exact on it: sampled rows use
+    that rule (``tree_sampling="topk"``), greedy rows follow the argmax child.
+
+    Example:
+        >>> t = DynamicTree(topk=2, depth=4, nodes=8)
+        >>> t.candidates, t.width
+        (14, 8)
+    """
+
+    topk: int
+    depth: int
+    nodes: int
+
+    def __post_init__(self) -> None:
+        if self.topk < 2:
+            raise EngineInputError(f"tree_nodes: a dynamic tree needs top-k >= 2 (got {self.topk})")
+        if self.depth < 1:
+            raise EngineInputError(f"tree_nodes: a dynamic tree needs depth (gamma) >= 1 (got {self.depth})")
+        if not 1 <= self.nodes <= min(self.candidates, MAX_TREE_NODES):
+            raise EngineInputError(f"tree_nodes: must be in 1..{min(self.candidates, MAX_TREE_NODES)} for top-k "
+                                   f"{self.topk} and depth {self.depth} (got {self.nodes})")
+
+    @property
+    def candidates(self) -> int:
+        """Draft tokens the expansion produces (the verified ``nodes`` are the best of them)."""
+        return self.topk + (self.depth - 1) * self.topk ** 2
+
+    @property
+    def n_nodes(self) -> int:
+        return self.nodes
+
+    @property
+    def width(self) -> int:
+        """Cache slots a step writes past the root: the verified nodes (target), the fed nodes (draft)."""
+        return max(self.nodes, (self.depth - 1) * self.topk)
+
+    def tensors(self, device: torch.device | str) -> DynamicTree:
+        """Nothing to precompute (the tree is built per step): the engine's handle is the spec itself."""
+        return self
+
+    def candidate_depths(self, device: torch.device | str) -> torch.Tensor:
+        """Depth of every candidate (M,), in candidate order: depth 1's topk, then topk**2 per depth."""
+        sizes = torch.tensor([self.topk] + [self.topk ** 2] * (self.depth - 1), device=device)
+        return torch.arange(1, self.depth + 1, device=device).repeat_interleave(sizes)
+
+    def select(self, root: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor,
+               draft_slots: torch.Tensor) -> tuple[torch.Tensor, RowTrees]:
+        """The verified trees from the candidates (all (B, M), candidate order = depth by depth):
+        ``parents`` are candidate indices (-1: the root), ``draft_slots`` the draft-cache slot
+        offsets of the candidates the draft was fed (-1 otherwise). Returns node tokens (B, n+1)
+        (the root, ``root`` (B, 1), first) and the rows' trees, nodes in candidate order.
+
+        Example:
+            >>> t = DynamicTree(topk=2, depth=2, nodes=3)
+            >>> toks, sc = torch.tensor([[7, 8, 9, 10, 11, 12]]), torch.tensor([[-0.1, -2.0, -0.5, -0.9, -3.0, -3.1]])
+            >>> par, slots = torch.tensor([[-1, -1, 0, 0, 1, 1]]), torch.tensor([[1, 2, -1, -1, -1, -1]])
+            >>> nodes, rt = t.select(torch.tensor([[5]]), toks, sc, par, slots)
+            >>> nodes.tolist(), rt.depths.tolist(), rt.children[0, 1].tolist()
+            ([[5, 7, 9, 10]], [[0, 1, 2, 2]], [2, 3])
+        """
+        b, m = tokens.shape
+        dev = tokens.device
+        best = scores.sort(dim=-1, descending=True, stable=True).indices[:, :self.nodes]
+        chosen = best.sort(-1).values  # (B, n) candidate order: parents before children
+        node_of = torch.zeros(b, m + 1, dtype=torch.long, device=dev)  # candidate -> node (m: the root, node 0)
+        node_of.scatter_(1, chosen, torch.arange(1, self.nodes + 1, device=dev).expand(b, -1).contiguous())
+        par = parents.gather(1, chosen)
+        par_node = node_of.gather(1, torch.where(par >= 0, par, m))
+        col = torch.zeros(b, 1, dtype=torch.long, device=dev)
+        tree = RowTrees.from_parents(
+            torch.cat([col - 1, par_node], 1),
+            torch.cat([col, self.candidate_depths(dev)[chosen]], 1),
+            torch.cat([col, draft_slots.gather(1, chosen)], 1),
+            (self.topk,) * self.depth,
+        )
+        return torch.cat([root, tokens.gather(1, chosen)], 1), tree
+
+
+@dataclass(frozen=True)
 class TreeTensors:
     """Device copies of a shape's arrays: parents (N+1,), depths (N+1,), ancestors (N+1, N+1)
     (``anc[i, j]``: j is i or an ancestor of i), children (n_internal, max top-k) (-1 padded)."""
@@ -172,29 +268,110 @@ class TreeTensors:
     anc: torch.Tensor
     children: torch.Tensor
 
-    def attention(self, base: torch.Tensor, first: int, count: int, kv_len: int) -> ExplicitAttention:
-        """Tree attention for queries = nodes ``first .. first+count-1`` of every row.
+    @property
+    def n_nodes(self) -> int:
+        return self.shape.n_nodes
 
-        Row b's node i sits at cache slot ``base[b] + i`` and RoPE position ``base[b] + depth[i]``;
-        a key slot s is visible iff s < base[b] (committed prefix) or s - base[b] is an ancestor
-        (or self) of the query node. Slots past the tree are never visible.
+    @property
+    def width(self) -> int:
+        return self.shape.width
+
+    @cached_property
+    def draft_slots(self) -> torch.Tensor:
+        """Draft-cache slot (offset from the root's) per node: its own index for nodes the draft
+        model was fed (depths < gamma), -1 for the leaves, which it never feeds."""
+        idx = torch.arange(self.depths.shape[0], device=self.depths.device)
+        return torch.where(self.depths < self.shape.depth, idx, -1)
+
+    def rows(self, b: int) -> RowTrees:
+        """The shape as ``b`` identical per-row trees (views, no copies)."""
+        return RowTrees(self.depths.expand(b, -1), self.anc.expand(b, -1, -1), self.children.expand(b, -1, -1),
+                        self.draft_slots.expand(b, -1), self.shape.topk)
+
+    def attention(self, base: torch.Tensor, first: int, count: int, kv_len: int) -> ExplicitAttention:
+        """Tree attention for queries = nodes ``first .. first+count-1`` of every row (:func:`tree_attention`)."""
+        b = base.shape[0]
+        return tree_attention(base, self.depths.expand(b, -1), self.anc.expand(b, -1, -1), first, count, kv_len)
+
+
+def tree_attention(base: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor, first: int, count: int,
+                   kv_len: int) -> ExplicitAttention:
+    """Tree attention for queries = nodes ``first .. first+count-1`` of every row.
+
+    Row b's node i sits at cache slot ``base[b] + i`` and RoPE position ``base[b] + depths[b, i]``;
+    a key slot s is visible iff s < base[b] (committed prefix) or s - base[b] is an ancestor (or
+    self) of the query node (``anc[b, query, s - base[b]]``). Slots past the tree are never visible.
+    """
+    b, n = depths.shape
+    dev = base.device
+    nodes = torch.arange(first, first + count, device=dev)  # (T,)
+    positions = base[:, None] + depths[:, nodes]  # (B, T)
+    slots = torch.arange(kv_len, device=dev)[None, :]  # (1, L)
+    rel = slots - base[:, None]  # (B, L) node index of a tree slot
+    in_tree = (rel >= 0) & (rel < n)
+    rel_c = rel.clamp(0, n - 1)
+    key_pos = torch.where(rel >= 0, base[:, None] + depths.gather(1, rel_c), slots)  # (B, L)
+    anc_q = anc[:, first:first + count].gather(2, rel_c[:, None, :].expand(-1, count, -1))  # (B, T, L)
+    visible = (rel < 0)[:, None, :] | (in_tree[:, None, :] & anc_q)
+    return ExplicitAttention(positions, key_pos, visible)
+
+
+@dataclass(frozen=True)
+class RowTrees:
+    """One tree per row (a static shape repeated, or each row's own dynamic tree), node 0 the root,
+    parents before children: depths (B, n), ancestors (B, n, n) (``anc[b, i, j]``: j is i or an
+    ancestor of i), children (B, n_internal, max children) (-1 padded, best first), draft_slots
+    (B, n) (the node's draft-cache slot offset, -1 if the draft never fed it) and ``child_slots``:
+    the most children a node of each depth 0..gamma-1 may have (the acceptance walk tries that many)."""
+
+    depths: torch.Tensor
+    anc: torch.Tensor
+    children: torch.Tensor
+    draft_slots: torch.Tensor
+    child_slots: tuple[int, ...]
+
+    @property
+    def depth(self) -> int:
+        return len(self.child_slots)
+
+    def attention(self, base: torch.Tensor, first: int, count: int, kv_len: int) -> ExplicitAttention:
+        return tree_attention(base, self.depths, self.anc, first, count, kv_len)
+
+    @staticmethod
+    def from_parents(parents: torch.Tensor, depths: torch.Tensor, draft_slots: torch.Tensor,
+                     child_slots: tuple[int, ...]) -> RowTrees:
+        """Per-row trees from parent indices (B, n) (-1 for the root; parents first, siblings in
+        the order their acceptance tries them).
+
+        Example:
+            >>> t = RowTrees.from_parents(torch.tensor([[-1, 0, 0, 2]]), torch.tensor([[0, 1, 1, 2]]),
+            ...                           torch.tensor([[0, -1, 1, -1]]), (2, 2))
+            >>> t.children.tolist(), t.anc[0, 3].tolist()
+            ([[[1, 2], [-1, -1], [3, -1], [-1, -1]]], [True, False, True, True])
         """
-        n = self.depths.shape[0]
-        dev = base.device
-        nodes = torch.arange(first, first + count, device=dev)  # (T,)
-        positions = base[:, None] + self.depths[nodes][None, :]  # (B, T)
-        slots = torch.arange(kv_len, device=dev)[None, :]  # (1, L)
-        rel = slots - base[:, None]  # (B, L) node index of a tree slot
-        in_tree = (rel >= 0) & (rel < n)
-        rel_c = rel.clamp(0, n - 1)
-        key_pos = torch.where(rel >= 0, base[:, None] + self.depths[rel_c], slots)  # (B, L)
-        anc = self.anc[nodes][:, rel_c.flatten()].view(count, *rel.shape).transpose(0, 1)  # (B, T, L)
-        visible = (rel < 0)[:, None, :] | (in_tree[:, None, :] & anc)
-        return ExplicitAttention(positions, key_pos, visible)
+        b, n = parents.shape
+        dev = parents.device
+        kmax = max(child_slots)
+        idx = torch.arange(n, device=dev)
+        # ancestors: follow parent links depth times (n is a sentinel column for "no parent")
+        anc = torch.eye(n, n + 1, dtype=torch.bool, device=dev).expand(b, -1, -1).clone()
+        par = torch.where(parents >= 0, parents, n)
+        par_ext = torch.cat([par, torch.full((b, 1), n, device=dev, dtype=par.dtype)], 1)  # (B, n+1)
+        cur = par
+        for _ in range(len(child_slots)):
+            anc.scatter_(2, cur[:, :, None], True)
+            cur = par_ext.gather(1, cur)
+        # children: node i is the c-th child of its parent, c = earlier nodes with the same parent
+        earlier = (parents[:, :, None] == parents[:, None, :]) & (idx[None, None, :] < idx[None, :, None])
+        rank = earlier.sum(-1)  # (B, n)
+        flat = torch.where(parents >= 0, par * kmax + rank, n * kmax)  # the root goes to a dump slot
+        children = torch.full((b, n * kmax + 1), -1, dtype=torch.long, device=dev)
+        children.scatter_(1, flat, idx.expand(b, -1).clone())
+        return RowTrees(depths, anc[:, :, :n], children[:, :-1].view(b, n, kmax), draft_slots, tuple(child_slots))
 
 
 def tree_accept(
-    tree: TreeTensors,
+    tree: RowTrees | TreeTensors,  # per-row trees, or one static shape for every row
     node_tokens: torch.Tensor,  # (B, N+1) int64: the root (pending token) then the drafted nodes
     target_probs: torch.Tensor,  # (B, N+1, V): p(. | path to node i)
     draft_probs: torch.Tensor | None,  # (B, n_internal, V): q(. | path to node i); needed for iid rows
@@ -216,6 +393,8 @@ def tree_accept(
     """
     b = node_tokens.shape[0]
     dev = node_tokens.device
+    if isinstance(tree, TreeTensors):
+        tree = tree.rows(b)
     rows = torch.arange(b, device=dev)
     res = target_probs[:, 0].double()  # (B, V) residual at the current node (unnormalised)
     cur = torch.zeros(b, dtype=torch.long, device=dev)
@@ -223,17 +402,17 @@ def tree_accept(
     n_acc = torch.zeros(b, dtype=torch.long, device=dev)
     path = [cur]
     use_iid = iid is not None and draft_probs is not None
-    for k in tree.shape.topk:
+    for k in tree.child_slots:
         taken = torch.zeros(b, dtype=torch.bool, device=dev)
         nxt = cur
         q = draft_probs[rows, cur].double() if use_iid else None  # (B, V)
         u = torch.rand(b, k, generator=generator, dtype=torch.float64, device=dev)
         for c in range(k):
-            child = tree.children[cur, c].clamp(min=0)  # (B,) (finished rows: any valid index)
-            x = node_tokens.gather(1, child[:, None])  # (B, 1)
+            child = tree.children[rows, cur, c]  # (B,) -1: no such child (a dynamic tree's leaf or fewer children)
+            x = node_tokens.gather(1, child.clamp(min=0)[:, None])  # (B, 1)
             px = res.gather(1, x)[:, 0]
             mass = res.sum(-1)
-            trying = alive & ~taken
+            trying = alive & ~taken & (child >= 0)
             ok = u[:, c] * mass < px  # deterministic: accept w.p. r(x) / sum(r)
             rej_res = res.scatter(1, x, 0.0)
             if use_iid:

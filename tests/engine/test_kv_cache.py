@@ -61,6 +61,9 @@ CONFIGS = {
     "heuristic+threshold": SpecConfig(gamma=3, gamma_schedule="heuristic", max_gamma=6, confidence_threshold=0.15),
     "tree-3-2-1": SpecConfig(gamma=3, tree_topk=(3, 2, 1)),  # token trees: the accepted path compacted in place
     "tree-2-1-2-1-topk": SpecConfig(gamma=4, tree_topk=(2, 1, 2, 1), tree_sampling="topk"),
+    # dynamic trees: per-row structures; an accepted node the draft was never fed ends the fed prefix
+    "dynamic-2x4-5": SpecConfig(gamma=4, tree_topk=(2,) * 4, tree_nodes=5, tree_sampling="topk"),
+    "dynamic-3x3-9": SpecConfig(gamma=3, tree_topk=(3,) * 3, tree_nodes=9, tree_sampling="topk"),
 }
 
 

@@ -14,7 +14,7 @@ import torch
 
 from engine.errors import EngineInputError
 from engine.speculative import SpecConfig
-from engine.tree import TreeShape, tree_accept
+from engine.tree import DynamicTree, RowTrees, TreeShape, tree_accept
 
 V = 6
 B = 100_000
@@ -223,3 +223,48 @@ def test_greedy_rows_follow_the_target_argmax():
         assert int(n_acc[row]) == depth
         assert int(nxt[row]) == int(argmax[row, node])
     assert 0 < float(n_acc.float().mean()) < shape.depth
+
+
+@pytest.mark.parametrize("topk", [(2,), (3, 2, 1), (1, 3, 1, 2), (2, 2, 2)], ids=lambda t: "-".join(map(str, t)))
+def test_row_trees_from_parents_rebuild_a_static_shape(topk):
+    """The per-row structure (dynamic trees) built from parent links equals the static shape's arrays."""
+    shape = TreeShape(topk)
+    t = shape.tensors("cpu")
+    rows = RowTrees.from_parents(torch.tensor([shape.parents] * 2), torch.tensor([shape.depths] * 2),
+                                 t.draft_slots.expand(2, -1), topk)
+    assert torch.equal(rows.anc, t.anc.expand(2, -1, -1))
+    n_int, kmax = t.children.shape
+    assert torch.equal(rows.children[:, :n_int], t.children.expand(2, -1, -1))
+    assert bool((rows.children[:, n_int:] == -1).all())  # leaves have no children
+    base = torch.tensor([5, 9])
+    for first, count in [(0, shape.n_nodes + 1), (1, topk[0])]:
+        want, got = t.attention(base, first, count, 30), rows.attention(base, first, count, 30)
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+
+
+def test_dynamic_tree_selection_is_the_best_scored_closed_set():
+    """Random scores that decrease along every path: the chosen nodes are the top ``nodes`` by score,
+    every chosen node's parent is chosen, ties go to the shallower candidate."""
+    gen = torch.Generator().manual_seed(0)
+    spec = DynamicTree(topk=2, depth=3, nodes=6)
+    b, m = 50, spec.candidates  # 2 + 4 + 4
+    parents = torch.tensor([-1, -1, 0, 0, 1, 1, 2, 2, 3, 3])  # depth-2 fed nodes: candidates 2 and 3
+    step = -torch.rand(b, m, generator=gen).round(decimals=1)  # many ties, some zero steps
+    scores = step.clone()
+    for c in range(2, m):
+        scores[:, c] = scores[:, parents[c]] + step[:, c]
+    tokens = torch.arange(100, 100 + m).expand(b, -1)
+    slots = torch.tensor([1, 2, 3, 4, -1, -1, -1, -1, -1, -1]).expand(b, -1)
+    nodes, trees = spec.select(torch.zeros(b, 1, dtype=torch.long), tokens, scores, parents.expand(b, -1), slots)
+    depth_of = spec.candidate_depths("cpu")
+    for r in range(b):
+        chosen = (nodes[r, 1:] - 100).tolist()
+        assert chosen == sorted(chosen)
+        kth = sorted(scores[r].tolist(), reverse=True)[spec.nodes - 1]
+        assert all(scores[r, c] >= kth for c in chosen) and sum(scores[r] > kth) <= spec.nodes
+        for i, c in enumerate(chosen, 1):
+            p = int(parents[c])
+            assert p < 0 or p in chosen  # closed under parents
+            assert int(trees.depths[r, i]) == int(depth_of[c])
+            parent_node = 0 if p < 0 else chosen.index(p) + 1
+            assert bool(trees.anc[r, i, parent_node]) and int(trees.draft_slots[r, i]) == int(slots[r, c])

@@ -4,7 +4,8 @@ Greedy: every tree shape and batch composition (one slot, fewer slots than reque
 ragged budgets and an EOS, all rows at once, greedy rows next to sampled ones) must give the
 target's greedy autoregressive tokens. Sampling: the first generated tokens of 20 000 copies
 of one prompt against the target's exact joint (tiny vocabulary), as in
-test_distribution_e2e.py, for top-k and i.i.d. children, with top-k and top-p filters.
+test_distribution_e2e.py, for top-k and i.i.d. children, with top-k and top-p filters. The same
+for dynamic (EAGLE-2) trees, whose structure differs per row and step.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ def cut_at_eos(tokens: list[int], eos: int) -> list[int]:
 
 def tree_config(topk: tuple[int, ...], **kw) -> SpecConfig:
     return SpecConfig(gamma=len(topk), tree_topk=topk, **kw)
+
+
+def dynamic_config(topk: int, depth: int, nodes: int) -> SpecConfig:
+    return SpecConfig(gamma=depth, tree_topk=(topk,) * depth, tree_nodes=nodes, tree_sampling="topk")
+
+
+# (top-k, depth, nodes): fewer nodes than the depth, a few, every candidate (2 + 2 * 4), wide
+DYNAMIC = [(2, 4, 2), (2, 4, 6), (2, 2, 6), (3, 3, 10), (4, 5, 12)]
 
 
 @pytest.mark.parametrize("topk", SHAPES, ids=lambda t: "-".join(map(str, t)))
@@ -82,6 +91,99 @@ def test_trees_accept_more_than_the_chain(pair, prompts, reference, make_request
     assert tree.tokens == chain.tokens == reference
     assert tree.metrics["mean_acceptance_length"] > chain.metrics["mean_acceptance_length"]
     assert tree.metrics["verify_tokens_per_row"] == 1 + 3 + 6 + 12
+
+
+@pytest.mark.parametrize("spec", DYNAMIC, ids=lambda t: "x".join(map(str, t[:2])) + f"-{t[2]}")
+def test_dynamic_tree_matches_autoregressive(pair, prompts, reference, make_requests, spec):
+    out = generate(pair, make_requests(prompts, N_NEW), dynamic_config(*spec), "model", eos_ids=())
+    assert out.tokens == reference
+    assert 0.0 < out.metrics["acceptance_rate"] < 1.0
+    assert out.metrics["verify_tokens_per_row"] == 1 + spec[2]
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 2, 4])
+def test_dynamic_tree_is_batch_invariant(pair, prompts, reference, max_batch_size):
+    eos = reference[3][8]
+    budgets = [N_NEW, 4, 11, N_NEW, 1, 15]
+    reqs = [Request(p, n, id=10 + i) for i, (p, n) in enumerate(zip(prompts, budgets, strict=True))]
+    expected = [cut_at_eos(r[:n], eos) for r, n in zip(reference, budgets, strict=True)]
+    out = generate(pair, reqs, dynamic_config(3, 3, 7), "model", max_batch_size=max_batch_size, eos_ids=(eos,))
+    assert out.tokens == expected
+
+
+def test_dynamic_tree_greedy_rows_next_to_sampled_rows(pair, prompts, reference):
+    reqs = [Request(p, N_NEW, id=i) if i % 2 == 0 else Request(p, N_NEW, temperature=1.0, top_k=5, top_p=0.9, id=i)
+            for i, p in enumerate(prompts)]
+    out = generate(pair, reqs, dynamic_config(2, 4, 6), "model", eos_ids=())
+    assert [t for i, t in enumerate(out.tokens) if i % 2 == 0] == reference[::2]
+    assert [len(t) for t in out.tokens] == [N_NEW] * len(prompts)
+
+
+def test_dynamic_tree_with_draft_equal_to_target_accepts_every_depth(target, prompts, reference, make_requests):
+    """Depth 2, every candidate verified: the target's greedy path is always in the tree, so every
+    step accepts both depths; the second step only does if the first compacted the draft's cache."""
+    n_new = 1 + 2 * 3
+    out = generate(ModelPair(target, target, None, None, None), make_requests(prompts, n_new), dynamic_config(3, 2, 12),
+                   "model", eos_ids=())
+    assert out.tokens == [r[:n_new] for r in reference]
+    assert out.metrics["mean_acceptance_length"] == 3
+    assert out.steps == 2
+
+
+def test_dynamic_trees_differ_by_row_and_hold_the_best_scored_nodes(model_factory):
+    """Rows with different prefixes get different tree structures; each verified set is the top
+    ``nodes`` candidates by path score, closed under parents (recomputed by brute force here)."""
+    flat = model_factory(seed=3, std=0.3)
+    drafter = ModelDrafter(flat)
+    drafter.reset(6, 64)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.zeros(6, 64, dtype=torch.long)
+    tokens[:, :6] = torch.randint(1, 32, (6, 6), generator=gen)
+    drafter.prefill(0, tokens[:, :5], torch.full((6,), 5), 5)
+    length = torch.full((6,), 6)
+    spec = dynamic_config(3, 3, 7).tree
+    with torch.inference_mode():
+        nodes, trees = drafter.propose_dynamic_tree(tokens, length, spec, 30)
+    assert nodes.shape == (6, 8) and torch.equal(nodes[:, 0], tokens[:, 5])
+    assert len({str(a) for a in trees.anc.tolist()}) > 1  # the structure is per row
+
+    def logp(prefix):
+        with torch.inference_mode():
+            return flat(torch.tensor(prefix)[None])[0, -1].float().log_softmax(-1)
+
+    for b in range(6):
+        prefix = tokens[b, :6].tolist()
+        # brute force: EAGLE-2's expansion with fresh (uncached) forwards
+        cands, front = [], [((), 0.0)]
+        for _depth in range(3):
+            level = []
+            for path, score in front:
+                top = logp(prefix + list(path)).topk(3)
+                level += [(path + (t,), score + v) for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True)]
+            cands += level
+            front = sorted(level, key=lambda c: -c[1])[:3]
+        best = sorted(cands, key=lambda c: -c[1])[:7]
+        want = {c[0] for c in best}
+        got = set()
+        for i in range(1, 8):
+            path, j = [], i
+            while j > 0:
+                path.append(int(nodes[b, j]))
+                j = int(trees.anc[b, j, :j].nonzero().max()) if trees.depths[b, j] > 1 else 0
+            got.add(tuple(reversed(path)))
+        assert got == want, f"row {b}"
+
+
+def test_dynamic_tree_settings_are_checked():
+    for kw, key in [(dict(tree_topk=(2, 1, 2)), "tree_nodes"), (dict(tree_topk=(1, 1, 1)), "tree_nodes"),
+                    (dict(tree_topk=(2, 2, 2), tree_sampling="iid"), "tree_sampling"),
+                    (dict(tree_topk=(2, 2, 2), tree_nodes=15), "tree_nodes")]:
+        kw = {"tree_nodes": 4, "tree_sampling": "topk", **kw}
+        with pytest.raises(EngineInputError, match=key) as err:
+            SpecConfig(gamma=3, **kw)
+        assert "\n" not in str(err.value)
+    assert SpecConfig(gamma=3, tree_topk=(2, 2, 2), tree_nodes=10, tree_sampling="topk").lookahead == 10  # 2 + 2 * 4
+    assert SpecConfig(gamma=5, tree_topk=(3,) * 5, tree_nodes=2, tree_sampling="topk").lookahead == 12  # draft: 4 * 3
 
 
 def test_top_k_one_everywhere_is_the_chain_path(pair, prompts, reference, make_requests):
@@ -160,6 +262,21 @@ def test_first_three_tokens_have_the_target_joint(small_pair, chi2, tree_samplin
     assert chi2(codes, exact_joint(small_pair.draft, top_k, top_p).flatten()) < P_OK  # power
 
 
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (4, 1.0), (0, 0.8)])
+def test_dynamic_tree_first_three_tokens_have_the_target_joint(small_pair, chi2, top_k, top_p):
+    """Dynamic tree (top-3, depth 2, 5 of its 12 candidates verified): the tree depends on the
+    draft's scores, the acceptance is the deterministic top-k rule."""
+    reqs = [Request(PROMPT, 3, temperature=1.0, top_k=top_k, top_p=top_p, id=i) for i in range(N)]
+    out = generate(small_pair, reqs, dynamic_config(3, 2, 5), "model", max_batch_size=4096, seed=3, eos_ids=())
+    toks = torch.tensor(out.tokens)
+    codes = (toks[:, 0] * V + toks[:, 1]) * V + toks[:, 2]
+    joint = exact_joint(small_pair.target, top_k, top_p).flatten()
+    assert bool((joint[codes] > 0).all()), "a token outside the filtered support"
+    assert chi2(codes, joint) > P_OK
+    assert 0.2 < out.metrics["acceptance_rate"] < 0.95
+    assert chi2(codes, exact_joint(small_pair.draft, top_k, top_p).flatten()) < P_OK  # power
+
+
 def test_the_engine_check_fails_for_a_wrong_tree_rule(small_pair, chi2, monkeypatch):
     """Siblings tried against p itself, never against the residual: the check must catch it."""
     import engine.tree as tree_mod
@@ -169,11 +286,11 @@ def test_the_engine_check_fails_for_a_wrong_tree_rule(small_pair, chi2, monkeypa
         rows = torch.arange(b)
         cur, alive = torch.zeros(b, dtype=torch.long), torch.ones(b, dtype=torch.bool)
         n_acc, res, path = torch.zeros(b, dtype=torch.long), target_probs[:, 0].double(), [cur]
-        for k in tree.shape.topk:
+        for k in tree.child_slots:
             p = target_probs[rows, cur].double()
             taken, nxt = torch.zeros(b, dtype=torch.bool), cur
             for c in range(k):
-                child = tree.children[cur, c].clamp(min=0)
+                child = tree.children[rows, cur, c].clamp(min=0)
                 px = p.gather(1, node_tokens.gather(1, child[:, None]))[:, 0]
                 ok = alive & ~taken & (torch.rand(b, generator=generator, dtype=torch.float64) < px)
                 nxt, taken = torch.where(ok, child, nxt), taken | ok
