@@ -4,7 +4,9 @@ For each batch size B (closed loop: concurrency = max_batch_size = B) and mode (
 temperature 1), every configuration runs the same requests through ``autotune.runner.run_load``:
 AR (gamma 0), chains (draft model, gamma in ``--gammas``) and trees (``--trees``: top-k per
 depth, depth = gamma; greedy rows take the draft's top-k children, sampled rows k i.i.d. draft
-samples, and at T=1 each tree also runs with top-k children, labelled "topk") and the hybrid
+samples, and at T=1 each tree also runs with top-k children, labelled "topk"), dynamic
+(EAGLE-2) trees (``--dynamic``: "KxD/N", each row's own tree: the best N of the draft's
+top-K expansion to depth D, by path score; top-k children at every temperature) and the hybrid
 drafter (n-gram when the prompt lookup matches, else the draft model; ``--hybrid-gammas``). All configurations are interleaved in
 one invocation: ``--repeats`` rounds, each round running every (B, mode, configuration) once
 in a rotated order, so slow phases of a shared host hit every configuration alike. Reported
@@ -33,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import statistics
 import time
@@ -43,14 +46,17 @@ import torch
 from autotune.runner import LoadSpec, run_load
 from engine.errors import EngineInputError
 from engine.speculative import SpecConfig
+from engine.tree import DynamicTree, TreeShape
 
 NAME = "trees"
 TEMPERATURE = {"greedy": 0.0, "t1": 1.0}
 DEFAULT_TREES = "2,1,1,1;2,2,1,1;2,1,1,1,1;2,2,1,1,1;3,2,1,1,1"
+DEFAULT_DYNAMIC = "2x5/7;2x6/8;2x7/10;3x6/10"
 HEADERS = ["B", "mode", "config", "nodes", "mean accepted length", "verify ms", "draft ms/step", "tokens/s",
            "x AR", "greedy_match"]
 SUMMARY_HEADERS = ["B", "mode", "AR tok/s", "best chain", "chain tok/s", "best tree", "tree tok/s",
-                   "tree / chain (paired)", "chain x AR", "tree x AR", "hybrid x AR"]
+                   "tree / chain (paired)", "best dynamic", "dynamic / chain (paired)", "chain x AR", "tree x AR",
+                   "dynamic x AR", "hybrid x AR"]
 
 
 def tree_list(text: str) -> list[tuple[int, ...]]:
@@ -58,10 +64,19 @@ def tree_list(text: str) -> list[tuple[int, ...]]:
     return [tuple(_common.int_list(part)) for part in text.split(";") if part.strip()]
 
 
+def dynamic_list(text: str) -> list[DynamicTree]:
+    """``"2x6/8;3x5/10"`` -> the dynamic tree specs (an argparse type)."""
+    try:
+        return [DynamicTree.parse(part) for part in text.split(";") if part.strip()]
+    except EngineInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def configs(gammas: list[int], trees: list[tuple[int, ...]], hybrid_gammas: list[int],
-            mode: str) -> list[tuple[str, str, SpecConfig, str]]:
-    """(label, kind, config, drafter) for AR, every chain, every tree and the hybrid drafter; at T=1
-    each tree twice: i.i.d. sampled children (the default) and top-k children ("topk")."""
+            mode: str, dynamic: list[DynamicTree] = ()) -> list[tuple[str, str, SpecConfig, str]]:
+    """(label, kind, config, drafter) for AR, every chain, every tree, every dynamic tree and the
+    hybrid drafter; at T=1 each static tree twice: i.i.d. sampled children (the default) and top-k
+    children ("topk")."""
     out = [("AR", "ar", SpecConfig(gamma=0), "none")]
     out += [(f"chain g={g}", "chain", SpecConfig(gamma=g), "model") for g in gammas]
     for shape in trees:
@@ -70,6 +85,9 @@ def configs(gammas: list[int], trees: list[tuple[int, ...]], hybrid_gammas: list
         if mode != "greedy":
             out.append((f"{name} topk", "tree", SpecConfig(gamma=len(shape), tree_topk=shape, tree_sampling="topk"),
                         "model"))
+    out += [(f"dynamic {t.name}", "dynamic", SpecConfig(gamma=t.depth, tree_topk=(t.topk,) * t.depth,
+                                                      tree_nodes=t.nodes, tree_sampling="topk"), "model")
+            for t in dynamic]
     out += [(f"hybrid g={g}", "hybrid", SpecConfig(gamma=g), "hybrid") for g in hybrid_gammas]
     return out
 
@@ -88,7 +106,9 @@ def min_costs(pair, spec: SpecConfig, batch: int, context: int, repeats: int) ->
 
     The forwards the engine runs for ``spec`` at batch ``batch`` after a ``context``-token prefix:
     a chain verifies 1 + gamma tokens causally and drafts one token per forward; a tree verifies
-    1 + nodes tokens under the tree mask and drafts each depth's nodes in one forward. The minimum
+    1 + nodes tokens under the tree mask and drafts each depth's nodes in one forward (a dynamic
+    tree: one token, then top-k tokens per later depth; the cost of a width does not depend on the
+    mask's pattern, so a one-level tree of that width stands in for it). The minimum
     over ``repeats`` is the least disturbed timing a shared host gives.
     """
     target, draft = pair.target, pair.draft
@@ -110,6 +130,14 @@ def min_costs(pair, spec: SpecConfig, batch: int, context: int, repeats: int) ->
             verify = _min_ms(lambda: target.decode(x, caches[0], base, kv), repeats)
             one = _min_ms(lambda: draft.decode(x[:, :1], caches[1], base, kv), repeats) if spec.gamma else 0.0
             return width, verify, one * spec.gamma
+        if isinstance(shape, DynamicTree):
+            flat = TreeShape((width - 1,)).tensors("cpu")
+            verify = _min_ms(lambda: target.decode(x, caches[0], base, kv, flat.attention(base, 0, width, kv)), repeats)
+            level = TreeShape((shape.topk,)).tensors("cpu")
+            drafting = _min_ms(lambda: draft.decode(x[:, :1], caches[1], base, kv), repeats)
+            drafting += (shape.depth - 1) * _min_ms(lambda: draft.decode(
+                x[:, 1:1 + shape.topk], caches[1], base + 1, kv, level.attention(base, 1, shape.topk, kv)), repeats)
+            return width, verify, drafting
         tree = shape.tensors("cpu")
         verify = _min_ms(lambda: target.decode(x, caches[0], base, kv, tree.attention(base, 0, width, kv)), repeats)
         drafting = 0.0
@@ -126,6 +154,8 @@ def main() -> None:
     p.add_argument("--gammas", type=_common.int_list, default=[2, 3, 4, 5, 6], help="chain gammas (default 2..6)")
     p.add_argument("--trees", type=tree_list, default=tree_list(DEFAULT_TREES),
                    help=f'tree shapes, top-k per depth, ";"-separated (default "{DEFAULT_TREES}")')
+    p.add_argument("--dynamic", type=dynamic_list, default=dynamic_list(DEFAULT_DYNAMIC),
+                   help=f'dynamic (EAGLE-2) trees "KxD/N", ";"-separated, "" for none (default "{DEFAULT_DYNAMIC}")')
     p.add_argument("--hybrid-gammas", type=_common.int_list, default=[4], help="hybrid drafter gammas (default 4)")
     p.add_argument("--modes", default="greedy,t1", help="greedy and/or t1 (default both)")
     p.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default 2)")
@@ -138,13 +168,13 @@ def main() -> None:
     if not modes or any(m not in TEMPERATURE for m in modes) or args.repeats < 1 or 0 in args.batch_sizes:
         _common.fail("--modes takes greedy and/or t1; --repeats and --batch-sizes must be >= 1")
     try:
-        cfgs = {mode: configs(args.gammas, args.trees, args.hybrid_gammas, mode) for mode in modes}
+        cfgs = {mode: configs(args.gammas, args.trees, args.hybrid_gammas, mode, args.dynamic) for mode in modes}
     except EngineInputError as exc:
         _common.fail(str(exc))
     bench = _common.start(NAME, args)
     pair, requests = _common.load(bench)
     if args.engine == "compiled":
-        pair = _common.compiled_twin(pair, trees=args.trees)
+        pair = _common.compiled_twin(pair, trees=args.trees + [(t.topk,) * t.depth for t in args.dynamic])
         print(f"compiled decode/verify (chains and trees) of target and draft in {pair.compile_s:.1f} s "
               "(excluded from every timing)", flush=True)
     runs: dict[tuple[int, str, str], list[dict]] = {}
@@ -182,7 +212,8 @@ def main() -> None:
                                          for r, a in zip(rs, ar, strict=True))
                 match = outputs[(b, mode, label)] == outputs[(b, mode, "AR")] if mode == "greedy" else None
                 cell = {"batch_size": b, "mode": mode, "config": label, "kind": kind, "gamma": spec.gamma,
-                        "tree_topk": list(spec.tree_topk), "nodes": spec.lookahead,
+                        "tree_topk": list(spec.tree_topk), "tree_nodes": spec.tree_nodes,
+                        "nodes": spec.tree.n_nodes if spec.tree is not None else spec.gamma,
                         "mean_acceptance_length": med(rs, "mean_acceptance_length") or 1.0,
                         "verify_step_ms": med(rs, "verify_step_ms"), "draft_ms_per_step": med(rs, "draft_ms_per_step"),
                         "tokens_per_second": med(rs, "tokens_per_second"), "x_ar": x_ar, "greedy_match": match,
@@ -199,22 +230,30 @@ def main() -> None:
             mine = [c for c in cells if c["batch_size"] == b and c["mode"] == mode]
             ar = next(c for c in mine if c["kind"] == "ar")
             best = {k: max((c for c in mine if c["kind"] == k), key=lambda c: c["x_ar"], default=None)
-                    for k in ("chain", "tree", "hybrid")}
-            ch, tr, hy = best["chain"], best["tree"], best["hybrid"]
-            if ch is None or tr is None:
+                    for k in ("chain", "tree", "dynamic", "hybrid")}
+            ch, tr, dy, hy = best["chain"], best["tree"], best["dynamic"], best["hybrid"]
+            if ch is None or (tr is None and dy is None):
                 continue
+
+            def paired(cell, ch=ch):
+                return statistics.median(t["tokens_per_second"] / c["tokens_per_second"]
+                                         for t, c in zip(cell["runs"], ch["runs"], strict=True)) if cell else None
+
             s = {"batch_size": b, "mode": mode, "ar_tokens_per_second": ar["tokens_per_second"],
                  "best_chain": ch["config"], "chain_tokens_per_second": ch["tokens_per_second"],
-                 "best_tree": tr["config"], "tree_tokens_per_second": tr["tokens_per_second"],
-                 "tree_over_chain": tr["tokens_per_second"] / ch["tokens_per_second"],
-                 "chain_x_ar": ch["x_ar"], "tree_x_ar": tr["x_ar"],
-                 "tree_over_chain_paired": statistics.median(
-                     t["tokens_per_second"] / c["tokens_per_second"] for t, c in zip(tr["runs"], ch["runs"], strict=True)),
+                 "best_tree": tr["config"] if tr else None,
+                 "tree_tokens_per_second": tr["tokens_per_second"] if tr else None,
+                 "chain_x_ar": ch["x_ar"], "tree_x_ar": tr["x_ar"] if tr else None,
+                 "tree_over_chain_paired": paired(tr),
+                 "best_dynamic": dy["config"] if dy else None,
+                 "dynamic_tokens_per_second": dy["tokens_per_second"] if dy else None,
+                 "dynamic_x_ar": dy["x_ar"] if dy else None, "dynamic_over_chain_paired": paired(dy),
                  "best_hybrid": hy["config"] if hy else None, "hybrid_x_ar": hy["x_ar"] if hy else None}
             summary.append(s)
-            srows.append((b, mode, s["ar_tokens_per_second"], ch["config"], s["chain_tokens_per_second"], tr["config"],
-                          s["tree_tokens_per_second"], s["tree_over_chain_paired"], s["chain_x_ar"], s["tree_x_ar"],
-                          s["hybrid_x_ar"] if hy else "-"))
+            srows.append(tuple("-" if v is None else v for v in (
+                b, mode, s["ar_tokens_per_second"], ch["config"], s["chain_tokens_per_second"], s["best_tree"],
+                s["tree_tokens_per_second"], s["tree_over_chain_paired"], s["best_dynamic"],
+                s["dynamic_over_chain_paired"], s["chain_x_ar"], s["tree_x_ar"], s["dynamic_x_ar"], s["hybrid_x_ar"])))
     _common.print_table("best tree vs best chain (by median x AR; ratios are medians over rounds of same-round "
                         "ratios, one invocation on a shared host)",
                         SUMMARY_HEADERS, srows)

@@ -59,6 +59,7 @@ Jeon et al. 2024 (recursive speculative decoding, sampling without replacement).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -182,15 +183,30 @@ class DynamicTree:
     the deterministic top-k acceptance rule (module docstring) is exact on it: sampled rows use
     that rule (``tree_sampling="topk"``), greedy rows follow the argmax child.
 
+    Its name, ``"KxD/N"`` (top-K, depth D, N nodes verified), is what ``tune.yaml`` and the
+    benchmarks take (:meth:`parse`).
+
     Example:
-        >>> t = DynamicTree(topk=2, depth=4, nodes=8)
-        >>> t.candidates, t.width
-        (14, 8)
+        >>> t = DynamicTree.parse("2x4/8")
+        >>> t, t.name, t.candidates, t.width
+        (DynamicTree(topk=2, depth=4, nodes=8), '2x4/8', 14, 8)
     """
 
     topk: int
     depth: int
     nodes: int
+
+    @staticmethod
+    def parse(text: str) -> DynamicTree:
+        """``"KxD/N"`` -> the spec; EngineInputError (naming the text) when it is not one."""
+        m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+        if m is None:
+            raise EngineInputError(f"tree_nodes: {text!r} is not a dynamic tree 'KxD/N' (top-K, depth D, N nodes)")
+        return DynamicTree(*map(int, m.groups()))
+
+    @property
+    def name(self) -> str:
+        return f"{self.topk}x{self.depth}/{self.nodes}"
 
     def __post_init__(self) -> None:
         if self.topk < 2:
