@@ -24,6 +24,7 @@ from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import DRAFTERS
 from engine.loader import DTYPES as _DTYPE_ALIASES
 from engine.speculative import GAMMA_POLICIES  # constant / heuristic per-row gamma policy
+from engine.tree import DynamicTree, tree_depth
 from profiles.exporters import FORMATS as EXPORT_FORMATS
 
 LATENCIES = ("tpot_ms_p95", "tpot_ms_p50", "e2e_ms_p95", "e2e_ms_p50", "ttft_ms_p95", "ttft_ms_p50")
@@ -90,7 +91,7 @@ class TuneConfig:
     gamma_policies: tuple[str, ...] = ("constant",)  # tune.yaml search.gamma_schedule
     max_batch_size: tuple[int, ...] = (4,)
     search_gamma_cap: int | str = "auto"  # tune.yaml search.gamma_cap; not the engine's largest row gamma
-    tree_shapes: tuple[tuple[int, ...], ...] = ((),)  # tune.yaml search.tree_topk; () = the chain
+    tree_shapes: tuple[tuple[int, ...] | DynamicTree, ...] = ((),)  # tune.yaml search.tree_topk; () = the chain
     ngram_min: int = 2
     ngram_max: int = 4
     latency: str = "tpot_ms_p95"
@@ -340,9 +341,9 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     p.done()
     if gamma.high > gmax:
         raise ConfigError(f"profile.gamma_max: must be >= search.gamma.high (got {gmax} < {int(gamma.high)})")
-    deep = next((t for t in trees if len(t) > gmax), None)
+    deep = next((t for t in trees if tree_depth(t) > gmax), None)
     if deep is not None:
-        raise ConfigError(f"search.tree_topk: {tree_name(deep)!r} has depth {len(deep)} > profile.gamma_max {gmax} "
+        raise ConfigError(f"search.tree_topk: {tree_name(deep)!r} has depth {tree_depth(deep)} > profile.gamma_max {gmax} "
                           "(the profiler's acceptance samples stop there)")
     top.done()
     return TuneConfig(
@@ -361,31 +362,41 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
 CHAIN = "chain"
 
 
-def tree_name(shape: tuple[int, ...]) -> str:
-    """A shape as tune.yaml and the profile write it: ``"chain"`` or the per-depth top-k, ``"2,1,1"``.
+def tree_name(shape: tuple[int, ...] | DynamicTree) -> str:
+    """A tree as tune.yaml and the profile write it: ``"chain"``, a static tree's per-depth top-k
+    (``"2,1,1"``) or a dynamic tree's ``"KxD/N"``.
 
     Example:
-        >>> tree_name(()), tree_name((2, 1, 1))
-        ('chain', '2,1,1')
+        >>> tree_name(()), tree_name((2, 1, 1)), tree_name(DynamicTree(2, 6, 10))
+        ('chain', '2,1,1', '2x6/10')
     """
+    if isinstance(shape, DynamicTree):
+        return shape.name
     return CHAIN if not shape or all(k == 1 for k in shape) else ",".join(map(str, shape))
 
 
-def parse_tree(value: Any, key: str = "search.tree_topk") -> tuple[int, ...]:
-    """One ``search.tree_topk`` entry -> per-depth top-k (``()`` for the chain); ConfigError names key and value.
+def parse_tree(value: Any, key: str = "search.tree_topk") -> tuple[int, ...] | DynamicTree:
+    """One ``search.tree_topk`` entry -> per-depth top-k (``()`` for the chain) or a dynamic tree;
+    ConfigError names key and value.
 
     ``"chain"`` (or top-k 1 at every depth) is the chain; ``"2,1,1"``, ``[2, 1, 1]`` or ``2`` give the
-    top-k of each depth (depth = gamma = the number of entries).
+    top-k of each depth (depth = gamma = the number of entries); ``"KxD/N"`` is a dynamic (EAGLE-2)
+    tree: top-K expansion to depth D, the N best-scored nodes verified (engine.tree.DynamicTree).
 
     Example:
-        >>> parse_tree("2,1,1"), parse_tree([3, 1]), parse_tree("chain"), parse_tree("1,1")
-        ((2, 1, 1), (3, 1), (), ())
+        >>> parse_tree("2,1,1"), parse_tree([3, 1]), parse_tree("chain"), parse_tree("1,1"), parse_tree("2x6/10")
+        ((2, 1, 1), (3, 1), (), (), DynamicTree(topk=2, depth=6, nodes=10))
     """
     from engine.errors import EngineInputError
     from engine.tree import TreeShape
 
     if value == CHAIN:
         return ()
+    if isinstance(value, str) and "/" in value:
+        try:
+            return DynamicTree.parse(value)
+        except EngineInputError as exc:
+            raise ConfigError(f"{key}: {value!r}: {str(exc).removeprefix('tree_nodes: ')}") from None
     if isinstance(value, int) and not isinstance(value, bool):
         parts: list[Any] = [value]
     elif isinstance(value, str):
@@ -405,12 +416,13 @@ def parse_tree(value: Any, key: str = "search.tree_topk") -> tuple[int, ...]:
     return () if all(k == 1 for k in parts) else tuple(parts)
 
 
-def _tree_shapes(s: _Section) -> tuple[tuple[int, ...], ...]:
+def _tree_shapes(s: _Section) -> tuple[tuple[int, ...] | DynamicTree, ...]:
     """``search.tree_topk``: one shape or a list of them; default the chain only (today's behaviour)."""
     v = s.get("tree_topk", [CHAIN])
     vals = v if isinstance(v, list) and (not v or not all(isinstance(x, int) for x in v)) else [v]
     if not vals:
-        raise ConfigError(f"{s.key('tree_topk')}: must be 'chain', a shape like '2,1,1' or a non-empty list of them "
+        raise ConfigError(f"{s.key('tree_topk')}: must be 'chain', a shape like '2,1,1', a dynamic tree like "
+                          f"'2x6/10' or a non-empty list of them "
                           f"(got {v!r})")
     return tuple(dict.fromkeys(parse_tree(x, s.key("tree_topk")) for x in vals))
 

@@ -18,7 +18,7 @@ from autotune.hardware import fingerprint
 from autotune.runner import Sampling, build_requests
 from engine.errors import EngineInputError
 from engine.loader import ModelPair, load_pair
-from engine.speculative import Request
+from engine.speculative import Request, SpecConfig
 from engine.workload import load_workload
 from profiles.hashing import hash_folder, hash_json
 from profiles.store import Store
@@ -55,7 +55,7 @@ def build(cfg: TuneConfig) -> Context:
     needs_draft = "model" in cfg.drafters or "hybrid" in cfg.drafters  # hybrid falls back to the draft model
     check_device(cfg)
     pair = load_pair(cfg.target, cfg.draft if needs_draft else None, dtype=cfg.dtype, device=cfg.device)
-    compile_note = _compile(pair, cfg.compile, cfg.tree_shapes)
+    compile_note = _compile(pair, cfg.compile, [SpecConfig.for_tree(t).tree_topk for t in cfg.tree_shapes])
     if pair.tokenizer is None:
         raise EngineInputError(f"{cfg.target}: no tokenizer.json")
     items = load_workload(cfg.prompts)

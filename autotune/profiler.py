@@ -29,7 +29,7 @@ import torch
 
 from autotune.ceilings import measure_ceilings
 from autotune.classify import classify
-from autotune.costmodel import TREE_RANK_CAP, Curves, StepSample, per_position_acceptance, tree_level_sizes
+from autotune.costmodel import TREE_RANK_CAP, Curves, StepSample, per_position_acceptance
 from autotune.hardware import fingerprint
 from autotune.runner import LoadSpec, run_load
 from autotune.timing import measure_stable, time_fn
@@ -220,8 +220,9 @@ def measure_tree_ranks(pair: ModelPair, requests: list[Request], seed: int = 0,
 
 
 def tree_nodes(shapes) -> int:
-    """The most drafted nodes among tree shapes (per-depth top-k tuples); 0 for chains only."""
-    return max((sum(tree_level_sizes(s)) for s in shapes if s and any(k > 1 for k in s)), default=0)
+    """The most verified nodes among trees (per-depth top-k tuples, dynamic trees); 0 for chains only."""
+    trees = [SpecConfig.for_tree(s).tree for s in shapes if s]
+    return max((t.n_nodes for t in trees if t is not None), default=0)
 
 
 def extend_for_trees(pair: ModelPair, requests: list[Request], measurement: dict, shapes, seed: int = 0,

@@ -34,6 +34,7 @@ from autotune.records import LEVEL_KEYS, LevelMetrics, Measurement, TrialResult 
 from autotune.runner import LoadSpec, run_load
 from autotune.selection import Point
 from engine.speculative import SpecConfig
+from engine.tree import DynamicTree, tree_depth
 
 THRESHOLD_STEP = 0.01  # confidence thresholds are searched on a 0.01 grid (exports stay readable)
 
@@ -50,7 +51,7 @@ class Space:
     gamma_policies: tuple[str, ...]  # per-row gamma policy: constant / heuristic (the key gamma_schedule)
     max_batch_sizes: tuple[int, ...]
     search_gamma_cap: int | None  # the study's largest gamma from the profiler (None = not applied)
-    tree_shapes: tuple[tuple[int, ...], ...] = ((),)  # search.tree_topk; () = the chain
+    tree_shapes: tuple[tuple[int, ...] | DynamicTree, ...] = ((),)  # search.tree_topk; () = the chain
 
     @property
     def trees(self) -> bool:
@@ -77,12 +78,12 @@ class Space:
         a tree fixes gamma (its depth), threshold 0 and the constant policy, so those are not suggested."""
         p: dict = {}
         p["drafter"] = trial.suggest_categorical("drafter", self.drafters) if len(self.drafters) > 1 else self.drafters[0]
-        tree: tuple[int, ...] = ()
+        tree: tuple[int, ...] | DynamicTree = ()
         if self.trees and p["drafter"] == "model":
             names = self.tree_names
             tree = parse_tree(trial.suggest_categorical("tree_topk", names) if len(names) > 1 else names[0])
         if tree:
-            p["gamma"], p["confidence_threshold"], p["gamma_schedule"] = len(tree), 0.0, "constant"
+            p["gamma"], p["confidence_threshold"], p["gamma_schedule"] = tree_depth(tree), 0.0, "constant"
         else:
             p["gamma"] = (trial.suggest_int("gamma", self.gamma_low, self.gamma_high)
                           if self.gamma_high > self.gamma_low else self.gamma_low)
@@ -217,7 +218,8 @@ def evaluate(ctx: Context, params: dict, seed: int, clock: Callable[[], float] =
 
 def spec_config(params: dict) -> SpecConfig:
     """The engine's settings for a trial's params; ``tree_topk`` (when present and not the chain, with the
-    ``model`` drafter and gamma > 0) becomes ``SpecConfig.tree_topk`` with gamma = the tree's depth.
+    ``model`` drafter and gamma > 0) becomes the tree's settings (:meth:`SpecConfig.for_tree`), gamma
+    = the tree's depth.
 
     Example:
         >>> spec_config({"drafter": "model", "gamma": 2, "confidence_threshold": 0.0, "gamma_schedule": "constant",
@@ -226,7 +228,7 @@ def spec_config(params: dict) -> SpecConfig:
     """
     tree = parse_tree(params.get("tree_topk", CHAIN))
     if tree and params.get("drafter") == "model" and int(params["gamma"]) > 0:
-        return SpecConfig(gamma=len(tree), tree_topk=tree)
+        return SpecConfig.for_tree(tree)
     return SpecConfig(gamma=int(params["gamma"]), confidence_threshold=float(params["confidence_threshold"]),
                       gamma_schedule=params["gamma_schedule"])
 
@@ -293,8 +295,8 @@ def warm_starts(ctx: Context, space: Space, measurement: dict, nearest: dict | N
         points.append((f"cost model best at batch {b}", {**base, "drafter": drafter, "gamma": max(best.gamma, 1),
                                                          "confidence_threshold": best.confidence_threshold}))
     ranks = tree_rank_samples(m.acceptance) if space.trees else None
-    if ranks:
-        trees = [t for t in space.tree_shapes if t]
+    trees = [t for t in space.tree_shapes if isinstance(t, tuple) and t]  # the cost model predicts static trees
+    if ranks and trees:
         for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
             shape, _ = best_tree(curves, ranks, trees, b)
             points.append((f"cost model best tree at batch {b}", {**base, "drafter": "model", "gamma": len(shape),

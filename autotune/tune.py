@@ -444,7 +444,11 @@ def _best_chain(points: list[Point], remeasured: list[Point]) -> dict | None:
 
 
 def _prediction_check(measurement: dict, chosen: Chosen, chosen_result: dict) -> list[dict]:
-    """The cost model's throughput for the chosen configuration beside the measured one, per load level."""
+    """The cost model's throughput for the chosen configuration beside the measured one, per load level
+    (none for a dynamic tree: its shape follows the draft's confidence, which the profiler's rank
+    samples do not hold)."""
+    if chosen.tree_nodes:
+        return []
     m = Measurement.from_json(measurement)
     curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
     pvm = []

@@ -85,9 +85,7 @@ def configs(gammas: list[int], trees: list[tuple[int, ...]], hybrid_gammas: list
         if mode != "greedy":
             out.append((f"{name} topk", "tree", SpecConfig(gamma=len(shape), tree_topk=shape, tree_sampling="topk"),
                         "model"))
-    out += [(f"dynamic {t.name}", "dynamic", SpecConfig(gamma=t.depth, tree_topk=(t.topk,) * t.depth,
-                                                      tree_nodes=t.nodes, tree_sampling="topk"), "model")
-            for t in dynamic]
+    out += [(f"dynamic {t.name}", "dynamic", SpecConfig.for_tree(t), "model") for t in dynamic]
     out += [(f"hybrid g={g}", "hybrid", SpecConfig(gamma=g), "hybrid") for g in hybrid_gammas]
     return out
 

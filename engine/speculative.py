@@ -140,6 +140,19 @@ class SpecConfig:
         """The most draft tokens one row can propose in a step under this config."""
         return self.max_gamma if self.gamma_schedule == "heuristic" else self.gamma
 
+    @staticmethod
+    def for_tree(tree: tuple[int, ...] | DynamicTree) -> SpecConfig:
+        """The settings that draft ``tree``: a static shape (per-depth top-k) or a dynamic tree.
+
+        Example:
+            >>> SpecConfig.for_tree(DynamicTree(2, 3, 5)).tree, SpecConfig.for_tree((2, 1)).gamma
+            (DynamicTree(topk=2, depth=3, nodes=5), 2)
+        """
+        if isinstance(tree, DynamicTree):
+            return SpecConfig(gamma=tree.depth, tree_topk=(tree.topk,) * tree.depth, tree_nodes=tree.nodes,
+                              tree_sampling="topk")
+        return SpecConfig(gamma=len(tree), tree_topk=tree)
+
 
 @dataclass
 class Request:

@@ -208,6 +208,9 @@ class DynamicTree:
     def name(self) -> str:
         return f"{self.topk}x{self.depth}/{self.nodes}"
 
+    def __str__(self) -> str:
+        return self.name
+
     def __post_init__(self) -> None:
         if self.topk < 2:
             raise EngineInputError(f"tree_nodes: a dynamic tree needs top-k >= 2 (got {self.topk})")
@@ -271,6 +274,11 @@ class DynamicTree:
             (self.topk,) * self.depth,
         )
         return torch.cat([root, tokens.gather(1, chosen)], 1), tree
+
+
+def tree_depth(tree: tuple[int, ...] | DynamicTree) -> int:
+    """Depth (= gamma) of a tree as the tuner names it: a static per-depth top-k or a dynamic tree."""
+    return tree.depth if isinstance(tree, DynamicTree) else len(tree)
 
 
 @dataclass(frozen=True)

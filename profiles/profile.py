@@ -144,11 +144,13 @@ class ExportInputs:
     max_batch_size: int | None = None  # the tuned number of concurrent sequences, when the profile has one
     # A chosen token tree (per-depth top-k; () for a chain). When set, ``gamma``/``confidence_threshold``/
     # ``gamma_schedule`` hold the best measured chain (what stacks without trees export), ``tree_gamma`` the depth.
+    # ``tree_nodes`` > 0: the tree is dynamic (EAGLE-2: top-k expansion, the draft's best tree_nodes verified).
     tree_topk: tuple[int, ...] = ()
     # The profile's drafter when exporters substitute another: "hybrid" (exported as the draft model, "model").
     chosen_drafter: str | None = None
     tree_gamma: int = 0
     best_chain_measured: bool = True  # False: no chain of the draft model was measured; gamma is the tree's depth
+    tree_nodes: int = 0
 
     @property
     def schedule_max(self) -> int:
@@ -213,4 +215,5 @@ def export_inputs(profile: Mapping[str, Any], target_model: str | None = None,
         chosen_drafter=chosen_drafter,
         tree_gamma=len(tree),
         best_chain_measured=chain_measured,
+        tree_nodes=chosen.tree_nodes,
     )

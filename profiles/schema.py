@@ -15,6 +15,7 @@ parts the tuner decides and the exporters read are typed: :class:`Chosen` (the c
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,8 +68,9 @@ class Chosen:
     ``gamma_schedule`` is the per-row gamma policy (``constant`` or ``heuristic``), not the
     batch schedule; the key keeps its stored name. ``prompt_lookup_min``/``max`` are the n-gram
     window the study ran with. ``tree_topk`` is present only when the study searched token trees:
-    ``"chain"`` or the chosen tree's per-depth top-k (``"2,1,1"``; gamma is then its depth, the
-    threshold 0 and the policy constant). ``best_chain`` (``gamma``, ``confidence_threshold``,
+    ``"chain"``, the chosen static tree's per-depth top-k (``"2,1,1"``) or a dynamic tree's
+    ``"KxD/N"`` (EAGLE-2: top-K expansion to depth D, the draft's best N nodes verified); gamma is
+    then the tree's depth, the threshold 0 and the policy constant. ``best_chain`` (``gamma``, ``confidence_threshold``,
     ``gamma_schedule``, ``tokens_per_second``), present only when a tree was chosen, is the
     fastest measured chain of the draft model: what a stack that takes no tree exports.
     """
@@ -146,25 +148,50 @@ class Chosen:
 
     @property
     def tree_shape(self) -> tuple[int, ...]:
-        """The chosen tree's per-depth top-k; ``()`` for a chain (or a profile from before trees)."""
-        return () if self.tree_topk is MISSING else parse_tree_topk(self.tree_topk)
+        """The chosen tree's per-depth top-k (a dynamic tree's top-k at each depth); ``()`` for a
+        chain (or a profile from before trees)."""
+        return () if self.tree_topk is MISSING else parse_tree_name(self.tree_topk)[0]
+
+    @property
+    def tree_nodes(self) -> int:
+        """A dynamic tree's verified nodes; 0 for a static tree or a chain."""
+        return 0 if self.tree_topk is MISSING else parse_tree_name(self.tree_topk)[1]
 
 
 def parse_tree_topk(value: str) -> tuple[int, ...]:
-    """``"chain"`` -> ``()``; ``"2,1,1"`` -> ``(2, 1, 1)`` (all ones is the chain); ProfileError otherwise.
+    """The per-depth top-k of a tree name (:func:`parse_tree_name`).
 
     Example:
-        >>> parse_tree_topk("2,1,1"), parse_tree_topk("chain"), parse_tree_topk("1,1")
-        ((2, 1, 1), (), ())
+        >>> parse_tree_topk("2,1,1"), parse_tree_topk("chain"), parse_tree_topk("1,1"), parse_tree_topk("2x3/5")
+        ((2, 1, 1), (), (), (2, 2, 2))
+    """
+    return parse_tree_name(value)[0]
+
+
+def parse_tree_name(value: str) -> tuple[tuple[int, ...], int]:
+    """A tree as the profile names it -> ``(per-depth top-k, dynamic tree's nodes or 0)``:
+    ``"chain"`` -> ``((), 0)``; ``"2,1,1"`` -> ``((2, 1, 1), 0)`` (all ones is the chain); ``"KxD/N"``
+    -> ``((K,) * D, N)``; ProfileError otherwise.
+
+    Example:
+        >>> parse_tree_name("2,1"), parse_tree_name("2x6/10")
+        (((2, 1), 0), ((2, 2, 2, 2, 2, 2), 10))
     """
     if value == "chain":
-        return ()
+        return (), 0
+    m = re.fullmatch(r"(\d+)x(\d+)/(\d+)", value.replace(" ", ""))
+    if m is not None:
+        k, depth, nodes = map(int, m.groups())
+        if k < 2 or depth < 1 or not 1 <= nodes <= k + (depth - 1) * k * k:
+            raise ProfileError(f"profile: 'chosen.tree_topk' {value!r}: a dynamic tree 'KxD/N' needs K >= 2, D >= 1 "
+                               f"and 1 <= N <= K + (D - 1) * K^2")
+        return (k,) * depth, nodes
     parts = value.split(",")
     if not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
-        raise ProfileError(f"profile: 'chosen.tree_topk' must be 'chain' or a per-depth top-k like '2,1,1', "
-                           f"got {value!r}")
+        raise ProfileError(f"profile: 'chosen.tree_topk' must be 'chain', a per-depth top-k like '2,1,1' or a "
+                           f"dynamic tree like '2x6/10', got {value!r}")
     shape = tuple(int(p) for p in parts)
-    return () if all(k == 1 for k in shape) else shape
+    return ((), 0) if all(k == 1 for k in shape) else (shape, 0)
 
 
 @dataclass(frozen=True)

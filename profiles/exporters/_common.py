@@ -199,8 +199,11 @@ def fail(stack: str, message: str) -> ProfileError:
     return ProfileError(f"{stack} export: {message}")
 
 
-def tree_text(topk: Sequence[int]) -> str:
-    """``"2,1,1 (per-depth top-k; 6 nodes, depth 3)"``, for notes."""
+def tree_text(topk: Sequence[int], dynamic_nodes: int = 0) -> str:
+    """``"2,1,1 (per-depth top-k; 6 nodes, depth 3)"`` (a dynamic tree: ``"2x3/5 (dynamic: ...)"``), for notes."""
+    if dynamic_nodes:
+        return (f"{topk[0]}x{len(topk)}/{dynamic_nodes} (dynamic, EAGLE-2: top-{topk[0]} expansion to depth "
+                f"{len(topk)}, the draft's best {dynamic_nodes} nodes verified)")
     nodes, width = 0, 1
     for k in topk:
         width *= k
@@ -221,7 +224,8 @@ def substitution_notes(inputs: ExportInputs, stack: str, tree_exported: bool = F
                      + (f", {inputs.gamma_schedule} gamma" if inputs.gamma_schedule != "constant" else ""))
         else:
             chain = f"a chain of the tree's depth instead (gamma {inputs.gamma}; the study measured no chain)"
-        notes.append(f"The profile chose the token tree {tree_text(inputs.tree_topk)}; {stack} takes no token tree "
+        notes.append(f"The profile chose the token tree {tree_text(inputs.tree_topk, inputs.tree_nodes)}; {stack} "
+                     "takes no token tree "
                      f"for a draft-model drafter, so this exports {chain}.")
     if inputs.chosen_drafter == "hybrid":
         notes.append(f"The profile chose the hybrid drafter (per row and step: the prompt-lookup n-gram proposal "

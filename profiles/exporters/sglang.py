@@ -17,6 +17,8 @@ backend, with rejection sampling, and with page size > 1 outside flashinfer/fa3/
 candidates, so the export is ``--speculative-num-steps`` = depth, ``--speculative-eagle-topk`` =
 the largest per-depth top-k and ``--speculative-num-draft-tokens`` = the tree's nodes (capped at
 the candidates) + 1; a note says that the shape is SGLang's selection, not the static one measured.
+A dynamic tree ("KxD/N") is that selection itself, so it maps one to one: num-steps D,
+eagle-topk K, num-draft-tokens N + 1.
 """
 
 from __future__ import annotations
@@ -113,16 +115,21 @@ def tree_candidates(topk: int, steps: int) -> int:
     return topk + (steps - 1) * topk * topk
 
 
-def tree_args(topk_per_depth: tuple[int, ...]) -> tuple[int, int, int]:
-    """``(num_steps, eagle_topk, num_draft_tokens)`` for a static tree (per-depth top-k).
+def tree_args(topk_per_depth: tuple[int, ...], dynamic_nodes: int = 0) -> tuple[int, int, int]:
+    """``(num_steps, eagle_topk, num_draft_tokens)`` for a static tree (per-depth top-k) or a dynamic
+    tree (``dynamic_nodes`` > 0: SGLang's own selection, one to one).
 
     Example:
         >>> tree_args((2, 1, 1))  # 6 nodes, 2 + 2 * 4 = 10 candidates
         (3, 2, 7)
         >>> tree_args((2, 2, 2))  # 14 nodes, capped at 10 candidates
         (3, 2, 11)
+        >>> tree_args((2, 2, 2, 2, 2, 2), 10)  # dynamic 2x6/10
+        (6, 2, 11)
     """
     steps, topk = len(topk_per_depth), max(topk_per_depth)
+    if dynamic_nodes:
+        return steps, topk, dynamic_nodes + 1
     nodes, width = 0, 1
     for k in topk_per_depth:
         width *= k
@@ -145,7 +152,7 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
     if gamma == 0:
         return args
     if inputs.drafter == "model" and inputs.tree_topk:
-        steps, topk, draft_tokens = tree_args(inputs.tree_topk)
+        steps, topk, draft_tokens = tree_args(inputs.tree_topk, inputs.tree_nodes)
         args.update({"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": inputs.draft,
                      "--speculative-num-steps": steps, "--speculative-eagle-topk": topk,
                      "--speculative-num-draft-tokens": draft_tokens})
@@ -183,11 +190,15 @@ def export(inputs: ExportInputs) -> Exported:
         if inputs.gamma_schedule != "constant" and not inputs.tree_topk:
             notes.append(f"gamma_schedule {inputs.gamma_schedule!r} has no SGLang equivalent; gamma stays constant.")
         if inputs.tree_topk:
-            steps, topk, draft_tokens = tree_args(inputs.tree_topk)
-            notes.append(f"Token tree {tree_text(inputs.tree_topk)}: STANDALONE accepts --speculative-eagle-topk > 1 "
+            steps, topk, draft_tokens = tree_args(inputs.tree_topk, inputs.tree_nodes)
+            same = ("the engine measured this selection (scores: the draft's summed log-probabilities along each "
+                    "path, as SGLang's cumulative probabilities order them). " if inputs.tree_nodes else
+                    "not this exact static shape; the engine measured the static one. ")
+            notes.append(f"Token tree {tree_text(inputs.tree_topk, inputs.tree_nodes)}: STANDALONE accepts "
+                         f"--speculative-eagle-topk > 1 "
                          f"(speculative_hook.py _handle_eagle_family). SGLang drafts {steps} steps with top-{topk} "
                          f"at every step and verifies the draft's best {draft_tokens - 1} nodes (EAGLE-2 selection), "
-                         "not this exact static shape; the engine measured the static one. "
+                         + same
                          + ("Best measured chain" if inputs.best_chain_measured else "A chain of the tree's depth")
                          + f", for a chain launch: --speculative-num-steps {inputs.gamma} --speculative-eagle-topk 1 "
                          f"--speculative-num-draft-tokens {inputs.gamma + 1}.")

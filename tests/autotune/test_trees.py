@@ -17,6 +17,7 @@ from autotune.costmodel import Curves, best_tree, predict_tree, tree_expected_to
 from autotune.errors import ConfigError
 from autotune.selection import config_label, simplicity
 from autotune.tune import run_tune
+from engine.tree import DynamicTree
 from profiles.exporters import export
 from profiles.store import Store
 
@@ -42,6 +43,7 @@ def test_tree_topk_defaults_to_the_chain_only(tmp_path) -> None:
     ("2,1", ((2, 1),)),
     ([3, 1], ((3, 1),)),  # a list of integers is one shape
     (["1", "1,1", "2"], ((), (2,))),  # all ones is the chain, duplicates dropped
+    (["chain", "2x6/10", " 3 x 4 / 8 "], ((), DynamicTree(2, 6, 10), DynamicTree(3, 4, 8))),  # dynamic trees
 ])
 def test_tree_topk_values(tmp_path, value, shapes) -> None:
     assert parse(_raw(tmp_path, tree_topk=value), tmp_path).tree_shapes == shapes
@@ -50,12 +52,17 @@ def test_tree_topk_values(tmp_path, value, shapes) -> None:
 @pytest.mark.parametrize("search, message", [
     ({"tree_topk": "2,x"}, r"^search.tree_topk: '2,x' is not 'chain' or a per-depth top-k list"),
     ({"tree_topk": ["chain", "0,1"]}, r"^search.tree_topk: '0,1' is not 'chain'"),
-    ({"tree_topk": []}, r"^search.tree_topk: must be 'chain', a shape like '2,1,1' or a non-empty list"),
+    ({"tree_topk": []}, r"^search.tree_topk: must be 'chain', a shape like '2,1,1', a dynamic tree like '2x6/10' or a "
+                          r"non-empty list"),
     ({"tree_topk": {"a": 1}}, r"^search.tree_topk: \{'a': 1\} is not 'chain'"),
     ({"tree_topk": "16,16"}, r"^search.tree_topk: '16,16': \[16, 16\] has 272 nodes \(at most 256\)"),
     ({"tree_topk": "2,1", "drafter": ["ngram"]}, r"^search.tree_topk: a tree needs the 'model' drafter"),
     ({"tree_topk": "2,1,1,1,1,1,1,1,1"}, r"^search.tree_topk: '2,1,1,1,1,1,1,1,1' has depth 9 > profile.gamma_max 8"),
     ({"drafter": ["hybrid"]}, r"^search.drafter: 'hybrid' drafts with the draft model too; list 'model' with it"),
+    ({"tree_topk": "1x4/3"}, r"^search.tree_topk: '1x4/3': a dynamic tree needs top-k >= 2 \(got 1\)"),
+    ({"tree_topk": "2x3/11"}, r"^search.tree_topk: '2x3/11': must be in 1..10 for top-k 2 and depth 3 \(got 11\)"),
+    ({"tree_topk": "2x/4"}, r"^search.tree_topk: '2x/4': '2x/4' is not a dynamic tree 'KxD/N'"),
+    ({"tree_topk": "2x9/10"}, r"^search.tree_topk: '2x9/10' has depth 9 > profile.gamma_max 8"),
 ])
 def test_bad_tree_values_are_one_line_config_errors(tmp_path, search, message) -> None:
     with pytest.raises(ConfigError, match=message) as info:
@@ -282,6 +289,26 @@ def test_a_chosen_tree_is_stored_and_exported(tune_config, monkeypatch, tmp_path
     meta = json.loads(Path(cfg.export_dir, "vllm-speculative-config.json.meta.json").read_text())
     assert any("token tree 2,1" in n and "best measured chain" in n for n in meta["notes"])
     assert "token tree 2,1" in export(profile, "trtllm").text.replace("\n#   ", " ")
+
+
+def test_real_study_searches_dynamic_trees_and_exports_them_to_sglang(tune_config) -> None:
+    """A dynamic tree is a value of search.tree_topk: its trials run the engine's dynamic tree; when
+    chosen, SGLang gets its exact flags (its tree is EAGLE-2's selection) and the cost model predicts
+    nothing for it (its shape follows the draft's confidence)."""
+    cfg = tune_config(search={"tree_topk": ["chain", "2x2/4"], "confidence_threshold": 0.0,
+                              "gamma": {"low": 0, "high": 2}},
+                      budget={"n_trials": 5, "repeats": 1, "remeasure_top": 1})
+    profile = run_tune(cfg, say=lambda s: None)
+    assert profile["study"]["space"]["tree_topk"] == ["chain", "2x2/4"]
+    dyn = [t for t in profile["trials"] if t["params"].get("tree_topk") == "2x2/4"]
+    assert dyn and all(t["params"]["gamma"] == 2 and t["tokens_per_second"] > 0 for t in dyn)  # ran: measured
+    assert study_mod.spec_config(dyn[0]["params"]).tree == DynamicTree(2, 2, 4)
+    chosen = dict(profile["chosen"], tree_topk="2x2/4", gamma=2)
+    flags = export({**profile, "chosen": chosen}, "sglang").text
+    assert "--speculative-num-steps 2" in flags and "--speculative-eagle-topk 2" in flags
+    assert "--speculative-num-draft-tokens 5" in flags
+    if profile["chosen"]["tree_topk"] == "2x2/4":
+        assert profile["predicted_vs_measured"] == []
 
 
 def test_runner_passes_the_tree_to_the_engine(monkeypatch) -> None:

@@ -44,6 +44,17 @@ def test_warm_up_with_trees_leaves_nothing_to_compile(model_factory, perturb, pr
     assert compiled_frames() == before
 
 
+def test_warm_up_with_a_dynamic_tree_leaves_nothing_to_compile(model_factory, perturb, prompts):
+    """A dynamic tree feeds the tree graph top-k nodes per draft forward and its nodes + 1 to verify:
+    warmed by its per-depth top-k, as autotune passes it (SpecConfig.for_tree(tree).tree_topk)."""
+    pair = pair_of(model_factory, perturb, 35, vocab=44)
+    dynamic = SpecConfig(gamma=3, tree_topk=(2, 2, 2), tree_nodes=5, tree_sampling="topk")
+    pair.compile_decode(trees=[dynamic.tree_topk])
+    before = compiled_frames()
+    runs(pair, prompts[:3], CHAINS + [dynamic])
+    assert compiled_frames() == before
+
+
 def test_the_warm_up_compiles_only_the_widths_the_searched_trees_feed(model_factory, perturb, prompts):
     # the counter sees compiles: trees that start with top-k 2 never feed one node, so the warm-up
     # leaves that graph out, and a tree starting with top-k 1 compiles it on its first forward

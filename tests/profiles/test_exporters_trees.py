@@ -48,6 +48,25 @@ def test_sglang_caps_draft_tokens_at_the_trees_candidates(make_profile) -> None:
     assert flags["--speculative-num-draft-tokens"] == "11"  # 14 nodes, 2 + 2 * 4 = 10 candidates
 
 
+def test_sglang_exports_a_dynamic_tree_one_to_one(make_profile) -> None:
+    """SGLang's tree is EAGLE-2's selection: top-k, steps and verified nodes map directly (no cap, no reshaping)."""
+    out = export(make_profile(gamma=6, confidence_threshold=0.0, tree_topk="2x6/10", best_chain=dict(BEST_CHAIN)),
+                 "sglang")
+    flags = _flags(out.text)
+    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
+            flags["--speculative-num-draft-tokens"]) == ("6", "2", "11")
+    note = next(n for n in out.notes if "Token tree 2x6/10 (dynamic" in n)
+    assert "the engine measured this selection" in note and "not this exact static shape" not in note
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "trtllm", "llamacpp", "hf"])
+def test_chain_stacks_export_the_best_chain_for_a_dynamic_tree(fmt, make_profile, profile) -> None:
+    out = export(make_profile(gamma=6, confidence_threshold=0.0, tree_topk="2x6/10", best_chain=dict(BEST_CHAIN)), fmt)
+    assert any("token tree 2x6/10 (dynamic, EAGLE-2" in n and "best measured chain" in n for n in out.notes)
+    if fmt in ("vllm", "hf"):
+        assert out.text == export(profile, fmt).text
+
+
 @pytest.mark.parametrize("args, message", [
     ({"--speculative-eagle-topk": 2}, "with topk > 1 set --speculative-num-draft-tokens"),
     ({"--speculative-eagle-topk": 2, "--speculative-num-draft-tokens": 12}, "exceeds the tree's 10 candidate nodes"),
@@ -115,10 +134,13 @@ def test_hybrid_needs_the_draft_path(make_profile) -> None:
 
 
 @pytest.mark.parametrize("chosen, message", [
-    ({"drafter": "model", "gamma": 3, "tree_topk": "2,x,1"}, "'chosen.tree_topk' must be 'chain' or a per-depth"),
+    ({"drafter": "model", "gamma": 3, "tree_topk": "2,x,1"}, "'chosen.tree_topk' must be 'chain', a per-depth"),
     ({"drafter": "ngram", "gamma": 2, "tree_topk": "2,1", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
      "'chosen.tree_topk' '2,1' needs the 'model' drafter"),
     ({"drafter": "model", "gamma": 4, "tree_topk": "2,1"}, "has depth 2 but 'chosen.gamma' is 4"),
+    ({"drafter": "model", "gamma": 4, "tree_topk": "2x3/5"}, "has depth 3 but 'chosen.gamma' is 4"),
+    ({"drafter": "model", "gamma": 3, "tree_topk": "2x3/11"}, r"'2x3/11': a dynamic tree 'KxD/N' needs K >= 2"),
+    ({"drafter": "model", "gamma": 3, "tree_topk": "1x3/2"}, r"'1x3/2': a dynamic tree 'KxD/N' needs K >= 2"),
     ({"drafter": "model", "gamma": 2, "tree_topk": "2,1", "best_chain": {"gamma": 0}},
      "'chosen.best_chain.gamma' must be >= 1"),
 ])
