@@ -52,24 +52,31 @@ def test_tree_matches_autoregressive(pair, prompts, reference, make_requests, to
     assert 0.0 < out.metrics["acceptance_rate"] < 1.0  # both accept and reject paths ran
 
 
-@pytest.mark.parametrize("topk", [(3, 2, 1), (1, 3, 1, 2)], ids=lambda t: "-".join(map(str, t)))
+BATCHED = {"3-2-1": tree_config((3, 2, 1)), "1-3-1-2": tree_config((1, 3, 1, 2)), "dynamic-3x3-7": dynamic_config(3, 3, 7)}
+
+
+@pytest.mark.parametrize("name", BATCHED)
 @pytest.mark.parametrize("max_batch_size", [1, 2, 4])
-def test_tree_is_batch_invariant(pair, prompts, reference, topk, max_batch_size):
+def test_tree_is_batch_invariant(pair, prompts, reference, name, max_batch_size):
     """Fewer slots than requests, ragged budgets and an EOS: rows retire and others join mid-run."""
     eos = reference[3][8]
     budgets = [N_NEW, 4, 11, N_NEW, 1, 15]
     reqs = [Request(p, n, id=10 + i) for i, (p, n) in enumerate(zip(prompts, budgets, strict=True))]
     expected = [cut_at_eos(r[:n], eos) for r, n in zip(reference, budgets, strict=True)]
-    out = generate(pair, reqs, tree_config(topk), "model", max_batch_size=max_batch_size, eos_ids=(eos,))
+    out = generate(pair, reqs, BATCHED[name], "model", max_batch_size=max_batch_size, eos_ids=(eos,))
     assert out.tokens == expected
 
 
-@pytest.mark.parametrize("tree_sampling", ["topk", "iid"])
-def test_greedy_rows_next_to_sampled_rows(pair, prompts, reference, tree_sampling):
+MIXED = {"topk": tree_config((3, 2, 1), tree_sampling="topk"), "iid": tree_config((3, 2, 1), tree_sampling="iid"),
+         "dynamic-2x4-6": dynamic_config(2, 4, 6)}
+
+
+@pytest.mark.parametrize("name", MIXED)
+def test_greedy_rows_next_to_sampled_rows(pair, prompts, reference, name):
     """Even slots greedy, odd slots sampled (top-k, top-p): the greedy rows still match."""
     reqs = [Request(p, N_NEW, id=i) if i % 2 == 0 else Request(p, N_NEW, temperature=1.0, top_k=5, top_p=0.9, id=i)
             for i, p in enumerate(prompts)]
-    out = generate(pair, reqs, tree_config((3, 2, 1), tree_sampling=tree_sampling), "model", eos_ids=())
+    out = generate(pair, reqs, MIXED[name], "model", eos_ids=())
     assert [t for i, t in enumerate(out.tokens) if i % 2 == 0] == reference[::2]
     assert [len(t) for t in out.tokens] == [N_NEW] * len(prompts)
 
@@ -101,24 +108,6 @@ def test_dynamic_tree_matches_autoregressive(pair, prompts, reference, make_requ
     assert out.metrics["verify_tokens_per_row"] == 1 + spec[2]
 
 
-@pytest.mark.parametrize("max_batch_size", [1, 2, 4])
-def test_dynamic_tree_is_batch_invariant(pair, prompts, reference, max_batch_size):
-    eos = reference[3][8]
-    budgets = [N_NEW, 4, 11, N_NEW, 1, 15]
-    reqs = [Request(p, n, id=10 + i) for i, (p, n) in enumerate(zip(prompts, budgets, strict=True))]
-    expected = [cut_at_eos(r[:n], eos) for r, n in zip(reference, budgets, strict=True)]
-    out = generate(pair, reqs, dynamic_config(3, 3, 7), "model", max_batch_size=max_batch_size, eos_ids=(eos,))
-    assert out.tokens == expected
-
-
-def test_dynamic_tree_greedy_rows_next_to_sampled_rows(pair, prompts, reference):
-    reqs = [Request(p, N_NEW, id=i) if i % 2 == 0 else Request(p, N_NEW, temperature=1.0, top_k=5, top_p=0.9, id=i)
-            for i, p in enumerate(prompts)]
-    out = generate(pair, reqs, dynamic_config(2, 4, 6), "model", eos_ids=())
-    assert [t for i, t in enumerate(out.tokens) if i % 2 == 0] == reference[::2]
-    assert [len(t) for t in out.tokens] == [N_NEW] * len(prompts)
-
-
 def test_dynamic_tree_with_draft_equal_to_target_accepts_every_depth(target, prompts, reference, make_requests):
     """Depth 2, every candidate verified: the target's greedy path is always in the tree, so every
     step accepts both depths; the second step only does if the first compacted the draft's cache."""
@@ -130,17 +119,22 @@ def test_dynamic_tree_with_draft_equal_to_target_accepts_every_depth(target, pro
     assert out.steps == 2
 
 
+def prefilled_drafter(model, rows: int) -> tuple[ModelDrafter, torch.Tensor, torch.Tensor]:
+    """A drafter over ``model`` whose ``rows`` rows hold 6 random tokens, 5 of them in its cache
+    (the 6th pending): (drafter, token buffer (rows, 64), lengths)."""
+    drafter = ModelDrafter(model)
+    drafter.reset(rows, 64)
+    tokens = torch.zeros(rows, 64, dtype=torch.long)
+    tokens[:, :6] = torch.randint(1, 32, (rows, 6), generator=torch.Generator().manual_seed(0))
+    drafter.prefill(0, tokens[:, :5], torch.full((rows,), 5), 5)
+    return drafter, tokens, torch.full((rows,), 6)
+
+
 def test_dynamic_trees_differ_by_row_and_hold_the_best_scored_nodes(model_factory):
     """Rows with different prefixes get different tree structures; each verified set is the top
     ``nodes`` candidates by path score, closed under parents (recomputed by brute force here)."""
     flat = model_factory(seed=3, std=0.3)
-    drafter = ModelDrafter(flat)
-    drafter.reset(6, 64)
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.zeros(6, 64, dtype=torch.long)
-    tokens[:, :6] = torch.randint(1, 32, (6, 6), generator=gen)
-    drafter.prefill(0, tokens[:, :5], torch.full((6,), 5), 5)
-    length = torch.full((6,), 6)
+    drafter, tokens, length = prefilled_drafter(flat, 6)
     spec = dynamic_config(3, 3, 7).tree
     with torch.inference_mode():
         nodes, trees = drafter.propose_dynamic_tree(tokens, length, spec, 30)
@@ -195,13 +189,8 @@ def test_iid_children_are_separate_draws(model_factory):
     """i.i.d. children of one node are independent draft samples (a flat draft: mostly distinct
     tokens), not copies of one draw; top-k children are the draft's best tokens in order."""
     flat = model_factory(seed=3, std=0.02)  # near-uniform logits
-    drafter = ModelDrafter(flat)
-    drafter.reset(8, 64)
+    drafter, tokens, length = prefilled_drafter(flat, 8)
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.zeros(8, 64, dtype=torch.long)
-    tokens[:, :6] = torch.randint(1, 32, (8, 6), generator=gen)
-    drafter.prefill(0, tokens[:, :5], torch.full((8,), 5), 5)
-    length = torch.full((8,), 6)
     tree = TreeShape((4, 2)).tensors("cpu")
     sampling = BatchSampling(torch.ones(8))
     nodes, probs = drafter.propose_tree(tokens, length, tree, sampling, torch.ones(8, dtype=torch.bool), 20, gen)
@@ -247,27 +236,21 @@ def exact_joint(model, top_k: int, top_p: float) -> torch.Tensor:
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
-@pytest.mark.parametrize(("tree_sampling", "top_k", "top_p"), [("topk", 0, 1.0), ("iid", 4, 1.0), ("topk", 0, 0.8)])
-def test_first_three_tokens_have_the_target_joint(small_pair, chi2, tree_sampling, top_k, top_p):
-    """Token 1 comes from the prefill, tokens 2-3 from the first tree step (tree (3, 2))."""
-    reqs = [Request(PROMPT, 3, temperature=1.0, top_k=top_k, top_p=top_p, id=i) for i in range(N)]
-    config = tree_config((3, 2), tree_sampling=tree_sampling)
-    out = generate(small_pair, reqs, config, "model", max_batch_size=4096, seed=1, eos_ids=())
-    toks = torch.tensor(out.tokens)
-    codes = (toks[:, 0] * V + toks[:, 1]) * V + toks[:, 2]
-    joint = exact_joint(small_pair.target, top_k, top_p).flatten()
-    assert bool((joint[codes] > 0).all()), "a token outside the filtered support"
-    assert chi2(codes, joint) > P_OK
-    assert 0.2 < out.metrics["acceptance_rate"] < 0.95
-    assert chi2(codes, exact_joint(small_pair.draft, top_k, top_p).flatten()) < P_OK  # power
+JOINT_CASES = {  # name: (config, seed); the dynamic tree verifies 5 of its 3 + 9 candidates, chosen by draft score
+    "topk": (tree_config((3, 2), tree_sampling="topk"), 1),
+    "iid": (tree_config((3, 2), tree_sampling="iid"), 1),
+    "dynamic-3x2-5": (dynamic_config(3, 2, 5), 3),
+}
 
 
-@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (4, 1.0), (0, 0.8)])
-def test_dynamic_tree_first_three_tokens_have_the_target_joint(small_pair, chi2, top_k, top_p):
-    """Dynamic tree (top-3, depth 2, 5 of its 12 candidates verified): the tree depends on the
-    draft's scores, the acceptance is the deterministic top-k rule."""
+@pytest.mark.parametrize(("name", "top_k", "top_p"), [("topk", 0, 1.0), ("iid", 4, 1.0), ("topk", 0, 0.8),
+                                                      ("dynamic-3x2-5", 0, 1.0), ("dynamic-3x2-5", 4, 1.0),
+                                                      ("dynamic-3x2-5", 0, 0.8)])
+def test_first_three_tokens_have_the_target_joint(small_pair, chi2, name, top_k, top_p):
+    """Token 1 comes from the prefill, tokens 2-3 from the first tree step (depth 2)."""
+    config, seed = JOINT_CASES[name]
     reqs = [Request(PROMPT, 3, temperature=1.0, top_k=top_k, top_p=top_p, id=i) for i in range(N)]
-    out = generate(small_pair, reqs, dynamic_config(3, 2, 5), "model", max_batch_size=4096, seed=3, eos_ids=())
+    out = generate(small_pair, reqs, config, "model", max_batch_size=4096, seed=seed, eos_ids=())
     toks = torch.tensor(out.tokens)
     codes = (toks[:, 0] * V + toks[:, 1]) * V + toks[:, 2]
     joint = exact_joint(small_pair.target, top_k, top_p).flatten()
