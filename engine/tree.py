@@ -1,4 +1,5 @@
-"""Token trees: static shapes, the tree attention mask and exact tree acceptance (batched).
+"""Token trees: static shapes, dynamic (EAGLE-2) trees, the tree attention mask and exact tree
+acceptance (batched).
 
 A tree is verified in one target forward: row b feeds its pending token (the *root*, node 0)
 and the N drafted nodes, in breadth-first order, at cache slots ``base[b] + i`` (``base`` =
@@ -9,9 +10,12 @@ entries are copied from ``base + node`` to ``base + depth`` (compaction), so rol
 length reset. A chain is the tree with top-k 1 at every depth; the engine keeps chains on its
 chain path (engine.speculative) and only builds trees on request.
 
-Shapes are static: ``topk[d]`` children for every node of depth d (depth = gamma =
+Static shapes: ``topk[d]`` children for every node of depth d (depth = gamma =
 ``len(topk)``), e.g. ``(3, 2, 1, 1)`` has 3 + 6 + 6 + 6 = 21 nodes. The children of a node are
-contiguous and in the drafter's order (best first for top-k children).
+contiguous and in the drafter's order (best first for top-k children). Dynamic trees
+(:class:`DynamicTree`) give each row its own structure every step, chosen by the draft's
+scores; :class:`RowTrees` holds per-row structures (a static shape is the repeated case) and
+the attention and acceptance below take them.
 
 Acceptance (one row; p(. | s) the target's processed distribution after prefix s, q the draft's)
 --------------------------------------------------------------------------------------------------
@@ -51,6 +55,15 @@ The next sibling is an independent fresh draw from q tried against the condition
 max(0, r - q) / Z, so by induction over siblings (recursive rejection sampling: SpecInfer's
 multi-step speculative sampling) the emitted token has law p. Duplicated tokens among
 siblings are harmless (a duplicate is simply tried again against the new residual).
+
+Dynamic trees. The argument above needs, at each node s reached, children that are distinct
+tokens fixed before the target's randomness is drawn and that depend on nothing the walk has
+revealed beyond s. A dynamic tree is a deterministic function of the committed prefix and the
+draft's logits (top-k children, selection by score), drawn before acceptance, so conditioning
+on the walk reaching s leaves s's children fixed; a node may have fewer children than another
+(or none: the walk then emits from the residual), which the sibling induction allows (k >= 0).
+So the deterministic rule is exact on dynamic trees; i.i.d. children are not used there (a
+selection that looks at sampled tokens would bias which children remain).
 
 References: Leviathan et al. 2023 (speculative sampling); Miao et al. 2024 (SpecInfer, token
 trees, multi-step speculative sampling); Chen et al. 2023; Li et al. 2024 (EAGLE-2 trees);

@@ -85,7 +85,9 @@ def reads_per_step(target, draft, prompts, config: SpecConfig, sync_free: bool, 
     SpecConfig(gamma=4),
     SpecConfig(gamma=4, confidence_threshold=0.3),
     SpecConfig(gamma=2, gamma_schedule="heuristic", max_gamma=6, confidence_threshold=0.2),
-], ids=["constant", "threshold", "heuristic+threshold"])
+    SpecConfig(gamma=3, tree_topk=(3, 2, 1)),
+    SpecConfig(gamma=3, tree_topk=(2, 2, 2), tree_nodes=6, tree_sampling="topk"),
+], ids=["constant", "threshold", "heuristic+threshold", "tree-3-2-1", "dynamic-2x3-6"])
 def test_sync_free_step_reads_the_device_exactly_once(target, draft, prompts, config, counted):
     per_step = reads_per_step(target, draft, prompts, config, sync_free=True, counted=counted)
     assert len(per_step) > 2  # several steps ran, with rows retiring between them
