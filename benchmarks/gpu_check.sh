@@ -12,11 +12,16 @@
 #      per-batch label and best gamma;
 #   3. benchmarks/load_sweep.py --device $DEVICE --dtype $DTYPE;
 #   4. benchmarks/gpu_compiled.py: eager vs compiled vs CUDA-graph decode for the demo pair and a
-#      ~1B Llama-shaped random target with a ~100M draft, against the HBM roofline.
+#      ~1B Llama-shaped random target with a ~100M draft, against the HBM roofline;
+#   5. benchmarks/trees.py (eager engine, greedy, B = 1 and 8): chains vs static vs dynamic (EAGLE-2)
+#      token trees where verify width is nearly free, and the min-of-k verify cost per width.
+#
+# STEPS (default "1 2 3 4 5") picks steps, so one device call can stay under its time limit.
 #
 # Everything goes to benchmarks/results/gpu/ (gpu_check.log holds the whole console) and is
 # copied to $OUT/gpu when $OUT is set. A failing step is logged and the next one still runs; the
-# exit code is 1 when any step failed. Step timeouts (120 + 200 + 150 + 240 s) keep it under ~12 minutes.
+# exit code is 1 when any step failed. Step timeouts (120 + 200 + 150 + 240 + 150 s): ~14.5 minutes at
+# most for all five; e.g. STEPS="1 4 5" fits a 10-minute call.
 #
 # Usage: bash benchmarks/gpu_check.sh
 # Environment (all optional): PYTHON (python3), DTYPE (bfloat16), DEVICE (cuda), WHEELS (./wheels),
@@ -36,6 +41,8 @@ DRAFT="${DRAFT:-$ROOT/engine/demo/pair/draft}"
 PROMPTS="${PROMPTS:-$ROOT/engine/demo/prompts.jsonl}"
 PROFILE_CONCURRENCY="${PROFILE_CONCURRENCY:-1,8,32}"
 INSTALL="${INSTALL:-1}"
+STEPS=" ${STEPS:-1 2 3 4 5} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
 read -r -a EXTRA <<< "${BENCH_FLAGS:-}"
 read -r -a SWEEP <<< "${SWEEP_FLAGS:-}"
 RES="$ROOT/benchmarks/results/gpu"
@@ -137,12 +144,15 @@ main() {
   fi
 
   # ---------------------------------------------------------------- 1. output contract on the device
-  log "1/4 greedy equivalence (fp32 and bf16, gamma 4, B = 1 and 8)"
+  if want 1; then
+  log "1/5 greedy equivalence (fp32 and bf16, gamma 4, B = 1 and 8)"
   timeout -k 10 120 "$PY" benchmarks/gpu_equivalence.py "${PAIR_FLAGS[@]}" --dtypes float32,bfloat16 \
     --batch-sizes 1,8 --gamma 4 ${EXTRA[@]+"${EXTRA[@]}"} || step_failed "gpu_equivalence (rc $?)"
+  fi
 
   # ---------------------------------------------------------------- 2. profile
-  log "2/4 autotune profile ($DTYPE, concurrency $PROFILE_CONCURRENCY)"
+  if want 2; then
+  log "2/5 autotune profile ($DTYPE, concurrency $PROFILE_CONCURRENCY)"
   "$PY" -c "$TUNE_YAML_PY" "$ROOT/tune.yaml" "$RES/tune.yaml" "$RES" || step_failed "writing tune.yaml"
   if timeout -k 10 200 "$PY" -c 'from autotune.cli import main; main(prog_name="autotune")' \
        profile --config "$RES/tune.yaml" --json > "$RES/profile.json" 2> "$RES/profile.stderr"; then
@@ -151,17 +161,31 @@ main() {
     step_failed "autotune profile (see $RES/profile.stderr)"
     tail -n 5 "$RES/profile.stderr"
   fi
+  fi
 
   # ---------------------------------------------------------------- 3. load sweep
-  log "3/4 load sweep ($DTYPE)"
+  if want 3; then
+  log "3/5 load sweep ($DTYPE)"
   timeout -k 10 150 "$PY" benchmarks/load_sweep.py "${PAIR_FLAGS[@]}" --dtype "$DTYPE" ${EXTRA[@]+"${EXTRA[@]}"} \
     ${SWEEP[@]+"${SWEEP[@]}"} \
     || step_failed "load_sweep (rc $?)"
+  fi
 
   # ---------------------------------------------------------------- 4. compiled decode vs roofline
-  log "4/4 eager vs compiled vs graphs decode ($DTYPE)"
+  if want 4; then
+  log "4/5 eager vs compiled vs graphs decode ($DTYPE)"
   timeout -k 10 240 "$PY" benchmarks/gpu_compiled.py --device "$DEVICE" --dtype "$DTYPE" --out-dir "$RES" \
     || step_failed "gpu_compiled (rc $?)"
+  fi
+
+  # ---------------------------------------------------------------- 5. token trees where width is cheap
+  if want 5; then
+  log "5/5 chains vs static vs dynamic trees ($DTYPE, eager engine, greedy, B = 1 and 8)"
+  timeout -k 10 150 "$PY" benchmarks/trees.py "${PAIR_FLAGS[@]}" --dtype "$DTYPE" --engine eager --modes greedy \
+    --batch-sizes 1,8 --repeats 2 --num-prompts 6 --max-new-tokens 40 --gammas 4,6 --trees "2,1,1,1;2,2,1,1" \
+    --dynamic "2x6/10;4x6/24;8x6/48" --hybrid-gammas 4 --cost-repeats 5 ${EXTRA[@]+"${EXTRA[@]}"} \
+    || step_failed "trees (rc $?)"
+  fi
 
   log "done in $((SECONDS - T0)) s; results in $RES${OUT:+ and $OUT/gpu}"
   if [ ${#FAILED[@]} -gt 0 ]; then

@@ -91,10 +91,14 @@ def configs(gammas: list[int], trees: list[tuple[int, ...]], hybrid_gammas: list
 
 
 def _min_ms(fn, repeats: int) -> float:
+    """Least of ``repeats`` wall times of ``fn`` in ms (on a GPU: waiting for its kernels each time)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     best = float("inf")
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 1e3 * best
 
@@ -110,10 +114,11 @@ def min_costs(pair, spec: SpecConfig, batch: int, context: int, repeats: int) ->
     over ``repeats`` is the least disturbed timing a shared host gives.
     """
     target, draft = pair.target, pair.draft
+    dev = target.lm_head.weight.device
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
-    zero = torch.zeros(batch, dtype=torch.long)
-    base = torch.full((batch,), context, dtype=torch.long)
+    zero = torch.zeros(batch, dtype=torch.long, device=dev)
+    base = torch.full((batch,), context, dtype=torch.long, device=dev)
     shape = spec.tree
     width = 1 + (shape.n_nodes if shape is not None else spec.gamma)
     kv = context + width + 2
@@ -121,22 +126,23 @@ def min_costs(pair, spec: SpecConfig, batch: int, context: int, repeats: int) ->
     with torch.inference_mode():
         for model in (target, draft):
             cache = model.new_cache(batch, kv)
-            model(torch.randint(1, vocab, (batch, context), generator=gen), cache=cache, start=zero, kv_len=context)
+            model(torch.randint(1, vocab, (batch, context), generator=gen).to(dev), cache=cache, start=zero,
+                  kv_len=context)
             caches.append(cache)
-        x = torch.randint(1, vocab, (batch, width), generator=gen)
+        x = torch.randint(1, vocab, (batch, width), generator=gen).to(dev)
         if shape is None:
             verify = _min_ms(lambda: target.decode(x, caches[0], base, kv), repeats)
             one = _min_ms(lambda: draft.decode(x[:, :1], caches[1], base, kv), repeats) if spec.gamma else 0.0
             return width, verify, one * spec.gamma
         if isinstance(shape, DynamicTree):
-            flat = TreeShape((width - 1,)).tensors("cpu")
+            flat = TreeShape((width - 1,)).tensors(dev)
             verify = _min_ms(lambda: target.decode(x, caches[0], base, kv, flat.attention(base, 0, width, kv)), repeats)
-            level = TreeShape((shape.topk,)).tensors("cpu")
+            level = TreeShape((shape.topk,)).tensors(dev)
             drafting = _min_ms(lambda: draft.decode(x[:, :1], caches[1], base, kv), repeats)
             drafting += (shape.depth - 1) * _min_ms(lambda: draft.decode(
                 x[:, 1:1 + shape.topk], caches[1], base + 1, kv, level.attention(base, 1, shape.topk, kv)), repeats)
             return width, verify, drafting
-        tree = shape.tensors("cpu")
+        tree = shape.tensors(dev)
         verify = _min_ms(lambda: target.decode(x, caches[0], base, kv, tree.attention(base, 0, width, kv)), repeats)
         drafting = 0.0
         for d in range(shape.depth):
