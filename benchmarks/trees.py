@@ -23,7 +23,11 @@ then, per (B, mode), the best chain, tree and hybrid by median x AR, and the tre
 configuration's forwards (min over ``--cost-repeats`` timings of one verify forward and of one
 step's draft forwards, on a random context) and the throughput they imply with the measured
 mean accepted length, B x E / (draft + verify): a noise-robust view that leaves out the engine's
-own per-step work.
+own per-step work. Last, per batch size, where trees pay against the profiler's label: the
+label from this run's least-disturbed T_verify(B, 9) / T_verify(B, 1) by the profiler's rule
+(``autotune.classify.label``), whether the best tree or dynamic tree beat the best chain
+(greedy, paired: in every round, in none, or within noise), and whether the label said so
+(memory-bound: trees pay; otherwise not).
 Ratios come from runs of one invocation on one (noisy, shared) host; read them as such.
 ``--engine compiled`` (the default, what ``autotune tune`` runs) puts chains and trees alike
 through the compiled forward, warmed before any timing.
@@ -43,6 +47,7 @@ import time
 import _common
 import torch
 
+from autotune import classify
 from autotune.runner import LoadSpec, run_load
 from engine.errors import EngineInputError
 from engine.speculative import SpecConfig
@@ -52,6 +57,7 @@ NAME = "trees"
 TEMPERATURE = {"greedy": 0.0, "t1": 1.0}
 DEFAULT_TREES = "2,1,1,1;2,2,1,1;2,1,1,1,1;2,2,1,1,1;3,2,1,1,1"
 DEFAULT_DYNAMIC = "2x5/7;2x6/8;2x7/10;3x6/10"
+LABEL_GAMMA = 8  # the profiler's default profile.gamma_max: its label compares verifying 9 tokens with 1
 HEADERS = ["B", "mode", "config", "nodes", "mean accepted length", "verify ms", "draft ms/step", "tokens/s",
            "x AR", "greedy_match"]
 SUMMARY_HEADERS = ["B", "mode", "AR tok/s", "best chain", "chain tok/s", "best tree", "tree tok/s",
@@ -239,19 +245,23 @@ def main() -> None:
             if ch is None or (tr is None and dy is None):
                 continue
 
-            def paired(cell, ch=ch):
-                return statistics.median(t["tokens_per_second"] / c["tokens_per_second"]
-                                         for t, c in zip(cell["runs"], ch["runs"], strict=True)) if cell else None
+            def rounds(cell, ch=ch):  # same-round ratios to the best chain
+                return [t["tokens_per_second"] / c["tokens_per_second"]
+                        for t, c in zip(cell["runs"], ch["runs"], strict=True)] if cell else None
+
+            def paired(cell):
+                return statistics.median(rounds(cell)) if cell else None
 
             s = {"batch_size": b, "mode": mode, "ar_tokens_per_second": ar["tokens_per_second"],
                  "best_chain": ch["config"], "chain_tokens_per_second": ch["tokens_per_second"],
                  "best_tree": tr["config"] if tr else None,
                  "tree_tokens_per_second": tr["tokens_per_second"] if tr else None,
                  "chain_x_ar": ch["x_ar"], "tree_x_ar": tr["x_ar"] if tr else None,
-                 "tree_over_chain_paired": paired(tr),
+                 "tree_over_chain_paired": paired(tr), "tree_over_chain_rounds": rounds(tr),
                  "best_dynamic": dy["config"] if dy else None,
                  "dynamic_tokens_per_second": dy["tokens_per_second"] if dy else None,
                  "dynamic_x_ar": dy["x_ar"] if dy else None, "dynamic_over_chain_paired": paired(dy),
+                 "dynamic_over_chain_rounds": rounds(dy),
                  "best_hybrid": hy["config"] if hy else None, "hybrid_x_ar": hy["x_ar"] if hy else None}
             summary.append(s)
             srows.append(tuple("-" if v is None else v for v in (
@@ -291,7 +301,41 @@ def main() -> None:
                         "throughput they imply with the measured mean accepted length",
                         ["B", "config", "verify width", "verify ms (min)", "draft ms/step (min)",
                          *(h for m in modes for h in (f"modelled tok/s {m}", f"x best chain {m}"))], crows)
-    _common.write_json(bench, {"cells": cells, "summary": summary, "min_costs": costs})
+    pays = where_trees_pay(pair, args.batch_sizes, summary, context, args.cost_repeats)
+    _common.print_table(f"where trees pay vs the profiler's label (verify cost = T_verify(B, {LABEL_GAMMA}+1) / "
+                        f"T_verify(B, 1), min of {args.cost_repeats}; autotune.classify.label)",
+                        ["B", "verify cost", "label", "best tree or dynamic / best chain (greedy, paired median)",
+                         "trees pay", "label agrees"],
+                        [(r["batch_size"], r["verify_cost"], r["label"], r["best_tree_over_chain"], r["trees_pay"],
+                          r["label_agrees"]) for r in pays])
+    _common.write_json(bench, {"cells": cells, "summary": summary, "min_costs": costs, "where_trees_pay": pays})
+
+
+def where_trees_pay(pair, batch_sizes: list[int], summary: list[dict], context: int, repeats: int) -> list[dict]:
+    """Per batch size: the profiler's label from this run's least-disturbed verify costs (the
+    profiler's rule: ``autotune.classify.label`` at gamma :data:`LABEL_GAMMA`), whether the best tree
+    (static or dynamic) beat the best chain (greedy: "yes" when the paired ratio is above 1 in every
+    round, "no" when below in every round, else "within noise"), and whether the label predicted
+    it: trees pay where verifying more tokens is nearly free (memory-bound), not elsewhere."""
+    out = []
+    for b in batch_sizes:
+        one = min_costs(pair, SpecConfig(gamma=0), b, context, repeats)[1]
+        wide = min_costs(pair, SpecConfig(gamma=LABEL_GAMMA), b, context, repeats)[1]
+        cost = wide / one
+        label = classify.label(cost, LABEL_GAMMA)
+        s = next((x for x in summary if x["batch_size"] == b and x["mode"] == "greedy"), None)
+        both = [] if s is None else [s[f"{k}_over_chain_rounds"] for k in ("tree", "dynamic")
+                                     if s[f"{k}_over_chain_rounds"]]
+        best = max(both, key=statistics.median, default=None)  # the better of the best tree and best dynamic
+        if best is None:
+            pay = None
+        else:  # every round beyond 1, every round below, or the rounds straddle 1: noise decides nothing
+            pay = "yes" if min(best) > 1.0 else "no" if max(best) < 1.0 else "within noise"
+        agrees = None if pay in (None, "within noise") else (pay == "yes") == (label == "memory-bound")
+        out.append({"batch_size": b, "verify_cost": cost, "label": label,
+                    "best_tree_over_chain": statistics.median(best) if best else None,
+                    "best_tree_over_chain_rounds": best, "trees_pay": pay, "label_agrees": agrees})
+    return out
 
 
 if __name__ == "__main__":
