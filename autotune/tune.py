@@ -27,7 +27,7 @@ from autotune import context as ctx_mod
 from autotune import hostnoise
 from autotune import study as study_mod
 from autotune.backends import open_backend
-from autotune.config import TuneConfig
+from autotune.config import TuneConfig, tree_name
 from autotune.costmodel import predict, predict_tree, tree_rank_samples
 from autotune.errors import BusyHostError, ConfigError
 from autotune.records import Measurement
@@ -93,6 +93,9 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
     ``profile["host_noise"]``; with ``strict`` a busy host raises :class:`BusyHostError` and no
     profile is stored. See docs/architecture.md (data flow of ``autotune tune``).
     """
+    if cfg.backend != "engine" and cfg.trees_searched:  # a tree trial would run there as a chain of its depth
+        raise ConfigError(f"search.tree_topk: the {cfg.backend} backend runs chains only (no token trees); list "
+                          f"only 'chain' with it (got {[tree_name(t) for t in cfg.tree_shapes]})")
     ctx = ctx_mod.build(cfg)
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
     say(ctx.compile_note)

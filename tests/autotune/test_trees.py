@@ -87,6 +87,27 @@ def test_bad_tree_value_exits_2_via_the_cli(tmp_path) -> None:
     assert "search.tree_topk: '2,x'" in result.output
 
 
+@pytest.mark.parametrize("backend", ["vllm", "llamacpp"])
+def test_trees_with_a_serving_stack_backend_exit_2_before_anything_runs(tmp_path, monkeypatch, backend) -> None:
+    """A stack backend runs chains only: a tree trial would run there as a chain of the tree's depth
+    under the tree's name. Refused in one line, from tune.yaml or --backend, before loading anything."""
+    from click.testing import CliRunner
+
+    import autotune.context as ctx_mod
+    from autotune.cli import main
+
+    monkeypatch.setattr(ctx_mod, "build", lambda cfg: pytest.fail("loaded models before refusing"))
+    path = tmp_path / "tune.yaml"
+    path.write_text(json.dumps(_raw(tmp_path, tree_topk=["chain", "2x3/4"])))
+    result = CliRunner().invoke(main, ["tune", "--config", str(path), "--backend", backend])
+    assert result.exit_code == 2, result.output
+    assert f"search.tree_topk: the {backend} backend runs chains only (no token trees)" in result.output
+    assert "['chain', '2x3/4']" in result.output and "Traceback" not in result.output
+    path.write_text(json.dumps(_raw(tmp_path, tree_topk=["chain"])))  # the chain alone is what stacks take
+    monkeypatch.setattr(ctx_mod, "build", lambda cfg: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert CliRunner().invoke(main, ["tune", "--config", str(path), "--backend", backend]).exit_code == 130
+
+
 # --- the space -----------------------------------------------------------------------------------
 
 CFG = TuneConfig(target=Path("t"), draft=None, device="cpu", concurrency=(1, 2), gamma=Range(0, 4),
