@@ -93,9 +93,7 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
     ``profile["host_noise"]``; with ``strict`` a busy host raises :class:`BusyHostError` and no
     profile is stored. See docs/architecture.md (data flow of ``autotune tune``).
     """
-    if cfg.backend != "engine" and cfg.trees_searched:  # a tree trial would run there as a chain of its depth
-        raise ConfigError(f"search.tree_topk: the {cfg.backend} backend runs chains only (no token trees); list "
-                          f"only 'chain' with it (got {[tree_name(t) for t in cfg.tree_shapes]})")
+    _check_backend_knobs(cfg)
     ctx = ctx_mod.build(cfg)
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
     say(ctx.compile_note)
@@ -120,6 +118,20 @@ def run_tune(cfg: TuneConfig, resume: bool = False, reprofile: bool = False, say
         torch.set_num_threads(threads)
         if ctx.backend is not None:
             ctx.backend.close()
+
+
+def _check_backend_knobs(cfg: TuneConfig) -> None:
+    """A serving-stack backend runs chains of the model, ngram or no drafter: a token tree trial would
+    run there as a chain of the tree's depth, a hybrid one as an n-gram without its window, each under
+    its own name. Refused in one line before anything loads."""
+    if cfg.backend == "engine":
+        return
+    if cfg.trees_searched:
+        raise ConfigError(f"search.tree_topk: the {cfg.backend} backend runs chains only (no token trees); list "
+                          f"only 'chain' with it (got {[tree_name(t) for t in cfg.tree_shapes]})")
+    if "hybrid" in cfg.drafters:
+        raise ConfigError(f"search.drafter: the {cfg.backend} backend has no 'hybrid' drafter (no per-row switch "
+                          f"between n-grams and the draft model); drop it (got {list(cfg.drafters)})")
 
 
 def _size_threads(ctx: ctx_mod.Context, noise: dict, say: Say) -> None:

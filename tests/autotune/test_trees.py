@@ -88,9 +88,11 @@ def test_bad_tree_value_exits_2_via_the_cli(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["vllm", "llamacpp"])
-def test_trees_with_a_serving_stack_backend_exit_2_before_anything_runs(tmp_path, monkeypatch, backend) -> None:
-    """A stack backend runs chains only: a tree trial would run there as a chain of the tree's depth
-    under the tree's name. Refused in one line, from tune.yaml or --backend, before loading anything."""
+def test_trees_and_hybrid_with_a_serving_stack_backend_exit_2_before_anything_runs(tmp_path, monkeypatch,
+                                                                                   backend) -> None:
+    """A stack backend runs chains of the model / n-gram / no drafter: a tree trial would run there as
+    a chain of the tree's depth, a hybrid one as an n-gram without its window, under their own names.
+    Refused in one line, from tune.yaml or --backend, before loading anything."""
     from click.testing import CliRunner
 
     import autotune.context as ctx_mod
@@ -103,7 +105,11 @@ def test_trees_with_a_serving_stack_backend_exit_2_before_anything_runs(tmp_path
     assert result.exit_code == 2, result.output
     assert f"search.tree_topk: the {backend} backend runs chains only (no token trees)" in result.output
     assert "['chain', '2x3/4']" in result.output and "Traceback" not in result.output
-    path.write_text(json.dumps(_raw(tmp_path, tree_topk=["chain"])))  # the chain alone is what stacks take
+    path.write_text(json.dumps(_raw(tmp_path, drafter=["model", "hybrid"])))  # hybrid: an n-gram trial there
+    result = CliRunner().invoke(main, ["tune", "--config", str(path), "--backend", backend])
+    assert result.exit_code == 2, result.output
+    assert f"search.drafter: the {backend} backend has no 'hybrid' drafter" in result.output
+    path.write_text(json.dumps(_raw(tmp_path, tree_topk=["chain"], drafter=["model", "ngram"])))  # what stacks take
     monkeypatch.setattr(ctx_mod, "build", lambda cfg: (_ for _ in ()).throw(KeyboardInterrupt))
     assert CliRunner().invoke(main, ["tune", "--config", str(path), "--backend", backend]).exit_code == 130
 
