@@ -318,10 +318,8 @@ def test_a_chosen_tree_is_stored_and_exported(tune_config, monkeypatch, tmp_path
     assert "token tree 2,1" in export(profile, "trtllm").text.replace("\n#   ", " ")
 
 
-def test_real_study_searches_dynamic_trees_and_exports_them_to_sglang(tune_config) -> None:
-    """A dynamic tree is a value of search.tree_topk: its trials run the engine's dynamic tree; when
-    chosen, SGLang gets its exact flags (its tree is EAGLE-2's selection) and the cost model predicts
-    nothing for it (its shape follows the draft's confidence)."""
+def test_real_study_searches_dynamic_trees(tune_config) -> None:
+    """A dynamic tree is a value of search.tree_topk: its trials run the engine's dynamic tree."""
     cfg = tune_config(search={"tree_topk": ["chain", "2x2/4"], "confidence_threshold": 0.0,
                               "gamma": {"low": 0, "high": 2}},
                       budget={"n_trials": 5, "repeats": 1, "remeasure_top": 1})
@@ -330,12 +328,20 @@ def test_real_study_searches_dynamic_trees_and_exports_them_to_sglang(tune_confi
     dyn = [t for t in profile["trials"] if t["params"].get("tree_topk") == "2x2/4"]
     assert dyn and all(t["params"]["gamma"] == 2 and t["tokens_per_second"] > 0 for t in dyn)  # ran: measured
     assert study_mod.spec_config(dyn[0]["params"]).tree == DynamicTree(2, 2, 4)
-    chosen = dict(profile["chosen"], tree_topk="2x2/4", gamma=2)
-    flags = export({**profile, "chosen": chosen}, "sglang").text
-    assert "--speculative-num-steps 2" in flags and "--speculative-eagle-topk 2" in flags
-    assert "--speculative-num-draft-tokens 5" in flags
-    if profile["chosen"]["tree_topk"] == "2x2/4":
-        assert profile["predicted_vs_measured"] == []
+
+
+def test_a_chosen_dynamic_tree_is_stored_exported_and_not_predicted(tune_config, monkeypatch) -> None:
+    """The dynamic tree wins (deterministic stand-in): stored by name, exported to SGLang one to one,
+    no cost-model prediction beside it."""
+    monkeypatch.setattr(study_mod, "evaluate", _tree_wins)
+    cfg = tune_config(search={"tree_topk": ["chain", "2x2/4"]}, budget={"n_trials": 6, "repeats": 3},
+                      export={"formats": ["sglang", "vllm"]})
+    profile = run_tune(cfg, say=lambda s: None)
+    assert profile["chosen"]["tree_topk"] == "2x2/4" and profile["chosen"]["gamma"] == 2
+    assert profile["predicted_vs_measured"] == []
+    sglang = Path(cfg.export_dir, "sglang-args.sh").read_text()
+    assert "--speculative-num-steps 2" in sglang and "--speculative-eagle-topk 2" in sglang
+    assert "--speculative-num-draft-tokens 5" in sglang
 
 
 def test_runner_passes_the_tree_to_the_engine(monkeypatch) -> None:
