@@ -64,12 +64,18 @@ def label_with_evidence(cost: float, low: float, high: float, gamma: int) -> dic
     """
     ends = [label(low, gamma), label(high, gamma)]
     separable = ends[0] == ends[1]
-    return {"label": ends[0] if separable else "transitional", "separable": separable, "label_range": ends,
-            "point_label": label(cost, gamma), "verify_cost_ci95": [low, high]}
+    return {
+        "label": ends[0] if separable else "transitional",
+        "separable": separable,
+        "label_range": ends,
+        "point_label": label(cost, gamma),
+        "verify_cost_ci95": [low, high],
+    }
 
 
-def knee_interval(knee_samples: Mapping[int, Sequence[float]], n_boot: int = 400, seed: int = 0,
-                  factor: float = KNEE_FACTOR) -> list[int | None]:
+def knee_interval(
+    knee_samples: Mapping[int, Sequence[float]], n_boot: int = 400, seed: int = 0, factor: float = KNEE_FACTOR
+) -> list[int | None]:
     """Seeded bootstrap 95% interval of the knee n* (None at an end: the curve did not bend there).
 
     Example:
@@ -81,7 +87,9 @@ def knee_interval(knee_samples: Mapping[int, Sequence[float]], n_boot: int = 400
     never = 2 * int(ns[-1])
     values = []
     for _ in range(n_boot):
-        curve = {int(n): statistics.median([rng.choice(knee_samples[n]) for _ in knee_samples[n]]) for n in ns}
+        curve = {
+            int(n): statistics.median([rng.choice(knee_samples[n]) for _ in knee_samples[n]]) for n in ns
+        }
         values.append(knee(curve, factor) or never)
     values.sort()
     lo, hi = values[int(0.025 * (n_boot - 1))], values[math.ceil(0.975 * (n_boot - 1))]
@@ -121,13 +129,18 @@ def classify(
         }
         one, full = cost_samples.get(batch, ((), ()))
         if len(one) >= 2 and len(full) >= 2:
-            low, high = bootstrap_interval([one, full], lambda a, b: statistics.median(b) / statistics.median(a),
-                                           seed=seed + batch)
+            low, high = bootstrap_interval(
+                [one, full], lambda a, b: statistics.median(b) / statistics.median(a), seed=seed + batch
+            )
             row.update(label_with_evidence(cost, low, high, gamma_max))
         rows.append(row)
     memory_bound = [r["batch_size"] for r in rows if r["label"] == "memory-bound"]
-    out = {"knee_tokens": n_star, "gamma_max": gamma_max, "batch_sizes": rows,
-           "memory_bound_batch_sizes": memory_bound}
+    out = {
+        "knee_tokens": n_star,
+        "gamma_max": gamma_max,
+        "batch_sizes": rows,
+        "memory_bound_batch_sizes": memory_bound,
+    }
     if knee_samples and all(len(v) >= 2 for v in knee_samples.values()):
         out["knee_tokens_ci95"] = knee_interval(knee_samples, seed=seed)
     return out

@@ -91,7 +91,9 @@ class TuneConfig:
     gamma_policies: tuple[str, ...] = ("constant",)  # tune.yaml search.gamma_schedule
     max_batch_size: tuple[int, ...] = (4,)
     search_gamma_cap: int | str = "auto"  # tune.yaml search.gamma_cap; not the engine's largest row gamma
-    tree_shapes: tuple[tuple[int, ...] | DynamicTree, ...] = ((),)  # tune.yaml search.tree_topk; () = the chain
+    tree_shapes: tuple[tuple[int, ...] | DynamicTree, ...] = (
+        (),
+    )  # tune.yaml search.tree_topk; () = the chain
     ngram_min: int = 2
     ngram_max: int = 4
     latency: str = "tpot_ms_p95"
@@ -151,7 +153,9 @@ class _Section:
             raise ConfigError(f"{self.key(extra[0])}: unknown key")
 
     # typed getters ------------------------------------------------------------------
-    def int(self, name: str, default: int | None, lo: int | None = None, allow_none: bool = False) -> int | None:
+    def int(
+        self, name: str, default: int | None, lo: int | None = None, allow_none: bool = False
+    ) -> int | None:
         v = self.get(name, default)
         if v is None and allow_none:
             return None
@@ -161,8 +165,15 @@ class _Section:
             raise ConfigError(f"{self.key(name)}: must be >= {lo} (got {v})")
         return v
 
-    def num(self, name: str, default: float | None, lo: float | None = None, hi: float | None = None,
-            allow_none: bool = False, open_lo: bool = False) -> float | None:
+    def num(
+        self,
+        name: str,
+        default: float | None,
+        lo: float | None = None,
+        hi: float | None = None,
+        allow_none: bool = False,
+        open_lo: bool = False,
+    ) -> float | None:
         v = self.get(name, default)
         if v is None and allow_none:
             return None
@@ -184,7 +195,9 @@ class _Section:
         v = self.get(name, list(default))
         vals = [v] if isinstance(v, str) else v
         if not isinstance(vals, list) or not vals:
-            raise ConfigError(f"{self.key(name)}: must be one of {', '.join(choices)} or a non-empty list (got {v!r})")
+            raise ConfigError(
+                f"{self.key(name)}: must be one of {', '.join(choices)} or a non-empty list (got {v!r})"
+            )
         for x in vals:
             if x not in choices:
                 raise ConfigError(f"{self.key(name)}: {x!r} is not one of {', '.join(choices)}")
@@ -194,7 +207,9 @@ class _Section:
         v = self.get(name, list(default))
         vals = [v] if isinstance(v, int) and not isinstance(v, bool) else v
         if not isinstance(vals, list) or not vals:
-            raise ConfigError(f"{self.key(name)}: must be an integer or a non-empty list of integers (got {v!r})")
+            raise ConfigError(
+                f"{self.key(name)}: must be an integer or a non-empty list of integers (got {v!r})"
+            )
         for x in vals:
             if isinstance(x, bool) or not isinstance(x, int) or x < lo:
                 raise ConfigError(f"{self.key(name)}: every value must be an integer >= {lo} (got {x!r})")
@@ -207,7 +222,11 @@ class _Section:
             sub = _Section({"low": v, "high": v}, self.key(name))
         else:
             sub = _Section(v, self.key(name))
-        get = (lambda k: sub.int(k, None, lo=int(lo))) if integer else (lambda k: sub.num(k, None, lo=lo, hi=hi))
+        get = (
+            (lambda k: sub.int(k, None, lo=int(lo)))
+            if integer
+            else (lambda k: sub.num(k, None, lo=lo, hi=hi))
+        )
         if sub.raw.get("low") is None or sub.raw.get("high") is None:
             raise ConfigError(f"{self.key(name)}: must be {kind} or a mapping with low and high")
         low, high = get("low"), get("high")
@@ -218,8 +237,15 @@ class _Section:
             raise ConfigError(f"{self.key(name)}.high: must be >= {self.key(name)}.low (got {high} < {low})")
         return Range(low, high)
 
-    def path_(self, name: str, base: Path, default: Any = None, must_exist: bool = True,
-              allow_none: bool = False, demo: Path | None = None) -> Path | None:
+    def path_(
+        self,
+        name: str,
+        base: Path,
+        default: Any = None,
+        must_exist: bool = True,
+        allow_none: bool = False,
+        demo: Path | None = None,
+    ) -> Path | None:
         v = self.get(name, default)
         if v is None and allow_none:
             return None
@@ -284,11 +310,15 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
         raise ConfigError("models.draft: required when search.drafter includes 'model'")
     if "hybrid" in drafters and "model" not in drafters:
         # autotune.context loads the draft model only when 'model' is searched
-        raise ConfigError(f"search.drafter: 'hybrid' drafts with the draft model too; list 'model' with it "
-                          f"(got {list(drafters)!r})")
+        raise ConfigError(
+            f"search.drafter: 'hybrid' drafts with the draft model too; list 'model' with it "
+            f"(got {list(drafters)!r})"
+        )
     if any(trees) and "model" not in drafters:
-        raise ConfigError(f"search.tree_topk: a tree needs the 'model' drafter in search.drafter "
-                          f"(got drafter {list(drafters)!r})")
+        raise ConfigError(
+            f"search.tree_topk: a tree needs the 'model' drafter in search.drafter "
+            f"(got drafter {list(drafters)!r})"
+        )
 
     o = top.sub("objectives")
     latency = o.choice("latency", "tpot_ms_p95", LATENCIES)
@@ -316,7 +346,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
     if not isinstance(url, str) or "://" not in url:
         raise ConfigError(f"storage.url: must be an SQLAlchemy URL like sqlite:///autotune.db (got {url!r})")
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
-        url = "sqlite:///" + str((base / url[len("sqlite:///"):]).resolve())
+        url = "sqlite:///" + str((base / url[len("sqlite:///") :]).resolve())
     study = st.get("study_name")
     if study is not None and (not isinstance(study, str) or not study):
         raise ConfigError(f"storage.study_name: must be a non-empty string or null (got {study!r})")
@@ -343,18 +373,53 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
         raise ConfigError(f"profile.gamma_max: must be >= search.gamma.high (got {gmax} < {int(gamma.high)})")
     deep = next((t for t in trees if tree_depth(t) > gmax), None)
     if deep is not None:
-        raise ConfigError(f"search.tree_topk: {tree_name(deep)!r} has depth {tree_depth(deep)} > profile.gamma_max {gmax} "
-                          "(the profiler's acceptance samples stop there)")
+        raise ConfigError(
+            f"search.tree_topk: {tree_name(deep)!r} has depth {tree_depth(deep)} > profile.gamma_max {gmax} "
+            "(the profiler's acceptance samples stop there)"
+        )
     top.done()
     return TuneConfig(
-        target=target, draft=draft, device=device, dtype=dtype, compile=compile_mode, prompts=prompts, max_new_tokens=max_new,
-        temperature=temperature, top_k=top_k, top_p=top_p, concurrency=concurrency, rate=rate,
-        num_requests=num_requests, truncate_prompts=truncate, drafters=drafters,
-        gamma=Range(int(gamma.low), int(gamma.high)), confidence_threshold=thr, gamma_policies=schedules,
-        max_batch_size=max_batch, search_gamma_cap=cap, tree_shapes=trees, ngram_min=ngram_min, ngram_max=ngram_max, latency=latency,
-        slo=slo, n_trials=n_trials, timeout_s=timeout, trial_timeout_s=trial_timeout, seed=seed, storage=url, study_name=study,
-        export_formats=formats, export_dir=export_dir, profile_gamma_max=gmax, remeasure_top=remeasure, repeats=repeats,
-        backend=backend, server_trials=server_trials, server_timeout_s=server_timeout, vllm=vllm, llamacpp=llamacpp,
+        target=target,
+        draft=draft,
+        device=device,
+        dtype=dtype,
+        compile=compile_mode,
+        prompts=prompts,
+        max_new_tokens=max_new,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        concurrency=concurrency,
+        rate=rate,
+        num_requests=num_requests,
+        truncate_prompts=truncate,
+        drafters=drafters,
+        gamma=Range(int(gamma.low), int(gamma.high)),
+        confidence_threshold=thr,
+        gamma_policies=schedules,
+        max_batch_size=max_batch,
+        search_gamma_cap=cap,
+        tree_shapes=trees,
+        ngram_min=ngram_min,
+        ngram_max=ngram_max,
+        latency=latency,
+        slo=slo,
+        n_trials=n_trials,
+        timeout_s=timeout,
+        trial_timeout_s=trial_timeout,
+        seed=seed,
+        storage=url,
+        study_name=study,
+        export_formats=formats,
+        export_dir=export_dir,
+        profile_gamma_max=gmax,
+        remeasure_top=remeasure,
+        repeats=repeats,
+        backend=backend,
+        server_trials=server_trials,
+        server_timeout_s=server_timeout,
+        vllm=vllm,
+        llamacpp=llamacpp,
         source=source,
     )
 
@@ -407,8 +472,9 @@ def parse_tree(value: Any, key: str = "search.tree_topk") -> tuple[int, ...] | D
     else:
         parts = [value]
     if not parts or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in parts):
-        raise ConfigError(f"{key}: {value!r} is not 'chain' or a per-depth top-k list like '2,1,1' "
-                          "(integers >= 1)")
+        raise ConfigError(
+            f"{key}: {value!r} is not 'chain' or a per-depth top-k list like '2,1,1' (integers >= 1)"
+        )
     try:
         TreeShape(tuple(parts))
     except EngineInputError as exc:
@@ -421,16 +487,19 @@ def _tree_shapes(s: _Section) -> tuple[tuple[int, ...] | DynamicTree, ...]:
     v = s.get("tree_topk", [CHAIN])
     vals = v if isinstance(v, list) and (not v or not all(isinstance(x, int) for x in v)) else [v]
     if not vals:
-        raise ConfigError(f"{s.key('tree_topk')}: must be 'chain', a shape like '2,1,1', a dynamic tree like "
-                          f"'2x6/10' or a non-empty list of them "
-                          f"(got {v!r})")
+        raise ConfigError(
+            f"{s.key('tree_topk')}: must be 'chain', a shape like '2,1,1', a dynamic tree like "
+            f"'2x6/10' or a non-empty list of them "
+            f"(got {v!r})"
+        )
     return tuple(dict.fromkeys(parse_tree(x, s.key("tree_topk")) for x in vals))
 
 
 def _args(v: _Section, default: tuple[str, ...]) -> tuple[str, ...]:
     args = v.get("args", list(default))
-    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool)
-                                             for a in args):
+    if not isinstance(args, list) or not all(
+        isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args
+    ):
         raise ConfigError(f"{v.key('args')}: must be a list of command-line arguments (got {args!r})")
     return tuple(str(a) for a in args)
 
@@ -443,7 +512,9 @@ def _llamacpp_section(v: _Section, base: Path) -> LlamacppConfig:
     timeout = v.num("startup_timeout_s", default.startup_timeout_s, lo=0.0, open_lo=True)
     pre = v.get("pre_tokenizer", default.pre_tokenizer)
     if pre is not None and (not isinstance(pre, str) or not re.fullmatch(r"[a-z0-9._-]+", pre)):
-        raise ConfigError(f"{v.key('pre_tokenizer')}: must be a llama.cpp pre-tokenizer name or null (got {pre!r})")
+        raise ConfigError(
+            f"{v.key('pre_tokenizer')}: must be a llama.cpp pre-tokenizer name or null (got {pre!r})"
+        )
     v.done()
     return LlamacppConfig(home, threads, args, timeout, pre)
 
@@ -453,8 +524,10 @@ def _vllm_section(v: _Section, base: Path) -> VllmConfig:
     python = v.path_("python", base, allow_none=True)
     args = _args(v, default.args)
     env = v.get("env", dict(default.env))
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(x, (str, int, float))
-                                            and not isinstance(x, bool) for k, x in env.items()):
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(x, (str, int, float)) and not isinstance(x, bool)
+        for k, x in env.items()
+    ):
         raise ConfigError(f"{v.key('env')}: must be a mapping of variable names to values (got {env!r})")
     timeout = v.num("startup_timeout_s", default.startup_timeout_s, lo=0.0, open_lo=True)
     cache = v.path_("cache_dir", base, default=str(default.cache_dir), must_exist=False)

@@ -60,27 +60,52 @@ def build(cfg: TuneConfig) -> Context:
         raise EngineInputError(f"{cfg.target}: no tokenizer.json")
     items = load_workload(cfg.prompts)
     sampling = Sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
-    requests = build_requests(items, pair.tokenizer, sampling, pair.target.config.max_position_embeddings,
-                              where=str(cfg.prompts), truncate=cfg.truncate_prompts)
+    requests = build_requests(
+        items,
+        pair.tokenizer,
+        sampling,
+        pair.target.config.max_position_embeddings,
+        where=str(cfg.prompts),
+        truncate=cfg.truncate_prompts,
+    )
     device = str(pair.target.lm_head.weight.device)
     fp = fingerprint(device, cfg.dtype)
     target_hash = hash_folder(cfg.target)
     draft_hash = hash_folder(cfg.draft) if needs_draft else None
     workload = {
-        "prompts": str(cfg.prompts), "prompts_sha256": hash_json([i.__dict__ for i in items]),
-        "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_k": cfg.top_k,
-        "top_p": cfg.top_p, "concurrency": list(cfg.concurrency), "rate": cfg.rate,
-        "num_requests": cfg.num_requests, "dtype": cfg.dtype,
+        "prompts": str(cfg.prompts),
+        "prompts_sha256": hash_json([i.__dict__ for i in items]),
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "top_k": cfg.top_k,
+        "top_p": cfg.top_p,
+        "concurrency": list(cfg.concurrency),
+        "rate": cfg.rate,
+        "num_requests": cfg.num_requests,
+        "dtype": cfg.dtype,
     }
     if pair.target.compiled:  # compiled timings are another measurement (eager keeps its old key)
         workload["engine"] = "compiled"
     store = Store(cfg.storage)
     store.upsert_device(fp)
     drafter = "model" if needs_draft else cfg.drafters[0]
-    pair_id = store.upsert_pair(str(cfg.target), str(cfg.draft) if needs_draft else None, drafter,
-                                target_hash, draft_hash)
-    return Context(cfg, pair, requests, store, fp, target_hash, draft_hash, workload, hash_json(workload), pair_id,
-                   drafter, compile_note=compile_note)
+    pair_id = store.upsert_pair(
+        str(cfg.target), str(cfg.draft) if needs_draft else None, drafter, target_hash, draft_hash
+    )
+    return Context(
+        cfg,
+        pair,
+        requests,
+        store,
+        fp,
+        target_hash,
+        draft_hash,
+        workload,
+        hash_json(workload),
+        pair_id,
+        drafter,
+        compile_note=compile_note,
+    )
 
 
 INDUCTOR_CACHE = DEFAULT_CACHE / "inductor"
@@ -116,14 +141,19 @@ def _compile(pair: ModelPair, mode: str, trees: Sequence[Sequence[int]] = ()) ->
     if mode == "auto" and ratio > COMPILE_SLOWER:
         spent = pair.compile_s
         pair.run_eager()
-        return (f"engine: eager (models.compile: auto; compiled in {spent:.1f} s but its {timing}, "
-                "so eager is kept; models.compile: true forces it)")
-    return (f"engine: compiled decode/verify in {pair.compile_s:.1f} s, {timing} (torch.compile, dynamic "
-            "shapes, once per process; models.compile: false skips it)")
+        return (
+            f"engine: eager (models.compile: auto; compiled in {spent:.1f} s but its {timing}, "
+            "so eager is kept; models.compile: true forces it)"
+        )
+    return (
+        f"engine: compiled decode/verify in {pair.compile_s:.1f} s, {timing} (torch.compile, dynamic "
+        "shapes, once per process; models.compile: false skips it)"
+    )
 
 
-def ensure_profile(ctx: Context, reprofile: bool = False,
-                   progress: Callable[[str], None] | None = None) -> tuple[dict, bool]:
+def ensure_profile(
+    ctx: Context, reprofile: bool = False, progress: Callable[[str], None] | None = None
+) -> tuple[dict, bool]:
     """The stored profiler measurement for this device + pair + workload, measuring if needed.
 
     Returns ``(measurement, reused)``.
@@ -134,9 +164,18 @@ def ensure_profile(ctx: Context, reprofile: bool = False,
             return found["data"], True
     cfg = ctx.cfg
     thresholds = _threshold_grid(cfg.confidence_threshold.low, cfg.confidence_threshold.high)
-    data = profiler.measure(ctx.pair, ctx.requests, ctx.profile_drafter, max(cfg.batch_sizes),
-                            cfg.profile_gamma_max, str(ctx.pair.target.lm_head.weight.device), cfg.dtype,
-                            thresholds, cfg.seed, progress)
+    data = profiler.measure(
+        ctx.pair,
+        ctx.requests,
+        ctx.profile_drafter,
+        max(cfg.batch_sizes),
+        cfg.profile_gamma_max,
+        str(ctx.pair.target.lm_head.weight.device),
+        cfg.dtype,
+        thresholds,
+        cfg.seed,
+        progress,
+    )
     data = json.loads(json.dumps(data))  # stored form (string keys), same as a reused one
     ctx.store.save_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler", data)
     return data, False
@@ -147,8 +186,14 @@ def extend_for_trees(ctx: Context, measurement: dict, say: Callable[[str], None]
     (``autotune profile`` and ``autotune tune`` alike; serving-stack backends draft no trees)."""
     if not ctx.cfg.trees_searched or ctx.backend is not None:
         return measurement
-    extended = profiler.extend_for_trees(ctx.pair, ctx.requests, measurement, ctx.cfg.tree_shapes, ctx.cfg.seed,
-                                         progress=lambda s: say(f"  profiling: {s}"))
+    extended = profiler.extend_for_trees(
+        ctx.pair,
+        ctx.requests,
+        measurement,
+        ctx.cfg.tree_shapes,
+        ctx.cfg.seed,
+        progress=lambda s: say(f"  profiling: {s}"),
+    )
     if extended is None:
         return measurement
     ctx.store.save_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler", extended)

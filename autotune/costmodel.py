@@ -67,20 +67,29 @@ class Curves:
     @classmethod
     def from_json(cls, curves: dict) -> Curves:
         """From the profiler's stored ``curves`` (mapping keys are strings there; other keys are ignored)."""
+
         def floats(key: str) -> dict[int, float]:
             return {int(b): float(t) for b, t in curves.get(key, {}).items()}
 
         return cls(
             {int(b): {int(k): float(t) for k, t in row.items()} for b, row in curves["t_verify"].items()},
-            floats("t_draft"), floats("overhead"), floats("t_prefill"), floats("draft_overhead"),
+            floats("t_draft"),
+            floats("overhead"),
+            floats("t_prefill"),
+            floats("draft_overhead"),
             int(curves.get("prompt_tokens") or 0),
         )
 
     def to_json(self) -> dict:
         """The part of the stored ``curves`` the cost model reads (the profiler stores more: knee curve, samples)."""
-        return {"t_verify": {b: dict(row) for b, row in self.t_verify.items()}, "t_draft": dict(self.t_draft),
-                "overhead": dict(self.overhead), "t_prefill": dict(self.t_prefill),
-                "draft_overhead": dict(self.draft_overhead), "prompt_tokens": self.prefill_tokens}
+        return {
+            "t_verify": {b: dict(row) for b, row in self.t_verify.items()},
+            "t_draft": dict(self.t_draft),
+            "overhead": dict(self.overhead),
+            "t_prefill": dict(self.t_prefill),
+            "draft_overhead": dict(self.draft_overhead),
+            "prompt_tokens": self.prefill_tokens,
+        }
 
     def step_overhead(self, batch: float) -> float:
         return max(_interp(self.overhead, batch), 0.0) if self.overhead else 0.0
@@ -166,8 +175,9 @@ def row_outcomes(samples: Sequence[StepSample], gamma: int, threshold: float) ->
     return rows
 
 
-def step_stats(samples: Sequence[StepSample], gamma: int, threshold: float, batch: int = 1,
-               seed: int = 0) -> StepStats:
+def step_stats(
+    samples: Sequence[StepSample], gamma: int, threshold: float, batch: int = 1, seed: int = 0
+) -> StepStats:
     """Expected tokens, draft forwards and verify width per step from profiled samples.
 
     With batch > 1, rows draft in lock step: the batch runs as many draft forwards as its
@@ -199,9 +209,16 @@ class Prediction:
     speedup: float  # over plain decoding at the same batch size
 
 
-def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold: float,
-            batch: int, new_tokens: int | None = None, num_requests: int | None = None,
-            prompt_lens: Sequence[int] | None = None) -> Prediction:
+def predict(
+    curves: Curves,
+    samples: Sequence[StepSample],
+    gamma: int,
+    threshold: float,
+    batch: int,
+    new_tokens: int | None = None,
+    num_requests: int | None = None,
+    prompt_lens: Sequence[int] | None = None,
+) -> Prediction:
     """Predicted throughput and time per output token of (gamma, threshold) at batch size B.
 
     Without ``new_tokens``: the steady state, B * E / T_step. With ``new_tokens`` (N tokens per
@@ -223,7 +240,9 @@ def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold
     t_decode = curves.verify(batch, 1) + overhead
     if new_tokens:
         n = num_requests or batch
-        tps = simulate_closed_loop(curves, row_outcomes(samples, gamma, threshold), batch, new_tokens, n, prompt_lens)
+        tps = simulate_closed_loop(
+            curves, row_outcomes(samples, gamma, threshold), batch, new_tokens, n, prompt_lens
+        )
         base = simulate_closed_loop(curves, row_outcomes(samples, 0, 0.0), batch, new_tokens, n, prompt_lens)
     else:
         tps, base = batch * st.tokens / step, batch / t_decode
@@ -233,9 +252,16 @@ def predict(curves: Curves, samples: Sequence[StepSample], gamma: int, threshold
 REPLAY_ROW_STEPS = 40_000  # work cap of one closed-loop replay (row draws over all repeats)
 
 
-def simulate_closed_loop(curves: Curves, rows: Sequence[tuple[int, int, int]], batch: int, new_tokens: int,
-                         num_requests: int, prompt_lens: Sequence[int] | None = None, repeats: int = 8,
-                         seed: int = 0) -> float:
+def simulate_closed_loop(
+    curves: Curves,
+    rows: Sequence[tuple[int, int, int]],
+    batch: int,
+    new_tokens: int,
+    num_requests: int,
+    prompt_lens: Sequence[int] | None = None,
+    repeats: int = 8,
+    seed: int = 0,
+) -> float:
     """Tokens/s of ``num_requests`` requests of ``new_tokens`` tokens each through ``batch`` slots,
     closed loop (a finished request is replaced at once), as the engine's scheduler runs them.
 
@@ -272,22 +298,35 @@ def simulate_closed_loop(curves: Curves, rows: Sequence[tuple[int, int, int]], b
                     continue
             b = len(running)
             draws = [rng.choice(rows) for _ in running]
-            t += (max(d[1] for d in draws) * curves.draft(b) + curves.verify(b, 1 + max(d[2] for d in draws))
-                  + curves.step_overhead(b))
+            t += (
+                max(d[1] for d in draws) * curves.draft(b)
+                + curves.verify(b, 1 + max(d[2] for d in draws))
+                + curves.step_overhead(b)
+            )
             running = [r - d[0] for r, d in zip(running, draws, strict=True) if r - d[0] > 0]
         tokens += num_requests * new_tokens
         wall += t
     return tokens / wall
 
 
-def best_gamma(curves: Curves, samples: Sequence[StepSample], batch: int, gamma_max: int,
-               thresholds: Sequence[float] = (0.0,), new_tokens: int | None = None,
-               num_requests: int | None = None, prompt_lens: Sequence[int] | None = None) -> Prediction:
+def best_gamma(
+    curves: Curves,
+    samples: Sequence[StepSample],
+    batch: int,
+    gamma_max: int,
+    thresholds: Sequence[float] = (0.0,),
+    new_tokens: int | None = None,
+    num_requests: int | None = None,
+    prompt_lens: Sequence[int] | None = None,
+) -> Prediction:
     """The highest-throughput (gamma, threshold) at batch size B; gamma 0 when nothing pays.
     With ``new_tokens``/``num_requests`` the candidates are compared on the closed-loop replay
     of such a run (see :func:`predict`), otherwise on the steady state."""
-    cands = [predict(curves, samples, g, t, batch, new_tokens, num_requests, prompt_lens)
-             for g in range(gamma_max + 1) for t in (thresholds if g else (0.0,))]
+    cands = [
+        predict(curves, samples, g, t, batch, new_tokens, num_requests, prompt_lens)
+        for g in range(gamma_max + 1)
+        for t in (thresholds if g else (0.0,))
+    ]
     return max(cands, key=lambda p: (p.tokens_per_second, -p.gamma))
 
 
@@ -357,7 +396,9 @@ class TreePrediction:
     speedup: float  # over plain decoding at the same batch size
 
 
-def predict_tree(curves: Curves, ranks: Sequence[Sequence[int]], topk: Sequence[int], batch: int) -> TreePrediction:
+def predict_tree(
+    curves: Curves, ranks: Sequence[Sequence[int]], topk: Sequence[int], batch: int
+) -> TreePrediction:
     """Steady-state throughput of a static tree at batch size B.
 
     Step time = sum over depths of one draft forward over the previous depth's nodes
@@ -381,11 +422,14 @@ def predict_tree(curves: Curves, ranks: Sequence[Sequence[int]], topk: Sequence[
     step = draft + curves.verify(batch, 1 + sum(sizes)) + overhead
     tokens = tree_expected_tokens(ranks, topk)
     tps = batch * tokens / step
-    return TreePrediction(topk, batch, tokens, step, tps, 1e3 * step / tokens, tps / (batch / (t1 + overhead)))
+    return TreePrediction(
+        topk, batch, tokens, step, tps, 1e3 * step / tokens, tps / (batch / (t1 + overhead))
+    )
 
 
-def best_tree(curves: Curves, ranks: Sequence[Sequence[int]], shapes: Sequence[Sequence[int]],
-              batch: int) -> tuple[tuple[int, ...], TreePrediction]:
+def best_tree(
+    curves: Curves, ranks: Sequence[Sequence[int]], shapes: Sequence[Sequence[int]], batch: int
+) -> tuple[tuple[int, ...], TreePrediction]:
     """The highest predicted throughput among ``shapes`` at batch size B (ties to fewer nodes)."""
     preds = [predict_tree(curves, ranks, s, batch) for s in shapes]
     best = max(preds, key=lambda p: (p.tokens_per_second, -sum(tree_level_sizes(p.topk))))

@@ -53,8 +53,13 @@ def gpu_activity() -> list[dict] | None:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-            out.append({"index": i, "utilization": pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0,
-                        "other_processes": sum(1 for p in procs if p.pid != me)})
+            out.append(
+                {
+                    "index": i,
+                    "utilization": pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0,
+                    "other_processes": sum(1 for p in procs if p.pid != me),
+                }
+            )
         return out
     except Exception:  # a query NVML does not support here (MIG, virtualised): report nothing  # noqa: BLE001
         return None
@@ -122,11 +127,15 @@ def verdict(cv: float, others: float | None, gpus: list[dict] | None = None) -> 
         reasons.append(f"other processes used {others:.0%} of the CPU > {OTHERS_BUSY:.0%}")
     for g in gpus or []:
         if g["other_processes"] and g["utilization"] > GPU_BUSY:
-            reasons.append(f"GPU {g['index']} {g['utilization']:.0%} utilised by {g['other_processes']} other process(es)")
+            reasons.append(
+                f"GPU {g['index']} {g['utilization']:.0%} utilised by {g['other_processes']} other process(es)"
+            )
     return bool(reasons), reasons
 
 
-def measure(repeats: int = 20, size: int = 192, proc: str | Path = "/proc", window_s: float = WINDOW_S) -> dict:
+def measure(
+    repeats: int = 20, size: int = 192, proc: str | Path = "/proc", window_s: float = WINDOW_S
+) -> dict:
     """Time the reference workload ``repeats`` times and read /proc over at least ``window_s`` around it.
 
     Returns ``{"cv", "median_ms", "repeats", "window_s", "others_cpu_share", "loadavg_1m", "cpus",
@@ -155,7 +164,9 @@ def measure(repeats: int = 20, size: int = 192, proc: str | Path = "/proc", wind
         t0 = time.perf_counter()
         work()
         samples.append(time.perf_counter() - t0)
-    time.sleep(max(0.0, window_s - (time.perf_counter() - start)))  # /proc's ticks need the window, the CV not
+    time.sleep(
+        max(0.0, window_s - (time.perf_counter() - start))
+    )  # /proc's ticks need the window, the CV not
     window = time.perf_counter() - start
     stat1, self1 = _proc_stat(root), _self_jiffies(root)
     mean = statistics.fmean(samples)
@@ -165,10 +176,19 @@ def measure(repeats: int = 20, size: int = 192, proc: str | Path = "/proc", wind
         others = others_share(stat1[0] - stat0[0], stat1[1] - stat0[1], self1 - self0)
     gpus = gpu_activity()
     busy, reasons = verdict(cv, others, gpus)
-    return {"cv": cv, "median_ms": statistics.median(samples) * 1e3, "repeats": repeats, "window_s": window,
-            "others_cpu_share": others, "loadavg_1m": _loadavg(root), "cpus": os.cpu_count(), "gpus": gpus,
-            "busy": busy, "reasons": reasons,
-            "thresholds": {"cv": CV_BUSY, "others_cpu_share": OTHERS_BUSY, "gpu_utilization": GPU_BUSY}}
+    return {
+        "cv": cv,
+        "median_ms": statistics.median(samples) * 1e3,
+        "repeats": repeats,
+        "window_s": window,
+        "others_cpu_share": others,
+        "loadavg_1m": _loadavg(root),
+        "cpus": os.cpu_count(),
+        "gpus": gpus,
+        "busy": busy,
+        "reasons": reasons,
+        "thresholds": {"cv": CV_BUSY, "others_cpu_share": OTHERS_BUSY, "gpu_utilization": GPU_BUSY},
+    }
 
 
 def threads_for(noise: dict, current: int) -> int:
@@ -206,10 +226,14 @@ def summary(noise: dict) -> str:
     """
     others = noise.get("others_cpu_share")
     load = noise.get("loadavg_1m")
-    text = (f"host noise: reference CV {noise['cv']:.1%}"
-            + (f", other processes {others:.0%} of the CPU" if others is not None else "")
-            + (f", load {load:.2f} on {noise.get('cpus')} CPUs" if load is not None else ""))
+    text = (
+        f"host noise: reference CV {noise['cv']:.1%}"
+        + (f", other processes {others:.0%} of the CPU" if others is not None else "")
+        + (f", load {load:.2f} on {noise.get('cpus')} CPUs" if load is not None else "")
+    )
     if noise["busy"]:
-        return (f"warning: busy host ({'; '.join(noise['reasons'])}); {text}; "
-                "decisions may be noise (--strict refuses to store such a profile)")
+        return (
+            f"warning: busy host ({'; '.join(noise['reasons'])}); {text}; "
+            "decisions may be noise (--strict refuses to store such a profile)"
+        )
     return text + ": quiet"

@@ -30,8 +30,10 @@ def bundled_tune_yaml() -> str:
     for path in (REPO_TUNE_YAML, Path(sysconfig.get_path("data")) / SHARE):
         if path.is_file():
             return path.read_text()
-    raise ConfigError(f"the bundled tune.yaml is not installed (looked for {REPO_TUNE_YAML} and "
-                      f"{Path(sysconfig.get_path('data')) / SHARE}); reinstall spec-autotune")
+    raise ConfigError(
+        f"the bundled tune.yaml is not installed (looked for {REPO_TUNE_YAML} and "
+        f"{Path(sysconfig.get_path('data')) / SHARE}); reinstall spec-autotune"
+    )
 
 
 def yaml_scalar(value: str) -> str:
@@ -68,8 +70,11 @@ def render(template: str, values: dict[str, str]) -> str:
     for section, key in FIELDS:
         if key not in values:
             continue
-        hits = [i for i, line in enumerate(lines)
-                if re.match(rf"  {key}:\s", line) and _section_of(lines, i) == section]
+        hits = [
+            i
+            for i, line in enumerate(lines)
+            if re.match(rf"  {key}:\s", line) and _section_of(lines, i) == section
+        ]
         if len(hits) != 1:
             raise ConfigError(f"bundled tune.yaml: expected one {section}.{key} line (found {len(hits)})")
         i = hits[0]
@@ -95,8 +100,13 @@ def _section_of(lines: list[str], index: int) -> str | None:
     return None
 
 
-def write_tune_yaml(output: Path, target: Path | None = None, draft: Path | None = None,
-                    prompts: Path | None = None, force: bool = False) -> Path:
+def write_tune_yaml(
+    output: Path,
+    target: Path | None = None,
+    draft: Path | None = None,
+    prompts: Path | None = None,
+    force: bool = False,
+) -> Path:
     """Write a tune.yaml for ``target``/``draft``/``prompts`` (each ``None``: the bundled demo one).
 
     The models and the prompts are checked first (config.json readable by the engine, one
@@ -140,9 +150,13 @@ def _check_pair(target: Path, draft: Path) -> tuple[Path, Path]:
         folders.append((folder, ModelConfig.from_folder(folder)))
     (tgt, tcfg), (drf, dcfg) = folders
     if not (tgt / "tokenizer.json").is_file():
-        raise EngineInputError(f"{tgt}: no tokenizer.json (the tuner tokenizes the prompts with the target's)")
+        raise EngineInputError(
+            f"{tgt}: no tokenizer.json (the tuner tokenizes the prompts with the target's)"
+        )
     if tcfg.vocab_size != dcfg.vocab_size:
-        raise EngineInputError(f"{drf}: draft vocab_size {dcfg.vocab_size} != target vocab_size {tcfg.vocab_size}")
+        raise EngineInputError(
+            f"{drf}: draft vocab_size {dcfg.vocab_size} != target vocab_size {tcfg.vocab_size}"
+        )
     return tgt, drf
 
 

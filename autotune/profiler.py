@@ -60,7 +60,9 @@ def powers_of_two(limit: int) -> list[int]:
     return [*out, limit]
 
 
-def _forward_timer(model: Transformer, batch: int, k: int, context: int, device: torch.device) -> Callable[[], object]:
+def _forward_timer(
+    model: Transformer, batch: int, k: int, context: int, device: torch.device
+) -> Callable[[], object]:
     """A closure running one cached forward of (batch, k) new tokens after ``context`` tokens."""
     cache = model.new_cache(batch, context + k + 1)
     vocab = model.config.vocab_size
@@ -78,8 +80,9 @@ def _forward_timer(model: Transformer, batch: int, k: int, context: int, device:
     return run
 
 
-def compiled_over_eager(model: Transformer, widths: tuple[int, ...] = (1, 5), rounds: int = 7,
-                        context: int = 64) -> float:
+def compiled_over_eager(
+    model: Transformer, widths: tuple[int, ...] = (1, 5), rounds: int = 7, context: int = 64
+) -> float:
     """Time of ``model``'s compiled decode over its eager one at B=1 (< 1: compiling pays).
 
     Per width (a decode step and a gamma-4 verify by default) the same forward runs compiled and
@@ -104,9 +107,16 @@ def compiled_over_eager(model: Transformer, widths: tuple[int, ...] = (1, 5), ro
     return medians[True] / medians[False]
 
 
-def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, context: int,
-                   repeats: int = 7, progress: Progress | None = None, prompt_tokens: int | None = None,
-                   verify_k_max: int | None = None) -> dict:
+def measure_curves(
+    pair: ModelPair,
+    batch_sizes: list[int],
+    gamma_max: int,
+    context: int,
+    repeats: int = 7,
+    progress: Progress | None = None,
+    prompt_tokens: int | None = None,
+    verify_k_max: int | None = None,
+) -> dict:
     """T_verify(B, k), T_draft(B), T_prefill(B) and the knee curve T(n), medians over ``repeats``.
 
     k runs 1 .. gamma_max + 1, or 1 .. ``verify_k_max`` when that is larger (a token tree's nodes + 1)."""
@@ -120,15 +130,22 @@ def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, cont
         t_verify[b] = {}
         cost_samples[b] = {}
         for k in range(1, max(gamma_max + 1, verify_k_max or 0) + 1):
-            m = measure_stable(_forward_timer(pair.target, b, k, context, device), device, warmup=2, repeats=repeats,
-                               keep_samples=True)
+            m = measure_stable(
+                _forward_timer(pair.target, b, k, context, device),
+                device,
+                warmup=2,
+                repeats=repeats,
+                keep_samples=True,
+            )
             t_verify[b][k] = m["median"]
             if k in (1, gamma_max + 1):
                 cost_samples[b][k] = m["samples"]
             if m["noisy"]:
                 noisy.append(f"verify B={b} k={k}")
         if pair.draft is not None:
-            m = measure_stable(_forward_timer(pair.draft, b, 1, context, device), device, warmup=2, repeats=repeats)
+            m = measure_stable(
+                _forward_timer(pair.draft, b, 1, context, device), device, warmup=2, repeats=repeats
+            )
             t_draft[b] = m["median"]
         if progress:
             progress(f"verify/draft curves B={b}")
@@ -136,21 +153,40 @@ def measure_curves(pair: ModelPair, batch_sizes: list[int], gamma_max: int, cont
     knee_samples: dict[int, list[float]] = {}
     t_prefill: dict[int, float] = {}
     for b in batch_sizes:
-        m = measure_stable(_forward_timer(pair.target, b, prompt_tokens, 1, device), device, warmup=1,
-                           repeats=max(3, repeats // 2))
+        m = measure_stable(
+            _forward_timer(pair.target, b, prompt_tokens, 1, device),
+            device,
+            warmup=1,
+            repeats=max(3, repeats // 2),
+        )
         t_prefill[b] = m["median"]
     b_max = max(batch_sizes)
     for n in powers_of_two(max(64, b_max * (gamma_max + 1))):
         b = min(n, b_max)
         k = max(1, n // b)
-        m = measure_stable(_forward_timer(pair.target, b, k, context, device), device, warmup=2, repeats=repeats,
-                           keep_samples=True)
+        m = measure_stable(
+            _forward_timer(pair.target, b, k, context, device),
+            device,
+            warmup=2,
+            repeats=repeats,
+            keep_samples=True,
+        )
         knee_curve[b * k] = m["median"]
         knee_samples[b * k] = m["samples"]
     if progress:
         progress("knee curve")
-    return {"t_verify": t_verify, "t_draft": t_draft, "t_prefill": t_prefill, "knee_curve": knee_curve,
-            "t_verify_samples": cost_samples, "knee_curve_samples": knee_samples, "context_tokens": context, "prompt_tokens": prompt_tokens, "repeats": repeats, "noisy": noisy}
+    return {
+        "t_verify": t_verify,
+        "t_draft": t_draft,
+        "t_prefill": t_prefill,
+        "knee_curve": knee_curve,
+        "t_verify_samples": cost_samples,
+        "knee_curve_samples": knee_samples,
+        "context_tokens": context,
+        "prompt_tokens": prompt_tokens,
+        "repeats": repeats,
+        "noisy": noisy,
+    }
 
 
 def measure_overhead(pair: ModelPair, requests: list[Request], curves: dict, seed: int = 0) -> None:
@@ -174,11 +210,20 @@ def measure_overhead(pair: ModelPair, requests: list[Request], curves: dict, see
             curves["draft_overhead"][b] = max(run.metrics["draft_forward_ms"] / 1e3 - t_draft[b], 0.0)
 
 
-def measure_acceptance(pair: ModelPair, requests: list[Request], drafter: str, gamma_max: int,
-                       seed: int = 0) -> dict:
+def measure_acceptance(
+    pair: ModelPair, requests: list[Request], drafter: str, gamma_max: int, seed: int = 0
+) -> dict:
     """Per-position acceptance at gamma_max, threshold 0, B=1, with per-step samples."""
-    run = run_load(pair, requests, SpecConfig(gamma=gamma_max), drafter,
-                   LoadSpec(max_batch_size=1, num_requests=len(requests)), seed, warmup=False, trace=True)
+    run = run_load(
+        pair,
+        requests,
+        SpecConfig(gamma=gamma_max),
+        drafter,
+        LoadSpec(max_batch_size=1, num_requests=len(requests)),
+        seed,
+        warmup=False,
+        trace=True,
+    )
     samples = run.trace
     return {
         "gamma_max": gamma_max,
@@ -189,8 +234,9 @@ def measure_acceptance(pair: ModelPair, requests: list[Request], drafter: str, g
     }
 
 
-def measure_tree_ranks(pair: ModelPair, requests: list[Request], seed: int = 0,
-                       cap: int = TREE_RANK_CAP) -> list[list[int]]:
+def measure_tree_ranks(
+    pair: ModelPair, requests: list[Request], seed: int = 0, cap: int = TREE_RANK_CAP
+) -> list[list[int]]:
     """Per request, the rank of each output token among the draft's predictions (capped at ``cap``).
 
     The target generates each request's output (plain decoding, the workload's sampling); then
@@ -201,17 +247,26 @@ def measure_tree_ranks(pair: ModelPair, requests: list[Request], seed: int = 0,
     if pair.draft is None:
         return []
     device = pair.target.lm_head.weight.device
-    run = run_load(pair, requests, SpecConfig(gamma=0), "none",
-                   LoadSpec(max_batch_size=1, num_requests=len(requests)), seed, warmup=False)
+    run = run_load(
+        pair,
+        requests,
+        SpecConfig(gamma=0),
+        "none",
+        LoadSpec(max_batch_size=1, num_requests=len(requests)),
+        seed,
+        warmup=False,
+    )
     out = []
     for rec in run.records:
-        req = requests[rec.id % len(requests)]  # the load generator issues the list in order, as ids 0, 1, ...
+        req = requests[
+            rec.id % len(requests)
+        ]  # the load generator issues the list in order, as ids 0, 1, ...
         if not rec.output_tokens:
             continue
         ids = torch.tensor([list(req.prompt_ids) + list(rec.output_tokens)], device=device)
         p = len(req.prompt_ids)
         with torch.inference_mode():
-            logits = pair.draft(ids[:, :-1])[0, p - 1:]  # predictions of output positions 0..n-1
+            logits = pair.draft(ids[:, :-1])[0, p - 1 :]  # predictions of output positions 0..n-1
         tokens = ids[0, p:]
         chosen = logits.gather(1, tokens[:, None])
         ranks = (logits > chosen).sum(-1).clamp(max=cap)
@@ -225,8 +280,14 @@ def tree_nodes(shapes) -> int:
     return max((t.n_nodes for t in trees if t is not None), default=0)
 
 
-def extend_for_trees(pair: ModelPair, requests: list[Request], measurement: dict, shapes, seed: int = 0,
-                     progress: Progress | None = None) -> dict | None:
+def extend_for_trees(
+    pair: ModelPair,
+    requests: list[Request],
+    measurement: dict,
+    shapes,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> dict | None:
     """What the profiler adds when token trees are searched, or None when the measurement has it already.
 
     T_verify(B, k) for k up to the largest tree's nodes + 1 at every measured batch size (same
@@ -237,7 +298,10 @@ def extend_for_trees(pair: ModelPair, requests: list[Request], measurement: dict
     need = tree_nodes(shapes) + 1
     curves = measurement["curves"]
     t_verify = curves["t_verify"]
-    missing = {b: [k for k in range(1, need + 1) if str(k) not in row and k not in row] for b, row in t_verify.items()}
+    missing = {
+        b: [k for k in range(1, need + 1) if str(k) not in row and k not in row]
+        for b, row in t_verify.items()
+    }
     has_ranks = bool(measurement.get("acceptance", {}).get("tree_ranks"))
     if need <= 1 or (has_ranks and not any(missing.values())):
         return None
@@ -247,12 +311,15 @@ def extend_for_trees(pair: ModelPair, requests: list[Request], measurement: dict
     new = json.loads(json.dumps(measurement))
     for b, ks in missing.items():
         for k in ks:
-            m = measure_stable(_forward_timer(pair.target, int(b), k, context, device), device, warmup=2,
-                               repeats=repeats)
+            m = measure_stable(
+                _forward_timer(pair.target, int(b), k, context, device), device, warmup=2, repeats=repeats
+            )
             new["curves"]["t_verify"][str(b)][str(k)] = m["median"]
             t1 = new["curves"]["t_verify"][str(b)].get("1")
             if t1:
-                new["verification_efficiency"].setdefault(str(b), {})[str(k)] = verification_efficiency(m["median"], k, t1)
+                new["verification_efficiency"].setdefault(str(b), {})[str(k)] = verification_efficiency(
+                    m["median"], k, t1
+                )
         if ks and progress:
             progress(f"tree verify widths B={b} k<={need}")
     if not has_ranks:
@@ -264,12 +331,16 @@ def extend_for_trees(pair: ModelPair, requests: list[Request], measurement: dict
 
 def curves_from_json(curves: dict) -> Curves:
     """Rebuild :class:`Curves` from stored JSON (whose mapping keys became strings)."""
+
     def floats(key: str) -> dict[int, float]:
         return {int(b): float(t) for b, t in curves.get(key, {}).items()}
 
     return Curves(
         {int(b): {int(k): float(t) for k, t in row.items()} for b, row in curves["t_verify"].items()},
-        floats("t_draft"), floats("overhead"), floats("t_prefill"), floats("draft_overhead"),
+        floats("t_draft"),
+        floats("overhead"),
+        floats("t_prefill"),
+        floats("draft_overhead"),
         int(curves.get("prompt_tokens") or 0),
     )
 
@@ -278,9 +349,18 @@ def samples_from_json(acceptance: dict) -> list[StepSample]:
     return [StepSample(int(n), tuple(conf)) for n, conf in acceptance["samples"]]
 
 
-def measure(pair: ModelPair, requests: list[Request], drafter: str, max_batch_size: int, gamma_max: int,
-            device_name: str = "auto", dtype: str = "float32", thresholds: tuple[float, ...] = (0.0,),
-            seed: int = 0, progress: Progress | None = None) -> dict:
+def measure(
+    pair: ModelPair,
+    requests: list[Request],
+    drafter: str,
+    max_batch_size: int,
+    gamma_max: int,
+    device_name: str = "auto",
+    dtype: str = "float32",
+    thresholds: tuple[float, ...] = (0.0,),
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> dict:
     """Everything the tuner knows about this device and pair before its first trial."""
     device = pair.target.lm_head.weight.device
     fp = fingerprint(str(device), dtype)
@@ -301,13 +381,28 @@ def measure(pair: ModelPair, requests: list[Request], drafter: str, max_batch_si
         progress("acceptance")
     cv = curves_from_json(curves)
     samples = samples_from_json(acceptance)
-    table = classify(cv, curves["knee_curve"], samples, gamma_max, thresholds,
-                     cost_samples={b: (row[1], row[gamma_max + 1]) for b, row in curves["t_verify_samples"].items()},
-                     knee_samples=curves["knee_curve_samples"], seed=seed)
-    ve = {b: {k: verification_efficiency(t, k, row[1]) for k, t in row.items()} for b, row in cv.t_verify.items()}
+    table = classify(
+        cv,
+        curves["knee_curve"],
+        samples,
+        gamma_max,
+        thresholds,
+        cost_samples={b: (row[1], row[gamma_max + 1]) for b, row in curves["t_verify_samples"].items()},
+        knee_samples=curves["knee_curve_samples"],
+        seed=seed,
+    )
+    ve = {
+        b: {k: verification_efficiency(t, k, row[1]) for k, t in row.items()}
+        for b, row in cv.t_verify.items()
+    }
     dcr = {b: draft_cost_ratio(cv.draft(b), cv.verify(b, 1)) for b in cv.t_verify} if cv.t_draft else {}
     return {
-        "fingerprint": fp, "ceilings": ceilings, "curves": curves, "knee_tokens": table["knee_tokens"],
-        "acceptance": acceptance, "verification_efficiency": ve, "draft_cost_ratio": dcr,
+        "fingerprint": fp,
+        "ceilings": ceilings,
+        "curves": curves,
+        "knee_tokens": table["knee_tokens"],
+        "acceptance": acceptance,
+        "verification_efficiency": ve,
+        "draft_cost_ratio": dcr,
         "classification": table,
     }

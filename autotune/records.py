@@ -17,9 +17,23 @@ from autotune.costmodel import Curves, StepSample
 from profiles.schema import MISSING
 
 # The metrics of one load level, in the order they are stored (docs/metrics.md).
-LEVEL_KEYS = ("tokens_per_second", "tpot_ms_p50", "tpot_ms_p95", "ttft_ms_p50", "ttft_ms_p95", "e2e_ms_p50",
-              "e2e_ms_p95", "acceptance_rate", "mean_acceptance_length", "rollback_frequency", "batch_utilization",
-              "mean_batch_size", "requests_per_second", "generated_tokens", "wall_s")
+LEVEL_KEYS = (
+    "tokens_per_second",
+    "tpot_ms_p50",
+    "tpot_ms_p95",
+    "ttft_ms_p50",
+    "ttft_ms_p95",
+    "e2e_ms_p50",
+    "e2e_ms_p95",
+    "acceptance_rate",
+    "mean_acceptance_length",
+    "rollback_frequency",
+    "batch_utilization",
+    "mean_batch_size",
+    "requests_per_second",
+    "generated_tokens",
+    "wall_s",
+)
 
 
 @dataclass(frozen=True)
@@ -74,13 +88,20 @@ class TrialResult:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TrialResult:
         known = ("tokens_per_second", "latency_ms", "per_level", "startup_s")
-        return cls(data["tokens_per_second"], data["latency_ms"],
-                   {b: LevelMetrics.from_json(lv) for b, lv in data["per_level"].items()},
-                   data.get("startup_s", MISSING), {k: v for k, v in data.items() if k not in known})
+        return cls(
+            data["tokens_per_second"],
+            data["latency_ms"],
+            {b: LevelMetrics.from_json(lv) for b, lv in data["per_level"].items()},
+            data.get("startup_s", MISSING),
+            {k: v for k, v in data.items() if k not in known},
+        )
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"tokens_per_second": self.tokens_per_second, "latency_ms": self.latency_ms,
-                               "per_level": {b: lv.to_json() for b, lv in self.per_level.items()}}
+        out: dict[str, Any] = {
+            "tokens_per_second": self.tokens_per_second,
+            "latency_ms": self.latency_ms,
+            "per_level": {b: lv.to_json() for b, lv in self.per_level.items()},
+        }
         if self.startup_s is not MISSING:
             out["startup_s"] = self.startup_s
         return {**out, **self.extra}

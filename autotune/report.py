@@ -39,14 +39,31 @@ def plot_pareto(profile: Profile | Mapping[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4.2))
     trials = profile.trials or []
     lat = profile.metrics["latency_metric"]
-    ax.scatter([t["latency_ms"] for t in trials], [t["tokens_per_second"] for t in trials], s=18, c="#bbbbbb",
-               label="trials")
+    ax.scatter(
+        [t["latency_ms"] for t in trials],
+        [t["tokens_per_second"] for t in trials],
+        s=18,
+        c="#bbbbbb",
+        label="trials",
+    )
     front = sorted(profile.pareto_front, key=lambda p: p["latency_ms"])
-    ax.plot([p["latency_ms"] for p in front], [p["tokens_per_second"] for p in front], "o-", c="#1f77b4",
-            label="Pareto front")
+    ax.plot(
+        [p["latency_ms"] for p in front],
+        [p["tokens_per_second"] for p in front],
+        "o-",
+        c="#1f77b4",
+        label="Pareto front",
+    )
     m = profile.metrics
-    ax.scatter([m["latency_ms"]], [m["tokens_per_second"]], marker="*", s=220, c="#d62728", zorder=5,
-               label=f"chosen (gamma={profile.chosen.gamma}), re-measured")
+    ax.scatter(
+        [m["latency_ms"]],
+        [m["tokens_per_second"]],
+        marker="*",
+        s=220,
+        c="#d62728",
+        zorder=5,
+        label=f"chosen (gamma={profile.chosen.gamma}), re-measured",
+    )
     slo = profile.study.get("slo", {}).get(lat)
     if slo:
         ax.axvline(slo, ls="--", c="#d62728", lw=1, label=f"SLO {lat} <= {slo:g} ms")
@@ -130,5 +147,6 @@ def write_report(profile: Profile | Mapping[str, Any], folder: Path) -> Path:
         + (f"; speculation off from batch size {crossover}.\n" if crossover else ".\n")
         + f"- Knee n* = {None if profile.knee_tokens is MISSING else profile.knee_tokens} tokens per verify pass.\n\n"
         "![Pareto front](pareto.png)\n\n![Throughput by batch size](throughput_by_batch.png)\n\n"
-        "![Verify cost and knee](verify_cost.png)\n")
+        "![Verify cost and knee](verify_cost.png)\n"
+    )
     return md

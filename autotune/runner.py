@@ -57,13 +57,16 @@ def build_requests(
         max_new = item.max_new_tokens or sampling.max_new_tokens
         ids = tokenizer.encode(item.prompt).ids
         ids = fit_prompt_to_context(ids, context - max_new - 20, f"{where}:{item.line or i + 1}", truncate)
-        out.append(Request(
-            ids, max_new,
-            sampling.temperature if item.temperature is None else item.temperature,
-            sampling.top_k if item.top_k is None else item.top_k,
-            sampling.top_p if item.top_p is None else item.top_p,
-            id=i,
-        ))
+        out.append(
+            Request(
+                ids,
+                max_new,
+                sampling.temperature if item.temperature is None else item.temperature,
+                sampling.top_k if item.top_k is None else item.top_k,
+                sampling.top_p if item.top_p is None else item.top_p,
+                id=i,
+            )
+        )
     return out
 
 
@@ -93,25 +96,42 @@ def run_load(
     device = pair.target.lm_head.weight.device
     max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + spec.lookahead + 3
     eos = pair.target.config.eos_token_ids
-    concurrency = load.concurrency if load.concurrency is not None or load.rate is not None else load.max_batch_size
+    concurrency = (
+        load.concurrency if load.concurrency is not None or load.rate is not None else load.max_batch_size
+    )
 
-    def once(reqs: list[Request], n: int, conc: int | None, rate: float | None, record: bool = False) -> RunResult:
+    def once(
+        reqs: list[Request], n: int, conc: int | None, rate: float | None, record: bool = False
+    ) -> RunResult:
         generator = torch.Generator(device=device).manual_seed(seed)
-        engine = SpecEngine(pair.target, make_drafter(drafter, pair, *ngram), spec, load.max_batch_size, max_seq_len,
-                            eos, generator)
+        engine = SpecEngine(
+            pair.target,
+            make_drafter(drafter, pair, *ngram),
+            spec,
+            load.max_batch_size,
+            max_seq_len,
+            eos,
+            generator,
+        )
         if record:
             engine.enable_trace()
         gen = LoadGenerator(reqs, n, concurrency=conc, rate=rate, duration_s=load.duration_s, seed=seed)
-        result = Scheduler(engine, max_prefill_tokens=load.max_prefill_tokens).run(gen, time_limit_s=time_limit_s)
+        result = Scheduler(engine, max_prefill_tokens=load.max_prefill_tokens).run(
+            gen, time_limit_s=time_limit_s
+        )
         if record:
-            result.trace = [StepSample(int(n_acc), tuple(conf))
-                            for accepted, confidence in engine.trace
-                            for n_acc, conf in zip(accepted.tolist(), confidence.tolist(), strict=True)]
+            result.trace = [
+                StepSample(int(n_acc), tuple(conf))
+                for accepted, confidence in engine.trace
+                for n_acc, conf in zip(accepted.tolist(), confidence.tolist(), strict=True)
+            ]
         return result
 
     if warmup:  # first-touch allocations and lazy init out of the measured run
-        short = [Request(r.prompt_ids, min(r.max_new_tokens, 8), r.temperature, r.top_k, r.top_p, r.id)
-                 for r in requests[: load.max_batch_size]]
+        short = [
+            Request(r.prompt_ids, min(r.max_new_tokens, 8), r.temperature, r.top_k, r.top_p, r.id)
+            for r in requests[: load.max_batch_size]
+        ]
         once(short, len(short), load.max_batch_size, None)
     return once(requests, load.num_requests, concurrency, load.rate, trace)
 
@@ -140,8 +160,10 @@ def compare(
         out["draft_cost_ratio"] = draft_cost_ratio(out["draft_forward_ms"], t_decode)
     if t_decode and out.get("verify_step_ms"):
         out["verification_efficiency"] = verification_efficiency(
-            out["verify_step_ms"], out["verify_tokens_per_row"], t_decode)
+            out["verify_step_ms"], out["verify_tokens_per_row"], t_decode
+        )
     if all(r.temperature <= 0 for r in requests):
         out["greedy_match"] = [r.output_tokens for r in spec_run.records] == [
-            r.output_tokens for r in base_run.records]
+            r.output_tokens for r in base_run.records
+        ]
     return out

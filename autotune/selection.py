@@ -41,9 +41,16 @@ def pareto_front(points: Sequence[Point]) -> list[Point]:
         >>> [p.tokens_per_second for p in pareto_front([a, b, c])]
         [10, 8]
     """
-    front = [p for p in points if not any(
-        q.tokens_per_second >= p.tokens_per_second and q.latency_ms <= p.latency_ms
-        and (q.tokens_per_second > p.tokens_per_second or q.latency_ms < p.latency_ms) for q in points)]
+    front = [
+        p
+        for p in points
+        if not any(
+            q.tokens_per_second >= p.tokens_per_second
+            and q.latency_ms <= p.latency_ms
+            and (q.tokens_per_second > p.tokens_per_second or q.latency_ms < p.latency_ms)
+            for q in points
+        )
+    ]
     return sorted(front, key=lambda p: (-p.tokens_per_second, p.latency_ms))
 
 
@@ -54,8 +61,13 @@ def knee_point(front: Sequence[Point]) -> Point:
     rule is scale-free and, unlike a distance to the front's corners, never ties on a front of
     two points. Ties go to the higher throughput.
     """
-    return max(front, key=lambda p: (math.log(max(p.tokens_per_second, 1e-12)) - math.log(max(p.latency_ms, 1e-12)),
-                                     p.tokens_per_second))
+    return max(
+        front,
+        key=lambda p: (
+            math.log(max(p.tokens_per_second, 1e-12)) - math.log(max(p.latency_ms, 1e-12)),
+            p.tokens_per_second,
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -94,8 +106,13 @@ def simplicity(params: Mapping[str, object]) -> tuple:
     gamma = int(params.get("gamma", 0) or 0)  # type: ignore[call-overload]
     if gamma == 0:
         return (0, 0, 0, 0.0, 0)
-    return (1, int(params.get("gamma_schedule", "constant") != "constant"), int(_is_tree(params)),
-            float(params.get("confidence_threshold", 0.0) or 0.0), gamma)  # type: ignore[arg-type]
+    return (
+        1,
+        int(params.get("gamma_schedule", "constant") != "constant"),
+        int(_is_tree(params)),
+        float(params.get("confidence_threshold", 0.0) or 0.0),
+        gamma,
+    )  # type: ignore[arg-type]
 
 
 def _is_tree(params: Mapping[str, object]) -> bool:
@@ -113,8 +130,10 @@ def config_label(params: Mapping[str, object]) -> str:
     gamma = int(params.get("gamma", 0) or 0)  # type: ignore[call-overload]
     if gamma == 0:
         return "gamma=0 (no speculation)"
-    label = (f"gamma={gamma} thr={float(params.get('confidence_threshold', 0.0) or 0.0):.2f} "  # type: ignore[arg-type]
-             f"{params.get('gamma_schedule', 'constant')}")
+    label = (
+        f"gamma={gamma} thr={float(params.get('confidence_threshold', 0.0) or 0.0):.2f} "  # type: ignore[arg-type]
+        f"{params.get('gamma_schedule', 'constant')}"
+    )
     return label + f" tree={params['tree_topk']}" if _is_tree(params) else label
 
 
@@ -127,14 +146,17 @@ def score_ratio(a: Point, b: Point, has_slo: bool) -> Estimate:  # noqa: ARG001 
     "not significant" (95% CI 0.80-1.91 over 3 rounds) while every batch size's own throughput
     ratio excluded 1. Points without (equally many) rounds compare as one run each.
     """
+
     def scores(p: Point) -> list[float]:
         rounds = p.rounds or ((p.tokens_per_second, p.latency_ms),)
         return [t for t, _ in rounds]
 
     sa, sb = scores(a), scores(b)
     if len(sa) != len(sb):
-        sa, sb = scores(Point(a.params, a.tokens_per_second, a.latency_ms)), scores(Point(b.params, b.tokens_per_second,
-                                                                                                  b.latency_ms))
+        sa, sb = (
+            scores(Point(a.params, a.tokens_per_second, a.latency_ms)),
+            scores(Point(b.params, b.tokens_per_second, b.latency_ms)),
+        )
     return paired_ratio([max(x, 1e-12) for x in sa], [max(x, 1e-12) for x in sb])
 
 
@@ -160,8 +182,16 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
         winner = choice.point
         if not choice.met_slo:
             return choice
-        simpler = sorted((p for p in pool if p is not winner and (p.feasible or not has_slo)
-                          and simplicity(p.params) < simplicity(winner.params)), key=lambda p: simplicity(p.params))
+        simpler = sorted(
+            (
+                p
+                for p in pool
+                if p is not winner
+                and (p.feasible or not has_slo)
+                and simplicity(p.params) < simplicity(winner.params)
+            ),
+            key=lambda p: simplicity(p.params),
+        )
         blocked = None
         for s in simpler:
             ratio = score_ratio(winner, s, has_slo)
@@ -183,12 +213,15 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
                     reason += f"; {config_label(runner_up.params)} vs it: {describe_difference(ratio)}"
             return Choice(winner, choice.met_slo, reason)
         s, ratio = blocked
-        notes.append(f"{config_label(winner.params)} vs {config_label(s.params)}: {describe_difference(ratio)}")
+        notes.append(
+            f"{config_label(winner.params)} vs {config_label(s.params)}: {describe_difference(ratio)}"
+        )
         pool = [p for p in pool if p is not winner]
 
 
-def batch_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
-                   min_gain: float = 1.02, prefer: Point | None = None) -> tuple[list[dict], int | None]:
+def batch_schedule(
+    points: Sequence[Point], batch_sizes: Sequence[int], min_gain: float = 1.02, prefer: Point | None = None
+) -> tuple[list[dict], int | None]:
     """Per batch size, the gamma of the fastest measured configuration there.
 
     Speculation must beat the best gamma=0 measurement at that batch size by ``min_gain``
@@ -220,13 +253,22 @@ def batch_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
             schedule.append(entry)
             continue
         base = max((p.per_batch[b] for p in at_b if p.params.get("gamma") == 0), default=None)
-        spec = max((p for p in at_b if p.params.get("gamma", 0) > 0), key=lambda p: p.per_batch[b], default=None)
+        spec = max(
+            (p for p in at_b if p.params.get("gamma", 0) > 0), key=lambda p: p.per_batch[b], default=None
+        )
         if spec is not None and (base is None or spec.per_batch[b] >= min_gain * base):
-            schedule.append({"batch_size": b, "gamma": int(spec.params["gamma"]),
-                             "tokens_per_second": spec.per_batch[b], "baseline_tokens_per_second": base})
+            schedule.append(
+                {
+                    "batch_size": b,
+                    "gamma": int(spec.params["gamma"]),
+                    "tokens_per_second": spec.per_batch[b],
+                    "baseline_tokens_per_second": base,
+                }
+            )
         else:
-            schedule.append({"batch_size": b, "gamma": 0, "tokens_per_second": base,
-                             "baseline_tokens_per_second": base})
+            schedule.append(
+                {"batch_size": b, "gamma": 0, "tokens_per_second": base, "baseline_tokens_per_second": base}
+            )
     crossover = None
     for entry in reversed(schedule):
         if entry["gamma"] != 0:
@@ -238,22 +280,36 @@ def batch_schedule(points: Sequence[Point], batch_sizes: Sequence[int],
 def _schedule_entry_with_margin(at_b: Sequence[Point], b: int, prefer: Point | None = None) -> dict | None:
     """The interval-rule entry at batch size ``b``, or None where no paired repeats exist there."""
     repeated = [p for p in at_b if len(p.per_batch_rounds.get(b, ())) >= 2]
-    base = max((p for p in repeated if p.params.get("gamma") == 0), key=lambda p: p.per_batch[b], default=None)
-    fastest = max((p for p in repeated if p.params.get("gamma", 0) > 0), key=lambda p: p.per_batch[b], default=None)
+    base = max(
+        (p for p in repeated if p.params.get("gamma") == 0), key=lambda p: p.per_batch[b], default=None
+    )
+    fastest = max(
+        (p for p in repeated if p.params.get("gamma", 0) > 0), key=lambda p: p.per_batch[b], default=None
+    )
     if base is None or fastest is None or len(base.per_batch_rounds[b]) != len(fastest.per_batch_rounds[b]):
         return None
     spec, kept = fastest, False
     mine = next((p for p in repeated if prefer is not None and p.params == prefer.params), None)
-    if (mine is not None and mine is not fastest and mine.params.get("gamma", 0) > 0
-            and len(mine.per_batch_rounds[b]) == len(fastest.per_batch_rounds[b])
-            and not significant(paired_ratio(fastest.per_batch_rounds[b], mine.per_batch_rounds[b]))):
+    if (
+        mine is not None
+        and mine is not fastest
+        and mine.params.get("gamma", 0) > 0
+        and len(mine.per_batch_rounds[b]) == len(fastest.per_batch_rounds[b])
+        and not significant(paired_ratio(fastest.per_batch_rounds[b], mine.per_batch_rounds[b]))
+    ):
         spec, kept = mine, True  # the fastest is not separable from the chosen configuration here
     ratio = paired_ratio(spec.per_batch_rounds[b], base.per_batch_rounds[b])
     win = significant(ratio)
     chosen = spec if win else base
-    entry = {"batch_size": b, "gamma": int(chosen.params["gamma"]), "tokens_per_second": chosen.per_batch[b],
-             "baseline_tokens_per_second": base.per_batch[b], "ratio": ratio.as_dict(), "significant": win,
-             "best_speculative_gamma": int(fastest.params["gamma"])}
+    entry = {
+        "batch_size": b,
+        "gamma": int(chosen.params["gamma"]),
+        "tokens_per_second": chosen.per_batch[b],
+        "baseline_tokens_per_second": base.per_batch[b],
+        "ratio": ratio.as_dict(),
+        "significant": win,
+        "best_speculative_gamma": int(fastest.params["gamma"]),
+    }
     if kept:
         entry["kept_chosen"] = True
     return entry

@@ -25,9 +25,38 @@ from dataclasses import dataclass
 CONFIDENCE = 0.95
 
 # two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30; beyond, the normal 1.96
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def t975(df: int) -> float:
@@ -130,16 +159,23 @@ def describe_difference(ratio: Estimate, what: str = "ratio") -> str:
         >>> describe_difference(Estimate(0.7, 0.6, 0.8, 5))
         'significantly worse (ratio 0.70, 95% CI 0.60-0.80)'
     """
-    body = f"{what} {ratio.value:.2f}" + (f", 95% CI {ratio.low:.2f}-{ratio.high:.2f}" if ratio.n >= 2
-                                            else ", 1 run, no interval")
+    body = f"{what} {ratio.value:.2f}" + (
+        f", 95% CI {ratio.low:.2f}-{ratio.high:.2f}" if ratio.n >= 2 else ", 1 run, no interval"
+    )
     worse = ratio.value < 1.0 if ratio.n < 2 else ratio.high < 1.0
-    verdict = "significantly better" if significant(ratio) else "significantly worse" if worse else \
-        "no significant difference"
+    verdict = (
+        "significantly better"
+        if significant(ratio)
+        else "significantly worse"
+        if worse
+        else "no significant difference"
+    )
     return f"{verdict} ({body})"
 
 
-def bootstrap_interval(samples: Sequence[Sequence[float]], statistic: Callable[..., float], n_boot: int = 1000,
-                       seed: int = 0) -> tuple[float, float]:
+def bootstrap_interval(
+    samples: Sequence[Sequence[float]], statistic: Callable[..., float], n_boot: int = 1000, seed: int = 0
+) -> tuple[float, float]:
     """Seeded percentile-bootstrap 95% interval of ``statistic(*resampled)``.
 
     Each sequence in ``samples`` is resampled independently (with replacement, same length).

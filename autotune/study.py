@@ -65,10 +65,16 @@ class Space:
     def to_json(self) -> dict:
         """The profile's ``study.space`` (its stored keys predate the field names: ``schedules``, ``gamma_cap``).
         ``tree_topk`` is written only when trees are searched."""
-        out = {"drafters": self.drafters, "gamma_low": self.gamma_low, "gamma_high": self.gamma_high,
-               "threshold_low": self.threshold_low, "threshold_high": self.threshold_high,
-               "schedules": self.gamma_policies, "max_batch_sizes": self.max_batch_sizes,
-               "gamma_cap": self.search_gamma_cap}
+        out = {
+            "drafters": self.drafters,
+            "gamma_low": self.gamma_low,
+            "gamma_high": self.gamma_high,
+            "threshold_low": self.threshold_low,
+            "threshold_high": self.threshold_high,
+            "schedules": self.gamma_policies,
+            "max_batch_sizes": self.max_batch_sizes,
+            "gamma_cap": self.search_gamma_cap,
+        }
         if self.trees:
             out["tree_topk"] = self.tree_names
         return out
@@ -77,7 +83,11 @@ class Space:
         """One configuration. With trees searched, the shape is suggested for the ``model`` drafter only;
         a tree fixes gamma (its depth), threshold 0 and the constant policy, so those are not suggested."""
         p: dict = {}
-        p["drafter"] = trial.suggest_categorical("drafter", self.drafters) if len(self.drafters) > 1 else self.drafters[0]
+        p["drafter"] = (
+            trial.suggest_categorical("drafter", self.drafters)
+            if len(self.drafters) > 1
+            else self.drafters[0]
+        )
         tree: tuple[int, ...] | DynamicTree = ()
         if self.trees and p["drafter"] == "model":
             names = self.tree_names
@@ -85,15 +95,29 @@ class Space:
         if tree:
             p["gamma"], p["confidence_threshold"], p["gamma_schedule"] = tree_depth(tree), 0.0, "constant"
         else:
-            p["gamma"] = (trial.suggest_int("gamma", self.gamma_low, self.gamma_high)
-                          if self.gamma_high > self.gamma_low else self.gamma_low)
-            p["confidence_threshold"] = round(trial.suggest_float(
-                "confidence_threshold", self.threshold_low, self.threshold_high, step=THRESHOLD_STEP)
-                if self.threshold_high > self.threshold_low else self.threshold_low, 4)
-            p["gamma_schedule"] = (trial.suggest_categorical("gamma_schedule", self.gamma_policies)
-                                   if len(self.gamma_policies) > 1 else self.gamma_policies[0])
-        p["max_batch_size"] = (trial.suggest_categorical("max_batch_size", self.max_batch_sizes)
-                               if len(self.max_batch_sizes) > 1 else self.max_batch_sizes[0])
+            p["gamma"] = (
+                trial.suggest_int("gamma", self.gamma_low, self.gamma_high)
+                if self.gamma_high > self.gamma_low
+                else self.gamma_low
+            )
+            p["confidence_threshold"] = round(
+                trial.suggest_float(
+                    "confidence_threshold", self.threshold_low, self.threshold_high, step=THRESHOLD_STEP
+                )
+                if self.threshold_high > self.threshold_low
+                else self.threshold_low,
+                4,
+            )
+            p["gamma_schedule"] = (
+                trial.suggest_categorical("gamma_schedule", self.gamma_policies)
+                if len(self.gamma_policies) > 1
+                else self.gamma_policies[0]
+            )
+        p["max_batch_size"] = (
+            trial.suggest_categorical("max_batch_size", self.max_batch_sizes)
+            if len(self.max_batch_sizes) > 1
+            else self.max_batch_sizes[0]
+        )
         if p["drafter"] == "none":
             p["gamma"] = 0
         if self.trees:
@@ -124,7 +148,11 @@ class Space:
         when the chain is searched, else the first searched shape."""
         out = dict(params)
         if self.trees:
-            shape = parse_tree(out.get("tree_topk", CHAIN)) if out.get("drafter", self.drafters[0]) == "model" else ()
+            shape = (
+                parse_tree(out.get("tree_topk", CHAIN))
+                if out.get("drafter", self.drafters[0]) == "model"
+                else ()
+            )
             if shape not in self.tree_shapes:
                 shape = () if () in self.tree_shapes else self.tree_shapes[0]
             if shape and out.get("drafter") == "model":
@@ -137,8 +165,11 @@ class Space:
         out["gamma"] = min(max(int(out.get("gamma", 0)), self.gamma_low), self.gamma_high)
         thr = float(out.get("confidence_threshold", self.threshold_low))
         out["confidence_threshold"] = min(max(thr, self.threshold_low), self.threshold_high)
-        for key, allowed in (("drafter", self.drafters), ("gamma_schedule", self.gamma_policies),
-                             ("max_batch_size", self.max_batch_sizes)):
+        for key, allowed in (
+            ("drafter", self.drafters),
+            ("gamma_schedule", self.gamma_policies),
+            ("max_batch_size", self.max_batch_sizes),
+        ):
             if out.get(key) not in allowed:
                 out[key] = allowed[0]
         if out.get("drafter") != "model":
@@ -168,8 +199,17 @@ def shape_space(cfg: TuneConfig, measurement: dict, fixed: dict | None = None) -
     if thr_low is None:
         thr_low, thr_high = cfg.confidence_threshold.low, cfg.confidence_threshold.high
     schedules = (fixed["gamma_schedule"],) if "gamma_schedule" in fixed else cfg.gamma_policies
-    return Space(cfg.drafters, int(cfg.gamma.low), int(high), thr_low, thr_high, schedules, cfg.max_batch_size, cap,
-                 cfg.tree_shapes)
+    return Space(
+        cfg.drafters,
+        int(cfg.gamma.low),
+        int(high),
+        thr_low,
+        thr_high,
+        schedules,
+        cfg.max_batch_size,
+        cap,
+        cfg.tree_shapes,
+    )
 
 
 def levels(cfg: TuneConfig) -> list[tuple[str, float]]:
@@ -196,17 +236,24 @@ def evaluate(ctx: Context, params: dict, seed: int, clock: Callable[[], float] =
     all_levels = levels(cfg)
     t0 = clock()
     for done, (kind, value) in enumerate(all_levels):
-        load = LoadSpec(max_batch_size=int(params["max_batch_size"]),
-                        concurrency=int(value) if kind == "concurrency" else None,
-                        rate=float(value) if kind == "rate" else None, num_requests=cfg.num_requests)
+        load = LoadSpec(
+            max_batch_size=int(params["max_batch_size"]),
+            concurrency=int(value) if kind == "concurrency" else None,
+            rate=float(value) if kind == "rate" else None,
+            num_requests=cfg.num_requests,
+        )
         left = None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (clock() - t0)
         try:
             if left is not None and left <= 0:
                 raise TimeoutError
-            run = run_load(ctx.pair, ctx.requests, spec, params["drafter"], load, seed, time_limit_s=left, **ngram)
+            run = run_load(
+                ctx.pair, ctx.requests, spec, params["drafter"], load, seed, time_limit_s=left, **ngram
+            )
         except TimeoutError:  # the limit is the whole trial's, every load level included
-            raise TimeoutError(f"trial exceeded trial_timeout_s={cfg.trial_timeout_s:g} s "
-                               f"({done} of {len(all_levels)} load levels done)") from None
+            raise TimeoutError(
+                f"trial exceeded trial_timeout_s={cfg.trial_timeout_s:g} s "
+                f"({done} of {len(all_levels)} load levels done)"
+            ) from None
         m = run.metrics
         key = int(value) if kind == "concurrency" else int(params["max_batch_size"])
         per_level[key] = LevelMetrics.from_metrics(m)
@@ -229,8 +276,11 @@ def spec_config(params: dict) -> SpecConfig:
     tree = parse_tree(params.get("tree_topk", CHAIN))
     if tree and params.get("drafter") == "model" and int(params["gamma"]) > 0:
         return SpecConfig.for_tree(tree)
-    return SpecConfig(gamma=int(params["gamma"]), confidence_threshold=float(params["confidence_threshold"]),
-                      gamma_schedule=params["gamma_schedule"])
+    return SpecConfig(
+        gamma=int(params["gamma"]),
+        confidence_threshold=float(params["confidence_threshold"]),
+        gamma_schedule=params["gamma_schedule"],
+    )
 
 
 def slo_violations(cfg: TuneConfig, result: dict) -> dict[str, float]:
@@ -267,7 +317,9 @@ def make_objective(ctx: Context, space: Space, on_trial: Callable[[int, dict, di
                 on_trial(trial.number, params, None)
             raise
         trial.set_user_attr("per_level", result["per_level"])
-        if result.get("startup_s") is not None:  # a serving-stack backend: server start-up, apart from the trial
+        if (
+            result.get("startup_s") is not None
+        ):  # a serving-stack backend: server start-up, apart from the trial
             trial.set_user_attr("startup_s", result["startup_s"])
         for key, value in slo_violations(ctx.cfg, result).items():
             trial.set_constraint(key, value)
@@ -278,31 +330,68 @@ def make_objective(ctx: Context, space: Space, on_trial: Callable[[int, dict, di
     return objective
 
 
-def warm_starts(ctx: Context, space: Space, measurement: dict, nearest: dict | None) -> list[tuple[str, dict]]:
+def warm_starts(
+    ctx: Context, space: Space, measurement: dict, nearest: dict | None
+) -> list[tuple[str, dict]]:
     """Enqueued first trials: the AR baseline, the cost model's best points (chains, and with trees searched
     the best tree at the smallest and largest batch size), the nearest profile's choice."""
     cfg = ctx.cfg
-    base = {"drafter": space.drafters[0], "gamma": 0, "confidence_threshold": space.threshold_low,
-            "gamma_schedule": space.gamma_policies[0], "max_batch_size": max(space.max_batch_sizes)}
+    base = {
+        "drafter": space.drafters[0],
+        "gamma": 0,
+        "confidence_threshold": space.threshold_low,
+        "gamma_schedule": space.gamma_policies[0],
+        "max_batch_size": max(space.max_batch_sizes),
+    }
     points = [("baseline (gamma=0)", base)]
     m = Measurement.from_json(measurement)
     curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
-    thresholds = tuple(sorted({space.threshold_low, space.threshold_high, (space.threshold_low + space.threshold_high) / 2}))
+    thresholds = tuple(
+        sorted({space.threshold_low, space.threshold_high, (space.threshold_low + space.threshold_high) / 2})
+    )
     drafter = next((d for d in space.drafters if d != "none"), space.drafters[0])
     for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
-        best = best_gamma(curves, samples, b, min(gmax, space.gamma_high), thresholds,
-                          cfg.max_new_tokens, max(cfg.num_requests, b), [len(r.prompt_ids) for r in ctx.requests])
-        points.append((f"cost model best at batch {b}", {**base, "drafter": drafter, "gamma": max(best.gamma, 1),
-                                                         "confidence_threshold": best.confidence_threshold}))
+        best = best_gamma(
+            curves,
+            samples,
+            b,
+            min(gmax, space.gamma_high),
+            thresholds,
+            cfg.max_new_tokens,
+            max(cfg.num_requests, b),
+            [len(r.prompt_ids) for r in ctx.requests],
+        )
+        points.append(
+            (
+                f"cost model best at batch {b}",
+                {
+                    **base,
+                    "drafter": drafter,
+                    "gamma": max(best.gamma, 1),
+                    "confidence_threshold": best.confidence_threshold,
+                },
+            )
+        )
     ranks = tree_rank_samples(m.acceptance) if space.trees else None
-    trees = [t for t in space.tree_shapes if isinstance(t, tuple) and t]  # the cost model predicts static trees
+    trees = [
+        t for t in space.tree_shapes if isinstance(t, tuple) and t
+    ]  # the cost model predicts static trees
     if ranks and trees:
         for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
             shape, _ = best_tree(curves, ranks, trees, b)
-            points.append((f"cost model best tree at batch {b}", {**base, "drafter": "model", "gamma": len(shape),
-                                                                  "confidence_threshold": 0.0,
-                                                                  "gamma_schedule": "constant",
-                                                                  "tree_topk": tree_name(shape)}))
+            points.append(
+                (
+                    f"cost model best tree at batch {b}",
+                    {
+                        **base,
+                        "drafter": "model",
+                        "gamma": len(shape),
+                        "confidence_threshold": 0.0,
+                        "gamma_schedule": "constant",
+                        "tree_topk": tree_name(shape),
+                    },
+                )
+            )
     if nearest is not None and isinstance(nearest.get("chosen"), dict):
         points.append((f"nearest stored profile #{nearest.get('id')}", {**base, **nearest["chosen"]}))
     out, seen = [], set()
@@ -318,13 +407,25 @@ def warm_starts(ctx: Context, space: Space, measurement: dict, nearest: dict | N
 def open_study(ctx: Context, name: str, resume: bool) -> optuna.Study:
     """Create (or, with ``resume``, load) the study in the profiles database."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.RDBStorage(ctx.cfg.storage, engine_kwargs={"connect_args": {"timeout": 30}}
-                                         if ctx.cfg.storage.startswith("sqlite") else {})
+    storage = optuna.storages.RDBStorage(
+        ctx.cfg.storage,
+        engine_kwargs={"connect_args": {"timeout": 30}} if ctx.cfg.storage.startswith("sqlite") else {},
+    )
     sampler = optuna.samplers.TPESampler(seed=ctx.cfg.seed, multivariate=True, n_startup_trials=6)
-    return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
-                               directions=["maximize", "minimize"], load_if_exists=resume)
+    return optuna.create_study(
+        study_name=name,
+        storage=storage,
+        sampler=sampler,
+        directions=["maximize", "minimize"],
+        load_if_exists=resume,
+    )
 
 
 def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE
-            and t.values is not None and all(math.isfinite(v) for v in t.values)]
+    return [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.state == optuna.trial.TrialState.COMPLETE
+        and t.values is not None
+        and all(math.isfinite(v) for v in t.values)
+    ]

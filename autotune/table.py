@@ -14,7 +14,9 @@ def fmt(value: object, digits: int = 3) -> str:
     if isinstance(value, float):
         if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
             return f"{value:.{digits}g}"
-        return f"{value:.{max(0, digits - len(str(int(abs(value)))))}f}" if abs(value) < 1e3 else f"{value:.0f}"
+        return (
+            f"{value:.{max(0, digits - len(str(int(abs(value)))))}f}" if abs(value) < 1e3 else f"{value:.0f}"
+        )
     if isinstance(value, list):
         return "[" + ", ".join(fmt(v, 2) for v in value) + "]"
     return str(value)

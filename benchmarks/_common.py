@@ -63,23 +63,42 @@ def int_list(text: str) -> list[int]:
     return values
 
 
-def parser(description: str, num_prompts: int = 16, max_new_tokens: int = 64,
-           dtype: bool = True) -> argparse.ArgumentParser:
+def parser(
+    description: str, num_prompts: int = 16, max_new_tokens: int = 64, dtype: bool = True
+) -> argparse.ArgumentParser:
     """The flags every benchmark shares; scripts add their own."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", type=Path, default=DEMO_TARGET, help="target model folder (default: the demo target)")
-    p.add_argument("--draft", type=Path, default=DEMO_DRAFT, help="draft model folder (default: the demo draft)")
-    p.add_argument("--prompts", type=Path, default=DEMO_PROMPTS, help="JSONL workload (default: the demo prompts)")
-    p.add_argument("--num-prompts", type=int, default=num_prompts,
-                   help=f"prompts drawn (seeded) from --prompts; 0 = all (default {num_prompts})")
-    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
-                   help=f"tokens generated per request, overriding the workload's lines (default {max_new_tokens})")
+    p.add_argument(
+        "--target", type=Path, default=DEMO_TARGET, help="target model folder (default: the demo target)"
+    )
+    p.add_argument(
+        "--draft", type=Path, default=DEMO_DRAFT, help="draft model folder (default: the demo draft)"
+    )
+    p.add_argument(
+        "--prompts", type=Path, default=DEMO_PROMPTS, help="JSONL workload (default: the demo prompts)"
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=num_prompts,
+        help=f"prompts drawn (seeded) from --prompts; 0 = all (default {num_prompts})",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=max_new_tokens,
+        help=f"tokens generated per request, overriding the workload's lines (default {max_new_tokens})",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default auto)")
     if dtype:
         p.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype (default float32)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own; recorded)")
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's own; recorded)"
+    )
     p.add_argument("--seed", type=int, default=0, help="prompt draw, arrivals and sampling seed (default 0)")
-    p.add_argument("--out-dir", type=Path, default=RESULTS, help="where <name>.json goes (default benchmarks/results)")
+    p.add_argument(
+        "--out-dir", type=Path, default=RESULTS, help="where <name>.json goes (default benchmarks/results)"
+    )
     return p
 
 
@@ -91,7 +110,8 @@ class Bench:
     args: argparse.Namespace
     started: float = dataclasses.field(default_factory=time.perf_counter)
     started_utc: str = dataclasses.field(
-        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    )
     device: str = "cpu"
 
 
@@ -114,17 +134,28 @@ def load(bench: Bench, dtype: str | None = None, draft: bool = True) -> tuple[Mo
     """The pair (on ``--device`` in ``dtype``, default ``--dtype``) and the benchmark's requests."""
     args = bench.args
     try:
-        pair = load_pair(args.target, args.draft if draft else None, dtype=dtype or args.dtype, device=args.device)
+        pair = load_pair(
+            args.target, args.draft if draft else None, dtype=dtype or args.dtype, device=args.device
+        )
         if pair.tokenizer is None:
             fail(f"{args.target}: no tokenizer.json")
         items = load_workload(args.prompts)
         if 0 < args.num_prompts < len(items):
             keep = sorted(random.Random(args.seed).sample(range(len(items)), args.num_prompts))
             items = [items[i] for i in keep]
-        items = [dataclasses.replace(it, max_new_tokens=args.max_new_tokens, temperature=None, top_k=None,
-                                     top_p=None) for it in items]
-        requests = build_requests(items, pair.tokenizer, Sampling(max_new_tokens=args.max_new_tokens),
-                                  pair.target.config.max_position_embeddings, where=str(args.prompts))
+        items = [
+            dataclasses.replace(
+                it, max_new_tokens=args.max_new_tokens, temperature=None, top_k=None, top_p=None
+            )
+            for it in items
+        ]
+        requests = build_requests(
+            items,
+            pair.tokenizer,
+            Sampling(max_new_tokens=args.max_new_tokens),
+            pair.target.config.max_position_embeddings,
+            where=str(args.prompts),
+        )
     except USER_ERRORS as exc:
         fail(str(exc))
     bench.device = str(pair.target.lm_head.weight.device)
@@ -135,8 +166,11 @@ def compiled_twin(pair: ModelPair, trees: Sequence[Sequence[int]] = ()) -> Model
     """A copy of ``pair`` whose decode/verify forward is compiled (what ``autotune tune`` runs by
     default, models.compile: auto; ``trees``: the tree shapes whose forward is warmed too);
     ``compile_s`` holds the compile time, reported apart."""
-    twin = dataclasses.replace(pair, target=copy.deepcopy(pair.target),
-                               draft=copy.deepcopy(pair.draft) if pair.draft is not None else None)
+    twin = dataclasses.replace(
+        pair,
+        target=copy.deepcopy(pair.target),
+        draft=copy.deepcopy(pair.draft) if pair.draft is not None else None,
+    )
     twin.compile_decode(trees)
     return twin
 
@@ -152,19 +186,33 @@ class PairProfile:
     context: int  # tokens of context the curves were measured at
 
 
-def profile_pair(pair: ModelPair, requests: list[Request], batch_sizes: Sequence[int], gamma_max: int,
-                 new_tokens: int, repeats: int = 7, seed: int = 0) -> PairProfile:
+def profile_pair(
+    pair: ModelPair,
+    requests: list[Request],
+    batch_sizes: Sequence[int],
+    gamma_max: int,
+    new_tokens: int,
+    repeats: int = 7,
+    seed: int = 0,
+) -> PairProfile:
     """Profile ``pair`` as ``autotune profile`` does: T_verify(B, k) for k = 1..gamma_max + 1, T_draft(B),
     T_prefill(B) at the workload's context (median prompt + new_tokens / 2), the engine's overhead
     around the forwards, and per-position acceptance at gamma_max (B=1, threshold 0)."""
     prompt = int(statistics.median(len(r.prompt_ids) for r in requests))
     context = prompt + new_tokens // 2
-    curves = measure_curves(pair, sorted(set(batch_sizes)), gamma_max, context, repeats=repeats, prompt_tokens=prompt)
+    curves = measure_curves(
+        pair, sorted(set(batch_sizes)), gamma_max, context, repeats=repeats, prompt_tokens=prompt
+    )
     measure_overhead(pair, requests, curves, seed)
     acceptance = measure_acceptance(pair, requests, "model", gamma_max, seed)
     samples = samples_from_json(acceptance)
-    return PairProfile(curves_from_json(curves), samples, curves,
-                       {k: v for k, v in acceptance.items() if k != "samples"} | {"n_samples": len(samples)}, context)
+    return PairProfile(
+        curves_from_json(curves),
+        samples,
+        curves,
+        {k: v for k, v in acceptance.items() if k != "samples"} | {"n_samples": len(samples)},
+        context,
+    )
 
 
 def sync(device: torch.device | str) -> None:

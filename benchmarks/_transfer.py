@@ -37,10 +37,21 @@ def arguments(doc: str, stack: str, extra: list[tuple[str, str, str]]) -> argpar
     p.add_argument("--repeats", type=int, default=3)
     for flag, default, text in extra:
         p.add_argument(flag, default=default, help=text)
-    p.add_argument("--engine-profile", metavar="ID", type=int, default=None,
-                   help="profile id (default: newest engine-backend one)")
-    p.add_argument(f"--{stack}-profile", dest="stack_profile", metavar="ID", type=int, default=None,
-                   help=f"profile id (default: newest {stack}-backend one)")
+    p.add_argument(
+        "--engine-profile",
+        metavar="ID",
+        type=int,
+        default=None,
+        help="profile id (default: newest engine-backend one)",
+    )
+    p.add_argument(
+        f"--{stack}-profile",
+        dest="stack_profile",
+        metavar="ID",
+        type=int,
+        default=None,
+        help=f"profile id (default: newest {stack}-backend one)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"transfer_{stack}.json")
     return p.parse_args()
 
@@ -51,8 +62,13 @@ def open_stack(args: argparse.Namespace, stack: str, backend_cls) -> tuple:
         cfg = load_config(args.config)
         ctx = context.build(cfg)
         backend = backend_cls(ctx)
-        return (cfg, ctx, backend, newest_profile(ctx, "engine", args.engine_profile),
-                newest_profile(ctx, stack, args.stack_profile))
+        return (
+            cfg,
+            ctx,
+            backend,
+            newest_profile(ctx, "engine", args.engine_profile),
+            newest_profile(ctx, stack, args.stack_profile),
+        )
     except USER_ERRORS as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         sys.exit(2)
@@ -66,14 +82,18 @@ def newest_profile(ctx, backend: str, profile_id: int | None) -> dict | None:
         if row["backend"] != backend:
             continue
         prof = ctx.store.get_profile(row["id"])
-        if (prof["device"]["key"] == ctx.device_key and prof["pair"]["target_hash"] == ctx.target_hash
-                and prof["pair"].get("draft_hash") == ctx.draft_hash):
+        if (
+            prof["device"]["key"] == ctx.device_key
+            and prof["pair"]["target_hash"] == ctx.target_hash
+            and prof["pair"].get("draft_hash") == ctx.draft_hash
+        ):
             return prof
     return None
 
 
-def measure_plan(backend, plan: list[tuple[str, list[str]]], batch: int, repeats: int, seed: int,
-                 host_flag: str = "--host") -> list[dict]:
+def measure_plan(
+    backend, plan: list[tuple[str, list[str]]], batch: int, repeats: int, seed: int, host_flag: str = "--host"
+) -> list[dict]:
     """Run every configuration of ``plan`` in a fresh server; one row per entry (see the module docstring)."""
     measured: dict[str, dict] = {}
     rows = []
@@ -96,16 +116,24 @@ def measure_plan(backend, plan: list[tuple[str, list[str]]], batch: int, repeats
             continue
         first_level = min(records)
         entry = {
-            "config": label, "args": shlex.join(command[1:command.index(host_flag)]),
-            "startup_s": backend.server.startup_s, "tokens_per_second_runs": tps,
-            "tokens_per_second": statistics.median(tps), "min": min(tps), "max": max(tps),
+            "config": label,
+            "args": shlex.join(command[1 : command.index(host_flag)]),
+            "startup_s": backend.server.startup_s,
+            "tokens_per_second_runs": tps,
+            "tokens_per_second": statistics.median(tps),
+            "min": min(tps),
+            "max": max(tps),
             "acceptance_rate": runs[-1]["per_level"][first_level]["acceptance_rate"],
-            "per_level": runs[-1]["per_level"], "outputs": [r.output_tokens for r in records[first_level]],
+            "per_level": runs[-1]["per_level"],
+            "outputs": [r.output_tokens for r in records[first_level]],
         }
         measured.setdefault(key, entry)
         rows.append(entry)
-        print(f"{label}: {entry['tokens_per_second']:.1f} tok/s ({entry['min']:.1f}-{entry['max']:.1f}), "
-              f"start-up {entry['startup_s']:.1f} s", file=sys.stderr)
+        print(
+            f"{label}: {entry['tokens_per_second']:.1f} tok/s ({entry['min']:.1f}-{entry['max']:.1f}), "
+            f"start-up {entry['startup_s']:.1f} s",
+            file=sys.stderr,
+        )
     backend.close()
     return rows
 
@@ -135,8 +163,11 @@ def summarize(rows: list[dict], greedy: bool, chosen_prefix: str) -> dict:
         "engine_export_over_no_speculation": first("engine-backend export", "over_no_speculation"),
         "choice_over_grid_best": first(chosen_prefix, "over_grid_best"),
         "choice_over_no_speculation": first(chosen_prefix, "over_no_speculation"),
-        "drift_no_speculation_last_over_first": (last["tokens_per_second"] / base["tokens_per_second"]
-                                                 if base and last and "error" not in last else None),
+        "drift_no_speculation_last_over_first": (
+            last["tokens_per_second"] / base["tokens_per_second"]
+            if base and last and "error" not in last
+            else None
+        ),
     }
 
 
@@ -148,11 +179,39 @@ def report(out: Path, header: str, result: dict) -> None:
     tmp.replace(out)
     rows = result["rows"]
     print(f"\n{header}\n")
-    print(table(["configuration", "tok/s (median)", "min", "max", "x no-spec", "x grid best", "acceptance",
-                 "greedy = no-spec", "start-up s"],
-                [(r["config"], r.get("tokens_per_second"), r.get("min"), r.get("max"), r.get("over_no_speculation"),
-                  r.get("over_grid_best"), r.get("acceptance_rate"), r.get("greedy_identical"), r.get("startup_s"))
-                 for r in rows]))
-    print("\n" + "\n".join(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}"
-                           for k, v in result["summary"].items()))
+    print(
+        table(
+            [
+                "configuration",
+                "tok/s (median)",
+                "min",
+                "max",
+                "x no-spec",
+                "x grid best",
+                "acceptance",
+                "greedy = no-spec",
+                "start-up s",
+            ],
+            [
+                (
+                    r["config"],
+                    r.get("tokens_per_second"),
+                    r.get("min"),
+                    r.get("max"),
+                    r.get("over_no_speculation"),
+                    r.get("over_grid_best"),
+                    r.get("acceptance_rate"),
+                    r.get("greedy_identical"),
+                    r.get("startup_s"),
+                )
+                for r in rows
+            ],
+        )
+    )
+    print(
+        "\n"
+        + "\n".join(
+            f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}" for k, v in result["summary"].items()
+        )
+    )
     print(f"\nwrote {out}")

@@ -39,8 +39,18 @@ from autotune.runner import LoadSpec, run_load
 from engine.speculative import SpecConfig
 
 NAME = "costmodel_accuracy"
-HEADERS = ["B", "gamma", "predicted tok/s", "measured tok/s", "error", "step-phase tok/s", "step error",
-           "predicted E", "measured E", "mean batch"]
+HEADERS = [
+    "B",
+    "gamma",
+    "predicted tok/s",
+    "measured tok/s",
+    "error",
+    "step-phase tok/s",
+    "step error",
+    "predicted E",
+    "measured E",
+    "mean batch",
+]
 
 
 def step_phase_tps(metrics: dict, gamma: int) -> float:
@@ -56,8 +66,12 @@ def main() -> None:
     p = _common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--gammas", type=_common.int_list, default=[0, 1, 2, 4, 6, 8], help="default 0,1,2,4,6,8")
     p.add_argument("--batch-sizes", type=_common.int_list, default=[1, 2, 4, 8], help="default 1,2,4,8")
-    p.add_argument("--gamma-max", type=int, default=8, help="profiled positions and verify widths (default 8)")
-    p.add_argument("--repeats", type=int, default=7, help="timed repeats per curve point (default 7, the profiler's)")
+    p.add_argument(
+        "--gamma-max", type=int, default=8, help="profiled positions and verify widths (default 8)"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=7, help="timed repeats per curve point (default 7, the profiler's)"
+    )
     p.add_argument("--num-requests", type=int, default=None, help="requests per run (default: max(2*B, 8))")
     args = p.parse_args()
     if max(args.gammas) > args.gamma_max or 0 in args.batch_sizes:
@@ -66,45 +80,86 @@ def main() -> None:
     pair, requests = _common.load(bench)
     batch_sizes = sorted(set(args.batch_sizes))
     print(f"profiling: curves for B in {batch_sizes}, k = 1..{args.gamma_max + 1}", flush=True)
-    prof = _common.profile_pair(pair, requests, batch_sizes, args.gamma_max, args.max_new_tokens, args.repeats, args.seed)
+    prof = _common.profile_pair(
+        pair, requests, batch_sizes, args.gamma_max, args.max_new_tokens, args.repeats, args.seed
+    )
     cv, samples, context = prof.curves, prof.samples, prof.context
-    print(f"profiling: acceptance {prof.acceptance['acceptance_rate'] or 0:.3f} at gamma {args.gamma_max} "
-          f"({len(samples)} step samples), context {context}", flush=True)
+    print(
+        f"profiling: acceptance {prof.acceptance['acceptance_rate'] or 0:.3f} at gamma {args.gamma_max} "
+        f"({len(samples)} step samples), context {context}",
+        flush=True,
+    )
     prompt_lens = [len(r.prompt_ids) for r in requests]
     cells = []
     for b in batch_sizes:
         load = LoadSpec(max_batch_size=b, concurrency=b, num_requests=args.num_requests or max(2 * b, 8))
         for g in args.gammas:
             pred = predict(cv, samples, g, 0.0, b, args.max_new_tokens, load.num_requests, prompt_lens)
-            m = run_load(pair, requests, SpecConfig(gamma=g), "model" if g else "none", load, args.seed).metrics
+            m = run_load(
+                pair, requests, SpecConfig(gamma=g), "model" if g else "none", load, args.seed
+            ).metrics
             step_tps = step_phase_tps(m, g)
-            cells.append({
-                "batch_size": b, "gamma": g, "num_requests": load.num_requests,
-                "predicted_tokens_per_second": pred.tokens_per_second, "measured_tokens_per_second": m["tokens_per_second"],
-                "abs_rel_error": abs(pred.tokens_per_second - m["tokens_per_second"]) / m["tokens_per_second"],
-                "step_phase_tokens_per_second": step_tps,
-                "step_phase_abs_rel_error": abs(pred.tokens_per_second - step_tps) / step_tps,
-                "predicted_tokens_per_step": pred.tokens_per_step, "measured_tokens_per_step": m["mean_acceptance_length"],
-                "predicted_step_ms": 1e3 * pred.step_time_s,
-                "measured_step_ms": m["verify_step_ms"] + g * (m["draft_forward_ms"] or 0.0),
-                "predicted_tpot_ms": pred.tpot_ms, "measured_tpot_ms_p50": m["tpot_ms_p50"],
-                "mean_batch_size": m["mean_batch_size"], "wall_s": m["wall_s"],
-            })
-            print(f"  B={b} gamma={g}: predicted {pred.tokens_per_second:.1f}, measured "
-                  f"{m['tokens_per_second']:.1f} tok/s", flush=True)
-    rows = [(c["batch_size"], c["gamma"], c["predicted_tokens_per_second"], c["measured_tokens_per_second"],
-             f"{100 * c['abs_rel_error']:.1f}%", c["step_phase_tokens_per_second"],
-             f"{100 * c['step_phase_abs_rel_error']:.1f}%", c["predicted_tokens_per_step"],
-             c["measured_tokens_per_step"], c["mean_batch_size"]) for c in cells]
-    _common.print_table(f"cost model vs measured on {bench.device} ({len(requests)} prompts, {args.max_new_tokens} "
-                        f"new tokens, greedy, context {context})", HEADERS, rows)
+            cells.append(
+                {
+                    "batch_size": b,
+                    "gamma": g,
+                    "num_requests": load.num_requests,
+                    "predicted_tokens_per_second": pred.tokens_per_second,
+                    "measured_tokens_per_second": m["tokens_per_second"],
+                    "abs_rel_error": abs(pred.tokens_per_second - m["tokens_per_second"])
+                    / m["tokens_per_second"],
+                    "step_phase_tokens_per_second": step_tps,
+                    "step_phase_abs_rel_error": abs(pred.tokens_per_second - step_tps) / step_tps,
+                    "predicted_tokens_per_step": pred.tokens_per_step,
+                    "measured_tokens_per_step": m["mean_acceptance_length"],
+                    "predicted_step_ms": 1e3 * pred.step_time_s,
+                    "measured_step_ms": m["verify_step_ms"] + g * (m["draft_forward_ms"] or 0.0),
+                    "predicted_tpot_ms": pred.tpot_ms,
+                    "measured_tpot_ms_p50": m["tpot_ms_p50"],
+                    "mean_batch_size": m["mean_batch_size"],
+                    "wall_s": m["wall_s"],
+                }
+            )
+            print(
+                f"  B={b} gamma={g}: predicted {pred.tokens_per_second:.1f}, measured "
+                f"{m['tokens_per_second']:.1f} tok/s",
+                flush=True,
+            )
+    rows = [
+        (
+            c["batch_size"],
+            c["gamma"],
+            c["predicted_tokens_per_second"],
+            c["measured_tokens_per_second"],
+            f"{100 * c['abs_rel_error']:.1f}%",
+            c["step_phase_tokens_per_second"],
+            f"{100 * c['step_phase_abs_rel_error']:.1f}%",
+            c["predicted_tokens_per_step"],
+            c["measured_tokens_per_step"],
+            c["mean_batch_size"],
+        )
+        for c in cells
+    ]
+    _common.print_table(
+        f"cost model vs measured on {bench.device} ({len(requests)} prompts, {args.max_new_tokens} "
+        f"new tokens, greedy, context {context})",
+        HEADERS,
+        rows,
+    )
     median_err = statistics.median(c["abs_rel_error"] for c in cells)
     median_step = statistics.median(c["step_phase_abs_rel_error"] for c in cells)
     print(f"median |error|: {100 * median_err:.1f}% (goal <= 10%); step-phase: {100 * median_step:.1f}%")
-    _common.write_json(bench, {
-        "cells": cells, "median_abs_rel_error": median_err, "median_step_phase_abs_rel_error": median_step,
-        "context_tokens": context, "curves": prof.raw_curves, "acceptance": prof.acceptance,
-    })
+    _common.write_json(
+        bench,
+        {
+            "cells": cells,
+            "median_abs_rel_error": median_err,
+            "median_step_phase_abs_rel_error": median_step,
+            "context_tokens": context,
+            "curves": prof.raw_curves,
+            "acceptance": prof.acceptance,
+        },
+    )
 
 
 if __name__ == "__main__":

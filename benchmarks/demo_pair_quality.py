@@ -48,29 +48,67 @@ def main() -> None:
         reqs = [dataclasses.replace(r, temperature=TEMPERATURE[mode]) for r in requests]
         print(f"{mode}: {len(reqs)} prompts, gamma {args.gamma}, B=1 ...", flush=True)
         m = compare(pair, reqs, SpecConfig(gamma=args.gamma), "model", load, args.seed)
-        keep = ("acceptance_rate", "per_position_acceptance", "mean_acceptance_length", "speedup",
-                "draft_cost_ratio", "tokens_per_second", "baseline_tokens_per_second", "generated_tokens",
-                "draft_forward_ms", "verify_step_ms", "baseline_verify_step_ms", "greedy_match")
+        keep = (
+            "acceptance_rate",
+            "per_position_acceptance",
+            "mean_acceptance_length",
+            "speedup",
+            "draft_cost_ratio",
+            "tokens_per_second",
+            "baseline_tokens_per_second",
+            "generated_tokens",
+            "draft_forward_ms",
+            "verify_step_ms",
+            "baseline_verify_step_ms",
+            "greedy_match",
+        )
         results[mode] = {k: m.get(k) for k in keep} | {
-            "bars": {k: {"bar": v, "met": bool(m[k] >= v)} for k, v in BARS[mode].items()}}
+            "bars": {k: {"bar": v, "met": bool(m[k] >= v)} for k, v in BARS[mode].items()}
+        }
         ratio = m.get("draft_cost_ratio")
         results[mode]["bars"]["draft_cost_ratio"] = {"bar": 0.2, "met": ratio is not None and ratio <= 0.2}
-        rows.append((mode, m["acceptance_rate"], ", ".join(f"{a:.2f}" for a in m["per_position_acceptance"]),
-                     m["mean_acceptance_length"], m["speedup"], ratio, m["tokens_per_second"],
-                     m["baseline_tokens_per_second"], m.get("greedy_match", "-")))
+        rows.append(
+            (
+                mode,
+                m["acceptance_rate"],
+                ", ".join(f"{a:.2f}" for a in m["per_position_acceptance"]),
+                m["mean_acceptance_length"],
+                m["speedup"],
+                ratio,
+                m["tokens_per_second"],
+                m["baseline_tokens_per_second"],
+                m.get("greedy_match", "-"),
+            )
+        )
     _common.print_table(
         f"demo pair, gamma {args.gamma}, B=1, {len(requests)} held-out prompts, up to {args.max_new_tokens} new tokens",
-        ["mode", "acceptance", "per position", "mean accepted length", "speedup", "draft cost ratio",
-         "spec tok/s", "AR tok/s", "greedy match"], rows)
+        [
+            "mode",
+            "acceptance",
+            "per position",
+            "mean accepted length",
+            "speedup",
+            "draft cost ratio",
+            "spec tok/s",
+            "AR tok/s",
+            "greedy match",
+        ],
+        rows,
+    )
     for mode in modes:
-        bars = ", ".join(f"{k} {'met' if v['met'] else 'MISSED'} (bar {v['bar']})"
-                         for k, v in results[mode]["bars"].items())
+        bars = ", ".join(
+            f"{k} {'met' if v['met'] else 'MISSED'} (bar {v['bar']})"
+            for k, v in results[mode]["bars"].items()
+        )
         print(f"{mode}: {bars}")
 
     tok = pair.tokenizer
     picks = [requests[i * len(requests) // SAMPLES] for i in range(SAMPLES)]
-    out = generate(pair, [dataclasses.replace(r, temperature=0.0, id=i) for i, r in enumerate(picks)],
-                   SpecConfig(gamma=args.gamma))
+    out = generate(
+        pair,
+        [dataclasses.replace(r, temperature=0.0, id=i) for i, r in enumerate(picks)],
+        SpecConfig(gamma=args.gamma),
+    )
     samples = []
     print("\ntarget greedy continuations (prompt tail | continuation):")
     for r, toks in zip(picks, out.tokens, strict=True):

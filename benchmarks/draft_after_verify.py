@@ -32,7 +32,10 @@ NAME = "draft_after_verify"
 def timed_positions(target, draft, gamma: int, context: int, repeats: int, verify: bool) -> list[float]:
     """Median seconds of each of the ``gamma`` draft forwards, with or without a verify pass before."""
     device = draft.lm_head.weight.device
-    t_cache, d_cache = target.new_cache(1, context + 2 * gamma + 4), draft.new_cache(1, context + 2 * gamma + 4)
+    t_cache, d_cache = (
+        target.new_cache(1, context + 2 * gamma + 4),
+        draft.new_cache(1, context + 2 * gamma + 4),
+    )
     prompt = torch.randint(1, draft.config.vocab_size, (1, context), device=device)
     pos = torch.tensor([context], device=device)
     times: list[list[float]] = [[] for _ in range(gamma)]
@@ -59,7 +62,9 @@ def main() -> None:
     p.add_argument("--gamma", type=int, default=4, help="draft forwards per step (default 4)")
     p.add_argument("--context", type=int, default=200, help="tokens already in the caches (default 200)")
     p.add_argument("--repeats", type=int, default=40, help="timed steps per cell (default 40)")
-    p.add_argument("--dtypes", default="float32,bfloat16", help="draft dtypes to compare (default float32,bfloat16)")
+    p.add_argument(
+        "--dtypes", default="float32,bfloat16", help="draft dtypes to compare (default float32,bfloat16)"
+    )
     args = p.parse_args()
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.gamma < 1 or args.context < args.gamma + 1 or any(d not in _common.DTYPES for d in dtypes):
@@ -72,15 +77,25 @@ def main() -> None:
         draft = load_model(args.draft, dtype, args.device)
         alone = timed_positions(target, draft, args.gamma, args.context, args.repeats, verify=False)
         after = timed_positions(target, draft, args.gamma, args.context, args.repeats, verify=True)
-        cells.append({"draft_dtype": dtype, "draft_only_s": alone, "after_verify_s": after,
-                      "mean_ratio": statistics.fmean(after) / statistics.fmean(alone)})
+        cells.append(
+            {
+                "draft_dtype": dtype,
+                "draft_only_s": alone,
+                "after_verify_s": after,
+                "mean_ratio": statistics.fmean(after) / statistics.fmean(alone),
+            }
+        )
         for label, t in (("draft only", alone), ("after verify", after)):
             rows.append((dtype, label, *(f"{1e3 * x:.2f}" for x in t), f"{1e3 * statistics.fmean(t):.2f}"))
     _common.print_table(
         f"draft forward ms by position in the step (B=1, context {args.context}, target {args.dtype}, {bench.device})",
-        ["draft dtype", "loop", *(f"pos {j + 1}" for j in range(args.gamma)), "mean"], rows)
+        ["draft dtype", "loop", *(f"pos {j + 1}" for j in range(args.gamma)), "mean"],
+        rows,
+    )
     for c in cells:
-        print(f"{c['draft_dtype']}: a draft forward after a verify pass costs {c['mean_ratio']:.2f}x one in a draft-only loop")
+        print(
+            f"{c['draft_dtype']}: a draft forward after a verify pass costs {c['mean_ratio']:.2f}x one in a draft-only loop"
+        )
     _common.write_json(bench, {"cells": cells})
 
 

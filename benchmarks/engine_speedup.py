@@ -52,18 +52,41 @@ from engine.metrics import speedup
 from engine.speculative import SpecConfig
 
 NAME = "engine_speedup"
-HEADERS = ["engine", "B", "gamma", "acceptance", "E[tokens/step]", "T_draft ms", "T_verify ms", "T_decode ms",
-           "profile-predicted", "step formula", "measured speedup", "measured/predicted", "measured/step formula",
-           "greedy_match"]
+HEADERS = [
+    "engine",
+    "B",
+    "gamma",
+    "acceptance",
+    "E[tokens/step]",
+    "T_draft ms",
+    "T_verify ms",
+    "T_decode ms",
+    "profile-predicted",
+    "step formula",
+    "measured speedup",
+    "measured/predicted",
+    "measured/step formula",
+    "greedy_match",
+]
 
 
-def predicted_speedup(e_tokens: float, t_decode: float, n_draft: float, t_draft: float, t_verify: float) -> float:
+def predicted_speedup(
+    e_tokens: float, t_decode: float, n_draft: float, t_draft: float, t_verify: float
+) -> float:
     """E(gamma) * T_decode / (n_draft * T_draft + T_verify)."""
     return e_tokens * t_decode / (n_draft * t_draft + t_verify)
 
 
-def measure_cell(pair, requests, batch: int, gamma: int, num_requests: int, seed: int,
-                 prof: _common.PairProfile, new_tokens: int) -> dict:
+def measure_cell(
+    pair,
+    requests,
+    batch: int,
+    gamma: int,
+    num_requests: int,
+    seed: int,
+    prof: _common.PairProfile,
+    new_tokens: int,
+) -> dict:
     """Speculative then autoregressive run of the same requests at batch size ``batch``, and the
     profile's prediction of that speedup."""
     load = LoadSpec(max_batch_size=batch, concurrency=batch, num_requests=num_requests)
@@ -73,25 +96,52 @@ def measure_cell(pair, requests, batch: int, gamma: int, num_requests: int, seed
     ppa = sm["per_position_acceptance"]
     e_tokens = 1.0 + sum(a or 0.0 for a in ppa[:gamma])
     n_draft = float(gamma)
-    pred = predicted_speedup(e_tokens, bm["verify_step_ms"], n_draft, sm["draft_forward_ms"], sm["verify_step_ms"])
+    pred = predicted_speedup(
+        e_tokens, bm["verify_step_ms"], n_draft, sm["draft_forward_ms"], sm["verify_step_ms"]
+    )
     meas = speedup(bm["wall_s"], sm["wall_s"])
     dec = speedup(_common.decode_seconds(base), _common.decode_seconds(spec))
-    model = predict(prof.curves, prof.samples, gamma, 0.0, batch, new_tokens, num_requests,
-                    [len(r.prompt_ids) for r in requests]).speedup
+    model = predict(
+        prof.curves,
+        prof.samples,
+        gamma,
+        0.0,
+        batch,
+        new_tokens,
+        num_requests,
+        [len(r.prompt_ids) for r in requests],
+    ).speedup
     return {
         "engine": "compiled" if pair.target.compiled else "eager",
-        "batch_size": batch, "gamma": gamma, "num_requests": num_requests,
-        "acceptance_rate": sm["acceptance_rate"], "per_position_acceptance": ppa,
-        "expected_tokens_per_step": e_tokens, "mean_acceptance_length": sm["mean_acceptance_length"],
-        "draft_forwards_per_step": n_draft, "t_draft_ms": sm["draft_forward_ms"], "t_verify_ms": sm["verify_step_ms"],
-        "t_decode_ms": bm["verify_step_ms"], "profile_predicted_speedup": model, "predicted_speedup": pred,
-        "measured_speedup": meas, "decode_speedup": dec, "measured_over_profile_predicted": meas / model,
-        "measured_over_predicted": meas / pred, "decode_over_predicted": dec / pred,
+        "batch_size": batch,
+        "gamma": gamma,
+        "num_requests": num_requests,
+        "acceptance_rate": sm["acceptance_rate"],
+        "per_position_acceptance": ppa,
+        "expected_tokens_per_step": e_tokens,
+        "mean_acceptance_length": sm["mean_acceptance_length"],
+        "draft_forwards_per_step": n_draft,
+        "t_draft_ms": sm["draft_forward_ms"],
+        "t_verify_ms": sm["verify_step_ms"],
+        "t_decode_ms": bm["verify_step_ms"],
+        "profile_predicted_speedup": model,
+        "predicted_speedup": pred,
+        "measured_speedup": meas,
+        "decode_speedup": dec,
+        "measured_over_profile_predicted": meas / model,
+        "measured_over_predicted": meas / pred,
+        "decode_over_predicted": dec / pred,
         "greedy_match": _common.outputs(spec) == _common.outputs(base),
-        "spec_wall_s": sm["wall_s"], "ar_wall_s": bm["wall_s"], "spec_steps": sm["steps"], "ar_steps": bm["steps"],
-        "spec_decode_s": _common.decode_seconds(spec), "ar_decode_s": _common.decode_seconds(base),
-        "spec_mean_batch_size": sm["mean_batch_size"], "ar_mean_batch_size": bm["mean_batch_size"],
-        "generated_tokens": sm["generated_tokens"], "spec_tokens_per_second": sm["tokens_per_second"],
+        "spec_wall_s": sm["wall_s"],
+        "ar_wall_s": bm["wall_s"],
+        "spec_steps": sm["steps"],
+        "ar_steps": bm["steps"],
+        "spec_decode_s": _common.decode_seconds(spec),
+        "ar_decode_s": _common.decode_seconds(base),
+        "spec_mean_batch_size": sm["mean_batch_size"],
+        "ar_mean_batch_size": bm["mean_batch_size"],
+        "generated_tokens": sm["generated_tokens"],
+        "spec_tokens_per_second": sm["tokens_per_second"],
         "ar_tokens_per_second": bm["tokens_per_second"],
     }
 
@@ -100,15 +150,27 @@ def per_forward(cells: list[dict], batch_sizes: list[int]) -> list[dict]:
     """Median T_draft, T_verify, T_decode and draft_cost_ratio per batch size, eager next to compiled."""
     out = []
     for b in batch_sizes:
-        mine = {e: [c for c in cells if c["batch_size"] == b and c["engine"] == e] for e in ("eager", "compiled")}
+        mine = {
+            e: [c for c in cells if c["batch_size"] == b and c["engine"] == e] for e in ("eager", "compiled")
+        }
         if not all(mine.values()):
             continue
-        for forward, value in (("T_draft", lambda c: c["t_draft_ms"]), ("T_verify", lambda c: c["t_verify_ms"]),
-                               ("T_decode", lambda c: c["t_decode_ms"]),
-                               ("draft_cost_ratio", lambda c: c["t_draft_ms"] / c["t_decode_ms"])):
+        for forward, value in (
+            ("T_draft", lambda c: c["t_draft_ms"]),
+            ("T_verify", lambda c: c["t_verify_ms"]),
+            ("T_decode", lambda c: c["t_decode_ms"]),
+            ("draft_cost_ratio", lambda c: c["t_draft_ms"] / c["t_decode_ms"]),
+        ):
             e, k = (statistics.median(value(c) for c in mine[name]) for name in ("eager", "compiled"))
-            out.append({"batch_size": b, "forward": forward, "eager_ms": e, "compiled_ms": k,
-                        "compiled_over_eager": k / e})
+            out.append(
+                {
+                    "batch_size": b,
+                    "forward": forward,
+                    "eager_ms": e,
+                    "compiled_ms": k,
+                    "compiled_over_eager": k / e,
+                }
+            )
     return out
 
 
@@ -116,10 +178,18 @@ def main() -> None:
     p = _common.parser(__doc__.split("\n\n")[0], num_prompts=12)
     p.add_argument("--batch-sizes", type=_common.int_list, default=[1, 8], help="default 1,8")
     p.add_argument("--gammas", type=_common.int_list, default=list(range(1, 9)), help="default 1..8")
-    p.add_argument("--engine", choices=("both", "compiled", "eager"), default="both",
-                   help="decode/verify compiled, eager, or both interleaved per cell (default both)")
-    p.add_argument("--num-requests", type=int, default=None,
-                   help="requests per run (default: max(number of prompts, 2*B))")
+    p.add_argument(
+        "--engine",
+        choices=("both", "compiled", "eager"),
+        default="both",
+        help="decode/verify compiled, eager, or both interleaved per cell (default both)",
+    )
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests per run (default: max(number of prompts, 2*B))",
+    )
     args = p.parse_args()
     if 0 in args.gammas or 0 in args.batch_sizes:
         _common.fail("--gammas and --batch-sizes must be >= 1")
@@ -133,9 +203,12 @@ def main() -> None:
         engines["eager"] = eager
     profiles = {}
     for name, pair in engines.items():
-        print(f"profiling the {name} engine: B in {args.batch_sizes}, k = 1..{max(args.gammas) + 1}", flush=True)
-        profiles[name] = _common.profile_pair(pair, requests, args.batch_sizes, max(args.gammas),
-                                              args.max_new_tokens, seed=args.seed)
+        print(
+            f"profiling the {name} engine: B in {args.batch_sizes}, k = 1..{max(args.gammas) + 1}", flush=True
+        )
+        profiles[name] = _common.profile_pair(
+            pair, requests, args.batch_sizes, max(args.gammas), args.max_new_tokens, seed=args.seed
+        )
     cells = []
     for b in args.batch_sizes:
         n = args.num_requests or max(len(requests), 2 * b)
@@ -143,45 +216,87 @@ def main() -> None:
             for name, pair in engines.items():
                 cell = measure_cell(pair, requests, b, g, n, args.seed, profiles[name], args.max_new_tokens)
                 cells.append(cell)
-                print(f"  {name} B={b} gamma={g}: measured {cell['measured_speedup']:.2f}x, profile-predicted "
-                      f"{cell['profile_predicted_speedup']:.2f}x, step formula {cell['predicted_speedup']:.2f}x",
-                      flush=True)
-    rows = [(c["engine"], c["batch_size"], c["gamma"], c["acceptance_rate"], c["expected_tokens_per_step"], c["t_draft_ms"],
-             c["t_verify_ms"], c["t_decode_ms"], c["profile_predicted_speedup"], c["predicted_speedup"],
-             c["measured_speedup"], c["measured_over_profile_predicted"], c["measured_over_predicted"],
-             c["greedy_match"]) for c in cells]
-    _common.print_table(f"speculative vs autoregressive on {bench.device} ({len(requests)} prompts, "
-                        f"{args.max_new_tokens} new tokens, greedy)", HEADERS, rows)
+                print(
+                    f"  {name} B={b} gamma={g}: measured {cell['measured_speedup']:.2f}x, profile-predicted "
+                    f"{cell['profile_predicted_speedup']:.2f}x, step formula {cell['predicted_speedup']:.2f}x",
+                    flush=True,
+                )
+    rows = [
+        (
+            c["engine"],
+            c["batch_size"],
+            c["gamma"],
+            c["acceptance_rate"],
+            c["expected_tokens_per_step"],
+            c["t_draft_ms"],
+            c["t_verify_ms"],
+            c["t_decode_ms"],
+            c["profile_predicted_speedup"],
+            c["predicted_speedup"],
+            c["measured_speedup"],
+            c["measured_over_profile_predicted"],
+            c["measured_over_predicted"],
+            c["greedy_match"],
+        )
+        for c in cells
+    ]
+    _common.print_table(
+        f"speculative vs autoregressive on {bench.device} ({len(requests)} prompts, "
+        f"{args.max_new_tokens} new tokens, greedy)",
+        HEADERS,
+        rows,
+    )
     forwards = per_forward(cells, args.batch_sizes)
     if len(engines) == 2:
-        _common.print_table("per-forward times, compiled vs eager (medians over the gammas; draft_cost_ratio = "
-                            "T_draft / T_decode)", ["B", "forward", "eager ms", "compiled ms", "compiled/eager"],
-                            [(r["batch_size"], r["forward"], r["eager_ms"], r["compiled_ms"], r["compiled_over_eager"])
-                             for r in forwards])
+        _common.print_table(
+            "per-forward times, compiled vs eager (medians over the gammas; draft_cost_ratio = "
+            "T_draft / T_decode)",
+            ["B", "forward", "eager ms", "compiled ms", "compiled/eager"],
+            [
+                (r["batch_size"], r["forward"], r["eager_ms"], r["compiled_ms"], r["compiled_over_eager"])
+                for r in forwards
+            ],
+        )
     summary = {}
-    for (name, b) in [(name, b) for name in engines for b in args.batch_sizes]:
+    for name, b in [(name, b) for name in engines for b in args.batch_sizes]:
         mine = [c for c in cells if c["batch_size"] == b and c["engine"] == name]
         best = max(mine, key=lambda c: c["measured_speedup"])
         summary[f"{name}/{b}"] = {
-            "median_measured_over_profile_predicted": statistics.median(c["measured_over_profile_predicted"]
-                                                                        for c in mine),
+            "median_measured_over_profile_predicted": statistics.median(
+                c["measured_over_profile_predicted"] for c in mine
+            ),
             "median_measured_over_predicted": statistics.median(c["measured_over_predicted"] for c in mine),
             "median_decode_over_predicted": statistics.median(c["decode_over_predicted"] for c in mine),
-            "best_gamma": best["gamma"], "best_measured_speedup": best["measured_speedup"],
+            "best_gamma": best["gamma"],
+            "best_measured_speedup": best["measured_speedup"],
             "all_greedy_match": all(c["greedy_match"] for c in mine),
         }
         s = summary[f"{name}/{b}"]
         goal = " (goal >= 0.95)" if b == 1 else " (goal >= 0.85)" if b == 8 else ""
-        print(f"{name} B={b}: measured/profile-predicted median {s['median_measured_over_profile_predicted']:.3f}"
-              f"{goal}; measured/step formula {s['median_measured_over_predicted']:.3f}, decode/step formula "
-              f"{s['median_decode_over_predicted']:.3f}; best gamma {s['best_gamma']} "
-              f"({s['best_measured_speedup']:.2f}x); greedy match {'all' if s['all_greedy_match'] else 'NOT all'}")
-    _common.write_json(bench, {
-        "cells": cells, "summary": summary, "per_forward": forwards,
-        "formula": "profile-predicted = autotune.costmodel.predict(profile, closed loop).speedup; "
-                   "step formula = E(gamma) * T_decode / (n_draft * T_draft + T_verify)",
-        "profiles": {name: {"curves": prof.raw_curves, "acceptance": prof.acceptance, "context_tokens": prof.context}
-                     for name, prof in profiles.items()}})
+        print(
+            f"{name} B={b}: measured/profile-predicted median {s['median_measured_over_profile_predicted']:.3f}"
+            f"{goal}; measured/step formula {s['median_measured_over_predicted']:.3f}, decode/step formula "
+            f"{s['median_decode_over_predicted']:.3f}; best gamma {s['best_gamma']} "
+            f"({s['best_measured_speedup']:.2f}x); greedy match {'all' if s['all_greedy_match'] else 'NOT all'}"
+        )
+    _common.write_json(
+        bench,
+        {
+            "cells": cells,
+            "summary": summary,
+            "per_forward": forwards,
+            "formula": "profile-predicted = autotune.costmodel.predict(profile, closed loop).speedup; "
+            "step formula = E(gamma) * T_decode / (n_draft * T_draft + T_verify)",
+            "profiles": {
+                name: {
+                    "curves": prof.raw_curves,
+                    "acceptance": prof.acceptance,
+                    "context_tokens": prof.context,
+                }
+                for name, prof in profiles.items()
+            },
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -43,10 +43,26 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "engine" / "demo" / "pair"
 # ~1.1B and ~0.1B Llama shapes (TinyLlama-like target, a small draft with the same vocabulary).
 SYNTHETIC = {
-    "llama-1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                     num_attention_heads=32, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096),
-    "draft-100m": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
-                       num_attention_heads=12, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096),
+    "llama-1b": dict(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=4096,
+    ),
+    "draft-100m": dict(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=4096,
+    ),
 }
 
 
@@ -64,13 +80,19 @@ def weight_bytes(model: Transformer) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def time_forward(model: Transformer, batch: int, k: int, context: int, repeats: int, device: torch.device) -> float:
+def time_forward(
+    model: Transformer, batch: int, k: int, context: int, repeats: int, device: torch.device
+) -> float:
     """Median seconds of one cached decode of (batch, k) tokens after ``context`` tokens."""
     cache = model.new_cache(batch, context + k + 1)
     vocab = model.config.vocab_size
     with torch.inference_mode():
-        model(torch.randint(0, vocab, (batch, context), device=device), cache=cache,
-              start=torch.zeros(batch, dtype=torch.long, device=device), kv_len=context)
+        model(
+            torch.randint(0, vocab, (batch, context), device=device),
+            cache=cache,
+            start=torch.zeros(batch, dtype=torch.long, device=device),
+            kv_len=context,
+        )
     tokens = torch.randint(0, vocab, (batch, k), device=device)
     start = torch.full((batch,), context, dtype=torch.long, device=device)
     for _ in range(3):
@@ -109,15 +131,21 @@ def main() -> None:
     modes = args.modes.split(",")
     buffer = 1 << 30 if device.type == "cuda" else 1 << 28  # 1 GiB (256 MiB on a CPU): far past any cache
     bandwidth = measure_copy_bandwidth(device, buffer, warmup=3, repeats=10)["median_bytes_per_s"]
-    print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), {args.dtype}, "
-          f"measured copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    print(
+        f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), {args.dtype}, "
+        f"measured copy bandwidth {bandwidth / 1e9:.0f} GB/s"
+    )
 
     def models(name: str) -> dict[str, Callable[[], Transformer]]:
         if name == "demo":
-            return {"demo-target": lambda: load_model(DEMO / "target", dtype, str(device)).fuse(),
-                    "demo-draft": lambda: load_model(DEMO / "draft", dtype, str(device)).fuse()}
-        return {"llama-1b": lambda: synthetic("llama-1b", dtype, device),
-                "draft-100m": lambda: synthetic("draft-100m", dtype, device)}
+            return {
+                "demo-target": lambda: load_model(DEMO / "target", dtype, str(device)).fuse(),
+                "demo-draft": lambda: load_model(DEMO / "draft", dtype, str(device)).fuse(),
+            }
+        return {
+            "llama-1b": lambda: synthetic("llama-1b", dtype, device),
+            "draft-100m": lambda: synthetic("draft-100m", dtype, device),
+        }
 
     rows, results = [], []
     for group in args.models.split(","):
@@ -134,23 +162,48 @@ def main() -> None:
                         t = time_forward(model, b, k, args.context, args.repeats, device)
                         t1 = t if k == 1 else t1
                         flat = t / t1 if t1 else None
-                        results.append({"model": label, "mode": mode, "batch_size": b, "k": k, "ms": t * 1e3,
-                                        "roofline_ms": roofline * 1e3, "fraction_of_roofline": roofline / t,
-                                        "t_over_t1": flat, "compile_s": compile_s})
+                        results.append(
+                            {
+                                "model": label,
+                                "mode": mode,
+                                "batch_size": b,
+                                "k": k,
+                                "ms": t * 1e3,
+                                "roofline_ms": roofline * 1e3,
+                                "fraction_of_roofline": roofline / t,
+                                "t_over_t1": flat,
+                                "compile_s": compile_s,
+                            }
+                        )
                         rows.append((label, mode, b, k, t * 1e3, roofline * 1e3, roofline / t, flat))
-                print(f"  {label} {mode}: done" + (f" (compile {compile_s:.1f} s)" if compile_s else ""), flush=True)
+                print(
+                    f"  {label} {mode}: done" + (f" (compile {compile_s:.1f} s)" if compile_s else ""),
+                    flush=True,
+                )
                 del model
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     print(table(["model", "mode", "B", "k", "ms", "roofline ms", "fraction", "T(B,k)/T(B,1)"], rows))
     ar = [r for r in results if r["k"] == 1 and r["batch_size"] == 1 and r["mode"] == "graphs"]
     for r in ar:
-        print(f"{r['model']}: AR decode at B=1 with graphs = {r['fraction_of_roofline']:.2f} of the HBM roofline "
-              f"(goal >= 0.70)")
+        print(
+            f"{r['model']}: AR decode at B=1 with graphs = {r['fraction_of_roofline']:.2f} of the HBM roofline "
+            f"(goal >= 0.70)"
+        )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "gpu_compiled.json"
-    out.write_text(json.dumps({"device": str(device), "dtype": args.dtype, "copy_bandwidth_bytes_per_s": bandwidth,
-                               "torch": torch.__version__, "results": results}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "device": str(device),
+                "dtype": args.dtype,
+                "copy_bandwidth_bytes_per_s": bandwidth,
+                "torch": torch.__version__,
+                "results": results,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -54,23 +54,48 @@ def main() -> None:
             load = LoadSpec(max_batch_size=b, concurrency=b, num_requests=len(requests))
             spec = run_load(pair, requests, SpecConfig(gamma=args.gamma), "model", load, args.seed)
             base = run_load(pair, requests, SpecConfig(gamma=0), "none", load, args.seed)
-            div = [first_divergence(s, a) for s, a in zip(_common.outputs(spec), _common.outputs(base), strict=True)]
+            div = [
+                first_divergence(s, a)
+                for s, a in zip(_common.outputs(spec), _common.outputs(base), strict=True)
+            ]
             same = sum(d is None for d in div)
-            cells.append({
-                "dtype": dtype, "batch_size": b, "gamma": args.gamma, "num_requests": len(requests),
-                "identical": same, "first_divergence": div, "acceptance_rate": spec.metrics["acceptance_rate"],
-                "speedup": speedup(base.metrics["wall_s"], spec.metrics["wall_s"]),
-                "spec_tokens_per_second": spec.metrics["tokens_per_second"],
-                "ar_tokens_per_second": base.metrics["tokens_per_second"],
-                "contract": "pass" if same == len(div) else ("FAIL" if dtype == "float32" else "informational"),
-            })
+            cells.append(
+                {
+                    "dtype": dtype,
+                    "batch_size": b,
+                    "gamma": args.gamma,
+                    "num_requests": len(requests),
+                    "identical": same,
+                    "first_divergence": div,
+                    "acceptance_rate": spec.metrics["acceptance_rate"],
+                    "speedup": speedup(base.metrics["wall_s"], spec.metrics["wall_s"]),
+                    "spec_tokens_per_second": spec.metrics["tokens_per_second"],
+                    "ar_tokens_per_second": base.metrics["tokens_per_second"],
+                    "contract": "pass"
+                    if same == len(div)
+                    else ("FAIL" if dtype == "float32" else "informational"),
+                }
+            )
             print(f"  {dtype} B={b}: {same}/{len(div)} identical", flush=True)
         del pair
-    rows = [(c["dtype"], c["batch_size"], c["gamma"], f"{c['identical']}/{c['num_requests']}",
-             min((d for d in c["first_divergence"] if d is not None), default=None), c["acceptance_rate"],
-             c["speedup"], c["contract"]) for c in cells]
-    _common.print_table(f"greedy speculative vs autoregressive on {bench.device} ({args.max_new_tokens} new tokens)",
-                        HEADERS, rows)
+    rows = [
+        (
+            c["dtype"],
+            c["batch_size"],
+            c["gamma"],
+            f"{c['identical']}/{c['num_requests']}",
+            min((d for d in c["first_divergence"] if d is not None), default=None),
+            c["acceptance_rate"],
+            c["speedup"],
+            c["contract"],
+        )
+        for c in cells
+    ]
+    _common.print_table(
+        f"greedy speculative vs autoregressive on {bench.device} ({args.max_new_tokens} new tokens)",
+        HEADERS,
+        rows,
+    )
     failed = any(c["contract"] == "FAIL" for c in cells)
     print("fp32 contract: " + ("FAILED" if failed else "holds") + " (bf16/fp16 rows are informational)")
     _common.write_json(bench, {"cells": cells, "fp32_contract_holds": not failed}, dtype=dtypes[0])

@@ -26,8 +26,17 @@ from engine.metrics import speedup
 from engine.speculative import SpecConfig
 
 NAME = "load_sweep"
-HEADERS = ["concurrency", "gamma", "requests", "tokens/s", "tpot p95 ms", "speedup", "acceptance",
-           "mean batch", "greedy_match"]
+HEADERS = [
+    "concurrency",
+    "gamma",
+    "requests",
+    "tokens/s",
+    "tpot p95 ms",
+    "speedup",
+    "acceptance",
+    "mean batch",
+    "greedy_match",
+]
 
 
 def stops_paying(cells: list[dict], margin: float) -> int | None:
@@ -51,8 +60,12 @@ def plot(cells: list[dict], path, title: str) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for g in sorted({c["gamma"] for c in cells}):
         pts = sorted((c["concurrency"], c["tokens_per_second"]) for c in cells if c["gamma"] == g)
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o",
-                label="autoregressive (gamma 0)" if g == 0 else f"gamma {g}")
+        ax.plot(
+            [x for x, _ in pts],
+            [y for _, y in pts],
+            marker="o",
+            label="autoregressive (gamma 0)" if g == 0 else f"gamma {g}",
+        )
     ax.set_xscale("log", base=2)
     levels = sorted({c["concurrency"] for c in cells})
     ax.set_xticks(levels, [str(x) for x in levels])
@@ -70,11 +83,19 @@ def plot(cells: list[dict], path, title: str) -> bool:
 
 def main() -> None:
     p = _common.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--concurrency", type=_common.int_list, default=[1, 2, 4, 8, 16, 32], help="default 1,2,4,8,16,32")
-    p.add_argument("--gammas", type=_common.int_list, default=[0, 2, 4, 8], help="default 0,2,4,8 (0 is always run)")
+    p.add_argument(
+        "--concurrency", type=_common.int_list, default=[1, 2, 4, 8, 16, 32], help="default 1,2,4,8,16,32"
+    )
+    p.add_argument(
+        "--gammas", type=_common.int_list, default=[0, 2, 4, 8], help="default 0,2,4,8 (0 is always run)"
+    )
     p.add_argument("--num-requests", type=int, default=None, help="requests per run (default: max(2*C, 8))")
-    p.add_argument("--margin", type=float, default=0.0,
-                   help="a gamma 'beats' AR when its speedup exceeds 1 + margin (default 0)")
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.0,
+        help="a gamma 'beats' AR when its speedup exceeds 1 + margin (default 0)",
+    )
     args = p.parse_args()
     if 0 in args.concurrency:
         _common.fail("--concurrency levels must be >= 1")
@@ -90,35 +111,82 @@ def main() -> None:
             m = run.metrics
             if g == 0:
                 base = run
-            cells.append({
-                "concurrency": c, "gamma": g, "num_requests": n, "tokens_per_second": m["tokens_per_second"],
-                "tpot_ms_p50": m["tpot_ms_p50"], "tpot_ms_p95": m["tpot_ms_p95"], "ttft_ms_p95": m["ttft_ms_p95"],
-                "e2e_ms_p95": m["e2e_ms_p95"], "wall_s": m["wall_s"], "generated_tokens": m["generated_tokens"],
-                "speedup": speedup(base.metrics["wall_s"], m["wall_s"]), "acceptance_rate": m["acceptance_rate"],
-                "mean_acceptance_length": m["mean_acceptance_length"], "mean_batch_size": m["mean_batch_size"],
-                "verify_step_ms": m["verify_step_ms"], "draft_forward_ms": m["draft_forward_ms"],
-                "greedy_match": _common.outputs(run) == _common.outputs(base),
-            })
+            cells.append(
+                {
+                    "concurrency": c,
+                    "gamma": g,
+                    "num_requests": n,
+                    "tokens_per_second": m["tokens_per_second"],
+                    "tpot_ms_p50": m["tpot_ms_p50"],
+                    "tpot_ms_p95": m["tpot_ms_p95"],
+                    "ttft_ms_p95": m["ttft_ms_p95"],
+                    "e2e_ms_p95": m["e2e_ms_p95"],
+                    "wall_s": m["wall_s"],
+                    "generated_tokens": m["generated_tokens"],
+                    "speedup": speedup(base.metrics["wall_s"], m["wall_s"]),
+                    "acceptance_rate": m["acceptance_rate"],
+                    "mean_acceptance_length": m["mean_acceptance_length"],
+                    "mean_batch_size": m["mean_batch_size"],
+                    "verify_step_ms": m["verify_step_ms"],
+                    "draft_forward_ms": m["draft_forward_ms"],
+                    "greedy_match": _common.outputs(run) == _common.outputs(base),
+                }
+            )
             print(f"  C={c} gamma={g}: {m['tokens_per_second']:.1f} tok/s", flush=True)
-    rows = [(c["concurrency"], c["gamma"], c["num_requests"], c["tokens_per_second"], c["tpot_ms_p95"], c["speedup"],
-             c["acceptance_rate"], c["mean_batch_size"], c["greedy_match"]) for c in cells]
-    _common.print_table(f"closed-loop load on {bench.device} ({len(requests)} prompts, {args.max_new_tokens} new "
-                        f"tokens, greedy; speedup = AR wall / speculative wall)", HEADERS, rows)
+    rows = [
+        (
+            c["concurrency"],
+            c["gamma"],
+            c["num_requests"],
+            c["tokens_per_second"],
+            c["tpot_ms_p95"],
+            c["speedup"],
+            c["acceptance_rate"],
+            c["mean_batch_size"],
+            c["greedy_match"],
+        )
+        for c in cells
+    ]
+    _common.print_table(
+        f"closed-loop load on {bench.device} ({len(requests)} prompts, {args.max_new_tokens} new "
+        f"tokens, greedy; speedup = AR wall / speculative wall)",
+        HEADERS,
+        rows,
+    )
     stop = stops_paying(cells, args.margin)
     best = {}
     for c in args.concurrency:
-        top = max((x for x in cells if x["concurrency"] == c), key=lambda x: (x["tokens_per_second"], -x["gamma"]))
-        best[str(c)] = {"gamma": top["gamma"], "tokens_per_second": top["tokens_per_second"], "speedup": top["speedup"]}
-    print("best gamma per concurrency: " + ", ".join(f"C={c}: {b['gamma']} ({b['speedup']:.2f}x)"
-                                                     for c, b in best.items()))
-    print(f"speculation stops paying at concurrency {stop}" if stop is not None else
-          "speculation pays at every measured concurrency")
+        top = max(
+            (x for x in cells if x["concurrency"] == c), key=lambda x: (x["tokens_per_second"], -x["gamma"])
+        )
+        best[str(c)] = {
+            "gamma": top["gamma"],
+            "tokens_per_second": top["tokens_per_second"],
+            "speedup": top["speedup"],
+        }
+    print(
+        "best gamma per concurrency: "
+        + ", ".join(f"C={c}: {b['gamma']} ({b['speedup']:.2f}x)" for c, b in best.items())
+    )
+    print(
+        f"speculation stops paying at concurrency {stop}"
+        if stop is not None
+        else "speculation pays at every measured concurrency"
+    )
     png = args.out_dir / f"{NAME}.png"
     title = f"load sweep: {args.target.parent.name}/{args.target.name} on {bench.device} ({args.dtype})"
     plotted = plot(cells, png, title)
     print(f"wrote {png}" if plotted else "matplotlib not installed: no plot")
-    _common.write_json(bench, {"cells": cells, "best_gamma_per_concurrency": best, "stops_paying_at_concurrency": stop,
-                               "margin": args.margin, "plot": str(png) if plotted else None})
+    _common.write_json(
+        bench,
+        {
+            "cells": cells,
+            "best_gamma_per_concurrency": best,
+            "stops_paying_at_concurrency": stop,
+            "margin": args.margin,
+            "plot": str(png) if plotted else None,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -48,14 +48,19 @@ from autotune.table import table  # noqa: E402
 from autotune.tune import run_tune  # noqa: E402
 
 NO_DIFFERENCE = "no significant difference"
-HOG = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+HOG = (
+    "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+)
 
 
 def start_hog(procs: int, max_s: float, spin_up_s: float = 2.0) -> list[subprocess.Popen]:
     """``procs`` bounded busy-loop processes (each exits by itself after ``max_s`` seconds), already
     spinning when this returns (``spin_up_s``): a busy host is busy before the tune starts, and the
     tune's own host check, which sizes its threads, must see the load."""
-    hog = [subprocess.Popen([sys.executable, "-c", HOG, str(max_s)], start_new_session=True) for _ in range(procs)]
+    hog = [
+        subprocess.Popen([sys.executable, "-c", HOG, str(max_s)], start_new_session=True)
+        for _ in range(procs)
+    ]
     time.sleep(spin_up_s)
     return hog
 
@@ -75,8 +80,13 @@ def stop_hog(hog: list[subprocess.Popen]) -> None:
 def run_once(cfg, folder: Path) -> dict:
     """One ``autotune tune`` in its own database (fresh profile); the facts the summary needs."""
     folder.mkdir(parents=True, exist_ok=True)
-    run_cfg = dataclasses.replace(cfg, storage=f"sqlite:///{folder / 'autotune.db'}", export_formats=(),
-                                  export_dir=folder / "exports", study_name=None)
+    run_cfg = dataclasses.replace(
+        cfg,
+        storage=f"sqlite:///{folder / 'autotune.db'}",
+        export_formats=(),
+        export_dir=folder / "exports",
+        study_name=None,
+    )
     t0 = time.perf_counter()
     profile = run_tune(run_cfg, say=lambda _: None)
     m = profile["metrics"]
@@ -86,15 +96,20 @@ def run_once(cfg, folder: Path) -> dict:
         "chosen": profile["chosen"],
         "reason": profile["selection"]["reason"],
         "no_significant_difference": NO_DIFFERENCE in profile["selection"]["reason"],
-        "speedup": m["speedup"], "speedup_ci95": m.get("speedup_ci95"),
+        "speedup": m["speedup"],
+        "speedup_ci95": m.get("speedup_ci95"),
         "speedup_significant": m.get("speedup_significant"),
         "labels": {str(r["batch_size"]): r["label"] for r in profile["classification"]["batch_sizes"]},
-        "separable": {str(r["batch_size"]): r.get("separable", True) for r in profile["classification"]["batch_sizes"]},
+        "separable": {
+            str(r["batch_size"]): r.get("separable", True) for r in profile["classification"]["batch_sizes"]
+        },
         "schedule": {str(e["batch_size"]): e["gamma"] for e in profile["schedule"]},
         "crossover_batch_size": profile["crossover_batch_size"],
         "host_busy": profile["host_noise"]["busy"],
         "torch_threads": profile["host_noise"]["before"].get("torch_threads"),
-        "host_cv": max(n["cv"] for n in (profile["host_noise"]["before"], profile["host_noise"]["after"]) if n),
+        "host_cv": max(
+            n["cv"] for n in (profile["host_noise"]["before"], profile["host_noise"]["after"]) if n
+        ),
     }
 
 
@@ -112,14 +127,17 @@ def summarize(quiet: list[dict], busy: list[dict]) -> dict:
     majority_gamma = Counter(r["chosen_gamma"] for r in quiet).most_common(1)[0][0]
     quiet_gain = sum(bool(r["speedup_significant"]) and r["chosen_gamma"] > 0 for r in quiet) > len(quiet) / 2
     batches = sorted({b for r in quiet for b in r["labels"]}, key=int)
-    majority_labels = {b: Counter(r["labels"][b] for r in quiet if b in r["labels"]).most_common(1)[0][0]
-                       for b in batches}
+    majority_labels = {
+        b: Counter(r["labels"][b] for r in quiet if b in r["labels"]).most_common(1)[0][0] for b in batches
+    }
 
     def decision_ok(r: dict) -> bool:
         return r["chosen_gamma"] == majority_gamma or r["no_significant_difference"]
 
     def labels_ok(r: dict) -> bool:
-        return all(r["labels"].get(b) == majority_labels[b] or not r["separable"].get(b, True) for b in batches)
+        return all(
+            r["labels"].get(b) == majority_labels[b] or not r["separable"].get(b, True) for b in batches
+        )
 
     def spread(runs: list[dict]) -> dict:
         xs = [r["speedup"] for r in runs]
@@ -127,7 +145,11 @@ def summarize(quiet: list[dict], busy: list[dict]) -> dict:
 
     off = sum(r["chosen_gamma"] == 0 and quiet_gain for r in busy)
     return {
-        "quiet_majority": {"chosen_gamma": majority_gamma, "labels": majority_labels, "significant_gain": quiet_gain},
+        "quiet_majority": {
+            "chosen_gamma": majority_gamma,
+            "labels": majority_labels,
+            "significant_gain": quiet_gain,
+        },
         "decision_agreement": sum(map(decision_ok, busy)) / len(busy) if busy else None,
         "label_agreement": sum(map(labels_ok, busy)) / len(busy) if busy else None,
         "quiet_decision_agreement": sum(map(decision_ok, quiet)) / len(quiet),
@@ -139,13 +161,23 @@ def summarize(quiet: list[dict], busy: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=ROOT / "tune.yaml", help="tune.yaml (default: the bundled one)")
+    ap.add_argument(
+        "--config", type=Path, default=ROOT / "tune.yaml", help="tune.yaml (default: the bundled one)"
+    )
     ap.add_argument("--k", type=int, default=5, help="runs per condition (default 5)")
     ap.add_argument("--trials", type=int, default=8, help="study trials per run (default 8)")
-    ap.add_argument("--repeats", type=int, default=None, help="re-measurement repeats (default: the config's)")
-    ap.add_argument("--hog-procs", type=int, default=os.cpu_count() or 1,
-                    help="busy-loop processes beside each busy run (default: one per CPU)")
-    ap.add_argument("--hog-max-s", type=float, default=1800.0, help="a hog process stops itself after this (s)")
+    ap.add_argument(
+        "--repeats", type=int, default=None, help="re-measurement repeats (default: the config's)"
+    )
+    ap.add_argument(
+        "--hog-procs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="busy-loop processes beside each busy run (default: one per CPU)",
+    )
+    ap.add_argument(
+        "--hog-max-s", type=float, default=1800.0, help="a hog process stops itself after this (s)"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "noise_robustness.json")
     args = ap.parse_args(argv)
     if args.k < 1 or args.trials < 1 or (args.repeats is not None and args.repeats < 1) or args.hog_procs < 1:
@@ -156,8 +188,9 @@ def main(argv: list[str] | None = None) -> dict:
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    cfg = dataclasses.replace(cfg, n_trials=args.trials, timeout_s=None, backend="engine",
-                              repeats=args.repeats or cfg.repeats)
+    cfg = dataclasses.replace(
+        cfg, n_trials=args.trials, timeout_s=None, backend="engine", repeats=args.repeats or cfg.repeats
+    )
     tmp = Path(tempfile.mkdtemp(prefix="noise_robustness_"))
     started = time.perf_counter()
     runs: dict[str, list[dict]] = {"quiet": [], "busy": []}
@@ -169,34 +202,61 @@ def main(argv: list[str] | None = None) -> dict:
             finally:
                 stop_hog(hog)
             runs[condition].append(run)
-            print(f"{condition} run {i + 1}/{args.k}: gamma {run['chosen_gamma']}, speedup {run['speedup']:.2f}x, "
-                  f"host {'busy' if run['host_busy'] else 'quiet'} (CV {run['host_cv']:.1%}), {run['wall_s']:.0f} s, "
-                  f"torch threads {run['torch_threads']}",
-                  flush=True)
+            print(
+                f"{condition} run {i + 1}/{args.k}: gamma {run['chosen_gamma']}, speedup {run['speedup']:.2f}x, "
+                f"host {'busy' if run['host_busy'] else 'quiet'} (CV {run['host_cv']:.1%}), {run['wall_s']:.0f} s, "
+                f"torch threads {run['torch_threads']}",
+                flush=True,
+            )
     summary = summarize(runs["quiet"], runs["busy"])
     rows = []
     for condition, rs in runs.items():
         for i, r in enumerate(rs):
             ci = r["speedup_ci95"] or [r["speedup"], r["speedup"]]
-            rows.append((condition, i + 1, r["chosen_gamma"], f"{r['speedup']:.2f} ({ci[0]:.2f}-{ci[1]:.2f})",
-                         "yes" if r["no_significant_difference"] else "",
-                         ", ".join(f"B={b}: {lab}" + ("" if r["separable"][b] else " (n.s.)")
-                                   for b, lab in r["labels"].items()),
-                         "busy" if r["host_busy"] else "quiet", f"{r['wall_s']:.0f}"))
+            rows.append(
+                (
+                    condition,
+                    i + 1,
+                    r["chosen_gamma"],
+                    f"{r['speedup']:.2f} ({ci[0]:.2f}-{ci[1]:.2f})",
+                    "yes" if r["no_significant_difference"] else "",
+                    ", ".join(
+                        f"B={b}: {lab}" + ("" if r["separable"][b] else " (n.s.)")
+                        for b, lab in r["labels"].items()
+                    ),
+                    "busy" if r["host_busy"] else "quiet",
+                    f"{r['wall_s']:.0f}",
+                )
+            )
     print()
-    print(table(["condition", "run", "gamma", "speedup (95% CI)", "no sig. diff.", "labels", "host seen", "s"], rows))
+    print(
+        table(
+            ["condition", "run", "gamma", "speedup (95% CI)", "no sig. diff.", "labels", "host seen", "s"],
+            rows,
+        )
+    )
     q = summary["quiet_majority"]
-    print(f"\nquiet majority: gamma {q['chosen_gamma']}, labels {q['labels']}, significant gain {q['significant_gain']}")
-    print(f"busy runs agreeing (same decision or explicit '{NO_DIFFERENCE}'): {summary['decision_agreement']:.0%}; "
-          f"labels agreeing or not separable: {summary['label_agreement']:.0%}; "
-          f"speculation off despite a quiet gain: {summary['speculation_off_despite_quiet_gain']}")
+    print(
+        f"\nquiet majority: gamma {q['chosen_gamma']}, labels {q['labels']}, significant gain {q['significant_gain']}"
+    )
+    print(
+        f"busy runs agreeing (same decision or explicit '{NO_DIFFERENCE}'): {summary['decision_agreement']:.0%}; "
+        f"labels agreeing or not separable: {summary['label_agreement']:.0%}; "
+        f"speculation off despite a quiet gain: {summary['speculation_off_despite_quiet_gain']}"
+    )
     sp = summary["speedup_spread"]
-    print(f"speedup quiet median {sp['quiet']['median']:.2f} [{sp['quiet']['min']:.2f}-{sp['quiet']['max']:.2f}], "
-          f"busy median {sp['busy']['median']:.2f} [{sp['busy']['min']:.2f}-{sp['busy']['max']:.2f}]; "
-          f"goal {'met' if summary['goal_met'] else 'NOT met'}")
-    result = {"command": shlex.join([sys.executable, *sys.argv[:1], *(argv if argv is not None else sys.argv[1:])]),
-              "args": {k: str(v) for k, v in vars(args).items()}, "elapsed_s": time.perf_counter() - started,
-              "runs": runs, "summary": summary}
+    print(
+        f"speedup quiet median {sp['quiet']['median']:.2f} [{sp['quiet']['min']:.2f}-{sp['quiet']['max']:.2f}], "
+        f"busy median {sp['busy']['median']:.2f} [{sp['busy']['min']:.2f}-{sp['busy']['max']:.2f}]; "
+        f"goal {'met' if summary['goal_met'] else 'NOT met'}"
+    )
+    result = {
+        "command": shlex.join([sys.executable, *sys.argv[:1], *(argv if argv is not None else sys.argv[1:])]),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "elapsed_s": time.perf_counter() - started,
+        "runs": runs,
+        "summary": summary,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = args.out.with_name(f".{args.out.name}.tmp")
     tmp_out.write_text(portable(json.dumps(result, indent=2, default=str)) + "\n")

@@ -36,44 +36,79 @@ from profiles.profile import export_inputs  # noqa: E402
 
 
 def main() -> None:
-    args = arguments(__doc__, "llamacpp", [("--n-max", "1,2,3,4,6,8", "--spec-draft-n-max values of the grid"),
-                                           ("--p-min", "0,0.3,0.6", "--spec-draft-p-min values of the grid")])
+    args = arguments(
+        __doc__,
+        "llamacpp",
+        [
+            ("--n-max", "1,2,3,4,6,8", "--spec-draft-n-max values of the grid"),
+            ("--p-min", "0,0.3,0.6", "--spec-draft-p-min values of the grid"),
+        ],
+    )
     cfg, ctx, backend, engine_prof, chosen_prof = open_stack(args, "llamacpp", LlamacppBackend)
     batch = max(cfg.max_batch_size)
 
     def grid_command(n_max: int, p_min: float) -> list[str]:
-        params = {"drafter": "model" if n_max else "none", "gamma": n_max, "confidence_threshold": p_min,
-                  "max_batch_size": batch}
+        params = {
+            "drafter": "model" if n_max else "none",
+            "gamma": n_max,
+            "confidence_threshold": p_min,
+            "max_batch_size": batch,
+        }
         return backend.command(params)
 
     def profile_command(prof: dict) -> list[str]:
-        inputs = export_inputs(prof, str(backend.target_gguf), str(backend.draft_gguf) if backend.draft_gguf else None)
+        inputs = export_inputs(
+            prof, str(backend.target_gguf), str(backend.draft_gguf) if backend.draft_gguf else None
+        )
         return server_command(backend.binary, cfg, inputs, backend.context)
 
-    plan = [("no speculation", grid_command(0, 0.0)), ("llama.cpp defaults (n-max 3, p-min 0)", grid_command(3, 0.0))]
-    for label, prof, how in (("engine-backend export", engine_prof, "autotune tune"),
-                             ("llamacpp-backend choice", chosen_prof, "autotune tune --backend llamacpp")):
+    plan = [
+        ("no speculation", grid_command(0, 0.0)),
+        ("llama.cpp defaults (n-max 3, p-min 0)", grid_command(3, 0.0)),
+    ]
+    for label, prof, how in (
+        ("engine-backend export", engine_prof, "autotune tune"),
+        ("llamacpp-backend choice", chosen_prof, "autotune tune --backend llamacpp"),
+    ):
         if prof is None:
-            print(f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)", file=sys.stderr)
+            print(
+                f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)", file=sys.stderr
+            )
         else:
             plan.append((f"{label} (profile #{prof['id']})", profile_command(prof)))
-    plan += [(f"grid n-max {n} p-min {pm:g}", grid_command(int(n), float(pm)))
-             for n in args.n_max.split(",") for pm in (float(x) for x in args.p_min.split(","))]
+    plan += [
+        (f"grid n-max {n} p-min {pm:g}", grid_command(int(n), float(pm)))
+        for n in args.n_max.split(",")
+        for pm in (float(x) for x in args.p_min.split(","))
+    ]
     plan.append(("no speculation (again, last)", grid_command(0, 0.0)))
 
     t0 = time.perf_counter()
     rows = measure_plan(backend, plan, batch, args.repeats, cfg.seed)
     summary = summarize(rows, cfg.temperature == 0, "llamacpp-backend choice")
-    result = {"command": shlex.join([sys.executable, *sys.argv]), "device": ctx.fingerprint["label"],
-              "config": str(args.config), "llama_server_version": backend.version, "workload": ctx.workload,
-              "parallel": batch, "threads": cfg.llamacpp.threads, "repeats": args.repeats,
-              "wall_s": time.perf_counter() - t0, "gguf": backend.describe()["gguf"],
-              "engine_profile": engine_prof and {k: engine_prof[k] for k in ("id", "chosen", "schedule")},
-              "llamacpp_profile": chosen_prof and {k: chosen_prof[k] for k in ("id", "chosen", "schedule")},
-              "summary": summary, "rows": rows}
-    report(args.out, f"llama-server {backend.version} on {ctx.fingerprint['label']}, -t {cfg.llamacpp.threads}; "
-                     f"workload {cfg.prompts.name}, concurrency {list(cfg.concurrency)}, {cfg.num_requests} requests x "
-                     f"{cfg.max_new_tokens} tokens per level, {args.repeats} repeats per server; -np {batch}", result)
+    result = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "device": ctx.fingerprint["label"],
+        "config": str(args.config),
+        "llama_server_version": backend.version,
+        "workload": ctx.workload,
+        "parallel": batch,
+        "threads": cfg.llamacpp.threads,
+        "repeats": args.repeats,
+        "wall_s": time.perf_counter() - t0,
+        "gguf": backend.describe()["gguf"],
+        "engine_profile": engine_prof and {k: engine_prof[k] for k in ("id", "chosen", "schedule")},
+        "llamacpp_profile": chosen_prof and {k: chosen_prof[k] for k in ("id", "chosen", "schedule")},
+        "summary": summary,
+        "rows": rows,
+    }
+    report(
+        args.out,
+        f"llama-server {backend.version} on {ctx.fingerprint['label']}, -t {cfg.llamacpp.threads}; "
+        f"workload {cfg.prompts.name}, concurrency {list(cfg.concurrency)}, {cfg.num_requests} requests x "
+        f"{cfg.max_new_tokens} tokens per level, {args.repeats} repeats per server; -np {batch}",
+        result,
+    )
 
 
 if __name__ == "__main__":

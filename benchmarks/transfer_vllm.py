@@ -45,28 +45,50 @@ def main() -> None:
         params = {"drafter": "model" if k else "none", "gamma": k, "max_batch_size": batch}
         return serve_command(backend.python, cfg, trial_inputs(cfg, ctx.fingerprint, params))
 
-    plan = [("no speculation", grid_command(0)), ("default K=3", grid_command(3)), ("default K=5", grid_command(5))]
-    for label, prof, how in (("engine-backend export", engine_prof, "autotune tune"),
-                             ("vllm-backend choice", vllm_prof, "autotune tune --backend vllm")):
+    plan = [
+        ("no speculation", grid_command(0)),
+        ("default K=3", grid_command(3)),
+        ("default K=5", grid_command(5)),
+    ]
+    for label, prof, how in (
+        ("engine-backend export", engine_prof, "autotune tune"),
+        ("vllm-backend choice", vllm_prof, "autotune tune --backend vllm"),
+    ):
         if prof is None:
-            print(f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)", file=sys.stderr)
+            print(
+                f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)", file=sys.stderr
+            )
         else:
-            plan.append((f"{label} (profile #{prof['id']})", serve_command(backend.python, cfg, export_inputs(prof))))
+            plan.append(
+                (f"{label} (profile #{prof['id']})", serve_command(backend.python, cfg, export_inputs(prof)))
+            )
     plan += [(f"grid K={k}", grid_command(int(k))) for k in args.grid.split(",")]
     plan.append(("no speculation (again, last)", grid_command(0)))
 
     t0 = time.perf_counter()
     rows = measure_plan(backend, plan, batch, args.repeats, cfg.seed)
     summary = summarize(rows, cfg.temperature == 0, "vllm-backend choice")
-    result = {"command": shlex.join([sys.executable, *sys.argv]), "device": ctx.fingerprint["label"],
-              "config": str(args.config), "vllm_version": backend.version, "workload": ctx.workload,
-              "max_num_seqs": batch, "repeats": args.repeats, "wall_s": time.perf_counter() - t0,
-              "engine_profile": engine_prof and {k: engine_prof[k] for k in ("id", "chosen", "schedule")},
-              "vllm_profile": vllm_prof and {k: vllm_prof[k] for k in ("id", "chosen", "schedule")},
-              "summary": summary, "rows": rows}
-    report(args.out, f"vLLM {backend.version} on {ctx.fingerprint['label']}; workload {cfg.prompts.name}, concurrency "
-                     f"{list(cfg.concurrency)}, {cfg.num_requests} requests x {cfg.max_new_tokens} tokens per level, "
-                     f"{args.repeats} repeats per server; --max-num-seqs {batch}", result)
+    result = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "device": ctx.fingerprint["label"],
+        "config": str(args.config),
+        "vllm_version": backend.version,
+        "workload": ctx.workload,
+        "max_num_seqs": batch,
+        "repeats": args.repeats,
+        "wall_s": time.perf_counter() - t0,
+        "engine_profile": engine_prof and {k: engine_prof[k] for k in ("id", "chosen", "schedule")},
+        "vllm_profile": vllm_prof and {k: vllm_prof[k] for k in ("id", "chosen", "schedule")},
+        "summary": summary,
+        "rows": rows,
+    }
+    report(
+        args.out,
+        f"vLLM {backend.version} on {ctx.fingerprint['label']}; workload {cfg.prompts.name}, concurrency "
+        f"{list(cfg.concurrency)}, {cfg.num_requests} requests x {cfg.max_new_tokens} tokens per level, "
+        f"{args.repeats} repeats per server; --max-num-seqs {batch}",
+        result,
+    )
 
 
 if __name__ == "__main__":

@@ -58,11 +58,34 @@ TEMPERATURE = {"greedy": 0.0, "t1": 1.0}
 DEFAULT_TREES = "2,1,1,1;2,2,1,1;2,1,1,1,1;2,2,1,1,1;3,2,1,1,1"
 DEFAULT_DYNAMIC = "2x5/7;2x6/8;2x7/10;3x6/10"
 LABEL_GAMMA = 8  # the profiler's default profile.gamma_max: its label compares verifying 9 tokens with 1
-HEADERS = ["B", "mode", "config", "nodes", "mean accepted length", "verify ms", "draft ms/step", "tokens/s",
-           "x AR", "greedy_match"]
-SUMMARY_HEADERS = ["B", "mode", "AR tok/s", "best chain", "chain tok/s", "best tree", "tree tok/s",
-                   "tree / chain (paired)", "best dynamic", "dynamic / chain (paired)", "chain x AR", "tree x AR",
-                   "dynamic x AR", "hybrid x AR"]
+HEADERS = [
+    "B",
+    "mode",
+    "config",
+    "nodes",
+    "mean accepted length",
+    "verify ms",
+    "draft ms/step",
+    "tokens/s",
+    "x AR",
+    "greedy_match",
+]
+SUMMARY_HEADERS = [
+    "B",
+    "mode",
+    "AR tok/s",
+    "best chain",
+    "chain tok/s",
+    "best tree",
+    "tree tok/s",
+    "tree / chain (paired)",
+    "best dynamic",
+    "dynamic / chain (paired)",
+    "chain x AR",
+    "tree x AR",
+    "dynamic x AR",
+    "hybrid x AR",
+]
 
 
 def tree_list(text: str) -> list[tuple[int, ...]]:
@@ -78,8 +101,13 @@ def dynamic_list(text: str) -> list[DynamicTree]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def configs(gammas: list[int], trees: list[tuple[int, ...]], hybrid_gammas: list[int],
-            mode: str, dynamic: list[DynamicTree] = ()) -> list[tuple[str, str, SpecConfig, str]]:
+def configs(
+    gammas: list[int],
+    trees: list[tuple[int, ...]],
+    hybrid_gammas: list[int],
+    mode: str,
+    dynamic: list[DynamicTree] = (),
+) -> list[tuple[str, str, SpecConfig, str]]:
     """(label, kind, config, drafter) for AR, every chain, every tree, every dynamic tree and the
     hybrid drafter; at T=1 each static tree twice: i.i.d. sampled children (the default) and top-k
     children ("topk")."""
@@ -89,8 +117,14 @@ def configs(gammas: list[int], trees: list[tuple[int, ...]], hybrid_gammas: list
         name = f"tree {'-'.join(map(str, shape))}"
         out.append((name, "tree", SpecConfig(gamma=len(shape), tree_topk=shape), "model"))
         if mode != "greedy":
-            out.append((f"{name} topk", "tree", SpecConfig(gamma=len(shape), tree_topk=shape, tree_sampling="topk"),
-                        "model"))
+            out.append(
+                (
+                    f"{name} topk",
+                    "tree",
+                    SpecConfig(gamma=len(shape), tree_topk=shape, tree_sampling="topk"),
+                    "model",
+                )
+            )
     out += [(f"dynamic {t.name}", "dynamic", SpecConfig.for_tree(t), "model") for t in dynamic]
     out += [(f"hybrid g={g}", "hybrid", SpecConfig(gamma=g), "hybrid") for g in hybrid_gammas]
     return out
@@ -132,8 +166,12 @@ def min_costs(pair, spec: SpecConfig, batch: int, context: int, repeats: int) ->
     with torch.inference_mode():
         for model in (target, draft):
             cache = model.new_cache(batch, kv)
-            model(torch.randint(1, vocab, (batch, context), generator=gen).to(dev), cache=cache, start=zero,
-                  kv_len=context)
+            model(
+                torch.randint(1, vocab, (batch, context), generator=gen).to(dev),
+                cache=cache,
+                start=zero,
+                kv_len=context,
+            )
             caches.append(cache)
         x = torch.randint(1, vocab, (batch, width), generator=gen).to(dev)
         if shape is None:
@@ -142,51 +180,90 @@ def min_costs(pair, spec: SpecConfig, batch: int, context: int, repeats: int) ->
             return width, verify, one * spec.gamma
         if isinstance(shape, DynamicTree):
             flat = TreeShape((width - 1,)).tensors(dev)
-            verify = _min_ms(lambda: target.decode(x, caches[0], base, kv, flat.attention(base, 0, width, kv)), repeats)
+            verify = _min_ms(
+                lambda: target.decode(x, caches[0], base, kv, flat.attention(base, 0, width, kv)), repeats
+            )
             level = TreeShape((shape.topk,)).tensors(dev)
             drafting = _min_ms(lambda: draft.decode(x[:, :1], caches[1], base, kv), repeats)
-            drafting += (shape.depth - 1) * _min_ms(lambda: draft.decode(
-                x[:, 1:1 + shape.topk], caches[1], base + 1, kv, level.attention(base, 1, shape.topk, kv)), repeats)
+            drafting += (shape.depth - 1) * _min_ms(
+                lambda: draft.decode(
+                    x[:, 1 : 1 + shape.topk],
+                    caches[1],
+                    base + 1,
+                    kv,
+                    level.attention(base, 1, shape.topk, kv),
+                ),
+                repeats,
+            )
             return width, verify, drafting
         tree = shape.tensors(dev)
-        verify = _min_ms(lambda: target.decode(x, caches[0], base, kv, tree.attention(base, 0, width, kv)), repeats)
+        verify = _min_ms(
+            lambda: target.decode(x, caches[0], base, kv, tree.attention(base, 0, width, kv)), repeats
+        )
         drafting = 0.0
         for d in range(shape.depth):
             first, n = shape.level_offsets[d], (1 if d == 0 else shape.level_sizes[d - 1])
-            drafting += _min_ms(lambda first=first, n=n: draft.decode(
-                x[:, first:first + n], caches[1], base + first, kv, tree.attention(base, first, n, kv)), repeats)
+            drafting += _min_ms(
+                lambda first=first, n=n: draft.decode(
+                    x[:, first : first + n], caches[1], base + first, kv, tree.attention(base, first, n, kv)
+                ),
+                repeats,
+            )
         return width, verify, drafting
 
 
 def main() -> None:
     p = _common.parser(__doc__.split("\n\n")[0], num_prompts=8, max_new_tokens=48)
     p.add_argument("--batch-sizes", type=_common.int_list, default=[1, 4], help="default 1,4")
-    p.add_argument("--gammas", type=_common.int_list, default=[2, 3, 4, 5, 6], help="chain gammas (default 2..6)")
-    p.add_argument("--trees", type=tree_list, default=tree_list(DEFAULT_TREES),
-                   help=f'tree shapes, top-k per depth, ";"-separated (default "{DEFAULT_TREES}")')
-    p.add_argument("--dynamic", type=dynamic_list, default=dynamic_list(DEFAULT_DYNAMIC),
-                   help=f'dynamic (EAGLE-2) trees "KxD/N", ";"-separated, "" for none (default "{DEFAULT_DYNAMIC}")')
-    p.add_argument("--hybrid-gammas", type=_common.int_list, default=[4], help="hybrid drafter gammas (default 4)")
+    p.add_argument(
+        "--gammas", type=_common.int_list, default=[2, 3, 4, 5, 6], help="chain gammas (default 2..6)"
+    )
+    p.add_argument(
+        "--trees",
+        type=tree_list,
+        default=tree_list(DEFAULT_TREES),
+        help=f'tree shapes, top-k per depth, ";"-separated (default "{DEFAULT_TREES}")',
+    )
+    p.add_argument(
+        "--dynamic",
+        type=dynamic_list,
+        default=dynamic_list(DEFAULT_DYNAMIC),
+        help=f'dynamic (EAGLE-2) trees "KxD/N", ";"-separated, "" for none (default "{DEFAULT_DYNAMIC}")',
+    )
+    p.add_argument(
+        "--hybrid-gammas", type=_common.int_list, default=[4], help="hybrid drafter gammas (default 4)"
+    )
     p.add_argument("--modes", default="greedy,t1", help="greedy and/or t1 (default both)")
     p.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default 2)")
-    p.add_argument("--cost-repeats", type=int, default=15, help="timings per forward for the min-of-k costs (default 15)")
-    p.add_argument("--engine", choices=("compiled", "eager"), default="compiled",
-                   help="decode, draft and verify (chains and trees alike) through torch.compile, as autotune tune "
-                        "runs them by default, or eager (default compiled)")
+    p.add_argument(
+        "--cost-repeats", type=int, default=15, help="timings per forward for the min-of-k costs (default 15)"
+    )
+    p.add_argument(
+        "--engine",
+        choices=("compiled", "eager"),
+        default="compiled",
+        help="decode, draft and verify (chains and trees alike) through torch.compile, as autotune tune "
+        "runs them by default, or eager (default compiled)",
+    )
     args = p.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in TEMPERATURE for m in modes) or args.repeats < 1 or 0 in args.batch_sizes:
         _common.fail("--modes takes greedy and/or t1; --repeats and --batch-sizes must be >= 1")
     try:
-        cfgs = {mode: configs(args.gammas, args.trees, args.hybrid_gammas, mode, args.dynamic) for mode in modes}
+        cfgs = {
+            mode: configs(args.gammas, args.trees, args.hybrid_gammas, mode, args.dynamic) for mode in modes
+        }
     except EngineInputError as exc:
         _common.fail(str(exc))
     bench = _common.start(NAME, args)
     pair, requests = _common.load(bench)
     if args.engine == "compiled":
         pair = _common.compiled_twin(pair, trees=args.trees + [(t.topk,) * t.depth for t in args.dynamic])
-        print(f"compiled decode/verify (chains and trees) of target and draft in {pair.compile_s:.1f} s "
-              "(excluded from every timing)", flush=True)
+        print(
+            f"compiled decode/verify (chains and trees) of target and draft in {pair.compile_s:.1f} s "
+            "(excluded from every timing)",
+            flush=True,
+        )
     runs: dict[tuple[int, str, str], list[dict]] = {}
     outputs: dict[tuple[int, str, str], list[list[int]]] = {}
     for rep in range(args.repeats):
@@ -195,19 +272,32 @@ def main() -> None:
             for mode in modes:
                 reqs = [dataclasses.replace(r, temperature=TEMPERATURE[mode]) for r in requests]
                 shift = rep % len(cfgs[mode])
-                for label, _kind, spec, drafter in cfgs[mode][shift:] + cfgs[mode][:shift]:  # rotated each round
+                for label, _kind, spec, drafter in (
+                    cfgs[mode][shift:] + cfgs[mode][:shift]
+                ):  # rotated each round
                     run = run_load(pair, reqs, spec, drafter, load, args.seed)
                     m = run.metrics
                     draft_step = (m["draft_forward_ms"] or 0.0) * (m["draft_forwards_per_step"] or 0.0)
-                    runs.setdefault((b, mode, label), []).append({
-                        "round": rep, "tokens_per_second": m["tokens_per_second"], "wall_s": m["wall_s"],
-                        "mean_acceptance_length": m["mean_acceptance_length"], "verify_step_ms": m["verify_step_ms"],
-                        "draft_ms_per_step": draft_step, "acceptance_rate": m["acceptance_rate"],
-                        "verify_tokens_per_row": m["verify_tokens_per_row"], "generated_tokens": m["generated_tokens"],
-                    })
+                    runs.setdefault((b, mode, label), []).append(
+                        {
+                            "round": rep,
+                            "tokens_per_second": m["tokens_per_second"],
+                            "wall_s": m["wall_s"],
+                            "mean_acceptance_length": m["mean_acceptance_length"],
+                            "verify_step_ms": m["verify_step_ms"],
+                            "draft_ms_per_step": draft_step,
+                            "acceptance_rate": m["acceptance_rate"],
+                            "verify_tokens_per_row": m["verify_tokens_per_row"],
+                            "generated_tokens": m["generated_tokens"],
+                        }
+                    )
                     outputs[(b, mode, label)] = _common.outputs(run)
-                    print(f"  round {rep} B={b} {mode} {label}: {m['tokens_per_second']:.1f} tok/s, "
-                          f"accepted length {m['mean_acceptance_length'] or 1:.2f}", flush=True)
+                    print(
+                        f"  round {rep} B={b} {mode} {label}: {m['tokens_per_second']:.1f} tok/s, "
+                        f"accepted length {m['mean_acceptance_length'] or 1:.2f}",
+                        flush=True,
+                    )
+
     def med(rs: list[dict], key: str) -> float | None:
         values = [r[key] for r in rs if r[key] is not None]
         return statistics.median(values) if values else None
@@ -218,59 +308,122 @@ def main() -> None:
             ar = runs[(b, mode, "AR")]
             for label, kind, spec, _ in cfgs[mode]:
                 rs = runs[(b, mode, label)]
-                x_ar = statistics.median(r["tokens_per_second"] / a["tokens_per_second"]
-                                         for r, a in zip(rs, ar, strict=True))
+                x_ar = statistics.median(
+                    r["tokens_per_second"] / a["tokens_per_second"] for r, a in zip(rs, ar, strict=True)
+                )
                 match = outputs[(b, mode, label)] == outputs[(b, mode, "AR")] if mode == "greedy" else None
-                cell = {"batch_size": b, "mode": mode, "config": label, "kind": kind, "gamma": spec.gamma,
-                        "tree_topk": list(spec.tree_topk), "tree_nodes": spec.tree_nodes,
-                        "nodes": spec.tree.n_nodes if spec.tree is not None else spec.gamma,
-                        "mean_acceptance_length": med(rs, "mean_acceptance_length") or 1.0,
-                        "verify_step_ms": med(rs, "verify_step_ms"), "draft_ms_per_step": med(rs, "draft_ms_per_step"),
-                        "tokens_per_second": med(rs, "tokens_per_second"), "x_ar": x_ar, "greedy_match": match,
-                        "runs": rs}
+                cell = {
+                    "batch_size": b,
+                    "mode": mode,
+                    "config": label,
+                    "kind": kind,
+                    "gamma": spec.gamma,
+                    "tree_topk": list(spec.tree_topk),
+                    "tree_nodes": spec.tree_nodes,
+                    "nodes": spec.tree.n_nodes if spec.tree is not None else spec.gamma,
+                    "mean_acceptance_length": med(rs, "mean_acceptance_length") or 1.0,
+                    "verify_step_ms": med(rs, "verify_step_ms"),
+                    "draft_ms_per_step": med(rs, "draft_ms_per_step"),
+                    "tokens_per_second": med(rs, "tokens_per_second"),
+                    "x_ar": x_ar,
+                    "greedy_match": match,
+                    "runs": rs,
+                }
                 cells.append(cell)
-                rows.append((b, mode, label, cell["nodes"], cell["mean_acceptance_length"], cell["verify_step_ms"],
-                             cell["draft_ms_per_step"], cell["tokens_per_second"], x_ar,
-                             "-" if match is None else match))
-    _common.print_table(f"trees vs chains vs AR on {bench.device} ({len(requests)} held-out prompts, "
-                        f"{args.max_new_tokens} new tokens, medians of {args.repeats} interleaved rounds)", HEADERS, rows)
+                rows.append(
+                    (
+                        b,
+                        mode,
+                        label,
+                        cell["nodes"],
+                        cell["mean_acceptance_length"],
+                        cell["verify_step_ms"],
+                        cell["draft_ms_per_step"],
+                        cell["tokens_per_second"],
+                        x_ar,
+                        "-" if match is None else match,
+                    )
+                )
+    _common.print_table(
+        f"trees vs chains vs AR on {bench.device} ({len(requests)} held-out prompts, "
+        f"{args.max_new_tokens} new tokens, medians of {args.repeats} interleaved rounds)",
+        HEADERS,
+        rows,
+    )
     summary, srows = [], []
     for b in args.batch_sizes:
         for mode in modes:
             mine = [c for c in cells if c["batch_size"] == b and c["mode"] == mode]
             ar = next(c for c in mine if c["kind"] == "ar")
-            best = {k: max((c for c in mine if c["kind"] == k), key=lambda c: c["x_ar"], default=None)
-                    for k in ("chain", "tree", "dynamic", "hybrid")}
+            best = {
+                k: max((c for c in mine if c["kind"] == k), key=lambda c: c["x_ar"], default=None)
+                for k in ("chain", "tree", "dynamic", "hybrid")
+            }
             ch, tr, dy, hy = best["chain"], best["tree"], best["dynamic"], best["hybrid"]
             if ch is None or (tr is None and dy is None):
                 continue
 
             def rounds(cell, ch=ch):  # same-round ratios to the best chain
-                return [t["tokens_per_second"] / c["tokens_per_second"]
-                        for t, c in zip(cell["runs"], ch["runs"], strict=True)] if cell else None
+                return (
+                    [
+                        t["tokens_per_second"] / c["tokens_per_second"]
+                        for t, c in zip(cell["runs"], ch["runs"], strict=True)
+                    ]
+                    if cell
+                    else None
+                )
 
             def paired(cell):
                 return statistics.median(rounds(cell)) if cell else None
 
-            s = {"batch_size": b, "mode": mode, "ar_tokens_per_second": ar["tokens_per_second"],
-                 "best_chain": ch["config"], "chain_tokens_per_second": ch["tokens_per_second"],
-                 "best_tree": tr["config"] if tr else None,
-                 "tree_tokens_per_second": tr["tokens_per_second"] if tr else None,
-                 "chain_x_ar": ch["x_ar"], "tree_x_ar": tr["x_ar"] if tr else None,
-                 "tree_over_chain_paired": paired(tr), "tree_over_chain_rounds": rounds(tr),
-                 "best_dynamic": dy["config"] if dy else None,
-                 "dynamic_tokens_per_second": dy["tokens_per_second"] if dy else None,
-                 "dynamic_x_ar": dy["x_ar"] if dy else None, "dynamic_over_chain_paired": paired(dy),
-                 "dynamic_over_chain_rounds": rounds(dy),
-                 "best_hybrid": hy["config"] if hy else None, "hybrid_x_ar": hy["x_ar"] if hy else None}
+            s = {
+                "batch_size": b,
+                "mode": mode,
+                "ar_tokens_per_second": ar["tokens_per_second"],
+                "best_chain": ch["config"],
+                "chain_tokens_per_second": ch["tokens_per_second"],
+                "best_tree": tr["config"] if tr else None,
+                "tree_tokens_per_second": tr["tokens_per_second"] if tr else None,
+                "chain_x_ar": ch["x_ar"],
+                "tree_x_ar": tr["x_ar"] if tr else None,
+                "tree_over_chain_paired": paired(tr),
+                "tree_over_chain_rounds": rounds(tr),
+                "best_dynamic": dy["config"] if dy else None,
+                "dynamic_tokens_per_second": dy["tokens_per_second"] if dy else None,
+                "dynamic_x_ar": dy["x_ar"] if dy else None,
+                "dynamic_over_chain_paired": paired(dy),
+                "dynamic_over_chain_rounds": rounds(dy),
+                "best_hybrid": hy["config"] if hy else None,
+                "hybrid_x_ar": hy["x_ar"] if hy else None,
+            }
             summary.append(s)
-            srows.append(tuple("-" if v is None else v for v in (
-                b, mode, s["ar_tokens_per_second"], ch["config"], s["chain_tokens_per_second"], s["best_tree"],
-                s["tree_tokens_per_second"], s["tree_over_chain_paired"], s["best_dynamic"],
-                s["dynamic_over_chain_paired"], s["chain_x_ar"], s["tree_x_ar"], s["dynamic_x_ar"], s["hybrid_x_ar"])))
-    _common.print_table("best tree vs best chain (by median x AR; ratios are medians over rounds of same-round "
-                        "ratios, one invocation on a shared host)",
-                        SUMMARY_HEADERS, srows)
+            srows.append(
+                tuple(
+                    "-" if v is None else v
+                    for v in (
+                        b,
+                        mode,
+                        s["ar_tokens_per_second"],
+                        ch["config"],
+                        s["chain_tokens_per_second"],
+                        s["best_tree"],
+                        s["tree_tokens_per_second"],
+                        s["tree_over_chain_paired"],
+                        s["best_dynamic"],
+                        s["dynamic_over_chain_paired"],
+                        s["chain_x_ar"],
+                        s["tree_x_ar"],
+                        s["dynamic_x_ar"],
+                        s["hybrid_x_ar"],
+                    )
+                )
+            )
+    _common.print_table(
+        "best tree vs best chain (by median x AR; ratios are medians over rounds of same-round "
+        "ratios, one invocation on a shared host)",
+        SUMMARY_HEADERS,
+        srows,
+    )
     # Least-disturbed step costs (min of --cost-repeats) and the throughput they imply with each
     # configuration's measured mean accepted length: B x E / (draft + verify), no engine overhead.
     costs, crows = [], []
@@ -280,11 +433,20 @@ def main() -> None:
             if kind == "hybrid":
                 continue
             width, verify, drafting = min_costs(pair, spec, b, context, args.cost_repeats)
-            row = {"batch_size": b, "config": label, "verify_width": width, "verify_ms_min": verify,
-                   "draft_ms_per_step_min": drafting}
+            row = {
+                "batch_size": b,
+                "config": label,
+                "verify_width": width,
+                "verify_ms_min": verify,
+                "draft_ms_per_step_min": drafting,
+            }
             for mode in modes:
-                cell = next(c for c in cells if c["batch_size"] == b and c["mode"] == mode and c["config"] == label)
-                row[f"modelled_tokens_per_second_{mode}"] = 1e3 * b * cell["mean_acceptance_length"] / (verify + drafting)
+                cell = next(
+                    c for c in cells if c["batch_size"] == b and c["mode"] == mode and c["config"] == label
+                )
+                row[f"modelled_tokens_per_second_{mode}"] = (
+                    1e3 * b * cell["mean_acceptance_length"] / (verify + drafting)
+                )
             costs.append(row)
     for b in args.batch_sizes:
         mine = [c for c in costs if c["batch_size"] == b]
@@ -294,24 +456,65 @@ def main() -> None:
             for c in mine:
                 c[f"modelled_x_best_chain_{mode}"] = c[key] / max(chains) if chains else None
         for c in mine:
-            crows.append((b, c["config"], c["verify_width"], c["verify_ms_min"], c["draft_ms_per_step_min"],
-                          *(x for m in modes for x in (c[f"modelled_tokens_per_second_{m}"],
-                                                       c[f"modelled_x_best_chain_{m}"]))))
-    _common.print_table(f"least-disturbed step costs (min of {args.cost_repeats}, context {context} tokens) and the "
-                        "throughput they imply with the measured mean accepted length",
-                        ["B", "config", "verify width", "verify ms (min)", "draft ms/step (min)",
-                         *(h for m in modes for h in (f"modelled tok/s {m}", f"x best chain {m}"))], crows)
+            crows.append(
+                (
+                    b,
+                    c["config"],
+                    c["verify_width"],
+                    c["verify_ms_min"],
+                    c["draft_ms_per_step_min"],
+                    *(
+                        x
+                        for m in modes
+                        for x in (c[f"modelled_tokens_per_second_{m}"], c[f"modelled_x_best_chain_{m}"])
+                    ),
+                )
+            )
+    _common.print_table(
+        f"least-disturbed step costs (min of {args.cost_repeats}, context {context} tokens) and the "
+        "throughput they imply with the measured mean accepted length",
+        [
+            "B",
+            "config",
+            "verify width",
+            "verify ms (min)",
+            "draft ms/step (min)",
+            *(h for m in modes for h in (f"modelled tok/s {m}", f"x best chain {m}")),
+        ],
+        crows,
+    )
     pays = where_trees_pay(pair, args.batch_sizes, summary, context, args.cost_repeats)
-    _common.print_table(f"where trees pay vs the profiler's label (verify cost = T_verify(B, {LABEL_GAMMA}+1) / "
-                        f"T_verify(B, 1), min of {args.cost_repeats}; autotune.classify.label)",
-                        ["B", "verify cost", "label", "best tree or dynamic / best chain (greedy, paired median)",
-                         "trees pay", "label agrees"],
-                        [(r["batch_size"], r["verify_cost"], r["label"], r["best_tree_over_chain"], r["trees_pay"],
-                          r["label_agrees"]) for r in pays])
-    _common.write_json(bench, {"cells": cells, "summary": summary, "min_costs": costs, "where_trees_pay": pays})
+    _common.print_table(
+        f"where trees pay vs the profiler's label (verify cost = T_verify(B, {LABEL_GAMMA}+1) / "
+        f"T_verify(B, 1), min of {args.cost_repeats}; autotune.classify.label)",
+        [
+            "B",
+            "verify cost",
+            "label",
+            "best tree or dynamic / best chain (greedy, paired median)",
+            "trees pay",
+            "label agrees",
+        ],
+        [
+            (
+                r["batch_size"],
+                r["verify_cost"],
+                r["label"],
+                r["best_tree_over_chain"],
+                r["trees_pay"],
+                r["label_agrees"],
+            )
+            for r in pays
+        ],
+    )
+    _common.write_json(
+        bench, {"cells": cells, "summary": summary, "min_costs": costs, "where_trees_pay": pays}
+    )
 
 
-def where_trees_pay(pair, batch_sizes: list[int], summary: list[dict], context: int, repeats: int) -> list[dict]:
+def where_trees_pay(
+    pair, batch_sizes: list[int], summary: list[dict], context: int, repeats: int
+) -> list[dict]:
     """Per batch size: the profiler's label from this run's least-disturbed verify costs (the
     profiler's rule: ``autotune.classify.label`` at gamma :data:`LABEL_GAMMA`), whether the best tree
     (static or dynamic) beat the best chain (greedy: "yes" when the paired ratio is above 1 in every
@@ -324,17 +527,28 @@ def where_trees_pay(pair, batch_sizes: list[int], summary: list[dict], context: 
         cost = wide / one
         label = classify.label(cost, LABEL_GAMMA)
         s = next((x for x in summary if x["batch_size"] == b and x["mode"] == "greedy"), None)
-        both = [] if s is None else [s[f"{k}_over_chain_rounds"] for k in ("tree", "dynamic")
-                                     if s[f"{k}_over_chain_rounds"]]
+        both = (
+            []
+            if s is None
+            else [s[f"{k}_over_chain_rounds"] for k in ("tree", "dynamic") if s[f"{k}_over_chain_rounds"]]
+        )
         best = max(both, key=statistics.median, default=None)  # the better of the best tree and best dynamic
         if best is None:
             pay = None
         else:  # every round beyond 1, every round below, or the rounds straddle 1: noise decides nothing
             pay = "yes" if min(best) > 1.0 else "no" if max(best) < 1.0 else "within noise"
         agrees = None if pay in (None, "within noise") else (pay == "yes") == (label == "memory-bound")
-        out.append({"batch_size": b, "verify_cost": cost, "label": label,
-                    "best_tree_over_chain": statistics.median(best) if best else None,
-                    "best_tree_over_chain_rounds": best, "trees_pay": pay, "label_agrees": agrees})
+        out.append(
+            {
+                "batch_size": b,
+                "verify_cost": cost,
+                "label": label,
+                "best_tree_over_chain": statistics.median(best) if best else None,
+                "best_tree_over_chain_rounds": best,
+                "trees_pay": pay,
+                "label_agrees": agrees,
+            }
+        )
     return out
 
 

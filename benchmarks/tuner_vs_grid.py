@@ -52,32 +52,54 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="tuner_vs_grid_"))
     cfg = load_config(args.config)
-    cfg = dataclasses.replace(cfg, storage=f"sqlite:///{tmp / 'bench.db'}", export_formats=(), study_name=None)
+    cfg = dataclasses.replace(
+        cfg, storage=f"sqlite:///{tmp / 'bench.db'}", export_formats=(), study_name=None
+    )
     ctx = context.build(cfg)
     measurement, _ = context.ensure_profile(ctx)
     lo, hi = cfg.confidence_threshold.low, cfg.confidence_threshold.high
     thresholds = sorted({lo, (lo + hi) / 2, hi})
     drafter = next((d for d in cfg.drafters if d != "none"), "none")
     mbs = max(cfg.max_batch_size)
-    grid = [{"drafter": drafter, "gamma": g, "confidence_threshold": t, "gamma_schedule": s, "max_batch_size": mbs}
-            for g in range(int(cfg.gamma.low), int(cfg.gamma.high) + 1)
-            for t in (thresholds if g else [lo]) for s in (cfg.gamma_policies if g else cfg.gamma_policies[:1])]
+    grid = [
+        {
+            "drafter": drafter,
+            "gamma": g,
+            "confidence_threshold": t,
+            "gamma_schedule": s,
+            "max_batch_size": mbs,
+        }
+        for g in range(int(cfg.gamma.low), int(cfg.gamma.high) + 1)
+        for t in (thresholds if g else [lo])
+        for s in (cfg.gamma_policies if g else cfg.gamma_policies[:1])
+    ]
     print(f"grid: {len(grid)} configurations x {len(study_mod.levels(cfg))} load levels", file=sys.stderr)
     t0 = time.perf_counter()
     grid_results = []
     for i, params in enumerate(grid):
         res = study_mod.evaluate(ctx, params, cfg.seed)
         viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, res).values())
-        grid_results.append({"params": params, "tokens_per_second": res["tokens_per_second"],
-                             "latency_ms": res["latency_ms"], "feasible": viol <= 0})
-        print(f"  grid {i + 1}/{len(grid)}: {params['gamma']} {params['confidence_threshold']:.2f} "
-              f"{params['gamma_schedule']}: {res['tokens_per_second']:.1f} tok/s", file=sys.stderr)
+        grid_results.append(
+            {
+                "params": params,
+                "tokens_per_second": res["tokens_per_second"],
+                "latency_ms": res["latency_ms"],
+                "feasible": viol <= 0,
+            }
+        )
+        print(
+            f"  grid {i + 1}/{len(grid)}: {params['gamma']} {params['confidence_threshold']:.2f} "
+            f"{params['gamma_schedule']}: {res['tokens_per_second']:.1f} tok/s",
+            file=sys.stderr,
+        )
     grid_s = time.perf_counter() - t0
     grid_best = max((r for r in grid_results if r["feasible"]), key=lambda r: r["tokens_per_second"])
 
     budget = max(1, int(args.fraction * len(grid)))
     t0 = time.perf_counter()
-    prof = run_tune(dataclasses.replace(cfg, n_trials=budget, timeout_s=None), say=lambda s: print(s, file=sys.stderr))
+    prof = run_tune(
+        dataclasses.replace(cfg, n_trials=budget, timeout_s=None), say=lambda s: print(s, file=sys.stderr)
+    )
     study_s = time.perf_counter() - t0
     trials = prof["trials"]
     study_best = max((t for t in trials if t["feasible"]), key=lambda t: t["tokens_per_second"])
@@ -88,34 +110,72 @@ def main() -> None:
     for name, knobs in DEFAULTS.items():
         params = {**chosen, "drafter": drafter, "gamma_schedule": "constant", **knobs}
         res = study_mod.evaluate(ctx, params, cfg.seed + 2)
-        rows_defaults.append({"config": name, "params": params, "tokens_per_second": res["tokens_per_second"],
-                              "latency_ms": res["latency_ms"],
-                              "tuned_over_default": chosen_res["tokens_per_second"] / res["tokens_per_second"]})
+        rows_defaults.append(
+            {
+                "config": name,
+                "params": params,
+                "tokens_per_second": res["tokens_per_second"],
+                "latency_ms": res["latency_ms"],
+                "tuned_over_default": chosen_res["tokens_per_second"] / res["tokens_per_second"],
+            }
+        )
 
     result = {
-        "command": " ".join(sys.argv), "device": ctx.fingerprint["label"], "config": str(args.config),
-        "grid_evaluations": len(grid), "study_trials": budget,
+        "command": " ".join(sys.argv),
+        "device": ctx.fingerprint["label"],
+        "config": str(args.config),
+        "grid_evaluations": len(grid),
+        "study_trials": budget,
         "study_evaluations_fraction": budget / len(grid),
-        "grid_best": grid_best, "study_best": study_best,
+        "grid_best": grid_best,
+        "study_best": study_best,
         "study_best_over_grid_best": study_best["tokens_per_second"] / grid_best["tokens_per_second"],
-        "grid_wall_s": grid_s, "study_wall_s": study_s,
-        "chosen": chosen, "chosen_tokens_per_second": chosen_res["tokens_per_second"],
-        "defaults": rows_defaults, "grid": grid_results,
+        "grid_wall_s": grid_s,
+        "study_wall_s": study_s,
+        "chosen": chosen,
+        "chosen_tokens_per_second": chosen_res["tokens_per_second"],
+        "defaults": rows_defaults,
+        "grid": grid_results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-    print(table(["", "evaluations", "best tok/s", "gamma", "threshold", "schedule"], [
-        ("grid", len(grid), grid_best["tokens_per_second"], grid_best["params"]["gamma"],
-         grid_best["params"]["confidence_threshold"], grid_best["params"]["gamma_schedule"]),
-        ("study", budget, study_best["tokens_per_second"], study_best["params"].get("gamma"),
-         study_best["params"].get("confidence_threshold"), study_best["params"].get("gamma_schedule")),
-    ]))
-    print(f"\nstudy best / grid best = {result['study_best_over_grid_best']:.3f} with "
-          f"{budget}/{len(grid)} = {budget / len(grid):.0%} of the evaluations\n")
-    print(table(["config at the same load", "tok/s", "latency ms", "tuned / this"],
-                [("tuned (chosen)", chosen_res["tokens_per_second"], chosen_res["latency_ms"], 1.0)]
-                + [(r["config"], r["tokens_per_second"], r["latency_ms"], r["tuned_over_default"])
-                   for r in rows_defaults]))
+    print(
+        table(
+            ["", "evaluations", "best tok/s", "gamma", "threshold", "schedule"],
+            [
+                (
+                    "grid",
+                    len(grid),
+                    grid_best["tokens_per_second"],
+                    grid_best["params"]["gamma"],
+                    grid_best["params"]["confidence_threshold"],
+                    grid_best["params"]["gamma_schedule"],
+                ),
+                (
+                    "study",
+                    budget,
+                    study_best["tokens_per_second"],
+                    study_best["params"].get("gamma"),
+                    study_best["params"].get("confidence_threshold"),
+                    study_best["params"].get("gamma_schedule"),
+                ),
+            ],
+        )
+    )
+    print(
+        f"\nstudy best / grid best = {result['study_best_over_grid_best']:.3f} with "
+        f"{budget}/{len(grid)} = {budget / len(grid):.0%} of the evaluations\n"
+    )
+    print(
+        table(
+            ["config at the same load", "tok/s", "latency ms", "tuned / this"],
+            [("tuned (chosen)", chosen_res["tokens_per_second"], chosen_res["latency_ms"], 1.0)]
+            + [
+                (r["config"], r["tokens_per_second"], r["latency_ms"], r["tuned_over_default"])
+                for r in rows_defaults
+            ],
+        )
+    )
     print(f"\nwrote {args.out}")
 
 

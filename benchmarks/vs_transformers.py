@@ -42,8 +42,14 @@ from engine.speculative import Request, SpecConfig
 
 NAME = "vs_transformers"
 METHODS = ("ours_spec", "ours_ar", "ours_spec_eager", "ours_ar_eager", "hf_assisted", "hf_plain")
-PAIRS = (("ours_spec", "hf_assisted"), ("ours_spec", "ours_ar"), ("hf_assisted", "hf_plain"), ("ours_ar", "hf_plain"),
-         ("ours_spec", "ours_spec_eager"), ("ours_ar", "ours_ar_eager"))
+PAIRS = (
+    ("ours_spec", "hf_assisted"),
+    ("ours_spec", "ours_ar"),
+    ("hf_assisted", "hf_plain"),
+    ("ours_ar", "hf_plain"),
+    ("ours_spec", "ours_spec_eager"),
+    ("ours_ar", "ours_ar_eager"),
+)
 
 
 def load_hf(folder, dtype: str, device):
@@ -61,6 +67,7 @@ def load_hf(folder, dtype: str, device):
 
 def ratio_interval(rows: list[dict], a: str, b: str, seed: int) -> tuple[float, float, float]:
     """tokens/s of ``a`` over ``b`` and its bootstrap 95% interval (prompts resampled, both methods together)."""
+
     def ratio(sample: list[dict]) -> float:
         ta = sum(r[f"{a}_tokens"] for r in sample) / sum(r[f"{a}_s"] for r in sample)
         return ta / (sum(r[f"{b}_tokens"] for r in sample) / sum(r[f"{b}_s"] for r in sample))
@@ -82,7 +89,9 @@ def main() -> None:
     bench = _common.start(NAME, args)
     eager, requests = _common.load(bench)
     pair = _common.compiled_twin(eager)
-    print(f"compiled decode/verify of target and draft in {pair.compile_s:.1f} s (excluded from every timing)")
+    print(
+        f"compiled decode/verify of target and draft in {pair.compile_s:.1f} s (excluded from every timing)"
+    )
     device = pair.target.lm_head.weight.device
     target, draft = load_hf(args.target, args.dtype, device), load_hf(args.draft, args.dtype, device)
     draft.generation_config.num_assistant_tokens = args.gamma
@@ -93,20 +102,34 @@ def main() -> None:
     def ours(gamma: int, models=pair) -> Callable[[list[int]], list[int]]:
         cfg = SpecConfig(gamma=gamma, confidence_threshold=0.0)
         drafter = "model" if gamma else "none"
-        return lambda ids: generate(models, [Request(ids, n_new)], cfg, drafter, max_batch_size=1, seed=args.seed,
-                                    eos_ids=()).tokens[0]
+        return lambda ids: generate(
+            models, [Request(ids, n_new)], cfg, drafter, max_batch_size=1, seed=args.seed, eos_ids=()
+        ).tokens[0]
 
     def hf(assistant) -> Callable[[list[int]], list[int]]:
         def run(ids: list[int]) -> list[int]:
             x = torch.tensor([ids], device=device)
             kw = {"assistant_model": assistant} if assistant is not None else {}
-            out = target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n_new,
-                                  eos_token_id=None, **kw)
-            return out[0, len(ids):].tolist()
+            out = target.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                do_sample=False,
+                max_new_tokens=n_new,
+                eos_token_id=None,
+                **kw,
+            )
+            return out[0, len(ids) :].tolist()
+
         return run
 
-    fns = {"ours_spec": ours(args.gamma), "ours_ar": ours(0), "ours_spec_eager": ours(args.gamma, eager),
-           "ours_ar_eager": ours(0, eager), "hf_assisted": hf(draft), "hf_plain": hf(None)}
+    fns = {
+        "ours_spec": ours(args.gamma),
+        "ours_ar": ours(0),
+        "ours_spec_eager": ours(args.gamma, eager),
+        "ours_ar_eager": ours(0, eager),
+        "hf_assisted": hf(draft),
+        "hf_plain": hf(None),
+    }
 
     def timed(fn: Callable[[list[int]], list[int]], ids: list[int]) -> tuple[list[int], float]:
         if device.type == "cuda":
@@ -133,34 +156,57 @@ def main() -> None:
             row[f"{a}=={b}"] = toks[a] == toks[b]
             row[f"{a}~{b}_common_prefix"] = common_prefix(toks[a], toks[b])
         per_prompt.append(row)
-        print(f"  prompt {i + 1}/{len(requests)}: " + ", ".join(f"{m} {row[f'{m}_s']:.2f}s" for m in METHODS),
-              flush=True)
-    tps = {m: sum(r[f"{m}_tokens"] for r in per_prompt) / sum(r[f"{m}_s"] for r in per_prompt) for m in METHODS}
+        print(
+            f"  prompt {i + 1}/{len(requests)}: " + ", ".join(f"{m} {row[f'{m}_s']:.2f}s" for m in METHODS),
+            flush=True,
+        )
+    tps = {
+        m: sum(r[f"{m}_tokens"] for r in per_prompt) / sum(r[f"{m}_s"] for r in per_prompt) for m in METHODS
+    }
     identical = {f"{a}=={b}": sum(r[f"{a}=={b}"] for r in per_prompt) for a, b in PAIRS}
     ratio = tps["ours_spec"] / tps["hf_assisted"]
-    _common.print_table(f"B=1, gamma {args.gamma}, {len(requests)} prompts x {n_new} new tokens, greedy, "
-                        f"{args.dtype} on {bench.device}, {torch.get_num_threads()} torch threads",
-                        ["", *METHODS], [("tokens/s", *(tps[m] for m in METHODS))])
+    _common.print_table(
+        f"B=1, gamma {args.gamma}, {len(requests)} prompts x {n_new} new tokens, greedy, "
+        f"{args.dtype} on {bench.device}, {torch.get_num_threads()} torch threads",
+        ["", *METHODS],
+        [("tokens/s", *(tps[m] for m in METHODS))],
+    )
     intervals = {f"{a}/{b}": ratio_interval(per_prompt, a, b, args.seed) for a, b in PAIRS}
     medians = {f"{a}/{b}": statistics.median(r[f"{b}_s"] / r[f"{a}_s"] for r in per_prompt) for a, b in PAIRS}
-    _common.print_table("ratios of tokens/s (95% interval: bootstrap over prompts; the median of per-prompt "
-                        "ratios resists one disturbed prompt)", ["ratio", "value", "95% CI", "per-prompt median"],
-                        [(k, v[0], f"{v[1]:.2f}-{v[2]:.2f}", medians[k]) for k, v in intervals.items()])
-    print(f"ours spec / HF assisted: {ratio:.2f}x, per-prompt median {medians['ours_spec/hf_assisted']:.2f}x "
-          f"(goal >= 2x); compiled / eager: spec "
-          f"{tps['ours_spec'] / tps['ours_spec_eager']:.2f}x, AR {tps['ours_ar'] / tps['ours_ar_eager']:.2f}x")
+    _common.print_table(
+        "ratios of tokens/s (95% interval: bootstrap over prompts; the median of per-prompt "
+        "ratios resists one disturbed prompt)",
+        ["ratio", "value", "95% CI", "per-prompt median"],
+        [(k, v[0], f"{v[1]:.2f}-{v[2]:.2f}", medians[k]) for k, v in intervals.items()],
+    )
+    print(
+        f"ours spec / HF assisted: {ratio:.2f}x, per-prompt median {medians['ours_spec/hf_assisted']:.2f}x "
+        f"(goal >= 2x); compiled / eager: spec "
+        f"{tps['ours_spec'] / tps['ours_spec_eager']:.2f}x, AR {tps['ours_ar'] / tps['ours_ar_eager']:.2f}x"
+    )
     print("identical greedy outputs: " + ", ".join(f"{k} {v}/{len(requests)}" for k, v in identical.items()))
     import transformers
 
-    _common.write_json(bench, {
-        "gamma": args.gamma, "tokens_per_second": tps, "ours_spec_over_hf_assisted": ratio,
-        "ratio_intervals": {k: {"ratio": v[0], "ci95": [v[1], v[2]], "per_prompt_median": medians[k]}
-                            for k, v in intervals.items()},
-        "compile_s": pair.compile_s,
-        "ours_ar_over_hf_plain": tps["ours_ar"] / tps["hf_plain"], "identical_outputs": identical,
-        "num_prompts": len(requests), "transformers": transformers.__version__, "hf_class": type(target).__name__,
-        "hf_attn_implementation": target.config._attn_implementation, "per_prompt": per_prompt,
-    })
+    _common.write_json(
+        bench,
+        {
+            "gamma": args.gamma,
+            "tokens_per_second": tps,
+            "ours_spec_over_hf_assisted": ratio,
+            "ratio_intervals": {
+                k: {"ratio": v[0], "ci95": [v[1], v[2]], "per_prompt_median": medians[k]}
+                for k, v in intervals.items()
+            },
+            "compile_s": pair.compile_s,
+            "ours_ar_over_hf_plain": tps["ours_ar"] / tps["hf_plain"],
+            "identical_outputs": identical,
+            "num_prompts": len(requests),
+            "transformers": transformers.__version__,
+            "hf_class": type(target).__name__,
+            "hf_attn_implementation": target.config._attn_implementation,
+            "per_prompt": per_prompt,
+        },
+    )
 
 
 if __name__ == "__main__":

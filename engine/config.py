@@ -26,8 +26,12 @@ ROPE_FIELDS = {  # rope type -> the fields it needs (besides rope_theta)
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
 }
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 # keys of other architectures that change the math; refused when set (value -> is it "set"?)
 REFUSED_KEYS = {
     "final_logit_softcapping": lambda v: v is not None,
@@ -159,15 +163,19 @@ class ModelConfig:
             "mlp_bias": self.mlp_bias,
             "hidden_act": self.hidden_act,
             "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
+            "eos_token_id": list(self.eos_token_ids)
+            if len(self.eos_token_ids) != 1
+            else self.eos_token_ids[0],
         }
         if self.model_type == "mistral":
             out["sliding_window"] = self.sliding_window
         elif self.model_type in ("qwen2", "qwen3"):
             out["use_sliding_window"] = self.sliding_window is not None
             out["sliding_window"] = self.sliding_window
-            out["layer_types"] = ["sliding_attention" if i in self.sliding_layers else "full_attention"
-                                  for i in range(self.num_hidden_layers)]
+            out["layer_types"] = [
+                "sliding_attention" if i in self.sliding_layers else "full_attention"
+                for i in range(self.num_hidden_layers)
+            ]
         return out
 
 
@@ -221,7 +229,8 @@ class _Raw:
 
 def _json_type(value: Any) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), "a number")
+        type(value), "a number"
+    )
 
 
 def _rope(r: _Raw) -> tuple[float, dict[str, Any] | None]:
@@ -246,11 +255,15 @@ def _rope(r: _Raw) -> tuple[float, dict[str, Any] | None]:
         sub.num(name)
     if kind == "llama3" and rope["high_freq_factor"] <= rope["low_freq_factor"]:
         raise sub.error("high_freq_factor", f"must be > low_freq_factor (got {rope['high_freq_factor']!r})")
-    theta = sub.num("rope_theta", None) if rope.get("rope_theta") is not None else r.num("rope_theta", 10000.0)
+    theta = (
+        sub.num("rope_theta", None) if rope.get("rope_theta") is not None else r.num("rope_theta", 10000.0)
+    )
     return theta, ({**rope, "rope_type": kind} if kind != "default" else None)
 
 
-def _sliding_window(r: _Raw, model_type: str, layers: int, max_pos: int) -> tuple[int | None, tuple[int, ...]]:
+def _sliding_window(
+    r: _Raw, model_type: str, layers: int, max_pos: int
+) -> tuple[int | None, tuple[int, ...]]:
     """``(window, layers using it)`` as transformers computes them for ``model_type``.
 
     Mistral: every layer when ``sliding_window`` is set (transformers' default 4096 when the key is
@@ -260,14 +273,17 @@ def _sliding_window(r: _Raw, model_type: str, layers: int, max_pos: int) -> tupl
     """
     if model_type == "llama":
         window = r.raw.get("sliding_window")
-        if r.raw.get("use_sliding_window") or (window is not None and (not isinstance(window, int)
-                                                                         or window < max_pos)):
+        if r.raw.get("use_sliding_window") or (
+            window is not None and (not isinstance(window, int) or window < max_pos)
+        ):
             key = "use_sliding_window" if r.raw.get("use_sliding_window") else "sliding_window"
             raise r.error(key, f"{r.raw[key]!r} is not supported for model_type 'llama'")
         return None, ()
     if model_type == "mistral":
         if "layer_types" in r.raw:
-            raise r.error("layer_types", "is not supported for model_type 'mistral' (transformers ignores it)")
+            raise r.error(
+                "layer_types", "is not supported for model_type 'mistral' (transformers ignores it)"
+            )
         if "sliding_window" in r.raw and r.raw["sliding_window"] is None:
             return None, ()
         return r.int("sliding_window", 4096), tuple(range(layers))
@@ -319,4 +335,6 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
         return torch.where(medium, smoothed, scaled).float()
-    raise EngineInputError(f"rope_scaling: unsupported rope_type {kind!r} (supported: {', '.join(ROPE_FIELDS)})")
+    raise EngineInputError(
+        f"rope_scaling: unsupported rope_type {kind!r} (supported: {', '.join(ROPE_FIELDS)})"
+    )

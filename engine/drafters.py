@@ -164,10 +164,12 @@ class ModelDrafter(Drafter):
 
     def _root_logits(self, tokens: torch.Tensor, length: torch.Tensor, kv_len: int) -> torch.Tensor:
         """Feed the rows' pending tokens; the draft's logits after the last one (the tree's root): (B, 1, V)."""
-        dlen = self.draft_len[:tokens.shape[0]]
+        dlen = self.draft_len[: tokens.shape[0]]
         n_pending = length - dlen  # (B,) 1..PENDING_MAX
         width = PENDING_MAX if self.sync_free else int(n_pending.max())
-        idx = (dlen[:, None] + torch.arange(width, device=tokens.device)[None, :]).clamp(max=tokens.shape[1] - 1)
+        idx = (dlen[:, None] + torch.arange(width, device=tokens.device)[None, :]).clamp(
+            max=tokens.shape[1] - 1
+        )
         logits = self.model.decode(tokens.gather(1, idx), self.cache, dlen, kv_len)
         return logits.gather(1, (n_pending - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))
 
@@ -213,8 +215,9 @@ class ModelDrafter(Drafter):
         self._tree_base = base
         return torch.cat(nodes, 1), (torch.cat(node_probs, 1) if node_probs else None)
 
-    def propose_dynamic_tree(self, tokens: torch.Tensor, length: torch.Tensor, tree: DynamicTree,
-                             kv_len: int) -> tuple[torch.Tensor, RowTrees]:
+    def propose_dynamic_tree(
+        self, tokens: torch.Tensor, length: torch.Tensor, tree: DynamicTree, kv_len: int
+    ) -> tuple[torch.Tensor, RowTrees]:
         """Draft each row's dynamic tree (engine.tree.DynamicTree): ``depth`` draft forwards, the
         first over the pending tokens, each later one over the ``topk`` best-scoring nodes of the
         previous depth (fed at draft-cache slots ``length + (d - 1) * topk + j``, seeing the prefix,
@@ -226,16 +229,20 @@ class ModelDrafter(Drafter):
         cand_tok, cand_score, cand_par = [top.indices], [top.values], [torch.full((b, k), -1, device=dev)]
         front_tok, front_score = top.indices, top.values
         front_id = torch.arange(k, device=dev).expand(b, -1)  # candidate index of each fed node
-        front_par_slot = torch.zeros(b, k, dtype=torch.long, device=dev)  # draft slot of its parent (the root: 0)
+        front_par_slot = torch.zeros(
+            b, k, dtype=torch.long, device=dev
+        )  # draft slot of its parent (the root: 0)
         n_slots = 1 + (depth - 1) * k
-        slot_depth = torch.arange(n_slots, device=dev).add(k - 1).div(k, rounding_mode="floor")  # 0, then k per depth
+        slot_depth = (
+            torch.arange(n_slots, device=dev).add(k - 1).div(k, rounding_mode="floor")
+        )  # 0, then k per depth
         anc = torch.zeros(b, n_slots, n_slots, dtype=torch.bool, device=dev)
         anc[:, 0, 0] = True
         cand_slot = torch.full((b, tree.candidates), -1, dtype=torch.long, device=dev)
         for d in range(1, depth):
             first = 1 + (d - 1) * k
             slots = torch.arange(first, first + k, device=dev)
-            anc[:, first:first + k] = anc.gather(1, front_par_slot[:, :, None].expand(-1, -1, n_slots))
+            anc[:, first : first + k] = anc.gather(1, front_par_slot[:, :, None].expand(-1, -1, n_slots))
             anc[:, slots, slots] = True
             cand_slot.scatter_(1, front_id, slots.expand(b, -1).contiguous())
             attn = tree_attention(base, slot_depth.expand(b, -1), anc, first, k, kv_len)
@@ -252,8 +259,13 @@ class ModelDrafter(Drafter):
                 front_tok, front_score = tok.gather(1, best), score.gather(1, best)
                 front_par_slot = slots[best // k]  # the fed node each came from
         self._tree_base = base
-        return tree.select(tokens.gather(1, base[:, None]), torch.cat(cand_tok, 1), torch.cat(cand_score, 1),
-                           torch.cat(cand_par, 1), cand_slot)
+        return tree.select(
+            tokens.gather(1, base[:, None]),
+            torch.cat(cand_tok, 1),
+            torch.cat(cand_score, 1),
+            torch.cat(cand_par, 1),
+            cand_slot,
+        )
 
     def commit_tree(self, tree: RowTrees, path: torch.Tensor, n_accepted: torch.Tensor) -> None:
         """Move the accepted path's draft entries to their depths (the nodes the draft was fed: every
@@ -352,8 +364,9 @@ class HybridDrafter(Drafter):
     def propose(self, tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator):
         b = tokens.shape[0]
         device = tokens.device
-        ng_tokens, _, ng_prop = self.ngram.propose(tokens, length, gammas, gamma_max, threshold, sampling, kv_len,
-                                                   generator)  # (B, G), (B,)
+        ng_tokens, _, ng_prop = self.ngram.propose(
+            tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator
+        )  # (B, G), (B,)
         use_ng = ng_prop > 0  # (B,)
         self._ran_model = not bool(use_ng.all())  # the n-gram lookup synced already
         if not self._ran_model:
@@ -361,8 +374,9 @@ class HybridDrafter(Drafter):
             self.forwards = 0
             self._source = torch.full((b,), SOURCES.index("ngram"), dtype=torch.long, device=device)
             return ng_tokens, None, ng_prop
-        m_tokens, m_probs, m_prop = self.model.propose(tokens, length, gammas, gamma_max, threshold, sampling,
-                                                       kv_len, generator)
+        m_tokens, m_probs, m_prop = self.model.propose(
+            tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator
+        )
         self.forwards = self.model.forwards
         pad = gamma_max - m_tokens.shape[1]  # the model may stop early (threshold); n-gram rows keep gamma
         m_tokens = torch.nn.functional.pad(m_tokens, (0, pad))

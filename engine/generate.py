@@ -28,7 +28,9 @@ def make_drafter(kind: str, pair: ModelPair, ngram_min: int = 2, ngram_max: int 
     if kind in ("model", "hybrid"):
         if pair.draft is None:
             raise EngineInputError(f"drafter {kind!r} needs a draft model folder")
-        return ModelDrafter(pair.draft) if kind == "model" else HybridDrafter(pair.draft, ngram_min, ngram_max)
+        return (
+            ModelDrafter(pair.draft) if kind == "model" else HybridDrafter(pair.draft, ngram_min, ngram_max)
+        )
     if kind == "ngram":
         return NgramDrafter(ngram_min, ngram_max)
     if kind == "none":
@@ -75,5 +77,11 @@ def generate(
     engine = SpecEngine(pair.target, drafter_obj, config, slots, max_seq_len, eos, generator)
     load = LoadGenerator(list(requests), len(requests), concurrency=slots)
     run = Scheduler(engine).run(load)
-    return GenerateResult([r.output_tokens for r in run.records], [r.reason for r in run.records],
-                          run.metrics, run.metrics["wall_s"], run.metrics["steps"], engine)
+    return GenerateResult(
+        [r.output_tokens for r in run.records],
+        [r.reason for r in run.records],
+        run.metrics,
+        run.metrics["wall_s"],
+        run.metrics["steps"],
+        engine,
+    )

@@ -32,7 +32,9 @@ class KVCache:
         self.slots = slots
         self.max_seq_len = max_seq_len
 
-    def write(self, layer: int, slot0: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(
+        self, layer: int, slot0: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         """Store k/v (B, n_kv, T, hd) of slots slot0..slot0+B-1 at their positions (B, T)."""
         b = positions.shape[0]
         rows = torch.arange(slot0, slot0 + b, device=positions.device)[:, None]  # (B, 1)

@@ -22,8 +22,14 @@ from engine.config import ModelConfig, rope_inv_freq
 from engine.errors import EngineInputError
 from engine.model import Transformer
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -50,7 +56,9 @@ def resolve_device(name: str) -> torch.device:
         raise EngineInputError(f"device: {name!r} requested but torch sees no CUDA device")
     dev = torch.device(name)
     if dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise EngineInputError(f"device: {name!r} requested but torch sees {torch.cuda.device_count()} CUDA device(s)")
+        raise EngineInputError(
+            f"device: {name!r} requested but torch sees {torch.cuda.device_count()} CUDA device(s)"
+        )
     return dev
 
 
@@ -64,7 +72,9 @@ def _checkpoint_files(folder: Path) -> list[Path]:
         return [folder / name for name in sorted(set(weight_map.values()))]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise EngineInputError(f"{folder}: no *.safetensors weights (pickled .bin checkpoints are not loaded)")
+        raise EngineInputError(
+            f"{folder}: no *.safetensors weights (pickled .bin checkpoints are not loaded)"
+        )
     return files
 
 
@@ -111,7 +121,9 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     for name, tensor in state.items():
         want = model.get_parameter(name).shape
         if tensor.shape != want:
-            raise EngineInputError(f"{folder}: tensor {name} has shape {tuple(tensor.shape)}, config implies {tuple(want)}")
+            raise EngineInputError(
+                f"{folder}: tensor {name} has shape {tuple(tensor.shape)}, config implies {tuple(want)}"
+            )
     model.load_state_dict({k: v.to(dtype=torch_dtype) for k, v in state.items()}, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -159,8 +171,13 @@ class ModelPair:
 
 
 def load_pair(
-    target: str | Path, draft: str | Path | None = None, dtype: str = "float32", device: str = "cpu",
-    fuse: bool = True, compile: bool = False, trees: Sequence[Sequence[int]] = (),
+    target: str | Path,
+    draft: str | Path | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    fuse: bool = True,
+    compile: bool = False,
+    trees: Sequence[Sequence[int]] = (),
 ) -> ModelPair:
     """Load a target (and draft) folder for inference; refuse a draft whose vocabulary differs.
 

@@ -33,11 +33,15 @@ class SpecStats:
     verify_time_s: float = 0.0
     batch_rows: int = 0  # sum over verify steps of running rows
     sources: tuple[str, ...] = ("none", "ngram", "model")  # draft sources (engine.drafters.SOURCES)
-    by_source: torch.Tensor | None = None  # (sources, 3): row-steps, proposed, accepted; None = never recorded
+    by_source: torch.Tensor | None = (
+        None  # (sources, 3): row-steps, proposed, accepted; None = never recorded
+    )
 
     def __post_init__(self) -> None:
         z = lambda *s: torch.zeros(*s, dtype=torch.long, device=self.device)  # noqa: E731
-        self.row_steps, self.proposed, self.accepted, self.rollbacks, self.tokens_kept = (z(()) for _ in range(5))
+        self.row_steps, self.proposed, self.accepted, self.rollbacks, self.tokens_kept = (
+            z(()) for _ in range(5)
+        )
         self.pos_proposed, self.pos_accepted = z(max(self.gamma_max, 1)), z(max(self.gamma_max, 1))
 
     def record(self, n_proposed: torch.Tensor, n_accepted: torch.Tensor, n_emitted: torch.Tensor) -> None:
@@ -52,7 +56,9 @@ class SpecStats:
         self.pos_accepted += (pos < n_accepted[:, None]).sum(0)
         self.tokens_kept += n_emitted.sum()
 
-    def record_sources(self, source: torch.Tensor, n_proposed: torch.Tensor, n_accepted: torch.Tensor) -> None:
+    def record_sources(
+        self, source: torch.Tensor, n_proposed: torch.Tensor, n_accepted: torch.Tensor
+    ) -> None:
         """Split one verify step by draft source (``source`` (B,) indices into ``sources``)."""
         if self.by_source is None:
             self.by_source = torch.zeros(len(self.sources), 3, dtype=torch.long, device=source.device)
@@ -65,9 +71,16 @@ class SpecStats:
             return None
         counts = self.by_source.tolist()
         total = sum(c[0] for c in counts)
-        return {name: {"share": c[0] / total if total else None, "row_steps": c[0], "proposed": c[1],
-                       "accepted": c[2], "acceptance_rate": c[2] / c[1] if c[1] else None}
-                for name, c in zip(self.sources, counts, strict=True)}
+        return {
+            name: {
+                "share": c[0] / total if total else None,
+                "row_steps": c[0],
+                "proposed": c[1],
+                "accepted": c[2],
+                "acceptance_rate": c[2] / c[1] if c[1] else None,
+            }
+            for name, c in zip(self.sources, counts, strict=True)
+        }
 
     def summary(self) -> dict[str, float | list[float] | None]:
         """The speculative metrics of docs/metrics.md as plain numbers."""
@@ -83,7 +96,9 @@ class SpecStats:
             "mean_batch_size": self.batch_rows / self.verify_steps if self.verify_steps else None,
             "verify_tokens_per_row": self.verify_slots / self.batch_rows if self.batch_rows else None,
             "verify_step_ms": 1e3 * self.verify_time_s / self.verify_steps if self.verify_steps else None,
-            "draft_forward_ms": 1e3 * self.draft_time_s / self.draft_forwards if self.draft_forwards else None,
+            "draft_forward_ms": 1e3 * self.draft_time_s / self.draft_forwards
+            if self.draft_forwards
+            else None,
             "draft_forwards_per_step": self.draft_forwards / self.verify_steps if self.verify_steps else None,
             "draft_sources": self.source_summary(),
         }

@@ -36,9 +36,15 @@ from torch import nn
 from engine.config import ModelConfig, rope_inv_freq
 from engine.kv_cache import KVCache
 
-ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # config.json hidden_act (engine.config.ACTIVATIONS)
-    "silu": F.silu, "swish": F.silu, "gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh"),
-    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu,
+ACT: dict[
+    str, Callable[[torch.Tensor], torch.Tensor]
+] = {  # config.json hidden_act (engine.config.ACTIVATIONS)
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_new": partial(F.gelu, approximate="tanh"),
+    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,
 }
 
 
@@ -119,7 +125,9 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         gqa = self.n_kv != self.n_heads
         if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa
+            )
         else:
             cache.write(self.layer, slot0, positions, k, v)
             keys, values = cache.view(self.layer, slot0, b, kv_len)  # (B, nkv, L, hd)
@@ -180,7 +188,9 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-_COMPILED_FORWARD: dict[str | None, Callable[..., torch.Tensor]] = {}  # mode -> torch.compile(Transformer.forward)
+_COMPILED_FORWARD: dict[
+    str | None, Callable[..., torch.Tensor]
+] = {}  # mode -> torch.compile(Transformer.forward)
 
 
 class Transformer(nn.Module):
@@ -242,7 +252,9 @@ class Transformer(nn.Module):
         t0 = time.perf_counter()
         shapes = [tuple(s) for s in trees if any(k > 1 for k in s)]
         tree_widths = {2} | ({1} if any(s[0] == 1 for s in shapes) else set())
-        for tree, slots, b, t in itertools.product((False, True) if shapes else (False,), (1, 3), (1, 2), (1, 2)):
+        for tree, slots, b, t in itertools.product(
+            (False, True) if shapes else (False,), (1, 3), (1, 2), (1, 2)
+        ):
             if b <= slots and (not tree or t in tree_widths):
                 tokens = torch.zeros(b, t, dtype=torch.long, device=device)
                 start = torch.full((b,), 4, dtype=torch.long, device=device)
@@ -256,8 +268,14 @@ class Transformer(nn.Module):
             torch.cuda.synchronize(device)
         return time.perf_counter() - t0
 
-    def decode(self, tokens: torch.Tensor, cache: KVCache, start: torch.Tensor, kv_len: int,
-               attn: ExplicitAttention | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        start: torch.Tensor,
+        kv_len: int,
+        attn: ExplicitAttention | None = None,
+    ) -> torch.Tensor:
         """The cached forward of the running rows (slots 0..B-1): decode, draft and verify steps,
         chains and token trees (``attn``: the tree's explicit attention, engine.tree).
 
@@ -273,15 +291,22 @@ class Transformer(nn.Module):
         with torch.inference_mode():
             if attn is not None:  # contiguous too: a tree builds its mask from permuted views
                 attn = ExplicitAttention(*(t.clone(memory_format=torch.contiguous_format) for t in attn))
-            return _COMPILED_FORWARD[self._compile_mode](self, tokens.clone(), cache=cache, start=start.clone(),
-                                                         kv_len=kv_len, attn=attn)
+            return _COMPILED_FORWARD[self._compile_mode](
+                self, tokens.clone(), cache=cache, start=start.clone(), kv_len=kv_len, attn=attn
+            )
 
     def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
         cfg = self.config
         w = self.lm_head.weight
         with torch.inference_mode(False):  # normal tensors wherever it is called (see decode)
             return KVCache(
-                cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_seq_len, cfg.head_dim, w.dtype, w.device
+                cfg.num_hidden_layers,
+                slots,
+                cfg.num_key_value_heads,
+                max_seq_len,
+                cfg.head_dim,
+                w.dtype,
+                w.device,
             )
 
     def forward(
@@ -295,7 +320,9 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:  # (B, T, V) logits
         b, t = tokens.shape
         offs = torch.arange(t, device=tokens.device)
-        positions = offs[None, :].expand(b, t) if cache is None else start[:, None] + offs[None, :]  # (B, T) slots
+        positions = (
+            offs[None, :].expand(b, t) if cache is None else start[:, None] + offs[None, :]
+        )  # (B, T) slots
         rope_pos = positions if attn is None else attn.positions
         freqs = rope_pos[..., None].float() * self.inv_freq  # (B, T, hd/2)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)

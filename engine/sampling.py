@@ -37,7 +37,9 @@ class BatchSampling:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """:func:`process_logits` for this batch; all-greedy batches go straight to one-hot."""
         if self.all_greedy:
-            return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+            return torch.zeros_like(logits, dtype=torch.float32).scatter_(
+                -1, logits.argmax(-1, keepdim=True), 1.0
+            )
         return process_logits(logits, self.temperature, self.top_k, self.top_p, self.top_k_max)
 
 

@@ -69,7 +69,9 @@ class LoadGenerator:
 
     def _make(self, arrival: float) -> tuple[float, Request]:
         base = self.requests[self._issued % len(self.requests)]
-        req = Request(base.prompt_ids, base.max_new_tokens, base.temperature, base.top_k, base.top_p, self._issued)
+        req = Request(
+            base.prompt_ids, base.max_new_tokens, base.temperature, base.top_k, base.top_p, self._issued
+        )
         self._issued += 1
         return arrival, req
 
@@ -157,8 +159,12 @@ class Scheduler:
     the running rows for one long prefill; the first waiting request is always admitted.
     """
 
-    def __init__(self, engine: SpecEngine, clock: Callable[[], float] = time.perf_counter,
-                 max_prefill_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: SpecEngine,
+        clock: Callable[[], float] = time.perf_counter,
+        max_prefill_tokens: int | None = None,
+    ) -> None:
         if max_prefill_tokens is not None and max_prefill_tokens < 1:
             raise EngineInputError(f"max_prefill_tokens: must be >= 1 (got {max_prefill_tokens})")
         self.engine, self.clock, self.max_prefill_tokens = engine, clock, max_prefill_tokens
@@ -173,7 +179,9 @@ class Scheduler:
             m, width = m + 1, w
         return m
 
-    def run(self, load: LoadGenerator, max_steps: int | None = None, time_limit_s: float | None = None) -> RunResult:
+    def run(
+        self, load: LoadGenerator, max_steps: int | None = None, time_limit_s: float | None = None
+    ) -> RunResult:
         """Serve ``load`` to completion; ``time_limit_s`` raises TimeoutError past that wall time."""
         engine, clock = self.engine, self.clock
         waiting: list[tuple[float, Request]] = []
@@ -186,8 +194,17 @@ class Scheduler:
 
         def finish(now: float) -> None:
             for fin in engine.retire():
-                records.append(RequestRecord(fin.id, arrival[fin.id], first[fin.id], now,
-                                             prompt_len[fin.id], fin.tokens, fin.reason))
+                records.append(
+                    RequestRecord(
+                        fin.id,
+                        arrival[fin.id],
+                        first[fin.id],
+                        now,
+                        prompt_len[fin.id],
+                        fin.tokens,
+                        fin.reason,
+                    )
+                )
 
         with torch.inference_mode():
             while True:
@@ -195,7 +212,7 @@ class Scheduler:
                 waiting.extend(load.poll(now, len(waiting) + engine.n))
                 if waiting and engine.free_slots():
                     admit = waiting[: self.admissible(waiting, engine.free_slots())]
-                    waiting = waiting[len(admit):]
+                    waiting = waiting[len(admit) :]
                     for t, req in admit:
                         arrival[req.id], prompt_len[req.id] = t, len(req.prompt_ids)
                     engine.add([req for _, req in admit])
@@ -211,8 +228,10 @@ class Scheduler:
                     if max_steps is not None and steps >= max_steps:
                         raise RuntimeError(f"scheduler: no progress after {max_steps} steps")
                     if time_limit_s is not None and clock() - t0 > time_limit_s:
-                        raise TimeoutError(f"run exceeded its time limit of {time_limit_s:g} s "
-                                           f"({len(records)} of {load.num_requests} requests done)")
+                        raise TimeoutError(
+                            f"run exceeded its time limit of {time_limit_s:g} s "
+                            f"({len(records)} of {load.num_requests} requests done)"
+                        )
                 elif not waiting:
                     if load.exhausted(now):
                         break

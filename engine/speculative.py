@@ -102,38 +102,57 @@ class SpecConfig:
         if self.gamma < 0:
             raise EngineInputError(f"gamma: must be >= 0 (got {self.gamma})")
         if not 0.0 <= self.confidence_threshold <= 1.0:
-            raise EngineInputError(f"confidence_threshold: must be in [0, 1] (got {self.confidence_threshold})")
+            raise EngineInputError(
+                f"confidence_threshold: must be in [0, 1] (got {self.confidence_threshold})"
+            )
         if self.gamma_schedule not in GAMMA_POLICIES:
-            raise EngineInputError(f"gamma_schedule: must be one of {GAMMA_POLICIES} (got {self.gamma_schedule!r})")
+            raise EngineInputError(
+                f"gamma_schedule: must be one of {GAMMA_POLICIES} (got {self.gamma_schedule!r})"
+            )
         if self.gamma_schedule == "heuristic" and self.gamma > self.max_gamma:
-            raise EngineInputError(f"gamma: must be <= max_gamma for the heuristic schedule "
-                                   f"(got {self.gamma} > {self.max_gamma})")
+            raise EngineInputError(
+                f"gamma: must be <= max_gamma for the heuristic schedule "
+                f"(got {self.gamma} > {self.max_gamma})"
+            )
         self._check_tree()
 
     def _check_tree(self) -> None:
         if self.tree_sampling not in TREE_SAMPLING:
-            raise EngineInputError(f"tree_sampling: must be one of {TREE_SAMPLING} (got {self.tree_sampling!r})")
-        if self.tree_nodes and (self.tree_nodes < 0 or len(set(self.tree_topk)) != 1 or self.tree_topk[0] < 2):
-            raise EngineInputError(f"tree_nodes: a dynamic tree takes tree_nodes >= 1 and one top-k >= 2 at every "
-                                   f"depth (got tree_nodes {self.tree_nodes}, tree_topk {list(self.tree_topk)})")
+            raise EngineInputError(
+                f"tree_sampling: must be one of {TREE_SAMPLING} (got {self.tree_sampling!r})"
+            )
+        if self.tree_nodes and (
+            self.tree_nodes < 0 or len(set(self.tree_topk)) != 1 or self.tree_topk[0] < 2
+        ):
+            raise EngineInputError(
+                f"tree_nodes: a dynamic tree takes tree_nodes >= 1 and one top-k >= 2 at every "
+                f"depth (got tree_nodes {self.tree_nodes}, tree_topk {list(self.tree_topk)})"
+            )
         if not self.tree_topk:
             return
         if self.tree_nodes and self.tree_sampling != "topk":
-            raise EngineInputError(f"tree_sampling: a dynamic tree (tree_nodes {self.tree_nodes}) drafts the "
-                                   f"draft's top-k children: set 'topk' (got {self.tree_sampling!r})")
+            raise EngineInputError(
+                f"tree_sampling: a dynamic tree (tree_nodes {self.tree_nodes}) drafts the "
+                f"draft's top-k children: set 'topk' (got {self.tree_sampling!r})"
+            )
         if self.tree_nodes:  # entries and size
             DynamicTree(self.tree_topk[0], len(self.tree_topk), self.tree_nodes)
         else:
             TreeShape(self.tree_topk)
         if len(self.tree_topk) != self.gamma:
-            raise EngineInputError(f"tree_topk: needs one top-k per depth, gamma = {self.gamma} "
-                                   f"(got {list(self.tree_topk)})")
+            raise EngineInputError(
+                f"tree_topk: needs one top-k per depth, gamma = {self.gamma} (got {list(self.tree_topk)})"
+            )
         if self.tree is None:
             return
         if self.confidence_threshold > 0:
-            raise EngineInputError(f"confidence_threshold: must be 0 with a tree (got {self.confidence_threshold})")
+            raise EngineInputError(
+                f"confidence_threshold: must be 0 with a tree (got {self.confidence_threshold})"
+            )
         if self.gamma_schedule != "constant":
-            raise EngineInputError(f"gamma_schedule: must be 'constant' with a tree (got {self.gamma_schedule!r})")
+            raise EngineInputError(
+                f"gamma_schedule: must be 'constant' with a tree (got {self.gamma_schedule!r})"
+            )
 
     @property
     def max_row_gamma(self) -> int:
@@ -149,8 +168,12 @@ class SpecConfig:
             (DynamicTree(topk=2, depth=3, nodes=5), 2)
         """
         if isinstance(tree, DynamicTree):
-            return SpecConfig(gamma=tree.depth, tree_topk=(tree.topk,) * tree.depth, tree_nodes=tree.nodes,
-                              tree_sampling="topk")
+            return SpecConfig(
+                gamma=tree.depth,
+                tree_topk=(tree.topk,) * tree.depth,
+                tree_nodes=tree.nodes,
+                tree_sampling="topk",
+            )
         return SpecConfig(gamma=len(tree), tree_topk=tree)
 
 
@@ -168,7 +191,9 @@ class Request:
     def validate(self) -> None:
         """Refuse settings no engine could honour, naming the request and the value."""
         if self.max_new_tokens < 1:
-            raise EngineInputError(f"request {self.id}: max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+            raise EngineInputError(
+                f"request {self.id}: max_new_tokens must be >= 1 (got {self.max_new_tokens})"
+            )
         if self.temperature < 0:
             raise EngineInputError(f"request {self.id}: temperature must be >= 0 (got {self.temperature})")
         if self.top_k < 0:
@@ -265,9 +290,14 @@ class SpecEngine:
         lens = [len(r.prompt_ids) for r in requests]
         for r in requests:
             r.validate()
-            if not r.prompt_ids or len(r.prompt_ids) + r.max_new_tokens + self.lookahead + 2 > self.max_seq_len:
-                raise ValueError(f"request {r.id}: prompt of {len(r.prompt_ids)} tokens + {r.max_new_tokens} new "
-                                 f"tokens does not fit max_seq_len {self.max_seq_len}")
+            if (
+                not r.prompt_ids
+                or len(r.prompt_ids) + r.max_new_tokens + self.lookahead + 2 > self.max_seq_len
+            ):
+                raise ValueError(
+                    f"request {r.id}: prompt of {len(r.prompt_ids)} tokens + {r.max_new_tokens} new "
+                    f"tokens does not fit max_seq_len {self.max_seq_len}"
+                )
         width = max(lens)
         dev = self.device
         prompts = torch.zeros(m, width, dtype=torch.long)
@@ -350,8 +380,14 @@ class SpecEngine:
         else:
             if gmax > 0:
                 drafts, draft_probs, n_prop = self.drafter.propose(
-                    self.tokens[rows], length, self.gamma[rows], gmax, self.config.confidence_threshold,
-                    sampling, kv_len, self.generator,
+                    self.tokens[rows],
+                    length,
+                    self.gamma[rows],
+                    gmax,
+                    self.config.confidence_threshold,
+                    sampling,
+                    kv_len,
+                    self.generator,
                 )
                 self.stats.draft_forwards += self.drafter.forwards
             else:
@@ -385,14 +421,20 @@ class SpecEngine:
             self.drafter.commit(new_len)
             if self.config.gamma_schedule == "heuristic":
                 full = (n_acc == n_prop) & (n_prop > 0)
-                self.gamma[rows] = torch.where(full, self.gamma[rows] + 2, self.gamma[rows] - 1).clamp(1, self.max_row_gamma)
+                self.gamma[rows] = torch.where(full, self.gamma[rows] + 2, self.gamma[rows] - 1).clamp(
+                    1, self.max_row_gamma
+                )
         self.stats.record(n_prop, n_acc, n_emit)
         if self.speculate and (source := self.drafter.sources(b)) is not None:
             self.stats.record_sources(source, n_prop, n_acc)
-        if self.trace is not None and g > 0 and self.tree is None:  # per row: tokens accepted, draft confidence per position
+        if (
+            self.trace is not None and g > 0 and self.tree is None
+        ):  # per row: tokens accepted, draft confidence per position
             self.trace.append((n_acc, self.drafter.confidence(b, g)))
         t2 = self._mark()
-        host = torch.stack([n_emit, new_len, self.gamma[rows], self.finished[rows].long()]).tolist()  # the one sync
+        host = torch.stack(
+            [n_emit, new_len, self.gamma[rows], self.finished[rows].long()]
+        ).tolist()  # the one sync
         self.stats.draft_time_s += self._seconds(t0, t1)
         self.stats.verify_time_s += self._seconds(t1, t2)
         self.stats.verify_steps += 1
@@ -418,8 +460,9 @@ class SpecEngine:
         else:
             if self.config.tree_sampling == "iid" and not sampling.all_greedy:
                 iid = sampling.temperature > 0
-            nodes, node_probs = self.drafter.propose_tree(self.tokens[rows], length, self.tree, sampling, iid,
-                                                          kv_len, self.generator)  # (B, N+1), (B, n_internal, V) | None
+            nodes, node_probs = self.drafter.propose_tree(
+                self.tokens[rows], length, self.tree, sampling, iid, kv_len, self.generator
+            )  # (B, N+1), (B, n_internal, V) | None
             trees = self.tree.rows(b)
         g = trees.depth
         self.stats.draft_forwards += g
@@ -452,7 +495,9 @@ class SpecEngine:
         out = []
         for i, slot in enumerate(done):
             plen, end, eos = host[0][i], host[1][i], host[2][i]
-            out.append(Finished(self.ids[slot], self.tokens[slot, plen:end].tolist(), "eos" if eos else "length"))
+            out.append(
+                Finished(self.ids[slot], self.tokens[slot, plen:end].tolist(), "eos" if eos else "length")
+            )
         new_n = self.n - len(done)
         gone = set(done)
         holes = [s for s in done if s < new_n]
@@ -467,12 +512,29 @@ class SpecEngine:
         length = max(self._host_len[s] for s in src)
         si = torch.tensor(src, device=self.device)
         di = torch.tensor(dst, device=self.device)
-        for buf in (self.tokens, self.length, self.prompt_len, self.budget, self.finished, self.hit_eos,
-                    self.gamma, self.temperature, self.top_k, self.top_p):
+        for buf in (
+            self.tokens,
+            self.length,
+            self.prompt_len,
+            self.budget,
+            self.finished,
+            self.hit_eos,
+            self.gamma,
+            self.temperature,
+            self.top_k,
+            self.top_p,
+        ):
             buf[di] = buf[si]
         self.cache.move(si, di, length)
         if self.speculate:
             self.drafter.move(si, di, length)
-        for host in (self.ids, self._host_len, self._host_gamma, self._host_finished, self._host_top_k, self._filters):
+        for host in (
+            self.ids,
+            self._host_len,
+            self._host_gamma,
+            self._host_finished,
+            self._host_top_k,
+            self._filters,
+        ):
             for a, b in zip(src, dst, strict=True):
                 host[b] = host[a]

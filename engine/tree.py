@@ -104,7 +104,9 @@ class TreeShape:
         if not topk or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in topk):
             raise EngineInputError(f"tree_topk: every depth needs an integer top-k >= 1 (got {list(topk)})")
         if self.n_nodes > MAX_TREE_NODES:
-            raise EngineInputError(f"tree_topk: {list(topk)} has {self.n_nodes} nodes (at most {MAX_TREE_NODES})")
+            raise EngineInputError(
+                f"tree_topk: {list(topk)} has {self.n_nodes} nodes (at most {MAX_TREE_NODES})"
+            )
 
     @property
     def depth(self) -> int:
@@ -176,8 +178,13 @@ class TreeShape:
             p = int(parents[i])
             slot = int((children[p] >= 0).sum())
             children[p, slot] = i
-        return TreeTensors(self, parents.to(device), torch.tensor(self.depths, device=device), anc.to(device),
-                           children.to(device))
+        return TreeTensors(
+            self,
+            parents.to(device),
+            torch.tensor(self.depths, device=device),
+            anc.to(device),
+            children.to(device),
+        )
 
 
 @dataclass(frozen=True)
@@ -214,7 +221,9 @@ class DynamicTree:
         """``"KxD/N"`` -> the spec; EngineInputError (naming the text) when it is not one."""
         m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*/\s*(\d+)\s*", str(text))
         if m is None:
-            raise EngineInputError(f"tree_nodes: {text!r} is not a dynamic tree 'KxD/N' (top-K, depth D, N nodes)")
+            raise EngineInputError(
+                f"tree_nodes: {text!r} is not a dynamic tree 'KxD/N' (top-K, depth D, N nodes)"
+            )
         return DynamicTree(*map(int, m.groups()))
 
     @property
@@ -230,13 +239,15 @@ class DynamicTree:
         if self.depth < 1:
             raise EngineInputError(f"tree_nodes: a dynamic tree needs depth (gamma) >= 1 (got {self.depth})")
         if not 1 <= self.nodes <= min(self.candidates, MAX_TREE_NODES):
-            raise EngineInputError(f"tree_nodes: must be in 1..{min(self.candidates, MAX_TREE_NODES)} for top-k "
-                                   f"{self.topk} and depth {self.depth} (got {self.nodes})")
+            raise EngineInputError(
+                f"tree_nodes: must be in 1..{min(self.candidates, MAX_TREE_NODES)} for top-k "
+                f"{self.topk} and depth {self.depth} (got {self.nodes})"
+            )
 
     @property
     def candidates(self) -> int:
         """Draft tokens the expansion produces (the verified ``nodes`` are the best of them)."""
-        return self.topk + (self.depth - 1) * self.topk ** 2
+        return self.topk + (self.depth - 1) * self.topk**2
 
     @property
     def n_nodes(self) -> int:
@@ -253,11 +264,17 @@ class DynamicTree:
 
     def candidate_depths(self, device: torch.device | str) -> torch.Tensor:
         """Depth of every candidate (M,), in candidate order: depth 1's topk, then topk**2 per depth."""
-        sizes = torch.tensor([self.topk] + [self.topk ** 2] * (self.depth - 1), device=device)
+        sizes = torch.tensor([self.topk] + [self.topk**2] * (self.depth - 1), device=device)
         return torch.arange(1, self.depth + 1, device=device).repeat_interleave(sizes)
 
-    def select(self, root: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor,
-               draft_slots: torch.Tensor) -> tuple[torch.Tensor, RowTrees]:
+    def select(
+        self,
+        root: torch.Tensor,
+        tokens: torch.Tensor,
+        scores: torch.Tensor,
+        parents: torch.Tensor,
+        draft_slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, RowTrees]:
         """The verified trees from the candidates (all (B, M), candidate order = depth by depth):
         ``parents`` are candidate indices (-1: the root), ``draft_slots`` the draft-cache slot
         offsets of the candidates the draft was fed (-1 otherwise). Returns node tokens (B, n+1)
@@ -273,9 +290,11 @@ class DynamicTree:
         """
         b, m = tokens.shape
         dev = tokens.device
-        best = scores.sort(dim=-1, descending=True, stable=True).indices[:, :self.nodes]
+        best = scores.sort(dim=-1, descending=True, stable=True).indices[:, : self.nodes]
         chosen = best.sort(-1).values  # (B, n) candidate order: parents before children
-        node_of = torch.zeros(b, m + 1, dtype=torch.long, device=dev)  # candidate -> node (m: the root, node 0)
+        node_of = torch.zeros(
+            b, m + 1, dtype=torch.long, device=dev
+        )  # candidate -> node (m: the root, node 0)
         node_of.scatter_(1, chosen, torch.arange(1, self.nodes + 1, device=dev).expand(b, -1).contiguous())
         par = parents.gather(1, chosen)
         par_node = node_of.gather(1, torch.where(par >= 0, par, m))
@@ -322,17 +341,25 @@ class TreeTensors:
 
     def rows(self, b: int) -> RowTrees:
         """The shape as ``b`` identical per-row trees (views, no copies)."""
-        return RowTrees(self.depths.expand(b, -1), self.anc.expand(b, -1, -1), self.children.expand(b, -1, -1),
-                        self.draft_slots.expand(b, -1), self.shape.topk)
+        return RowTrees(
+            self.depths.expand(b, -1),
+            self.anc.expand(b, -1, -1),
+            self.children.expand(b, -1, -1),
+            self.draft_slots.expand(b, -1),
+            self.shape.topk,
+        )
 
     def attention(self, base: torch.Tensor, first: int, count: int, kv_len: int) -> ExplicitAttention:
         """Tree attention for queries = nodes ``first .. first+count-1`` of every row (:func:`tree_attention`)."""
         b = base.shape[0]
-        return tree_attention(base, self.depths.expand(b, -1), self.anc.expand(b, -1, -1), first, count, kv_len)
+        return tree_attention(
+            base, self.depths.expand(b, -1), self.anc.expand(b, -1, -1), first, count, kv_len
+        )
 
 
-def tree_attention(base: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor, first: int, count: int,
-                   kv_len: int) -> ExplicitAttention:
+def tree_attention(
+    base: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor, first: int, count: int, kv_len: int
+) -> ExplicitAttention:
     """Tree attention for queries = nodes ``first .. first+count-1`` of every row.
 
     Row b's node i sits at cache slot ``base[b] + i`` and RoPE position ``base[b] + depths[b, i]``;
@@ -348,7 +375,7 @@ def tree_attention(base: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor, 
     in_tree = (rel >= 0) & (rel < n)
     rel_c = rel.clamp(0, n - 1)
     key_pos = torch.where(rel >= 0, base[:, None] + depths.gather(1, rel_c), slots)  # (B, L)
-    anc_q = anc[:, first:first + count].gather(2, rel_c[:, None, :].expand(-1, count, -1))  # (B, T, L)
+    anc_q = anc[:, first : first + count].gather(2, rel_c[:, None, :].expand(-1, count, -1))  # (B, T, L)
     visible = (rel < 0)[:, None, :] | (in_tree[:, None, :] & anc_q)
     return ExplicitAttention(positions, key_pos, visible)
 
@@ -375,8 +402,9 @@ class RowTrees:
         return tree_attention(base, self.depths, self.anc, first, count, kv_len)
 
     @staticmethod
-    def from_parents(parents: torch.Tensor, depths: torch.Tensor, draft_slots: torch.Tensor,
-                     child_slots: tuple[int, ...]) -> RowTrees:
+    def from_parents(
+        parents: torch.Tensor, depths: torch.Tensor, draft_slots: torch.Tensor, child_slots: tuple[int, ...]
+    ) -> RowTrees:
         """Per-row trees from parent indices (B, n) (-1 for the root; parents first, siblings in
         the order their acceptance tries them).
 
@@ -404,7 +432,9 @@ class RowTrees:
         flat = torch.where(parents >= 0, par * kmax + rank, n * kmax)  # the root goes to a dump slot
         children = torch.full((b, n * kmax + 1), -1, dtype=torch.long, device=dev)
         children.scatter_(1, flat, idx.expand(b, -1).clone())
-        return RowTrees(depths, anc[:, :, :n], children[:, :-1].view(b, n, kmax), draft_slots, tuple(child_slots))
+        return RowTrees(
+            depths, anc[:, :, :n], children[:, :-1].view(b, n, kmax), draft_slots, tuple(child_slots)
+        )
 
 
 def tree_accept(
@@ -412,7 +442,8 @@ def tree_accept(
     node_tokens: torch.Tensor,  # (B, N+1) int64: the root (pending token) then the drafted nodes
     target_probs: torch.Tensor,  # (B, N+1, V): p(. | path to node i)
     draft_probs: torch.Tensor | None,  # (B, n_internal, V): q(. | path to node i); needed for iid rows
-    iid: torch.Tensor | None,  # (B,) bool: rows whose children were sampled i.i.d. from q (else deterministic)
+    iid: torch.Tensor
+    | None,  # (B,) bool: rows whose children were sampled i.i.d. from q (else deterministic)
     generator: torch.Generator | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact acceptance on a tree for a batch of rows (the rule and its proof: module docstring).
@@ -445,7 +476,9 @@ def tree_accept(
         q = draft_probs[rows, cur].double() if use_iid else None  # (B, V)
         u = torch.rand(b, k, generator=generator, dtype=torch.float64, device=dev)
         for c in range(k):
-            child = tree.children[rows, cur, c]  # (B,) -1: no such child (a dynamic tree's leaf or fewer children)
+            child = tree.children[
+                rows, cur, c
+            ]  # (B,) -1: no such child (a dynamic tree's leaf or fewer children)
             x = node_tokens.gather(1, child.clamp(min=0)[:, None])  # (B, 1)
             px = res.gather(1, x)[:, 0]
             mass = res.sum(-1)
@@ -454,7 +487,9 @@ def tree_accept(
             rej_res = res.scatter(1, x, 0.0)
             if use_iid:
                 qx = q.gather(1, x)[:, 0]
-                ok = torch.where(iid, (qx > 0) & (u[:, c] * qx * mass < px), ok)  # min(1, (r(x)/sum r) / q(x))
+                ok = torch.where(
+                    iid, (qx > 0) & (u[:, c] * qx * mass < px), ok
+                )  # min(1, (r(x)/sum r) / q(x))
                 diff = (res / mass[:, None] - q).clamp(min=0)
                 diff = torch.where(diff.sum(-1, keepdim=True) > 0, diff, res)  # r == q: cannot reject; guard
                 rej_res = torch.where(iid[:, None], diff, rej_res)

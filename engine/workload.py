@@ -34,8 +34,14 @@ class WorkloadItem:
 def _check_number(path, lineno, key, value, kind, lo, hi=None):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise EngineInputError(f"{path}:{lineno}: {key} must be {'an integer' if kind is int else 'a number'} (got {value!r})")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (kind is int and not isinstance(value, int))
+    ):
+        raise EngineInputError(
+            f"{path}:{lineno}: {key} must be {'an integer' if kind is int else 'a number'} (got {value!r})"
+        )
     if value < lo or (hi is not None and value > hi):
         bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise EngineInputError(f"{path}:{lineno}: {key} must be {bound} (got {value})")
@@ -68,15 +74,19 @@ def load_workload(path: str | Path) -> list[WorkloadItem]:
         prompt = obj.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise EngineInputError(f"{path}:{lineno}: prompt must be a non-empty string")
-        items.append(WorkloadItem(
-            prompt=prompt,
-            max_new_tokens=_check_number(path, lineno, "max_new_tokens", obj.get("max_new_tokens"), int, 1),
-            temperature=_check_number(path, lineno, "temperature", obj.get("temperature"), float, 0.0),
-            top_k=_check_number(path, lineno, "top_k", obj.get("top_k"), int, 0),
-            top_p=_check_number(path, lineno, "top_p", obj.get("top_p"), float, 0.0, 1.0),
-            source=obj.get("source"),
-            line=lineno,
-        ))
+        items.append(
+            WorkloadItem(
+                prompt=prompt,
+                max_new_tokens=_check_number(
+                    path, lineno, "max_new_tokens", obj.get("max_new_tokens"), int, 1
+                ),
+                temperature=_check_number(path, lineno, "temperature", obj.get("temperature"), float, 0.0),
+                top_k=_check_number(path, lineno, "top_k", obj.get("top_k"), int, 0),
+                top_p=_check_number(path, lineno, "top_p", obj.get("top_p"), float, 0.0, 1.0),
+                source=obj.get("source"),
+                line=lineno,
+            )
+        )
     if not items:
         raise EngineInputError(f"{path}: no prompts")
     return items
@@ -88,5 +98,7 @@ def fit_prompt_to_context(ids: list[int], limit: int, where: str, truncate: bool
         return ids
     if truncate:
         return ids[-limit:]
-    raise EngineInputError(f"{where}: prompt is {len(ids)} tokens, longer than the limit of {limit} "
-                           "(context minus max_new_tokens); shorten it or ask for truncation")
+    raise EngineInputError(
+        f"{where}: prompt is {len(ids)} tokens, longer than the limit of {limit} "
+        "(context minus max_new_tokens); shorten it or ask for truncation"
+    )

@@ -19,6 +19,19 @@ from profiles.schema import BatchSchedule, Chosen, Profile, ScheduleEntry
 from profiles.store import Store
 
 __all__ = [
-    "FORMATS", "SCHEMA_VERSION", "TOOL_VERSION", "BatchSchedule", "Chosen", "Exported", "Profile", "ProfileError",
-    "ProfileNotFound", "ScheduleEntry", "Store", "export", "hash_folder", "hash_json", "write_export",
+    "FORMATS",
+    "SCHEMA_VERSION",
+    "TOOL_VERSION",
+    "BatchSchedule",
+    "Chosen",
+    "Exported",
+    "Profile",
+    "ProfileError",
+    "ProfileNotFound",
+    "ScheduleEntry",
+    "Store",
+    "export",
+    "hash_folder",
+    "hash_json",
+    "write_export",
 ]

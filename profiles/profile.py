@@ -49,12 +49,15 @@ def _check_kind(value: Any, kind: type, where: str) -> Any:
     else:
         ok = isinstance(value, kind)
     if not ok:
-        raise ProfileError(f"profile: {where!r} must be {_KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
+        raise ProfileError(
+            f"profile: {where!r} must be {_KIND_NAMES.get(kind, kind.__name__)}, got {value!r}"
+        )
     return value
 
 
-def get(profile: Mapping[str, Any], dotted: str, kind: type, *, default: Any = _MISSING,
-        nullable: bool = False) -> Any:
+def get(
+    profile: Mapping[str, Any], dotted: str, kind: type, *, default: Any = _MISSING, nullable: bool = False
+) -> Any:
     """``profile["a"]["b"]`` for ``dotted="a.b"``, type-checked; ProfileError names the key.
 
     ``int`` refuses booleans, ``float`` accepts ints (returned as float), ``str`` refuses "".
@@ -91,8 +94,10 @@ def check_schema_version(profile: Mapping[str, Any]) -> None:
     """
     found = get(profile, "schema_version", int, default=SCHEMA_VERSION)
     if found > SCHEMA_VERSION:
-        raise ProfileError(f"profile: schema_version {found} is newer than this spec-autotune reads "
-                           f"({SCHEMA_VERSION}); upgrade spec-autotune")
+        raise ProfileError(
+            f"profile: schema_version {found} is newer than this spec-autotune reads "
+            f"({SCHEMA_VERSION}); upgrade spec-autotune"
+        )
 
 
 def parse_schedule(profile: Mapping[str, Any]) -> tuple[tuple[int, int], ...]:
@@ -149,7 +154,9 @@ class ExportInputs:
     # The profile's drafter when exporters substitute another: "hybrid" (exported as the draft model, "model").
     chosen_drafter: str | None = None
     tree_gamma: int = 0
-    best_chain_measured: bool = True  # False: no chain of the draft model was measured; gamma is the tree's depth
+    best_chain_measured: bool = (
+        True  # False: no chain of the draft model was measured; gamma is the tree's depth
+    )
     tree_nodes: int = 0
 
     @property
@@ -158,8 +165,9 @@ class ExportInputs:
         return 0 if self.drafter == "none" else max(gamma for _, gamma in self.schedule)
 
 
-def export_inputs(profile: Mapping[str, Any], target_model: str | None = None,
-                  draft_model: str | None = None) -> ExportInputs:
+def export_inputs(
+    profile: Mapping[str, Any], target_model: str | None = None, draft_model: str | None = None
+) -> ExportInputs:
     """Validate what exporters read and return it typed; overrides replace the pair's paths.
 
     Example:
@@ -175,7 +183,12 @@ def export_inputs(profile: Mapping[str, Any], target_model: str | None = None,
 
     check_schema_version(profile)
     chosen = Chosen.from_json(profile.get("chosen", {}))
-    drafter, gamma, threshold, gamma_schedule = chosen.drafter, chosen.gamma, chosen.threshold, chosen.gamma_policy
+    drafter, gamma, threshold, gamma_schedule = (
+        chosen.drafter,
+        chosen.gamma,
+        chosen.threshold,
+        chosen.gamma_policy,
+    )
     tree, chain_measured = chosen.tree_shape, True
     if tree:  # chain-only stacks get the best measured chain; the tree travels in tree_topk
         best = chosen.best_chain if chosen.best_chain is not MISSING else None
@@ -194,8 +207,10 @@ def export_inputs(profile: Mapping[str, Any], target_model: str | None = None,
     target = target_model or get(profile, "pair.target", str)
     draft = draft_model or get(profile, "pair.draft", str, default=None, nullable=True)
     if drafter == "model" and draft is None:
-        raise ProfileError(f"profile: missing key 'pair.draft' (the chosen drafter is {chosen.drafter!r}; "
-                           "pass --draft-model to name it)")
+        raise ProfileError(
+            f"profile: missing key 'pair.draft' (the chosen drafter is {chosen.drafter!r}; "
+            "pass --draft-model to name it)"
+        )
     return ExportInputs(
         tool_version=get(profile, "tool_version", str),
         created_at=get(profile, "created_at", str),

@@ -46,7 +46,9 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
-def _split(data: Mapping[str, Any], names: Sequence[str], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _split(
+    data: Mapping[str, Any], names: Sequence[str], where: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(data, Mapping):
         raise ProfileError(f"profile: {where!r} must be a mapping, got {data!r}")
     known = {n: data[n] for n in names if n in data}
@@ -87,8 +89,17 @@ class Chosen:
     extra: Mapping[str, Any] = field(default_factory=dict)
     key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
-    KEYS = ("drafter", "gamma", "confidence_threshold", "gamma_schedule", "max_batch_size", "prompt_lookup_min",
-            "prompt_lookup_max", "tree_topk", "best_chain")
+    KEYS = (
+        "drafter",
+        "gamma",
+        "confidence_threshold",
+        "gamma_schedule",
+        "max_batch_size",
+        "prompt_lookup_min",
+        "prompt_lookup_max",
+        "tree_topk",
+        "best_chain",
+    )
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Chosen:
@@ -97,7 +108,9 @@ class Chosen:
         wrapped = {"chosen": data}
         drafter = get(wrapped, "chosen.drafter", str)
         if drafter not in DRAFTERS:
-            raise ProfileError(f"profile: 'chosen.drafter' must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
+            raise ProfileError(
+                f"profile: 'chosen.drafter' must be one of {', '.join(DRAFTERS)}, got {drafter!r}"
+            )
         gamma = get(wrapped, "chosen.gamma", int)
         if gamma < 0:
             raise ProfileError(f"profile: 'chosen.gamma' must be >= 0, got {gamma}")
@@ -106,14 +119,17 @@ class Chosen:
             raise ProfileError(f"profile: 'chosen.confidence_threshold' must be in [0, 1], got {threshold}")
         policy = get(wrapped, "chosen.gamma_schedule", str, default=MISSING)
         if policy is not MISSING and policy not in GAMMA_POLICIES:
-            raise ProfileError(f"profile: 'chosen.gamma_schedule' must be one of {', '.join(GAMMA_POLICIES)}, "
-                               f"got {policy!r}")
+            raise ProfileError(
+                f"profile: 'chosen.gamma_schedule' must be one of {', '.join(GAMMA_POLICIES)}, got {policy!r}"
+            )
         if drafter == "ngram":
             lookup_min = get(wrapped, "chosen.prompt_lookup_min", int)
             lookup_max = get(wrapped, "chosen.prompt_lookup_max", int)
             if not 1 <= lookup_min <= lookup_max:
-                raise ProfileError("profile: need 1 <= 'chosen.prompt_lookup_min' <= 'chosen.prompt_lookup_max', "
-                                   f"got {lookup_min} and {lookup_max}")
+                raise ProfileError(
+                    "profile: need 1 <= 'chosen.prompt_lookup_min' <= 'chosen.prompt_lookup_max', "
+                    f"got {lookup_min} and {lookup_max}"
+                )
         max_batch = get(wrapped, "chosen.max_batch_size", int, default=MISSING, nullable=True)
         if max_batch not in (MISSING, None) and max_batch < 1:
             raise ProfileError(f"profile: 'chosen.max_batch_size' must be >= 1, got {max_batch}")
@@ -121,10 +137,14 @@ class Chosen:
         if tree is not MISSING:
             shape = parse_tree_topk(tree)
             if shape and drafter != "model":
-                raise ProfileError(f"profile: 'chosen.tree_topk' {tree!r} needs the 'model' drafter, got {drafter!r}")
+                raise ProfileError(
+                    f"profile: 'chosen.tree_topk' {tree!r} needs the 'model' drafter, got {drafter!r}"
+                )
             if shape and len(shape) != gamma:
-                raise ProfileError(f"profile: 'chosen.tree_topk' {tree!r} has depth {len(shape)} but "
-                                   f"'chosen.gamma' is {gamma}")
+                raise ProfileError(
+                    f"profile: 'chosen.tree_topk' {tree!r} has depth {len(shape)} but "
+                    f"'chosen.gamma' is {gamma}"
+                )
         best_chain = get(wrapped, "chosen.best_chain", dict, default=MISSING, nullable=True)
         if best_chain not in (MISSING, None):
             chain_gamma = get(wrapped, "chosen.best_chain.gamma", int)
@@ -183,13 +203,17 @@ def parse_tree_name(value: str) -> tuple[tuple[int, ...], int]:
     if m is not None:
         k, depth, nodes = map(int, m.groups())
         if k < 2 or depth < 1 or not 1 <= nodes <= k + (depth - 1) * k * k:
-            raise ProfileError(f"profile: 'chosen.tree_topk' {value!r}: a dynamic tree 'KxD/N' needs K >= 2, D >= 1 "
-                               f"and 1 <= N <= K + (D - 1) * K^2")
+            raise ProfileError(
+                f"profile: 'chosen.tree_topk' {value!r}: a dynamic tree 'KxD/N' needs K >= 2, D >= 1 "
+                f"and 1 <= N <= K + (D - 1) * K^2"
+            )
         return (k,) * depth, nodes
     parts = value.split(",")
     if not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
-        raise ProfileError(f"profile: 'chosen.tree_topk' must be 'chain', a per-depth top-k like '2,1,1' or a "
-                           f"dynamic tree like '2x6/10', got {value!r}")
+        raise ProfileError(
+            f"profile: 'chosen.tree_topk' must be 'chain', a per-depth top-k like '2,1,1' or a "
+            f"dynamic tree like '2x6/10', got {value!r}"
+        )
     shape = tuple(int(p) for p in parts)
     return ((), 0) if all(k == 1 for k in shape) else (shape, 0)
 
@@ -238,10 +262,14 @@ class BatchSchedule:
     crossover_batch_size: int | None = MISSING
 
     @classmethod
-    def from_json(cls, entries: Sequence[Mapping[str, Any]], crossover: int | None = MISSING) -> BatchSchedule:
+    def from_json(
+        cls, entries: Sequence[Mapping[str, Any]], crossover: int | None = MISSING
+    ) -> BatchSchedule:
         if not isinstance(entries, list):
             raise ProfileError(f"profile: 'schedule' must be a list, got {entries!r}")
-        return cls(tuple(ScheduleEntry.from_json(e, f"schedule[{i}]") for i, e in enumerate(entries)), crossover)
+        return cls(
+            tuple(ScheduleEntry.from_json(e, f"schedule[{i}]") for i, e in enumerate(entries)), crossover
+        )
 
     def to_json(self) -> list[dict[str, Any]]:
         return [e.to_json() for e in self.entries]
@@ -252,10 +280,33 @@ class BatchSchedule:
 
 
 _PROFILE_KEYS = (
-    "schema_version", "tool_version", "created_at", "device", "pair", "workload", "study", "chosen", "selection",
-    "schedule", "crossover_batch_size", "metrics", "baseline", "trials", "pareto_front", "remeasure", "remeasured",
-    "classification", "ceilings", "knee_tokens", "curves", "acceptance", "predicted_vs_measured", "host_noise",
-    "backend", "id", "exports",
+    "schema_version",
+    "tool_version",
+    "created_at",
+    "device",
+    "pair",
+    "workload",
+    "study",
+    "chosen",
+    "selection",
+    "schedule",
+    "crossover_batch_size",
+    "metrics",
+    "baseline",
+    "trials",
+    "pareto_front",
+    "remeasure",
+    "remeasured",
+    "classification",
+    "ceilings",
+    "knee_tokens",
+    "curves",
+    "acceptance",
+    "predicted_vs_measured",
+    "host_noise",
+    "backend",
+    "id",
+    "exports",
 )
 
 
@@ -273,7 +324,9 @@ class Profile:
     device: Mapping[str, Any] = MISSING  # autotune.hardware.fingerprint
     pair: Mapping[str, Any] = MISSING  # target, draft, drafter, target_hash, draft_hash
     workload: Mapping[str, Any] = MISSING
-    study: Mapping[str, Any] = MISSING  # name, storage, n_trials, failed_trials, space, slo, objectives, budget
+    study: Mapping[str, Any] = (
+        MISSING  # name, storage, n_trials, failed_trials, space, slo, objectives, budget
+    )
     chosen: Chosen = MISSING
     selection: Mapping[str, Any] = MISSING  # met_slo, reason, trial
     schedule: BatchSchedule = MISSING  # stored as `schedule` and `crossover_batch_size`
@@ -302,14 +355,18 @@ class Profile:
         known, extra = _split(data, _PROFILE_KEYS, "profile")
         version = get(data, "schema_version", int, default=MISSING)
         if version is not MISSING and version > SCHEMA_VERSION:
-            raise ProfileError(f"profile: schema_version {version} is newer than this spec-autotune reads "
-                               f"({SCHEMA_VERSION}); upgrade spec-autotune")
+            raise ProfileError(
+                f"profile: schema_version {version} is newer than this spec-autotune reads "
+                f"({SCHEMA_VERSION}); upgrade spec-autotune"
+            )
         fields = {k: v for k, v in known.items() if k != "crossover_batch_size"}
         fields.setdefault("schema_version", MISSING)
         if "chosen" in known:
             fields["chosen"] = Chosen.from_json(known["chosen"])
         if "schedule" in known:
-            fields["schedule"] = BatchSchedule.from_json(known["schedule"], known.get("crossover_batch_size", MISSING))
+            fields["schedule"] = BatchSchedule.from_json(
+                known["schedule"], known.get("crossover_batch_size", MISSING)
+            )
         elif "crossover_batch_size" in known:
             extra = {**extra, "crossover_batch_size": known["crossover_batch_size"]}
         return cls(**fields, extra=extra, key_order=tuple(data))

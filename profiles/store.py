@@ -178,8 +178,10 @@ class Store:
             self.engine = _make_engine(url)
             Base.metadata.create_all(self.engine)
         except ImportError as exc:
-            raise ProfileError(f"storage {shown}: its database driver is not installed ({exc.name or exc}); "
-                               f"install it, e.g. pip install 'psycopg[binary]' for PostgreSQL") from None
+            raise ProfileError(
+                f"storage {shown}: its database driver is not installed ({exc.name or exc}); "
+                f"install it, e.g. pip install 'psycopg[binary]' for PostgreSQL"
+            ) from None
         except (ArgumentError, OperationalError, OSError) as exc:
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
             raise ProfileError(f"storage {shown}: cannot open the database ({reason})") from None
@@ -212,11 +214,17 @@ class Store:
     def _init_meta(self, session: Session) -> None:
         row = session.get(MetaRow, "schema_version")
         if row is None:
-            session.add_all([MetaRow(key="schema_version", value=str(SCHEMA_VERSION)),
-                             MetaRow(key="tool_version", value=TOOL_VERSION)])
+            session.add_all(
+                [
+                    MetaRow(key="schema_version", value=str(SCHEMA_VERSION)),
+                    MetaRow(key="tool_version", value=TOOL_VERSION),
+                ]
+            )
         elif int(row.value) > SCHEMA_VERSION:
-            raise ProfileError(f"{self.url}: store schema version {row.value} is newer than this "
-                               f"spec-autotune reads ({SCHEMA_VERSION}); upgrade spec-autotune")
+            raise ProfileError(
+                f"{self.url}: store schema version {row.value} is newer than this "
+                f"spec-autotune reads ({SCHEMA_VERSION}); upgrade spec-autotune"
+            )
 
     def meta(self) -> dict[str, str]:
         """The ``autotune_meta`` rows: ``schema_version`` and the ``tool_version`` that created the store.
@@ -246,16 +254,28 @@ class Store:
         return row.id
 
     @staticmethod
-    def _upsert_pair(session: Session, target_path: str, draft_path: str | None, drafter: str,
-                     target_hash: str, draft_hash: str | None) -> int:
+    def _upsert_pair(
+        session: Session,
+        target_path: str,
+        draft_path: str | None,
+        drafter: str,
+        target_hash: str,
+        draft_hash: str | None,
+    ) -> int:
         # NULL never equals NULL in SQL, so the unique constraint cannot catch two draft-less rows:
         # look up with IS NULL explicitly.
         draft_match = PairRow.draft_hash.is_(None) if draft_hash is None else PairRow.draft_hash == draft_hash
-        row = session.scalars(select(PairRow).where(
-            PairRow.target_hash == target_hash, draft_match, PairRow.drafter == drafter)).first()
+        row = session.scalars(
+            select(PairRow).where(PairRow.target_hash == target_hash, draft_match, PairRow.drafter == drafter)
+        ).first()
         if row is None:
-            row = PairRow(target_path=target_path, draft_path=draft_path, drafter=drafter,
-                          target_hash=target_hash, draft_hash=draft_hash)
+            row = PairRow(
+                target_path=target_path,
+                draft_path=draft_path,
+                drafter=drafter,
+                target_hash=target_hash,
+                draft_hash=draft_hash,
+            )
             session.add(row)
         else:
             row.target_path, row.draft_path = target_path, draft_path
@@ -275,8 +295,9 @@ class Store:
         """
         return self._write(lambda session: self._upsert_device(session, fp, "fingerprint"))
 
-    def upsert_pair(self, target_path: str, draft_path: str | None, drafter: str, target_hash: str,
-                    draft_hash: str | None) -> int:
+    def upsert_pair(
+        self, target_path: str, draft_path: str | None, drafter: str, target_hash: str, draft_hash: str | None
+    ) -> int:
         """Insert or find a model pair by (target_hash, draft_hash, drafter); paths are refreshed.
 
         Example:
@@ -284,13 +305,17 @@ class Store:
             >>> s.upsert_pair("/m/t", None, "ngram", "th", None) == s.upsert_pair("/x/t", None, "ngram", "th", None)
             True
         """
-        return self._write(lambda session: self._upsert_pair(
-            session, target_path, draft_path, drafter, target_hash, draft_hash))
+        return self._write(
+            lambda session: self._upsert_pair(
+                session, target_path, draft_path, drafter, target_hash, draft_hash
+            )
+        )
 
     # -- measurements ---------------------------------------------------------------------
 
-    def save_measurement(self, device_key: str, pair_id: int, workload_hash: str, kind: str,
-                         data: dict[str, Any]) -> int:
+    def save_measurement(
+        self, device_key: str, pair_id: int, workload_hash: str, kind: str, data: dict[str, Any]
+    ) -> int:
         """Store the profiler's raw measurements (whole curves) for a known device and pair.
 
         Example:
@@ -308,16 +333,24 @@ class Store:
                 raise ProfileError(f"device {device_key!r} is not in the store; call upsert_device first")
             if session.get(PairRow, pair_id) is None:
                 raise ProfileError(f"model pair {pair_id} is not in the store; call upsert_pair first")
-            row = MeasurementRow(device_id=device_id, pair_id=pair_id, workload_hash=workload_hash, kind=kind,
-                                 data=copy.deepcopy(data), created_at=_utcnow(), tool_version=TOOL_VERSION)
+            row = MeasurementRow(
+                device_id=device_id,
+                pair_id=pair_id,
+                workload_hash=workload_hash,
+                kind=kind,
+                data=copy.deepcopy(data),
+                created_at=_utcnow(),
+                tool_version=TOOL_VERSION,
+            )
             session.add(row)
             session.flush()
             return row.id
 
         return self._write(work)
 
-    def latest_measurement(self, device_key: str, pair_id: int, workload_hash: str,
-                           kind: str) -> dict[str, Any] | None:
+    def latest_measurement(
+        self, device_key: str, pair_id: int, workload_hash: str, kind: str
+    ) -> dict[str, Any] | None:
         """The newest matching measurement as ``{"id", ..., "created_at", "tool_version", "data"}``, or None.
 
         Example:
@@ -326,16 +359,30 @@ class Store:
         """
         with self._sessions() as session:
             found = session.execute(
-                select(MeasurementRow, DeviceRow.key).join(DeviceRow, MeasurementRow.device_id == DeviceRow.id)
-                .where(DeviceRow.key == device_key, MeasurementRow.pair_id == pair_id,
-                       MeasurementRow.workload_hash == workload_hash, MeasurementRow.kind == kind)
-                .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()).limit(1)).first()
+                select(MeasurementRow, DeviceRow.key)
+                .join(DeviceRow, MeasurementRow.device_id == DeviceRow.id)
+                .where(
+                    DeviceRow.key == device_key,
+                    MeasurementRow.pair_id == pair_id,
+                    MeasurementRow.workload_hash == workload_hash,
+                    MeasurementRow.kind == kind,
+                )
+                .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc())
+                .limit(1)
+            ).first()
         if found is None:
             return None
         row = found[0]
-        return {"id": row.id, "device_key": device_key, "pair_id": row.pair_id, "workload_hash": row.workload_hash,
-                "kind": row.kind, "created_at": _iso(row.created_at), "tool_version": row.tool_version,
-                "data": row.data}
+        return {
+            "id": row.id,
+            "device_key": device_key,
+            "pair_id": row.pair_id,
+            "workload_hash": row.workload_hash,
+            "kind": row.kind,
+            "created_at": _iso(row.created_at),
+            "tool_version": row.tool_version,
+            "data": row.data,
+        }
 
     # -- profiles -------------------------------------------------------------------------
 
@@ -426,14 +473,23 @@ class Store:
                 select(ProfileRow, DeviceRow.label, PairRow)
                 .join(DeviceRow, ProfileRow.device_id == DeviceRow.id)
                 .join(PairRow, ProfileRow.pair_id == PairRow.id)
-                .order_by(ProfileRow.created_at.desc(), ProfileRow.id.desc())).all()
+                .order_by(ProfileRow.created_at.desc(), ProfileRow.id.desc())
+            ).all()
         summary = []
         for profile, label, pair in rows:
             second = _basename(pair.draft_path) if pair.draft_path else pair.drafter
-            summary.append({"id": profile.id, "device": label, "pair": f"{_basename(pair.target_path)} / {second}",
-                            "workload_hash": profile.workload_hash, "gamma": profile.chosen_gamma,
-                            "tokens_per_second": profile.tokens_per_second, "created_at": _iso(profile.created_at),
-                            "backend": (profile.data.get("backend") or {}).get("name", "engine")})
+            summary.append(
+                {
+                    "id": profile.id,
+                    "device": label,
+                    "pair": f"{_basename(pair.target_path)} / {second}",
+                    "workload_hash": profile.workload_hash,
+                    "gamma": profile.chosen_gamma,
+                    "tokens_per_second": profile.tokens_per_second,
+                    "created_at": _iso(profile.created_at),
+                    "backend": (profile.data.get("backend") or {}).get("name", "engine"),
+                }
+            )
         return summary
 
     def delete_profile(self, profile_id: int) -> None:
@@ -445,6 +501,7 @@ class Store:
             ...
             profiles.errors.ProfileNotFound: no profile with id 3 (see `autotune profiles list`)
         """
+
         def work(session: Session) -> None:
             row = session.get(ProfileRow, profile_id)
             if row is None:
@@ -456,9 +513,13 @@ class Store:
     def _newest(self, *where: Any) -> dict[str, Any] | None:
         with self._sessions() as session:
             row = session.scalars(
-                select(ProfileRow).join(DeviceRow, ProfileRow.device_id == DeviceRow.id)
-                .join(PairRow, ProfileRow.pair_id == PairRow.id).where(*where)
-                .order_by(ProfileRow.created_at.desc(), ProfileRow.id.desc()).limit(1)).first()
+                select(ProfileRow)
+                .join(DeviceRow, ProfileRow.device_id == DeviceRow.id)
+                .join(PairRow, ProfileRow.pair_id == PairRow.id)
+                .where(*where)
+                .order_by(ProfileRow.created_at.desc(), ProfileRow.id.desc())
+                .limit(1)
+            ).first()
             return None if row is None else {**row.data, "id": row.id}
 
     @staticmethod
@@ -466,7 +527,9 @@ class Store:
         draft_match = PairRow.draft_hash.is_(None) if draft_hash is None else PairRow.draft_hash == draft_hash
         return [PairRow.target_hash == target_hash, draft_match]
 
-    def current_profile(self, device_key: str, target_hash: str, draft_hash: str | None) -> dict[str, Any] | None:
+    def current_profile(
+        self, device_key: str, target_hash: str, draft_hash: str | None
+    ) -> dict[str, Any] | None:
         """The newest profile for this host (fingerprint key) and pair (``draft_hash`` None = no draft model).
 
         Example:
@@ -475,8 +538,14 @@ class Store:
         """
         return self._newest(DeviceRow.key == device_key, *self._pair_filter(target_hash, draft_hash))
 
-    def nearest_profile(self, device_label_or_name: str, *, target_hash: str | None = None,
-                        draft_hash: str | None = None, exclude_device_key: str | None = None) -> dict[str, Any] | None:
+    def nearest_profile(
+        self,
+        device_label_or_name: str,
+        *,
+        target_hash: str | None = None,
+        draft_hash: str | None = None,
+        exclude_device_key: str | None = None,
+    ) -> dict[str, Any] | None:
         """The newest profile of the same device model, for warm starts; None when there is none.
 
         A device matches when its label or its fingerprint's ``name`` equals
@@ -490,14 +559,18 @@ class Store:
         """
         wanted = device_label_or_name.casefold()
         with self._sessions() as session:
-            devices = session.execute(select(DeviceRow.id, DeviceRow.key, DeviceRow.label, DeviceRow.fingerprint)).all()
-        ids = [dev_id for dev_id, key, label, fp in devices
-               if key != exclude_device_key
-               and (label.casefold() == wanted or str((fp or {}).get("name", "")).casefold() == wanted)]
+            devices = session.execute(
+                select(DeviceRow.id, DeviceRow.key, DeviceRow.label, DeviceRow.fingerprint)
+            ).all()
+        ids = [
+            dev_id
+            for dev_id, key, label, fp in devices
+            if key != exclude_device_key
+            and (label.casefold() == wanted or str((fp or {}).get("name", "")).casefold() == wanted)
+        ]
         if not ids:
             return None
         where = [ProfileRow.device_id.in_(ids)]
         if target_hash is not None:
             where += self._pair_filter(target_hash, draft_hash)
         return self._newest(*where)
-

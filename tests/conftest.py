@@ -33,8 +33,9 @@ def make_tokenizer() -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(CORPUS * 20, trainer)
     return tok
 
@@ -52,16 +53,28 @@ def write_model(folder: Path, model: Transformer, tokenizer: Tokenizer) -> Path:
 
 def tiny_models(vocab: int, seed: int = 0) -> tuple[Transformer, Transformer]:
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=512,
-                      eos_token_ids=(0,), bos_token_id=0)
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=12,
+        max_position_embeddings=512,
+        eos_token_ids=(0,),
+        bos_token_id=0,
+    )
     target = Transformer(cfg).eval()
     for p in target.parameters():
         p.data.normal_(0, 0.3)
     dcfg = ModelConfig(**{**cfg.__dict__, "num_hidden_layers": 1})
     draft = Transformer(dcfg).eval()
-    state = {k: v for k, v in target.state_dict().items() if not k.startswith("model.layers.") or
-             k.startswith("model.layers.0.")}
+    state = {
+        k: v
+        for k, v in target.state_dict().items()
+        if not k.startswith("model.layers.") or k.startswith("model.layers.0.")
+    }
     draft.load_state_dict(state)
     return target, draft
 
@@ -95,11 +108,22 @@ def tiny_prompts(tmp_path_factory) -> Path:
 
 # Fixed stand-ins for what ``autotune.hardware`` reads from this host, with exactly the fields it reads.
 CPU_DEVICE_FIELDS: dict[str, Any] = {
-    "model_name": "Test CPU", "physical_cores": 2, "logical_cpus": 2, "affinity_cpus": 2, "torch_threads": 1,
-    "isa": "AVX2", "memory_total_bytes": 16 * hardware.GIB, "architecture": "x86_64",
+    "model_name": "Test CPU",
+    "physical_cores": 2,
+    "logical_cpus": 2,
+    "affinity_cpus": 2,
+    "torch_threads": 1,
+    "isa": "AVX2",
+    "memory_total_bytes": 16 * hardware.GIB,
+    "architecture": "x86_64",
 }
-SOFTWARE_FIELDS: dict[str, Any] = {"torch": "2.5.0", "cuda": None, "cudnn": None, "python": "3.11.7",
-                                   "platform": "linux"}
+SOFTWARE_FIELDS: dict[str, Any] = {
+    "torch": "2.5.0",
+    "cuda": None,
+    "cudnn": None,
+    "python": "3.11.7",
+    "platform": "linux",
+}
 
 
 def make_cpu_fingerprint(dtype: str = "float32", **device: Any) -> dict[str, Any]:
@@ -111,8 +135,10 @@ def make_cpu_fingerprint(dtype: str = "float32", **device: Any) -> dict[str, Any
     exactly the fields the real readers return.
     """
     fields = {**CPU_DEVICE_FIELDS, **device}
-    with mock.patch.object(hardware, "_cpu_device_fields", return_value=dict(fields)), \
-            mock.patch.object(hardware, "_software_fields", return_value={**SOFTWARE_FIELDS, "dtype": dtype}):
+    with (
+        mock.patch.object(hardware, "_cpu_device_fields", return_value=dict(fields)),
+        mock.patch.object(hardware, "_software_fields", return_value={**SOFTWARE_FIELDS, "dtype": dtype}),
+    ):
         return hardware.fingerprint("cpu", dtype)
 
 

@@ -13,10 +13,17 @@ from tokenizers import Tokenizer
 from autotune.cli import main
 
 PROMPTS = ["def add(a, b):\n", "for i in range(10):\n", "class Point:\n"]
-METRIC_KEYS = ("tokens_per_second", "ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "tpot_ms_p95", "e2e_ms_p50",
-               "e2e_ms_p95", "requests_per_second", "mean_batch_size")
-
-
+METRIC_KEYS = (
+    "tokens_per_second",
+    "ttft_ms_p50",
+    "ttft_ms_p95",
+    "tpot_ms_p50",
+    "tpot_ms_p95",
+    "e2e_ms_p50",
+    "e2e_ms_p95",
+    "requests_per_second",
+    "mean_batch_size",
+)
 
 
 @pytest.fixture
@@ -38,8 +45,22 @@ def good_prompts(workload) -> Path:
 
 def bench(pair: tuple[Path, Path], prompts: Path, *extra: str):
     target, draft = pair
-    args = ["bench", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
-            "--max-new-tokens", "6", "--num-requests", "2", "--device", "cpu", *extra]
+    args = [
+        "bench",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "6",
+        "--num-requests",
+        "2",
+        "--device",
+        "cpu",
+        *extra,
+    ]
     return CliRunner().invoke(main, args)
 
 
@@ -80,7 +101,9 @@ def test_bench_prefill_token_budget(tiny_pair_dirs, good_prompts) -> None:
     ok = bench(tiny_pair_dirs, good_prompts, "--batch-size", "2", "--max-prefill-tokens", "3", "--json")
     assert ok.exit_code == 0, (ok.output, ok.exception)
     assert json.loads(ok.stdout)["greedy_match"] is True
-    assert "--max-prefill-tokens" in one_line_error(bench(tiny_pair_dirs, good_prompts, "--max-prefill-tokens", "0"))
+    assert "--max-prefill-tokens" in one_line_error(
+        bench(tiny_pair_dirs, good_prompts, "--max-prefill-tokens", "0")
+    )
 
 
 def test_bench_table_for_people(tiny_pair_dirs, good_prompts) -> None:
@@ -114,8 +137,20 @@ def test_bench_negative_max_new_tokens_in_workload(tiny_pair_dirs, workload) -> 
 def test_bench_negative_max_new_tokens_flag_is_one_line(tiny_pair_dirs, good_prompts) -> None:
     """cli.py promises ``error: <one line>`` and exit 2 for a bad flag value too."""
     target, draft = tiny_pair_dirs
-    result = CliRunner().invoke(main, ["bench", "--target", str(target), "--draft", str(draft),
-                                       "--prompts", str(good_prompts), "--max-new-tokens", "-1"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--prompts",
+            str(good_prompts),
+            "--max-new-tokens",
+            "-1",
+        ],
+    )
     line = one_line_error(result)
     assert "--max-new-tokens" in line and "-1" in line
 
@@ -202,10 +237,13 @@ def test_profile_json(tiny_pair_dirs, good_prompts, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("command", ["profile", "tune"])
-@pytest.mark.parametrize("in_yaml, flag, runs", [(False, "--compile", "true"), (True, "--no-compile", "false"),
-                                                 ("auto", None, "auto")])
-def test_compile_flag_overrides_models_compile(tiny_pair_dirs, good_prompts, tmp_path, monkeypatch, command,
-                                               in_yaml, flag, runs) -> None:
+@pytest.mark.parametrize(
+    "in_yaml, flag, runs",
+    [(False, "--compile", "true"), (True, "--no-compile", "false"), ("auto", None, "auto")],
+)
+def test_compile_flag_overrides_models_compile(
+    tiny_pair_dirs, good_prompts, tmp_path, monkeypatch, command, in_yaml, flag, runs
+) -> None:
     from autotune import context
 
     seen = []
@@ -220,8 +258,9 @@ def test_compile_flag_overrides_models_compile(tiny_pair_dirs, good_prompts, tmp
     assert seen == [runs]
 
 
-def test_tune_invalid_config_exits_2_names_the_key_and_writes_nothing(tiny_pair_dirs, good_prompts,
-                                                                     tmp_path) -> None:
+def test_tune_invalid_config_exits_2_names_the_key_and_writes_nothing(
+    tiny_pair_dirs, good_prompts, tmp_path
+) -> None:
     config = write_config(tmp_path, tiny_pair_dirs, good_prompts, search={"gamma": {"low": 4, "high": 2}})
 
     result = CliRunner().invoke(main, ["tune", "--config", str(config)])
@@ -259,12 +298,22 @@ def test_tune_runs_and_prints_the_summary(tiny_pair_dirs, good_prompts, tmp_path
     assert "trial 1:" in result.stderr and "[2/2, ETA 0s]" in result.stderr  # progress with an ETA
 
 
-def test_tune_strict_on_a_busy_host_exits_2_in_one_line_and_stores_nothing(tiny_pair_dirs, good_prompts, tmp_path,
-                                                                            monkeypatch) -> None:
+def test_tune_strict_on_a_busy_host_exits_2_in_one_line_and_stores_nothing(
+    tiny_pair_dirs, good_prompts, tmp_path, monkeypatch
+) -> None:
     from autotune import hostnoise
 
-    busy = {"cv": 0.3, "median_ms": 1.0, "repeats": 20, "others_cpu_share": 0.7, "loadavg_1m": 3.0, "cpus": 2,
-            "busy": True, "reasons": ["other processes used 70% of the CPU > 25%"], "thresholds": {}}
+    busy = {
+        "cv": 0.3,
+        "median_ms": 1.0,
+        "repeats": 20,
+        "others_cpu_share": 0.7,
+        "loadavg_1m": 3.0,
+        "cpus": 2,
+        "busy": True,
+        "reasons": ["other processes used 70% of the CPU > 25%"],
+        "thresholds": {},
+    }
     monkeypatch.setattr(hostnoise, "measure", lambda: busy)
     config = write_config(tmp_path, tiny_pair_dirs, good_prompts)
 
@@ -282,8 +331,12 @@ def test_tune_strict_on_a_busy_host_exits_2_in_one_line_and_stores_nothing(tiny_
 def test_schedule_line_says_worse_when_the_interval_is_below_one() -> None:
     from autotune.cli import _schedule_text
 
-    worse = _schedule_text({"batch_size": 1, "gamma": 0, "ratio": {"value": 0.75, "ci95": [0.59, 0.96], "n": 3}})
+    worse = _schedule_text(
+        {"batch_size": 1, "gamma": 0, "ratio": {"value": 0.75, "ci95": [0.59, 0.96], "n": 3}}
+    )
     same = _schedule_text({"batch_size": 2, "gamma": 0, "ratio": {"value": 1.02, "ci95": [0.9, 1.1], "n": 3}})
-    better = _schedule_text({"batch_size": 4, "gamma": 5, "ratio": {"value": 1.4, "ci95": [1.2, 1.6], "n": 3}})
+    better = _schedule_text(
+        {"batch_size": 4, "gamma": 5, "ratio": {"value": 1.4, "ci95": [1.2, 1.6], "n": 3}}
+    )
     assert "significantly worse (ratio 0.75, 95% CI 0.59-0.96)" in worse
     assert "no significant difference (ratio 1.02" in same and "significantly better (ratio 1.40" in better

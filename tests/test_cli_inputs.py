@@ -15,8 +15,13 @@ from autotune.config import load_config
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 
 REPO = Path(__file__).resolve().parents[1]
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 
 
 def one_line_error(result) -> str:
@@ -34,6 +39,7 @@ def invoke(*args: object):
 
 # ------------------------------------------------------------------------------------------
 # malformed config.json of the target, through `autotune bench`
+
 
 def _edit(raw: dict, **changes) -> dict:
     out = dict(raw)
@@ -57,8 +63,11 @@ MALFORMED = [  # (id, change to the tiny target's config.json (or a whole replac
     ("list-eps", {"rms_norm_eps": [1e-6]}, "rms_norm_eps"),
     ("missing-vocab", {"vocab_size": _DROP}, "vocab_size"),
     ("llama3-without-factor", {"rope_scaling": {"rope_type": "llama3"}}, "rope_scaling.factor"),
-    ("llama3-without-high", {"rope_scaling": {k: v for k, v in LLAMA3.items() if k != "high_freq_factor"}},
-     "rope_scaling.high_freq_factor"),
+    (
+        "llama3-without-high",
+        {"rope_scaling": {k: v for k, v in LLAMA3.items() if k != "high_freq_factor"}},
+        "rope_scaling.high_freq_factor",
+    ),
     ("yarn", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type"),
     ("gelu-fast", {"hidden_act": "gelu_fast"}, "hidden_act"),
     ("softcap", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
@@ -75,15 +84,32 @@ def prompts(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("change, key", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
-def test_malformed_target_config_is_one_line_naming_file_and_key(tiny_pair_dirs, prompts, tmp_path, change, key):
+def test_malformed_target_config_is_one_line_naming_file_and_key(
+    tiny_pair_dirs, prompts, tmp_path, change, key
+):
     target, draft = tiny_pair_dirs
     bad = tmp_path / "target"
     shutil.copytree(target, bad)
     raw = json.loads((target / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps(_edit(raw, **change) if isinstance(change, dict) else change))
 
-    line = one_line_error(invoke("bench", "--target", bad, "--draft", draft, "--prompts", prompts,
-                                 "--max-new-tokens", 2, "--num-requests", 1, "--device", "cpu"))
+    line = one_line_error(
+        invoke(
+            "bench",
+            "--target",
+            bad,
+            "--draft",
+            draft,
+            "--prompts",
+            prompts,
+            "--max-new-tokens",
+            2,
+            "--num-requests",
+            1,
+            "--device",
+            "cpu",
+        )
+    )
 
     assert str(bad / "config.json") in line and key in line, line
 
@@ -103,13 +129,28 @@ def cuda_config(tmp_path, monkeypatch):
     db = tmp_path / "autotune.db"
     Store(f"sqlite:///{db}").close()
     path = tmp_path / "tune.yaml"
-    path.write_text(yaml.safe_dump({"models": {"target": "demo", "draft": "demo", "device": "cuda"},
-                                    "workload": {"prompts": "demo"}, "storage": {"url": f"sqlite:///{db}"}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "models": {"target": "demo", "draft": "demo", "device": "cuda"},
+                "workload": {"prompts": "demo"},
+                "storage": {"url": f"sqlite:///{db}"},
+            }
+        )
+    )
     return path
 
 
-@pytest.mark.parametrize("args", [("profiles", "show", "current"), ("export", "current", "--format", "vllm"),
-                                  ("report", "current"), ("profile",), ("tune",)])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("profiles", "show", "current"),
+        ("export", "current", "--format", "vllm"),
+        ("report", "current"),
+        ("profile",),
+        ("tune",),
+    ],
+)
 def test_cuda_on_a_host_without_cuda_is_one_line(cuda_config, args):
     line = one_line_error(invoke(*args, "--config", cuda_config))
     assert str(cuda_config) in line and "models.device" in line and "no CUDA device" in line, line
@@ -128,14 +169,19 @@ def test_init_without_models_writes_the_bundled_file_for_the_demo_pair(tmp_path,
 
     # the same text, comments included, but the three paths: `demo`
     changed = [(a, b) for a, b in zip(bundled.splitlines(), written.splitlines(), strict=True) if a != b]
-    assert [b.split("#")[0].split() for _, b in changed] == [["target:", "demo"], ["draft:", "demo"],
-                                                             ["prompts:", "demo"]]
+    assert [b.split("#")[0].split() for _, b in changed] == [
+        ["target:", "demo"],
+        ["draft:", "demo"],
+        ["prompts:", "demo"],
+    ]
     assert written.split("backend:", 1)[1] == bundled.split("backend:", 1)[1]  # the backend section verbatim
     cfg = load_config(tmp_path / "tune.yaml")
     assert (cfg.target, cfg.draft, cfg.prompts) == (DEMO_TARGET, DEMO_DRAFT, DEMO_PROMPTS)
 
 
-def test_init_writes_absolute_paths_and_the_file_works_anywhere(tiny_pair_dirs, tiny_prompts, tmp_path, monkeypatch):
+def test_init_writes_absolute_paths_and_the_file_works_anywhere(
+    tiny_pair_dirs, tiny_prompts, tmp_path, monkeypatch
+):
     target, draft = tiny_pair_dirs
     out = tmp_path / "a" / "my tune.yaml"
     out.parent.mkdir()
@@ -195,8 +241,23 @@ def test_demo_keyword_and_a_hint_for_a_copied_bundled_file(tmp_path):
 
 def _bench_json(pair, prompts, *extra):
     target, draft = pair
-    result = invoke("bench", "--target", target, "--draft", draft, "--prompts", prompts, "--max-new-tokens", 4,
-                    "--num-requests", 4, "--device", "cpu", "--json", *extra)
+    result = invoke(
+        "bench",
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "--prompts",
+        prompts,
+        "--max-new-tokens",
+        4,
+        "--num-requests",
+        4,
+        "--device",
+        "cpu",
+        "--json",
+        *extra,
+    )
     assert result.exit_code == 0, (result.output, result.exception)
     return json.loads(result.stdout)
 

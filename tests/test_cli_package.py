@@ -32,7 +32,9 @@ def test_every_command_is_registered() -> None:
 
 
 def test_python_dash_m_autotune_is_the_console_script() -> None:
-    out = subprocess.run([sys.executable, "-m", "autotune", "--help"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "autotune", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("Usage: autotune [OPTIONS] COMMAND [ARGS]...")
 

@@ -27,11 +27,17 @@ def _modules() -> list[str]:
 
 def test_the_walk_finds_modules_with_examples() -> None:
     finder = doctest.DocTestFinder()
-    with_examples = [n for n in _modules() if any(t.examples for t in finder.find(importlib.import_module(n)))]
-    assert len(with_examples) >= 10 and {"autotune.hostnoise", "engine.sampling", "autotune.init"} <= set(with_examples)
+    with_examples = [
+        n for n in _modules() if any(t.examples for t in finder.find(importlib.import_module(n)))
+    ]
+    assert len(with_examples) >= 10 and {"autotune.hostnoise", "engine.sampling", "autotune.init"} <= set(
+        with_examples
+    )
 
 
 @pytest.mark.parametrize("name", _modules())
 def test_docstring_examples_hold(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS, verbose=False)
-    assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} doctest examples failed (see output)"
+    assert result.failed == 0, (
+        f"{name}: {result.failed} of {result.attempted} doctest examples failed (see output)"
+    )

@@ -31,8 +31,11 @@ def test_tune_yaml_takes_the_homes() -> None:
     assert config.DRAFTERS is DRAFTERS and config.GAMMA_POLICIES is GAMMA_POLICIES
     assert config.EXPORT_FORMATS is FORMATS and config.BACKENDS is BACKENDS
     assert config.DTYPES == ("float32", "bfloat16", "float16")
-    assert {DTYPES[name] for name in config.DTYPES} == set(DTYPES.values()) == {torch.float32, torch.bfloat16,
-                                                                                  torch.float16}
+    assert (
+        {DTYPES[name] for name in config.DTYPES}
+        == set(DTYPES.values())
+        == {torch.float32, torch.bfloat16, torch.float16}
+    )
 
 
 def test_cli_choice_lists_are_the_homes() -> None:

@@ -26,4 +26,3 @@ def test_the_cpu_fingerprint_fixture_is_the_real_fingerprint_shape(cpu_fingerpri
     other = cpu_fingerprint(model_name="Other CPU")
     assert other["label"] == "Other CPU (2 cores)" and other["key"] != fixed["key"]
     assert cpu_fingerprint(torch_threads=2)["key"] == fixed["key"]  # thread counts are not identity
-

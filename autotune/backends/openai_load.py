@@ -43,7 +43,7 @@ def parse_sse(lines: Iterable[bytes]) -> Iterator[dict]:
         line = raw.decode("utf-8", errors="replace").strip()
         if not line.startswith("data:"):
             continue
-        payload = line[len("data:"):].strip()
+        payload = line[len("data:") :].strip()
         if payload == "[DONE]":
             return
         try:
@@ -67,26 +67,44 @@ class Endpoint:
 
 def completion_body(endpoint: Endpoint, req: Request, seed: int) -> dict:
     """The JSON body of one streaming completion for an engine :class:`Request`."""
-    body = {"model": endpoint.model, "prompt": list(req.prompt_ids), "max_tokens": req.max_new_tokens,
-            "temperature": req.temperature, "top_p": req.top_p, "seed": seed, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": endpoint.model,
+        "prompt": list(req.prompt_ids),
+        "max_tokens": req.max_new_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if req.top_k > 0:
         body["top_k"] = req.top_k
     body.update(endpoint.extra_body)
     return body
 
 
-def stream_completion(endpoint: Endpoint, req: Request, seed: int, arrival_s: float,
-                      clock: Callable[[], float] = time.perf_counter) -> RequestRecord:
+def stream_completion(
+    endpoint: Endpoint,
+    req: Request,
+    seed: int,
+    arrival_s: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RequestRecord:
     """Send one streaming completion; its record with client-side times."""
     url = urlsplit(endpoint.base_url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=endpoint.request_timeout_s)
     try:
-        conn.request("POST", "/v1/completions", json.dumps(completion_body(endpoint, req, seed)),
-                     {"Content-Type": "application/json", "Accept": "text/event-stream"})
+        conn.request(
+            "POST",
+            "/v1/completions",
+            json.dumps(completion_body(endpoint, req, seed)),
+            {"Content-Type": "application/json", "Accept": "text/event-stream"},
+        )
         resp = conn.getresponse()
         if resp.status != 200:
-            raise LoadError(f"request {req.id}: HTTP {resp.status}: {resp.read()[:500].decode(errors='replace')}")
+            raise LoadError(
+                f"request {req.id}: HTTP {resp.status}: {resp.read()[:500].decode(errors='replace')}"
+            )
         first = None
         usage = None
         reason = "length"
@@ -107,16 +125,29 @@ def stream_completion(endpoint: Endpoint, req: Request, seed: int, arrival_s: fl
         raise LoadError(f"request {req.id}: the stream carried no usage (completion_tokens)")
     n = int(usage["completion_tokens"])
     tokens = token_ids if len(token_ids) == n else [-1] * n  # ids when the server streams them
-    return RequestRecord(req.id, arrival_s, first if first is not None else finish, finish,
-                         int(usage.get("prompt_tokens", len(req.prompt_ids))), tokens,
-                         "eos" if reason == "stop" else "length")
+    return RequestRecord(
+        req.id,
+        arrival_s,
+        first if first is not None else finish,
+        finish,
+        int(usage.get("prompt_tokens", len(req.prompt_ids))),
+        tokens,
+        "eos" if reason == "stop" else "length",
+    )
 
 
-def run_http_load(endpoint: Endpoint, requests: list[Request], num_requests: int, *,
-                  concurrency: int | None = None, rate: float | None = None, seed: int = 0,
-                  time_limit_s: float | None = None,
-                  send: Callable[[Endpoint, Request, int, float], RequestRecord] | None = None,
-                  clock: Callable[[], float] = time.perf_counter) -> RunResult:
+def run_http_load(
+    endpoint: Endpoint,
+    requests: list[Request],
+    num_requests: int,
+    *,
+    concurrency: int | None = None,
+    rate: float | None = None,
+    seed: int = 0,
+    time_limit_s: float | None = None,
+    send: Callable[[Endpoint, Request, int, float], RequestRecord] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RunResult:
     """Drive the server with ``num_requests`` requests (cycled from ``requests``); records + metrics.
 
     Exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop). The first failing
@@ -127,7 +158,10 @@ def run_http_load(endpoint: Endpoint, requests: list[Request], num_requests: int
         raise ValueError("give exactly one of concurrency and rate")
     send = send or (lambda ep, r, s, a: stream_completion(ep, r, s, a, clock))
     bases = [requests[k % len(requests)] for k in range(num_requests)]
-    jobs = [Request(r.prompt_ids, r.max_new_tokens, r.temperature, r.top_k, r.top_p, k) for k, r in enumerate(bases)]
+    jobs = [
+        Request(r.prompt_ids, r.max_new_tokens, r.temperature, r.top_k, r.top_p, k)
+        for k, r in enumerate(bases)
+    ]
     arrivals = poisson_arrivals(rate, num_requests, seed) if rate is not None else None
     records: list[RequestRecord] = []
     errors: list[BaseException] = []
@@ -155,7 +189,9 @@ def run_http_load(endpoint: Endpoint, requests: list[Request], num_requests: int
             one(k, clock())
 
     if concurrency is not None:
-        threads = [threading.Thread(target=closed_worker, daemon=True) for _ in range(min(concurrency, num_requests))]
+        threads = [
+            threading.Thread(target=closed_worker, daemon=True) for _ in range(min(concurrency, num_requests))
+        ]
         for th in threads:
             th.start()
     else:

@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?$')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -72,10 +72,14 @@ class SpecCounts:
     def __sub__(self, before: SpecCounts) -> SpecCounts:
         n = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
         pad = lambda xs: tuple(xs) + (0.0,) * (n - len(xs))  # noqa: E731
-        return SpecCounts(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
-                          self.accepted - before.accepted,
-                          tuple(a - b for a, b in zip(pad(self.accepted_per_pos), pad(before.accepted_per_pos),
-                                                      strict=True)))
+        return SpecCounts(
+            self.drafts - before.drafts,
+            self.draft_tokens - before.draft_tokens,
+            self.accepted - before.accepted,
+            tuple(
+                a - b for a, b in zip(pad(self.accepted_per_pos), pad(before.accepted_per_pos), strict=True)
+            ),
+        )
 
     def metrics(self) -> dict[str, float | list[float] | None]:
         """The engine's speculative metrics, from counts (docs/metrics.md; None when undefined).
@@ -88,8 +92,13 @@ class SpecCounts:
             3.0
         """
         if self.drafts <= 0 or self.draft_tokens <= 0:
-            return {"acceptance_rate": None, "mean_acceptance_length": None, "per_position_acceptance": [],
-                    "rollback_frequency": None, "batch_utilization": None}
+            return {
+                "acceptance_rate": None,
+                "mean_acceptance_length": None,
+                "per_position_acceptance": [],
+                "rollback_frequency": None,
+                "batch_utilization": None,
+            }
         k = self.draft_tokens / self.drafts
         uniform = abs(k - round(k)) < 1e-9 and len(self.accepted_per_pos) >= round(k)
         return {

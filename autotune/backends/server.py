@@ -65,9 +65,18 @@ class ServerProcess:
         True
     """
 
-    def __init__(self, command: Sequence[str], log_path: Path, *, env: Mapping[str, str] | None = None,
-                 health_path: str = "/health", startup_timeout_s: float = 600.0, stop_grace_s: float = 20.0,
-                 port: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        log_path: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        health_path: str = "/health",
+        startup_timeout_s: float = 600.0,
+        stop_grace_s: float = 20.0,
+        port: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.port = port or free_port()
         self.command = [part.replace("{port}", str(self.port)) for part in command]
         self.log_path = Path(log_path)
@@ -89,8 +98,14 @@ class ServerProcess:
         env = {**os.environ, **self.env, "AUTOTUNE_PARENT_PID": str(os.getpid())}
         t0 = self.clock()
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         _LIVE.add(self)
         try:
             self._wait_ready(t0)
@@ -104,7 +119,9 @@ class ServerProcess:
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise ServerError(f"server exited with code {code} before it was ready: {log_tail(self.log_path)}")
+                raise ServerError(
+                    f"server exited with code {code} before it was ready: {log_tail(self.log_path)}"
+                )
             try:
                 with urllib.request.urlopen(self.base_url + self.health_path, timeout=5) as resp:
                     if resp.status == 200:
@@ -112,7 +129,9 @@ class ServerProcess:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             if self.clock() - t0 > self.startup_timeout_s:
-                raise ServerError(f"server not ready after {self.startup_timeout_s:g} s: {log_tail(self.log_path)}")
+                raise ServerError(
+                    f"server not ready after {self.startup_timeout_s:g} s: {log_tail(self.log_path)}"
+                )
             time.sleep(0.5)
 
     def alive(self) -> bool:

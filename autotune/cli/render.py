@@ -18,22 +18,36 @@ from autotune.table import table
 from profiles.schema import MISSING, Profile, ScheduleEntry
 
 BENCH_ROWS = [
-    ("tokens_per_second", "tokens/s"), ("requests_per_second", "requests/s"), ("speedup", "speedup (x)"),
-    ("acceptance_rate", "acceptance rate"), ("mean_acceptance_length", "mean acceptance length"),
-    ("per_position_acceptance", "per-position acceptance"), ("rollback_frequency", "rollback frequency"),
-    ("verification_efficiency", "verification efficiency"), ("draft_cost_ratio", "draft cost ratio"),
-    ("batch_utilization", "batch utilization"), ("mean_batch_size", "mean batch size"),
-    ("ttft_ms_p50", "ttft ms p50"), ("ttft_ms_p95", "ttft ms p95"), ("tpot_ms_p50", "tpot ms p50"),
-    ("tpot_ms_p95", "tpot ms p95"), ("e2e_ms_p50", "e2e ms p50"), ("e2e_ms_p95", "e2e ms p95"),
+    ("tokens_per_second", "tokens/s"),
+    ("requests_per_second", "requests/s"),
+    ("speedup", "speedup (x)"),
+    ("acceptance_rate", "acceptance rate"),
+    ("mean_acceptance_length", "mean acceptance length"),
+    ("per_position_acceptance", "per-position acceptance"),
+    ("rollback_frequency", "rollback frequency"),
+    ("verification_efficiency", "verification efficiency"),
+    ("draft_cost_ratio", "draft cost ratio"),
+    ("batch_utilization", "batch utilization"),
+    ("mean_batch_size", "mean batch size"),
+    ("ttft_ms_p50", "ttft ms p50"),
+    ("ttft_ms_p95", "ttft ms p95"),
+    ("tpot_ms_p50", "tpot ms p50"),
+    ("tpot_ms_p95", "tpot ms p95"),
+    ("e2e_ms_p50", "e2e ms p50"),
+    ("e2e_ms_p95", "e2e ms p95"),
 ]
 
 
-def render_bench(result: dict, drafter: str, gamma: int, threshold: float, batch_size: int, num_requests: int) -> str:
+def render_bench(
+    result: dict, drafter: str, gamma: int, threshold: float, batch_size: int, num_requests: int
+) -> str:
     """``autotune bench``'s table: each metric for the speculative and the autoregressive run."""
     rows = [(label, result.get(key), result.get(f"baseline_{key}")) for key, label in BENCH_ROWS]
-    lines = [f"drafter={drafter} gamma={gamma} threshold={threshold} batch={batch_size} "
-             f"requests={num_requests} device={result['device']}",
-             table(["metric", "speculative", "autoregressive"], rows)]
+    lines = [
+        f"drafter={drafter} gamma={gamma} threshold={threshold} batch={batch_size} "
+        f"requests={num_requests} device={result['device']}",
+        table(["metric", "speculative", "autoregressive"], rows),
+    ]
     if "greedy_match" in result:
         lines.append(f"greedy_match: {str(result['greedy_match']).lower()}")
     return "\n".join(lines)
@@ -44,23 +58,57 @@ def render_profile(measurement: Measurement | Mapping[str, Any]) -> str:
     m = measurement if isinstance(measurement, Measurement) else Measurement.from_json(measurement)
     fp, ce, acc = m.fingerprint, m.ceilings, m.acceptance
     theo = fp.get("theoretical") or {}
-    lines = [f"device      {fp['label']}  [{fp['key']}]",
-             f"bandwidth   measured {ce['copy_bandwidth']['median_bytes_per_s'] / 1e9:.1f} GB/s"
-             + (f", theoretical {theo['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s" if theo.get("bandwidth_bytes_per_s") else ""),
-             f"matmul      measured {ce['matmul']['median_flops'] / 1e12:.3f} TFLOP/s"
-             + (f", theoretical {theo['dense_bf16_flops'] / 1e12:.0f} TFLOP/s" if theo.get("dense_bf16_flops") else ""),
-             f"ridge       {ce['ridge_flops_per_byte']:.1f} FLOP/byte",
-             f"knee n*     {m.knee_tokens or '> ' + str(max(int(n) for n in m.curves['knee_curve']))} tokens per verify pass",
-             f"acceptance  {acc['acceptance_rate'] or 0:.3f} at gamma {m.gamma_max} "
-             f"(per position: {', '.join(f'{a:.2f}' for a in acc['per_position_acceptance'])})", ""]
+    lines = [
+        f"device      {fp['label']}  [{fp['key']}]",
+        f"bandwidth   measured {ce['copy_bandwidth']['median_bytes_per_s'] / 1e9:.1f} GB/s"
+        + (
+            f", theoretical {theo['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s"
+            if theo.get("bandwidth_bytes_per_s")
+            else ""
+        ),
+        f"matmul      measured {ce['matmul']['median_flops'] / 1e12:.3f} TFLOP/s"
+        + (
+            f", theoretical {theo['dense_bf16_flops'] / 1e12:.0f} TFLOP/s"
+            if theo.get("dense_bf16_flops")
+            else ""
+        ),
+        f"ridge       {ce['ridge_flops_per_byte']:.1f} FLOP/byte",
+        f"knee n*     {m.knee_tokens or '> ' + str(max(int(n) for n in m.curves['knee_curve']))} tokens per verify pass",
+        f"acceptance  {acc['acceptance_rate'] or 0:.3f} at gamma {m.gamma_max} "
+        f"(per position: {', '.join(f'{a:.2f}' for a in acc['per_position_acceptance'])})",
+        "",
+    ]
     cl = m.classification
-    rows = [(r["batch_size"], r["verify_cost"], "-".join(f"{x:.2f}" for x in r.get("verify_cost_ci95") or []) or "n/a",
-             r["label"] + ("" if r.get("separable", True) else " (not separable at this noise)"),
-             r["best_gamma"], r["best_threshold"], r["predicted_speedup"]) for r in cl["batch_sizes"]]
-    lines.append(table(["batch", f"verify cost (gamma={cl['gamma_max']}+1 vs 1)", "95% CI", "label", "best gamma",
-                        "best threshold", "predicted speedup"], rows))
+    rows = [
+        (
+            r["batch_size"],
+            r["verify_cost"],
+            "-".join(f"{x:.2f}" for x in r.get("verify_cost_ci95") or []) or "n/a",
+            r["label"] + ("" if r.get("separable", True) else " (not separable at this noise)"),
+            r["best_gamma"],
+            r["best_threshold"],
+            r["predicted_speedup"],
+        )
+        for r in cl["batch_sizes"]
+    ]
+    lines.append(
+        table(
+            [
+                "batch",
+                f"verify cost (gamma={cl['gamma_max']}+1 vs 1)",
+                "95% CI",
+                "label",
+                "best gamma",
+                "best threshold",
+                "predicted speedup",
+            ],
+            rows,
+        )
+    )
     if cl.get("knee_tokens_ci95"):
-        lines.append(f"knee n* 95% CI: {_knee_ci(cl['knee_tokens_ci95'])} tokens (bootstrap of the repeated timings)")
+        lines.append(
+            f"knee n* 95% CI: {_knee_ci(cl['knee_tokens_ci95'])} tokens (bootstrap of the repeated timings)"
+        )
     return "\n".join(lines)
 
 
@@ -98,7 +146,10 @@ def _schedule_text(e: ScheduleEntry | Mapping[str, Any]) -> str:
     from autotune.stats import Estimate, describe_difference
 
     r = e.ratio
-    return text + f" (speculation vs gamma 0: {describe_difference(Estimate(r['value'], *r['ci95'], r.get('n', 2)))})"
+    return (
+        text
+        + f" (speculation vs gamma 0: {describe_difference(Estimate(r['value'], *r['ci95'], r.get('n', 2)))})"
+    )
 
 
 def _profile(p: Profile | Mapping[str, Any]) -> Profile:
@@ -135,40 +186,93 @@ def render_tune(p: Profile | Mapping[str, Any]) -> str:
         lv, base = LevelMetrics.from_json(stored), _level(p.baseline["per_level"], b)
         ratio = speedups.get(b) or speedups.get(str(b))
         base_tps = base.tokens_per_second if base else None
-        rows.append((b, lv.tokens_per_second, base_tps,
-                     _ratio(ratio["value"], ratio["ci95"]) if ratio else
-                     lv.tokens_per_second / base_tps if base_tps else None,
-                     lv.tpot_ms_p50, lv.tpot_ms_p95, lv.ttft_ms_p95, lv.e2e_ms_p95, lv.acceptance_rate))
-    lines.append(table(["load", "tok/s", "AR tok/s", "speedup", "tpot p50", "tpot p95", "ttft p95", "e2e p95",
-                        "acceptance"], rows))
+        rows.append(
+            (
+                b,
+                lv.tokens_per_second,
+                base_tps,
+                _ratio(ratio["value"], ratio["ci95"])
+                if ratio
+                else lv.tokens_per_second / base_tps
+                if base_tps
+                else None,
+                lv.tpot_ms_p50,
+                lv.tpot_ms_p95,
+                lv.ttft_ms_p95,
+                lv.e2e_ms_p95,
+                lv.acceptance_rate,
+            )
+        )
+    lines.append(
+        table(
+            [
+                "load",
+                "tok/s",
+                "AR tok/s",
+                "speedup",
+                "tpot p50",
+                "tpot p95",
+                "ttft p95",
+                "e2e p95",
+                "acceptance",
+            ],
+            rows,
+        )
+    )
     cl = p.classification
     crossover = p.schedule.crossover_batch_size
-    lines += ["",
-              f"overall     {_with_ci(m['tokens_per_second'], m.get('tokens_per_second_ci95'))} tok/s, "
-              f"{lat} {_with_ci(m['latency_ms'], m.get('latency_ms_ci95'))} ms"
-              + (f"; medians of {m['repeats']} repeats ({(p.remeasure or {}).get('order', 'interleaved')})"
-                 if m.get("repeats") else ""),
-              f"speedup     {_ratio(m['speedup'], m.get('speedup_ci95'))} over AR"
-              + ("; it is the best static-gamma configuration" if m.get("chosen_is_best_static")
-                 else f", {_ratio(m['speedup_over_best_static'], m.get('speedup_over_best_static_ci95'))} over the "
-                      "best static-gamma configuration (paired re-measurements)"
-                 if m.get("speedup_over_best_static") else ""),
-              "classes     " + ", ".join(_class_text(r) for r in cl["batch_sizes"])
-              + f"; knee n* = {p.knee_tokens}"
-              + (f" (95% CI {_knee_ci(cl['knee_tokens_ci95'])})" if cl.get("knee_tokens_ci95") else ""),
-              "schedule    " + ", ".join(_schedule_text(e) for e in p.schedule.entries)
-              + (f"; speculation off from batch size {crossover}" if crossover else
-                 "; speculation pays at every measured batch size"),
-              f"stored      profile #{pid} in {study['storage']}"]
+    lines += [
+        "",
+        f"overall     {_with_ci(m['tokens_per_second'], m.get('tokens_per_second_ci95'))} tok/s, "
+        f"{lat} {_with_ci(m['latency_ms'], m.get('latency_ms_ci95'))} ms"
+        + (
+            f"; medians of {m['repeats']} repeats ({(p.remeasure or {}).get('order', 'interleaved')})"
+            if m.get("repeats")
+            else ""
+        ),
+        f"speedup     {_ratio(m['speedup'], m.get('speedup_ci95'))} over AR"
+        + (
+            "; it is the best static-gamma configuration"
+            if m.get("chosen_is_best_static")
+            else f", {_ratio(m['speedup_over_best_static'], m.get('speedup_over_best_static_ci95'))} over the "
+            "best static-gamma configuration (paired re-measurements)"
+            if m.get("speedup_over_best_static")
+            else ""
+        ),
+        "classes     "
+        + ", ".join(_class_text(r) for r in cl["batch_sizes"])
+        + f"; knee n* = {p.knee_tokens}"
+        + (f" (95% CI {_knee_ci(cl['knee_tokens_ci95'])})" if cl.get("knee_tokens_ci95") else ""),
+        "schedule    "
+        + ", ".join(_schedule_text(e) for e in p.schedule.entries)
+        + (
+            f"; speculation off from batch size {crossover}"
+            if crossover
+            else "; speculation pays at every measured batch size"
+        ),
+        f"stored      profile #{pid} in {study['storage']}",
+    ]
     if study.get("provisional"):
-        lines.insert(-1, f"budget      PROVISIONAL: budget.timeout_s stopped the study after {study['trials_run']} of "
-                         f"{study['trials_planned']} trials; more trials (`autotune tune --resume`) may change it")
+        lines.insert(
+            -1,
+            f"budget      PROVISIONAL: budget.timeout_s stopped the study after {study['trials_run']} of "
+            f"{study['trials_planned']} trials; more trials (`autotune tune --resume`) may change it",
+        )
     noise = p.host_noise
     if noise:
-        worst = max((n for n in (noise.get("before"), noise.get("after")) if n), key=lambda n: n["cv"], default=None)
+        worst = max(
+            (n for n in (noise.get("before"), noise.get("after")) if n), key=lambda n: n["cv"], default=None
+        )
         if worst is not None:
-            lines.insert(-1, "host        " + ("BUSY: " + "; ".join(worst["reasons"]) if noise["busy"] else
-                                                 f"quiet (reference CV up to {worst['cv']:.1%})"))
+            lines.insert(
+                -1,
+                "host        "
+                + (
+                    "BUSY: " + "; ".join(worst["reasons"])
+                    if noise["busy"]
+                    else f"quiet (reference CV up to {worst['cv']:.1%})"
+                ),
+            )
     if p.exports:
         lines.append("exports     " + ", ".join(p.exports))
     return "\n".join(lines)
@@ -178,28 +282,66 @@ def render_show(prof: Profile | Mapping[str, Any]) -> str:
     """``autotune profiles show``: the tune summary, then classification, Pareto front, predicted vs measured."""
     prof = _profile(prof)
     cl = prof.classification
-    return "\n".join([
-        render_tune(prof),
-        "\nclassification (verify cost of gamma_max+1 tokens vs one decode)",
-        table(["batch", "verify cost", "label", "best gamma", "predicted speedup"],
-              [(r["batch_size"], r["verify_cost"], r["label"], r["best_gamma"], r["predicted_speedup"])
-               for r in cl["batch_sizes"]]),
-        "\npareto front",
-        table(["trial", "gamma", "threshold", "schedule", "tok/s", "latency ms"],
-              [(p["trial"], p["params"].get("gamma"), p["params"].get("confidence_threshold"),
-                p["params"].get("gamma_schedule"), p["tokens_per_second"], p["latency_ms"])
-               for p in prof.pareto_front]),
-        "\npredicted vs measured (chosen config)",
-        table(["batch", "gamma", "predicted tok/s", "measured tok/s"],
-              [(r["batch_size"], r["gamma"], r["predicted_tokens_per_second"], r["measured_tokens_per_second"])
-               for r in prof.predicted_vs_measured]),
-    ])
+    return "\n".join(
+        [
+            render_tune(prof),
+            "\nclassification (verify cost of gamma_max+1 tokens vs one decode)",
+            table(
+                ["batch", "verify cost", "label", "best gamma", "predicted speedup"],
+                [
+                    (r["batch_size"], r["verify_cost"], r["label"], r["best_gamma"], r["predicted_speedup"])
+                    for r in cl["batch_sizes"]
+                ],
+            ),
+            "\npareto front",
+            table(
+                ["trial", "gamma", "threshold", "schedule", "tok/s", "latency ms"],
+                [
+                    (
+                        p["trial"],
+                        p["params"].get("gamma"),
+                        p["params"].get("confidence_threshold"),
+                        p["params"].get("gamma_schedule"),
+                        p["tokens_per_second"],
+                        p["latency_ms"],
+                    )
+                    for p in prof.pareto_front
+                ],
+            ),
+            "\npredicted vs measured (chosen config)",
+            table(
+                ["batch", "gamma", "predicted tok/s", "measured tok/s"],
+                [
+                    (
+                        r["batch_size"],
+                        r["gamma"],
+                        r["predicted_tokens_per_second"],
+                        r["measured_tokens_per_second"],
+                    )
+                    for r in prof.predicted_vs_measured
+                ],
+            ),
+        ]
+    )
 
 
 def render_profile_list(rows: list[dict]) -> str:
     """``autotune profiles list``: one line per stored profile, newest first."""
     if not rows:
         return "no profiles stored yet (run `autotune tune`)"
-    return table(["id", "device", "pair", "workload", "backend", "gamma", "tok/s", "created"],
-                 [(r["id"], r["device"], r["pair"], r["workload_hash"][:8], r["backend"], r["gamma"],
-                   r["tokens_per_second"], r["created_at"]) for r in rows])
+    return table(
+        ["id", "device", "pair", "workload", "backend", "gamma", "tok/s", "created"],
+        [
+            (
+                r["id"],
+                r["device"],
+                r["pair"],
+                r["workload_hash"][:8],
+                r["backend"],
+                r["gamma"],
+                r["tokens_per_second"],
+                r["created_at"],
+            )
+            for r in rows
+        ],
+    )

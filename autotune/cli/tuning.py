@@ -34,21 +34,47 @@ def profile(config_path, compile_flag, as_json):
 
 @click.command()
 @CONFIG_OPTION
-@click.option("--trials", type=click.IntRange(min=1), default=None,
-              help="Override budget.n_trials (backend.n_trials with a serving-stack backend).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Override budget.timeout_s (backend.timeout_s with a serving-stack backend).")
+@click.option(
+    "--trials",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Override budget.n_trials (backend.n_trials with a serving-stack backend).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Override budget.timeout_s (backend.timeout_s with a serving-stack backend).",
+)
 @click.option("--storage", default=None, help="Override storage.url (any SQLAlchemy URL).")
 @click.option("--study", "study_name", default=None, help="Override storage.study_name.")
 @click.option("--resume", is_flag=True, help="Continue the latest study for this device, pair and workload.")
-@click.option("--reprofile", is_flag=True, help="Measure the device again instead of reusing the stored profile.")
-@click.option("--backend", type=click.Choice(BACKENDS), default=None,
-              help="Where trials run (overrides backend.name): engine (in process), or a real vllm / llamacpp "
-                   "server per trial.")
+@click.option(
+    "--reprofile", is_flag=True, help="Measure the device again instead of reusing the stored profile."
+)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default=None,
+    help="Where trials run (overrides backend.name): engine (in process), or a real vllm / llamacpp "
+    "server per trial.",
+)
 @click.option("--strict", is_flag=True, help="Refuse to store a profile measured on a busy host (exit 2).")
 @COMPILE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the stored profile as one JSON object.")
-def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, backend, strict, compile_flag, as_json):
+def tune(
+    config_path,
+    trials,
+    timeout,
+    storage,
+    study_name,
+    resume,
+    reprofile,
+    backend,
+    strict,
+    compile_flag,
+    as_json,
+):
     """The main job: profile this host, run the Optuna study, store the profile, write exports."""
     import dataclasses
 
@@ -58,9 +84,16 @@ def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, b
     cfg = with_compile(load_config(config_path), compile_flag)
     backend = backend or cfg.backend
     server = backend != "engine"
-    overrides = {k: v for k, v in {"server_trials" if server else "n_trials": trials,
-                                   "server_timeout_s" if server else "timeout_s": timeout,
-                                   "study_name": study_name, "backend": backend}.items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in {
+            "server_trials" if server else "n_trials": trials,
+            "server_timeout_s" if server else "timeout_s": timeout,
+            "study_name": study_name,
+            "backend": backend,
+        }.items()
+        if v is not None
+    }
     if storage is not None:
         if "://" not in storage:
             raise click.BadParameter(f"not an SQLAlchemy URL: {storage!r}", param_hint="--storage")
@@ -72,8 +105,11 @@ def tune(config_path, trials, timeout, storage, study_name, resume, reprofile, b
         click.echo(str(exc), err=True)
         sys.exit(130)
     except KeyboardInterrupt:  # after the study (re-measuring): the trials are kept, no profile was stored
-        click.echo("interrupted before the profile was stored; finished trials are kept "
-                   "(`autotune tune --resume` continues)", err=True)
+        click.echo(
+            "interrupted before the profile was stored; finished trials are kept "
+            "(`autotune tune --resume` continues)",
+            err=True,
+        )
         sys.exit(130)
     if as_json:
         print_json(prof)

@@ -23,18 +23,27 @@ __all__ = ["FORMATS", "VALIDATORS", "Exported", "export", "write_export"]
 
 FORMATS = ("vllm", "sglang", "trtllm", "tgi", "hf", "llamacpp", "yaml")
 _STACK_EXPORTERS: dict[str, Callable[[ExportInputs], Exported]] = {
-    "vllm": vllm.export, "sglang": sglang.export, "trtllm": trtllm.export, "tgi": tgi.export,
-    "hf": hf.export, "llamacpp": llamacpp.export,
+    "vllm": vllm.export,
+    "sglang": sglang.export,
+    "trtllm": trtllm.export,
+    "tgi": tgi.export,
+    "hf": hf.export,
+    "llamacpp": llamacpp.export,
 }
 VALIDATORS: dict[str, Callable[[Any], None]] = {
-    "vllm": vllm.validate, "sglang": sglang.validate, "trtllm": trtllm.validate, "tgi": tgi.validate,
-    "hf": hf.validate, "llamacpp": llamacpp.validate,
+    "vllm": vllm.validate,
+    "sglang": sglang.validate,
+    "trtllm": trtllm.validate,
+    "tgi": tgi.validate,
+    "hf": hf.validate,
+    "llamacpp": llamacpp.validate,
 }
 _EXECUTABLE = (".sh",)
 
 
-def export(profile: Mapping[str, Any], fmt: str, target_model: str | None = None,
-           draft_model: str | None = None) -> Exported:
+def export(
+    profile: Mapping[str, Any], fmt: str, target_model: str | None = None, draft_model: str | None = None
+) -> Exported:
     """Export ``profile`` for one serving stack; ``target_model``/``draft_model`` replace the pair's paths.
 
     Raises ProfileError naming the missing profile key, or the stack rule an export would break.

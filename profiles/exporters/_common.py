@@ -69,8 +69,14 @@ def provenance(inputs: ExportInputs, stack: StackTarget) -> dict[str, Any]:
     }
 
 
-def comment_header(filename: str, title: str, inputs: ExportInputs, stack: StackTarget,
-                   notes: Iterable[str] = (), usage: str | None = None) -> str:
+def comment_header(
+    filename: str,
+    title: str,
+    inputs: ExportInputs,
+    stack: StackTarget,
+    notes: Iterable[str] = (),
+    usage: str | None = None,
+) -> str:
     """``#`` comment lines with the provenance, then each note wrapped at 100 columns."""
     lines = [
         f"# {filename}: {title}",
@@ -81,13 +87,20 @@ def comment_header(filename: str, title: str, inputs: ExportInputs, stack: Stack
     if usage:
         lines.append(f"# Usage: {usage}")
     for note in notes:
-        lines += textwrap.wrap(note, width=100, initial_indent="# Note: ", subsequent_indent="#   ",
-                               break_on_hyphens=False, break_long_words=False)
+        lines += textwrap.wrap(
+            note,
+            width=100,
+            initial_indent="# Note: ",
+            subsequent_indent="#   ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
     return "\n".join(lines) + "\n"
 
 
-def sidecar_json(inputs: ExportInputs, stack: StackTarget, *, speculation: bool, notes: Sequence[str],
-                 **extra: Any) -> str:
+def sidecar_json(
+    inputs: ExportInputs, stack: StackTarget, *, speculation: bool, notes: Sequence[str], **extra: Any
+) -> str:
     """The ``<file>.meta.json`` text: provenance, whether speculation is on, notes, extras."""
     record = provenance(inputs, stack)
     record["speculation"] = speculation
@@ -106,7 +119,9 @@ def json_lines(obj: dict[str, Any]) -> str:
           "b": "x"
         }
     """
-    body = ",\n".join(f"  {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}" for key, value in obj.items())
+    body = ",\n".join(
+        f"  {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}" for key, value in obj.items()
+    )
     return "{\n" + body + "\n}\n" if obj else "{}\n"
 
 
@@ -149,8 +164,10 @@ def off_reason(inputs: ExportInputs, *, per_batch_size: bool = False) -> str:
 
 def one_length_note(inputs: ExportInputs, server: str) -> str:
     """The note of stacks that take one draft length for every batch size."""
-    return (f"{server} uses one draft length at every batch size: the chosen gamma {inputs.gamma}. "
-            f"Tuned per-batch-size schedule, for reference: {schedule_text(inputs.schedule)}.")
+    return (
+        f"{server} uses one draft length at every batch size: the chosen gamma {inputs.gamma}. "
+        f"Tuned per-batch-size schedule, for reference: {schedule_text(inputs.schedule)}."
+    )
 
 
 def schedule_text(schedule: Sequence[tuple[int, int]]) -> str:
@@ -202,8 +219,10 @@ def fail(stack: str, message: str) -> ProfileError:
 def tree_text(topk: Sequence[int], dynamic_nodes: int = 0) -> str:
     """``"2,1,1 (per-depth top-k; 6 nodes, depth 3)"`` (a dynamic tree: ``"2x3/5 (dynamic: ...)"``), for notes."""
     if dynamic_nodes:
-        return (f"{topk[0]}x{len(topk)}/{dynamic_nodes} (dynamic, EAGLE-2: top-{topk[0]} expansion to depth "
-                f"{len(topk)}, the draft's best {dynamic_nodes} nodes verified)")
+        return (
+            f"{topk[0]}x{len(topk)}/{dynamic_nodes} (dynamic, EAGLE-2: top-{topk[0]} expansion to depth "
+            f"{len(topk)}, the draft's best {dynamic_nodes} nodes verified)"
+        )
     nodes, width = 0, 1
     for k in topk:
         width *= k
@@ -219,16 +238,26 @@ def substitution_notes(inputs: ExportInputs, stack: str, tree_exported: bool = F
     notes = []
     if inputs.tree_topk and not tree_exported:
         if inputs.best_chain_measured:
-            chain = (f"the best measured chain of the draft model instead: gamma {inputs.gamma}"
-                     + (f", confidence_threshold {inputs.confidence_threshold}" if inputs.confidence_threshold else "")
-                     + (f", {inputs.gamma_schedule} gamma" if inputs.gamma_schedule != "constant" else ""))
+            chain = (
+                f"the best measured chain of the draft model instead: gamma {inputs.gamma}"
+                + (
+                    f", confidence_threshold {inputs.confidence_threshold}"
+                    if inputs.confidence_threshold
+                    else ""
+                )
+                + (f", {inputs.gamma_schedule} gamma" if inputs.gamma_schedule != "constant" else "")
+            )
         else:
             chain = f"a chain of the tree's depth instead (gamma {inputs.gamma}; the study measured no chain)"
-        notes.append(f"The profile chose the token tree {tree_text(inputs.tree_topk, inputs.tree_nodes)}; {stack} "
-                     "takes no token tree "
-                     f"for a draft-model drafter, so this exports {chain}.")
+        notes.append(
+            f"The profile chose the token tree {tree_text(inputs.tree_topk, inputs.tree_nodes)}; {stack} "
+            "takes no token tree "
+            f"for a draft-model drafter, so this exports {chain}."
+        )
     if inputs.chosen_drafter == "hybrid":
-        notes.append(f"The profile chose the hybrid drafter (per row and step: the prompt-lookup n-gram proposal "
-                     f"when it matches, else the draft model); {stack} has no per-row switch between the two, so "
-                     "this exports the draft model alone with the chosen gamma.")
+        notes.append(
+            f"The profile chose the hybrid drafter (per row and step: the prompt-lookup n-gram proposal "
+            f"when it matches, else the draft model); {stack} has no per-row switch between the two, so "
+            "this exports the draft model alone with the chosen gamma."
+        )
     return notes

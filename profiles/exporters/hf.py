@@ -31,11 +31,19 @@ from profiles.exporters._common import (
 )
 from profiles.profile import ExportInputs
 
-STACK = StackTarget("transformers", "GenerationConfig (generation_config.json)", "huggingface/transformers@6120704a01bd")
+STACK = StackTarget(
+    "transformers", "GenerationConfig (generation_config.json)", "huggingface/transformers@6120704a01bd"
+)
 FILENAME = "generation_config.json"
 SCHEDULES = frozenset({"constant", "heuristic", "heuristic_transient"})
-_SPECULATIVE_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
-                     "prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_early_exit")
+_SPECULATIVE_KEYS = (
+    "num_assistant_tokens",
+    "num_assistant_tokens_schedule",
+    "assistant_confidence_threshold",
+    "prompt_lookup_num_tokens",
+    "max_matching_ngram_size",
+    "assistant_early_exit",
+)
 
 
 def validate(config: Mapping[str, Any]) -> None:
@@ -56,8 +64,10 @@ def validate(config: Mapping[str, Any]) -> None:
             raise fail("hf", f"{key} must be an integer > 0, got {config[key]!r}")
     schedule = config.get("num_assistant_tokens_schedule")
     if schedule is not None and schedule not in SCHEDULES:
-        raise fail("hf", f"num_assistant_tokens_schedule must be one of {', '.join(sorted(SCHEDULES))}, "
-                   f"got {schedule!r}")
+        raise fail(
+            "hf",
+            f"num_assistant_tokens_schedule must be one of {', '.join(sorted(SCHEDULES))}, got {schedule!r}",
+        )
     threshold = config.get("assistant_confidence_threshold")
     if threshold is not None and (not is_number(threshold) or not 0.0 <= threshold <= 1.0):
         raise fail("hf", f"assistant_confidence_threshold must be a number in [0, 1], got {threshold!r}")
@@ -74,13 +84,19 @@ def generation_config(inputs: ExportInputs) -> dict[str, Any]:
         {'num_assistant_tokens': 4, 'num_assistant_tokens_schedule': 'heuristic', 'assistant_confidence_threshold': 0.3}
     """
     base = read_json_file(Path(inputs.target) / FILENAME) or {}
-    config = {key: value for key, value in base.items()
-              if key not in _SPECULATIVE_KEYS and key != "transformers_version"}
+    config = {
+        key: value
+        for key, value in base.items()
+        if key not in _SPECULATIVE_KEYS and key != "transformers_version"
+    }
     if inputs.drafter == "none" or inputs.gamma == 0:
         return config
     if inputs.drafter == "model":
-        config.update(num_assistant_tokens=inputs.gamma, num_assistant_tokens_schedule=inputs.gamma_schedule,
-                      assistant_confidence_threshold=inputs.confidence_threshold)
+        config.update(
+            num_assistant_tokens=inputs.gamma,
+            num_assistant_tokens_schedule=inputs.gamma_schedule,
+            assistant_confidence_threshold=inputs.confidence_threshold,
+        )
     else:
         config.update(prompt_lookup_num_tokens=inputs.gamma, max_matching_ngram_size=inputs.prompt_lookup_max)
     return config
@@ -94,24 +110,43 @@ def export(inputs: ExportInputs) -> Exported:
     notes = []
     if not speculation:
         why = off_reason(inputs)
-        notes.append(f"Speculation off: {why}. Call generate() without assistant_model or prompt_lookup_num_tokens.")
-        usage = "model.generate(..., generation_config=GenerationConfig.from_pretrained(<folder of this file>))"
+        notes.append(
+            f"Speculation off: {why}. Call generate() without assistant_model or prompt_lookup_num_tokens."
+        )
+        usage = (
+            "model.generate(..., generation_config=GenerationConfig.from_pretrained(<folder of this file>))"
+        )
     elif inputs.drafter == "model":
-        usage = ("assistant = AutoModelForCausalLM.from_pretrained(<draft>); assistant.generation_config = "
-                 "GenerationConfig.from_pretrained(<folder of this file>); model.generate(..., assistant_model="
-                 "assistant). transformers reads num_assistant_tokens, num_assistant_tokens_schedule and "
-                 "assistant_confidence_threshold from the assistant's generation config.")
+        usage = (
+            "assistant = AutoModelForCausalLM.from_pretrained(<draft>); assistant.generation_config = "
+            "GenerationConfig.from_pretrained(<folder of this file>); model.generate(..., assistant_model="
+            "assistant). transformers reads num_assistant_tokens, num_assistant_tokens_schedule and "
+            "assistant_confidence_threshold from the assistant's generation config."
+        )
     else:
-        usage = ("model.generate(..., generation_config=GenerationConfig.from_pretrained(<folder of this file>)), "
-                 "or copy the file into the target folder; prompt_lookup_num_tokens selects prompt-lookup decoding.")
+        usage = (
+            "model.generate(..., generation_config=GenerationConfig.from_pretrained(<folder of this file>)), "
+            "or copy the file into the target folder; prompt_lookup_num_tokens selects prompt-lookup decoding."
+        )
     if speculation:
-        notes.append(f"transformers assisted generation runs one sequence at a time; it uses the chosen gamma "
-                     f"{inputs.gamma}. Tuned per-batch-size schedule, for reference: {schedule_text(inputs.schedule)}.")
+        notes.append(
+            f"transformers assisted generation runs one sequence at a time; it uses the chosen gamma "
+            f"{inputs.gamma}. Tuned per-batch-size schedule, for reference: {schedule_text(inputs.schedule)}."
+        )
         if inputs.drafter == "ngram" and inputs.prompt_lookup_min and inputs.prompt_lookup_min > 1:
-            notes.append(f"transformers matches n-grams from max_matching_ngram_size down to 1; the profile's "
-                         f"prompt_lookup_min {inputs.prompt_lookup_min} has no equivalent.")
+            notes.append(
+                f"transformers matches n-grams from max_matching_ngram_size down to 1; the profile's "
+                f"prompt_lookup_min {inputs.prompt_lookup_min} has no equivalent."
+            )
         notes += substitution_notes(inputs, "transformers assisted generation")
     text = json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    sidecar = sidecar_json(inputs, STACK, speculation=speculation, notes=notes, usage=usage,
-                           target=inputs.target, draft=inputs.draft)
+    sidecar = sidecar_json(
+        inputs,
+        STACK,
+        speculation=speculation,
+        notes=notes,
+        usage=usage,
+        target=inputs.target,
+        draft=inputs.draft,
+    )
     return Exported("hf", FILENAME, text, sidecar=sidecar, speculation=speculation, notes=tuple(notes))

@@ -31,20 +31,54 @@ from profiles.profile import ExportInputs
 STACK = StackTarget("llama.cpp", "llama-server flags", "ggml-org/llama.cpp@0017d6fb63f9")
 FILENAME = "llamacpp-args.sh"
 PROGRAM = ("llama-server",)
-SPEC_TYPES = frozenset({"none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
-                        "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"})
+SPEC_TYPES = frozenset(
+    {
+        "none",
+        "draft-simple",
+        "draft-eagle3",
+        "draft-mtp",
+        "draft-dflash",
+        "draft-dspark",
+        "ngram-simple",
+        "ngram-map-k",
+        "ngram-map-k4v",
+        "ngram-mod",
+        "ngram-cache",
+    }
+)
 # Removed flag -> its replacement; a removed flag stops llama-server at start-up.
 REMOVED_FLAGS = {
-    "--draft": "--spec-draft-n-max", "--draft-n": "--spec-draft-n-max", "--draft-max": "--spec-draft-n-max",
-    "--draft-min": "--spec-draft-n-min", "--draft-n-min": "--spec-draft-n-min",
-    "--spec-ngram-size-n": "--spec-ngram-<type>-size-n", "--spec-ngram-size-m": "--spec-ngram-<type>-size-m",
+    "--draft": "--spec-draft-n-max",
+    "--draft-n": "--spec-draft-n-max",
+    "--draft-max": "--spec-draft-n-max",
+    "--draft-min": "--spec-draft-n-min",
+    "--draft-n-min": "--spec-draft-n-min",
+    "--spec-ngram-size-n": "--spec-ngram-<type>-size-n",
+    "--spec-ngram-size-m": "--spec-ngram-<type>-size-m",
     "--spec-ngram-min-hits": "--spec-ngram-<type>-min-hits",
 }
-KNOWN_FLAGS = frozenset({"-m", "-np", "--spec-type", "-md", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
-                         "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m", "--spec-ngram-simple-min-hits"})
-_RANGES = {"--spec-ngram-simple-size-n": (1, 1024), "--spec-ngram-simple-size-m": (1, 1024),
-           "--spec-ngram-simple-min-hits": (1, None), "--spec-draft-n-max": (1, None), "--spec-draft-n-min": (0, None),
-           "-np": (1, None)}
+KNOWN_FLAGS = frozenset(
+    {
+        "-m",
+        "-np",
+        "--spec-type",
+        "-md",
+        "--spec-draft-n-max",
+        "--spec-draft-n-min",
+        "--spec-draft-p-min",
+        "--spec-ngram-simple-size-n",
+        "--spec-ngram-simple-size-m",
+        "--spec-ngram-simple-min-hits",
+    }
+)
+_RANGES = {
+    "--spec-ngram-simple-size-n": (1, 1024),
+    "--spec-ngram-simple-size-m": (1, 1024),
+    "--spec-ngram-simple-min-hits": (1, None),
+    "--spec-draft-n-max": (1, None),
+    "--spec-draft-n-min": (0, None),
+    "-np": (1, None),
+}
 
 
 def validate(args: Mapping[str, Any]) -> None:
@@ -58,7 +92,9 @@ def validate(args: Mapping[str, Any]) -> None:
     """
     for flag in args:
         if flag in REMOVED_FLAGS:
-            raise fail("llamacpp", f"{flag} was removed (llama-server refuses to start); use {REMOVED_FLAGS[flag]}")
+            raise fail(
+                "llamacpp", f"{flag} was removed (llama-server refuses to start); use {REMOVED_FLAGS[flag]}"
+            )
     unknown = sorted(set(args) - KNOWN_FLAGS)
     if unknown:
         raise fail("llamacpp", f"unknown flag(s) {', '.join(unknown)}")
@@ -101,11 +137,23 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
     if inputs.drafter == "none" or inputs.gamma == 0:
         return args
     if inputs.drafter == "model":
-        args.update({"--spec-type": "draft-simple", "-md": inputs.draft, "--spec-draft-n-max": inputs.gamma,
-                     "--spec-draft-n-min": 0, "--spec-draft-p-min": inputs.confidence_threshold})
+        args.update(
+            {
+                "--spec-type": "draft-simple",
+                "-md": inputs.draft,
+                "--spec-draft-n-max": inputs.gamma,
+                "--spec-draft-n-min": 0,
+                "--spec-draft-p-min": inputs.confidence_threshold,
+            }
+        )
     else:
-        args.update({"--spec-type": "ngram-simple", "--spec-ngram-simple-size-n": inputs.prompt_lookup_min,
-                     "--spec-ngram-simple-size-m": inputs.gamma})
+        args.update(
+            {
+                "--spec-type": "ngram-simple",
+                "--spec-ngram-simple-size-n": inputs.prompt_lookup_min,
+                "--spec-ngram-simple-size-m": inputs.gamma,
+            }
+        )
     return args
 
 
@@ -116,27 +164,43 @@ def export(inputs: ExportInputs) -> Exported:
     speculation = "--spec-type" in args
     notes = []
     if "-np" in args:
-        notes.append(f"-np {args['-np']}: the tuned number of concurrent sequences; give llama-server a context "
-                     "of -np x the per-request context with -c.")
+        notes.append(
+            f"-np {args['-np']}: the tuned number of concurrent sequences; give llama-server a context "
+            "of -np x the per-request context with -c."
+        )
     if not speculation:
         why = off_reason(inputs)
         notes.append(f"Speculation off: {why}, so no --spec-* flags.")
     else:
         notes.append(one_length_note(inputs, "llama-server"))
         if inputs.drafter == "ngram":
-            notes.append(f"ngram-simple looks up one n-gram size: the profile's prompt_lookup_min "
-                         f"{inputs.prompt_lookup_min} (the engine tried {inputs.prompt_lookup_max} down to "
-                         f"{inputs.prompt_lookup_min}).")
+            notes.append(
+                f"ngram-simple looks up one n-gram size: the profile's prompt_lookup_min "
+                f"{inputs.prompt_lookup_min} (the engine tried {inputs.prompt_lookup_max} down to "
+                f"{inputs.prompt_lookup_min})."
+            )
         if inputs.gamma_schedule != "constant":
-            notes.append(f"gamma_schedule {inputs.gamma_schedule!r} has no llama.cpp equivalent; the draft "
-                         "length stays at most --spec-draft-n-max.")
+            notes.append(
+                f"gamma_schedule {inputs.gamma_schedule!r} has no llama.cpp equivalent; the draft "
+                "length stays at most --spec-draft-n-max."
+            )
         notes += substitution_notes(inputs, "llama-server (draft-simple)")
     paths = [inputs.target] + ([inputs.draft] if speculation and inputs.draft else [])
     if any(not path.endswith(".gguf") for path in paths):
-        notes.append("llama.cpp loads GGUF files: convert the models (convert_hf_to_gguf.py) and export again "
-                     "with --target-model/--draft-model naming the .gguf files.")
-    header = comment_header(FILENAME, "llama-server launch with the tuned speculative decoding flags",
-                            inputs, STACK, notes, usage=f"sh {FILENAME} [more llama-server flags]")
-    values = [(flag, format(value, "g") if isinstance(value, float) else value) for flag, value in args.items()]
+        notes.append(
+            "llama.cpp loads GGUF files: convert the models (convert_hf_to_gguf.py) and export again "
+            "with --target-model/--draft-model naming the .gguf files."
+        )
+    header = comment_header(
+        FILENAME,
+        "llama-server launch with the tuned speculative decoding flags",
+        inputs,
+        STACK,
+        notes,
+        usage=f"sh {FILENAME} [more llama-server flags]",
+    )
+    values = [
+        (flag, format(value, "g") if isinstance(value, float) else value) for flag, value in args.items()
+    ]
     text, command = shell_script(header, PROGRAM, values)
     return Exported("llamacpp", FILENAME, text, command=command, speculation=speculation, notes=tuple(notes))

@@ -19,8 +19,12 @@ from profiles.profile import SCHEMA_VERSION, ExportInputs
 FILENAME = "profile.yaml"
 
 
-def export(profile: Mapping[str, Any], inputs: ExportInputs, target_model: str | None = None,
-           draft_model: str | None = None) -> Exported:
+def export(
+    profile: Mapping[str, Any],
+    inputs: ExportInputs,
+    target_model: str | None = None,
+    draft_model: str | None = None,
+) -> Exported:
     """Render the whole profile (with path overrides applied) as YAML.
 
     Example:
@@ -38,7 +42,9 @@ def export(profile: Mapping[str, Any], inputs: ExportInputs, target_model: str |
             pair["target"] = target_model
         if draft_model:
             pair["draft"] = draft_model
-    stack = StackTarget("spec-autotune", "profile YAML", f"schema_version {data.get('schema_version', SCHEMA_VERSION)}")
+    stack = StackTarget(
+        "spec-autotune", "profile YAML", f"schema_version {data.get('schema_version', SCHEMA_VERSION)}"
+    )
     header = comment_header(FILENAME, "the whole spec-autotune profile (everything measured)", inputs, stack)
     try:
         body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)

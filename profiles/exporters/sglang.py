@@ -41,17 +41,31 @@ from profiles.exporters._common import (
 )
 from profiles.profile import ExportInputs
 
-STACK = StackTarget("SGLang", "server args (python -m sglang.launch_server)", "sgl-project/sglang@001067fffe33")
+STACK = StackTarget(
+    "SGLang", "server args (python -m sglang.launch_server)", "sgl-project/sglang@001067fffe33"
+)
 FILENAME = "sglang-args.sh"
 PROGRAM = ("python", "-m", "sglang.launch_server")
 ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"})
-KNOWN_FLAGS = frozenset({
-    "--model-path", "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
-    "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-ngram-min-bfs-breadth",
+KNOWN_FLAGS = frozenset(
+    {
+        "--model-path",
+        "--speculative-algorithm",
+        "--speculative-draft-model-path",
+        "--speculative-num-steps",
+        "--speculative-eagle-topk",
+        "--speculative-num-draft-tokens",
+        "--speculative-ngram-min-bfs-breadth",
+        "--speculative-ngram-max-bfs-breadth",
+    }
+)
+_INT_FLAGS = (
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+    "--speculative-ngram-min-bfs-breadth",
     "--speculative-ngram-max-bfs-breadth",
-})
-_INT_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
-              "--speculative-ngram-min-bfs-breadth", "--speculative-ngram-max-bfs-breadth")
+)
 
 
 def validate(args: Mapping[str, Any]) -> None:
@@ -88,20 +102,34 @@ def validate(args: Mapping[str, Any]) -> None:
         if algorithm == "STANDALONE" and not args.get("--speculative-draft-model-path"):
             raise fail("sglang", "STANDALONE needs --speculative-draft-model-path")
         if steps is None and (topk is not None or draft_tokens is not None):
-            raise fail("sglang", "--speculative-eagle-topk/--speculative-num-draft-tokens need --speculative-num-steps")
+            raise fail(
+                "sglang",
+                "--speculative-eagle-topk/--speculative-num-draft-tokens need --speculative-num-steps",
+            )
         if topk == 1 and steps is not None and draft_tokens != steps + 1:
-            raise fail("sglang", f"with topk 1 --speculative-num-draft-tokens must be num-steps + 1 "
-                       f"({steps + 1}), got {draft_tokens}")
+            raise fail(
+                "sglang",
+                f"with topk 1 --speculative-num-draft-tokens must be num-steps + 1 "
+                f"({steps + 1}), got {draft_tokens}",
+            )
         if topk is not None and topk > 1 and steps is not None:
             if draft_tokens is None:
-                raise fail("sglang", "with topk > 1 set --speculative-num-draft-tokens (the tree's verified tokens)")
+                raise fail(
+                    "sglang", "with topk > 1 set --speculative-num-draft-tokens (the tree's verified tokens)"
+                )
             if draft_tokens - 1 > tree_candidates(topk, steps):
-                raise fail("sglang", f"--speculative-num-draft-tokens {draft_tokens} exceeds the tree's "
-                           f"{tree_candidates(topk, steps)} candidate nodes + 1 (topk {topk}, num-steps {steps})")
+                raise fail(
+                    "sglang",
+                    f"--speculative-num-draft-tokens {draft_tokens} exceeds the tree's "
+                    f"{tree_candidates(topk, steps)} candidate nodes + 1 (topk {topk}, num-steps {steps})",
+                )
     if algorithm == "NGRAM":
         if "--speculative-eagle-topk" in args:
-            raise fail("sglang", "NGRAM takes topk from --speculative-ngram-max-bfs-breadth; "
-                       "--speculative-eagle-topk would be overridden")
+            raise fail(
+                "sglang",
+                "NGRAM takes topk from --speculative-ngram-max-bfs-breadth; "
+                "--speculative-eagle-topk would be overridden",
+            )
         if draft_tokens is not None and draft_tokens < 2:
             raise fail("sglang", f"NGRAM needs --speculative-num-draft-tokens >= 2, got {draft_tokens}")
         low = args.get("--speculative-ngram-min-bfs-breadth", 1)
@@ -153,16 +181,33 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
         return args
     if inputs.drafter == "model" and inputs.tree_topk:
         steps, topk, draft_tokens = tree_args(inputs.tree_topk, inputs.tree_nodes)
-        args.update({"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": inputs.draft,
-                     "--speculative-num-steps": steps, "--speculative-eagle-topk": topk,
-                     "--speculative-num-draft-tokens": draft_tokens})
+        args.update(
+            {
+                "--speculative-algorithm": "STANDALONE",
+                "--speculative-draft-model-path": inputs.draft,
+                "--speculative-num-steps": steps,
+                "--speculative-eagle-topk": topk,
+                "--speculative-num-draft-tokens": draft_tokens,
+            }
+        )
     elif inputs.drafter == "model":
-        args.update({"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": inputs.draft,
-                     "--speculative-num-steps": gamma, "--speculative-eagle-topk": 1,
-                     "--speculative-num-draft-tokens": gamma + 1})
+        args.update(
+            {
+                "--speculative-algorithm": "STANDALONE",
+                "--speculative-draft-model-path": inputs.draft,
+                "--speculative-num-steps": gamma,
+                "--speculative-eagle-topk": 1,
+                "--speculative-num-draft-tokens": gamma + 1,
+            }
+        )
     else:
-        args.update({"--speculative-algorithm": "NGRAM", "--speculative-num-draft-tokens": gamma + 1,
-                     "--speculative-ngram-max-bfs-breadth": 1})
+        args.update(
+            {
+                "--speculative-algorithm": "NGRAM",
+                "--speculative-num-draft-tokens": gamma + 1,
+                "--speculative-ngram-max-bfs-breadth": 1,
+            }
+        )
     return args
 
 
@@ -177,34 +222,53 @@ def export(inputs: ExportInputs) -> Exported:
         notes.append(f"Speculation off: {why}, so no --speculative-* flags.")
     else:
         if inputs.tree_topk:
-            notes.append(f"SGLang uses one tree at every batch size. Tuned chain schedule, for reference: "
-                         f"{schedule_text(inputs.schedule)}.")
+            notes.append(
+                f"SGLang uses one tree at every batch size. Tuned chain schedule, for reference: "
+                f"{schedule_text(inputs.schedule)}."
+            )
         else:
             notes.append(one_length_note(inputs, "SGLang"))
         if inputs.drafter == "model" and inputs.confidence_threshold > 0 and not inputs.tree_topk:
-            notes.append(f"SGLang has no draft-confidence early stop; confidence_threshold "
-                         f"{inputs.confidence_threshold} is not exported.")
+            notes.append(
+                f"SGLang has no draft-confidence early stop; confidence_threshold "
+                f"{inputs.confidence_threshold} is not exported."
+            )
         if inputs.drafter == "ngram":
-            notes.append("NGRAM matches against its own trie (--speculative-ngram-max-trie-depth), not the "
-                         f"profile's prompt_lookup {inputs.prompt_lookup_min}..{inputs.prompt_lookup_max} window.")
+            notes.append(
+                "NGRAM matches against its own trie (--speculative-ngram-max-trie-depth), not the "
+                f"profile's prompt_lookup {inputs.prompt_lookup_min}..{inputs.prompt_lookup_max} window."
+            )
         if inputs.gamma_schedule != "constant" and not inputs.tree_topk:
-            notes.append(f"gamma_schedule {inputs.gamma_schedule!r} has no SGLang equivalent; gamma stays constant.")
+            notes.append(
+                f"gamma_schedule {inputs.gamma_schedule!r} has no SGLang equivalent; gamma stays constant."
+            )
         if inputs.tree_topk:
             steps, topk, draft_tokens = tree_args(inputs.tree_topk, inputs.tree_nodes)
-            same = ("the engine measured this selection (scores: the draft's summed log-probabilities along each "
-                    "path, as SGLang's cumulative probabilities order them). " if inputs.tree_nodes else
-                    "not this exact static shape; the engine measured the static one. ")
-            notes.append(f"Token tree {tree_text(inputs.tree_topk, inputs.tree_nodes)}: STANDALONE accepts "
-                         f"--speculative-eagle-topk > 1 "
-                         f"(speculative_hook.py _handle_eagle_family). SGLang drafts {steps} steps with top-{topk} "
-                         f"at every step and verifies the draft's best {draft_tokens - 1} nodes (EAGLE-2 selection), "
-                         + same
-                         + ("Best measured chain" if inputs.best_chain_measured else "A chain of the tree's depth")
-                         + f", for a chain launch: --speculative-num-steps {inputs.gamma} --speculative-eagle-topk 1 "
-                         f"--speculative-num-draft-tokens {inputs.gamma + 1}.")
+            same = (
+                "the engine measured this selection (scores: the draft's summed log-probabilities along each "
+                "path, as SGLang's cumulative probabilities order them). "
+                if inputs.tree_nodes
+                else "not this exact static shape; the engine measured the static one. "
+            )
+            notes.append(
+                f"Token tree {tree_text(inputs.tree_topk, inputs.tree_nodes)}: STANDALONE accepts "
+                f"--speculative-eagle-topk > 1 "
+                f"(speculative_hook.py _handle_eagle_family). SGLang drafts {steps} steps with top-{topk} "
+                f"at every step and verifies the draft's best {draft_tokens - 1} nodes (EAGLE-2 selection), "
+                + same
+                + ("Best measured chain" if inputs.best_chain_measured else "A chain of the tree's depth")
+                + f", for a chain launch: --speculative-num-steps {inputs.gamma} --speculative-eagle-topk 1 "
+                f"--speculative-num-draft-tokens {inputs.gamma + 1}."
+            )
         notes += substitution_notes(inputs, "SGLang", tree_exported=True)
-    header = comment_header(FILENAME, "SGLang server launch with the tuned speculative decoding flags",
-                            inputs, STACK, notes, usage=f"sh {FILENAME} [more sglang.launch_server flags]")
+    header = comment_header(
+        FILENAME,
+        "SGLang server launch with the tuned speculative decoding flags",
+        inputs,
+        STACK,
+        notes,
+        usage=f"sh {FILENAME} [more sglang.launch_server flags]",
+    )
     flags = [(flag, value) for flag, value in args.items()]
     text, command = shell_script(header, PROGRAM, flags)
     return Exported("sglang", FILENAME, text, command=command, speculation=speculation, notes=tuple(notes))

@@ -25,8 +25,9 @@ from profiles.exporters._common import (
 )
 from profiles.profile import ExportInputs
 
-STACK = StackTarget("TGI", "launcher flags (text-generation-launcher)",
-                    "huggingface/text-generation-inference@009c4e0b945b")
+STACK = StackTarget(
+    "TGI", "launcher flags (text-generation-launcher)", "huggingface/text-generation-inference@009c4e0b945b"
+)
 FILENAME = "tgi-args.sh"
 PROGRAM = ("text-generation-launcher",)
 
@@ -66,14 +67,24 @@ def export(inputs: ExportInputs) -> Exported:
         why = off_reason(inputs)
         notes = [f"Speculation off: {why}, so no --speculate."]
     else:
-        notes = [f"TGI uses one speculation length at every batch size: the chosen gamma {inputs.gamma}. "
-                 f"Tuned per-batch-size schedule, for reference: {schedule_text(inputs.schedule)}."]
+        notes = [
+            f"TGI uses one speculation length at every batch size: the chosen gamma {inputs.gamma}. "
+            f"Tuned per-batch-size schedule, for reference: {schedule_text(inputs.schedule)}."
+        ]
         if inputs.drafter == "model":
-            notes.append(f"TGI cannot load a separate draft model ({inputs.draft}): --speculate makes it speculate "
-                         "with n-grams (or Medusa heads, for a Medusa model), whose acceptance this profile did "
-                         "not measure. Re-tune with the ngram drafter for a TGI-faithful gamma.")
+            notes.append(
+                f"TGI cannot load a separate draft model ({inputs.draft}): --speculate makes it speculate "
+                "with n-grams (or Medusa heads, for a Medusa model), whose acceptance this profile did "
+                "not measure. Re-tune with the ngram drafter for a TGI-faithful gamma."
+            )
         notes += substitution_notes(inputs, "TGI")
-    header = comment_header(FILENAME, "TGI launch with the tuned speculation length", inputs, STACK, notes,
-                            usage=f"sh {FILENAME} [more text-generation-launcher flags]")
+    header = comment_header(
+        FILENAME,
+        "TGI launch with the tuned speculation length",
+        inputs,
+        STACK,
+        notes,
+        usage=f"sh {FILENAME} [more text-generation-launcher flags]",
+    )
     text, command = shell_script(header, PROGRAM, list(args.items()))
     return Exported("tgi", FILENAME, text, command=command, speculation=speculation, notes=tuple(notes))

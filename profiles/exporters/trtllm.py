@@ -39,15 +39,30 @@ from profiles.exporters._common import (
 )
 from profiles.profile import ExportInputs
 
-STACK = StackTarget("TensorRT-LLM", "LLM-API options YAML (trtllm-serve --extra_llm_api_options)",
-                    "NVIDIA/TensorRT-LLM@000439672005")
+STACK = StackTarget(
+    "TensorRT-LLM",
+    "LLM-API options YAML (trtllm-serve --extra_llm_api_options)",
+    "NVIDIA/TensorRT-LLM@000439672005",
+)
 FILENAME = "trtllm-extra-options.yaml"
-BASE_KEYS = frozenset({
-    "decoding_type", "max_draft_len", "max_total_draft_tokens", "speculative_model", "speculative_model_dir",
-    "max_concurrency", "draft_len_schedule", "load_format", "acceptance_rate_window_size",
-    "acceptance_rate_threshold", "use_rejection_sampling", "allow_advanced_sampling", "advanced_sampling_mode",
-    "enable_penalty",
-})
+BASE_KEYS = frozenset(
+    {
+        "decoding_type",
+        "max_draft_len",
+        "max_total_draft_tokens",
+        "speculative_model",
+        "speculative_model_dir",
+        "max_concurrency",
+        "draft_len_schedule",
+        "load_format",
+        "acceptance_rate_window_size",
+        "acceptance_rate_threshold",
+        "use_rejection_sampling",
+        "allow_advanced_sampling",
+        "advanced_sampling_mode",
+        "enable_penalty",
+    }
+)
 TYPE_KEYS = {
     "Draft_Target": frozenset(),
     "NGram": frozenset({"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"}),
@@ -63,11 +78,16 @@ def _validate_schedule(schedule: Any, max_draft_len: int) -> None:
         if not is_int(length) or length < 0:
             raise fail("trtllm", f"draft_len_schedule[{batch}] must be a draft length >= 0, got {length!r}")
         if length > max_draft_len:
-            raise fail("trtllm", f"draft_len_schedule[{batch}] = {length} exceeds max_draft_len {max_draft_len}")
+            raise fail(
+                "trtllm", f"draft_len_schedule[{batch}] = {length} exceeds max_draft_len {max_draft_len}"
+            )
     smallest = min(schedule)
     if schedule[smallest] != max_draft_len:
-        raise fail("trtllm", f"draft_len_schedule[{smallest}] (the smallest key) must equal max_draft_len "
-                   f"{max_draft_len}, got {schedule[smallest]}")
+        raise fail(
+            "trtllm",
+            f"draft_len_schedule[{smallest}] (the smallest key) must equal max_draft_len "
+            f"{max_draft_len}, got {schedule[smallest]}",
+        )
 
 
 def validate(options: Mapping[str, Any]) -> None:
@@ -99,7 +119,9 @@ def validate(options: Mapping[str, Any]) -> None:
     max_draft_len = config.get("max_draft_len")
     if not is_int(max_draft_len) or max_draft_len <= 0:
         raise fail("trtllm", f"{decoding_type} needs max_draft_len > 0, got {max_draft_len!r}")
-    if decoding_type == "Draft_Target" and not (config.get("speculative_model") or config.get("speculative_model_dir")):
+    if decoding_type == "Draft_Target" and not (
+        config.get("speculative_model") or config.get("speculative_model_dir")
+    ):
         raise fail("trtllm", "Draft_Target needs speculative_model")
     size = config.get("max_matching_ngram_size")
     if size is not None and (not is_int(size) or size < 1):
@@ -127,8 +149,10 @@ def draft_len_schedule(schedule: tuple[tuple[int, int], ...]) -> tuple[int, dict
     notes = []
     for lo, hi, gamma in ranges[1:]:
         if gamma > max_draft_len:
-            notes.append(f"Gamma {gamma} for batch sizes {lo}-{hi} clamped to max_draft_len {max_draft_len} "
-                         "(the gamma at the smallest batch size).")
+            notes.append(
+                f"Gamma {gamma} for batch sizes {lo}-{hi} clamped to max_draft_len {max_draft_len} "
+                "(the gamma at the smallest batch size)."
+            )
     clamped = batch_ranges(tuple((hi, min(gamma, max_draft_len)) for _, hi, gamma in ranges))
     while len(clamped) > 1 and clamped[-1][2] == 0:
         clamped.pop()
@@ -145,22 +169,34 @@ def extra_options(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
         return {}, [f"Speculation off: {why}; no speculative_config."]
     max_draft_len, table, notes = draft_len_schedule(inputs.schedule)
     if max_draft_len == 0:
-        return {}, [f"Speculation off: gamma is 0 at the smallest tuned batch size ({schedule_text(inputs.schedule)}) "
-                    "and TensorRT-LLM needs the smallest draft_len_schedule key to map to max_draft_len > 0."]
+        return {}, [
+            f"Speculation off: gamma is 0 at the smallest tuned batch size ({schedule_text(inputs.schedule)}) "
+            "and TensorRT-LLM needs the smallest draft_len_schedule key to map to max_draft_len > 0."
+        ]
     config: dict[str, Any] = {}
     if inputs.drafter == "model":
-        config.update(decoding_type="Draft_Target", max_draft_len=max_draft_len, speculative_model=inputs.draft)
+        config.update(
+            decoding_type="Draft_Target", max_draft_len=max_draft_len, speculative_model=inputs.draft
+        )
     else:
-        config.update(decoding_type="NGram", max_draft_len=max_draft_len,
-                      max_matching_ngram_size=inputs.prompt_lookup_max)
+        config.update(
+            decoding_type="NGram",
+            max_draft_len=max_draft_len,
+            max_matching_ngram_size=inputs.prompt_lookup_max,
+        )
     config["draft_len_schedule"] = table
-    notes.insert(0, f"Tuned schedule {schedule_text(inputs.schedule)}. Batch sizes up to each key use its draft "
-                 f"length; batch sizes above {max(table)} get 0 (speculation off). TensorRT-LLM applies "
-                 "draft_len_schedule only in modes that support a dynamic draft length; elsewhere max_draft_len "
-                 "holds at every batch size.")
+    notes.insert(
+        0,
+        f"Tuned schedule {schedule_text(inputs.schedule)}. Batch sizes up to each key use its draft "
+        f"length; batch sizes above {max(table)} get 0 (speculation off). TensorRT-LLM applies "
+        "draft_len_schedule only in modes that support a dynamic draft length; elsewhere max_draft_len "
+        "holds at every batch size.",
+    )
     if inputs.drafter == "model" and inputs.confidence_threshold > 0:
-        notes.append(f"Draft_Target has no draft-confidence cutoff; confidence_threshold "
-                     f"{inputs.confidence_threshold} is not exported.")
+        notes.append(
+            f"Draft_Target has no draft-confidence cutoff; confidence_threshold "
+            f"{inputs.confidence_threshold} is not exported."
+        )
     notes += substitution_notes(inputs, "TensorRT-LLM's Draft_Target")
     return {"speculative_config": config}, notes
 
@@ -170,9 +206,15 @@ def export(inputs: ExportInputs) -> Exported:
     options, notes = extra_options(inputs)
     validate(options)
     command = f"trtllm-serve {shlex.quote(inputs.target)} --extra_llm_api_options {FILENAME}"
-    header = comment_header(FILENAME, "TensorRT-LLM LLM-API options with the tuned speculative decoding config",
-                            inputs, STACK, notes,
-                            usage=command)
+    header = comment_header(
+        FILENAME,
+        "TensorRT-LLM LLM-API options with the tuned speculative decoding config",
+        inputs,
+        STACK,
+        notes,
+        usage=command,
+    )
     body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False) if options else "{}\n"
-    return Exported("trtllm", FILENAME, header + body, command=command, speculation=bool(options),
-                    notes=tuple(notes))
+    return Exported(
+        "trtllm", FILENAME, header + body, command=command, speculation=bool(options), notes=tuple(notes)
+    )

@@ -40,26 +40,86 @@ STACK = StackTarget("vLLM", "--speculative-config JSON", "vllm-project/vllm@002e
 FILENAME = "vllm-speculative-config.json"
 
 # SpeculativeConfig fields at 002e77c1 (docs/stacks/vllm.md); anything else is rejected by pydantic.
-KNOWN_KEYS = frozenset({
-    "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size", "tensor_parallel_size",
-    "enforce_eager", "quantization", "moe_backend", "attention_backend", "kv_cache_dtype", "max_model_len",
-    "revision", "code_revision", "index_share_for_mtp_iteration", "disable_padded_drafter_batch",
-    "disable_eagle_block_drop", "use_local_argmax_reduction", "use_heterogeneous_vocab", "prompt_lookup_max",
-    "prompt_lookup_min", "parallel_drafting", "num_speculative_tokens_per_batch_size",
-    "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
-    "suffix_decoding_min_token_prob", "draft_load_config", "rejection_sample_method",
-    "synthetic_acceptance_rates", "synthetic_acceptance_length", "enable_adaptive_verification",
-    "draft_sample_method", "dspark_draft_topk",
-})
-METHODS = frozenset({
-    "ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
-    "extract_hidden_states", "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp",
-    "glm4_moe_mtp", "glm4_moe_lite_mtp", "glm_ocr_mtp", "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp",
-    "exaone4_5_mtp", "qwen3_next_mtp", "qwen4_exp_mtp", "qwen3_5_mtp", "longcat_flash_mtp",
-    "bailing_hybrid_v3_mtp", "minimax_m3_mtp", "bailing_hybrid_mtp", "mtp", "kimi_k3_mtp",
-    "pangu_ultra_moe_mtp", "step3p5_mtp", "hy_v3_mtp", "hy_v4_mtp", "gemma4_mtp", "inkling_mtp",
-    "glm5_next_mtp", "dflash", "ngram_gpu", "dspark",
-})
+KNOWN_KEYS = frozenset(
+    {
+        "num_speculative_tokens",
+        "model",
+        "method",
+        "draft_tensor_parallel_size",
+        "tensor_parallel_size",
+        "enforce_eager",
+        "quantization",
+        "moe_backend",
+        "attention_backend",
+        "kv_cache_dtype",
+        "max_model_len",
+        "revision",
+        "code_revision",
+        "index_share_for_mtp_iteration",
+        "disable_padded_drafter_batch",
+        "disable_eagle_block_drop",
+        "use_local_argmax_reduction",
+        "use_heterogeneous_vocab",
+        "prompt_lookup_max",
+        "prompt_lookup_min",
+        "parallel_drafting",
+        "num_speculative_tokens_per_batch_size",
+        "suffix_decoding_max_tree_depth",
+        "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor",
+        "suffix_decoding_min_token_prob",
+        "draft_load_config",
+        "rejection_sample_method",
+        "synthetic_acceptance_rates",
+        "synthetic_acceptance_length",
+        "enable_adaptive_verification",
+        "draft_sample_method",
+        "dspark_draft_topk",
+    }
+)
+METHODS = frozenset(
+    {
+        "ngram",
+        "medusa",
+        "mlp_speculator",
+        "draft_model",
+        "suffix",
+        "custom_class",
+        "eagle",
+        "eagle3",
+        "extract_hidden_states",
+        "deepseek_mtp",
+        "dots3_note_mtp",
+        "mimo_mtp",
+        "mimo_v2_mtp",
+        "glm4_moe_mtp",
+        "glm4_moe_lite_mtp",
+        "glm_ocr_mtp",
+        "ernie_mtp",
+        "nemotron_h_mtp",
+        "exaone_moe_mtp",
+        "exaone4_5_mtp",
+        "qwen3_next_mtp",
+        "qwen4_exp_mtp",
+        "qwen3_5_mtp",
+        "longcat_flash_mtp",
+        "bailing_hybrid_v3_mtp",
+        "minimax_m3_mtp",
+        "bailing_hybrid_mtp",
+        "mtp",
+        "kimi_k3_mtp",
+        "pangu_ultra_moe_mtp",
+        "step3p5_mtp",
+        "hy_v3_mtp",
+        "hy_v4_mtp",
+        "gemma4_mtp",
+        "inkling_mtp",
+        "glm5_next_mtp",
+        "dflash",
+        "ngram_gpu",
+        "dspark",
+    }
+)
 NGRAM_METHODS = frozenset({"ngram", "ngram_gpu"})
 
 
@@ -69,15 +129,20 @@ def _validate_table(table: Any, num_tokens: int) -> None:
     previous_hi = 0
     for entry in table:
         if not isinstance(entry, (list, tuple)) or len(entry) != 3 or not all(is_int(v) for v in entry):
-            raise fail("vllm", f"num_speculative_tokens_per_batch_size entry {entry!r} must be [lo, hi, k] integers")
+            raise fail(
+                "vllm", f"num_speculative_tokens_per_batch_size entry {entry!r} must be [lo, hi, k] integers"
+            )
         lo, hi, k = entry
         if lo <= 0 or hi <= 0 or lo > hi:
             raise fail("vllm", f"batch-size range {entry!r} needs 0 < lo <= hi")
         if k < 0:
             raise fail("vllm", f"batch-size range {entry!r} has k < 0")
         if k > num_tokens:
-            raise fail("vllm", f"batch-size range {entry!r} has k > num_speculative_tokens ({num_tokens}); "
-                       "vLLM would silently clamp it")
+            raise fail(
+                "vllm",
+                f"batch-size range {entry!r} has k > num_speculative_tokens ({num_tokens}); "
+                "vLLM would silently clamp it",
+            )
         if previous_hi == 0 and lo != 1:
             raise fail("vllm", f"the first batch-size range must start at 1, got {entry!r}")
         if previous_hi and lo <= previous_hi:
@@ -117,7 +182,12 @@ def validate(config: Mapping[str, Any] | None) -> None:
     for name, value in (("prompt_lookup_min", lookup_min), ("prompt_lookup_max", lookup_max)):
         if value is not None and (not is_int(value) or value < 1):
             raise fail("vllm", f"{name} must be an integer >= 1, got {value!r}")
-    if method in NGRAM_METHODS and lookup_min is not None and lookup_max is not None and lookup_min > lookup_max:
+    if (
+        method in NGRAM_METHODS
+        and lookup_min is not None
+        and lookup_max is not None
+        and lookup_min > lookup_max
+    ):
         raise fail("vllm", f"prompt_lookup_min ({lookup_min}) must be <= prompt_lookup_max ({lookup_max})")
     tp = config.get("draft_tensor_parallel_size")
     if tp is not None and (not is_int(tp) or tp < 1):
@@ -149,8 +219,11 @@ def speculative_config(inputs: ExportInputs) -> dict[str, Any] | None:
     if inputs.drafter == "model":
         config.update(method="draft_model", model=inputs.draft)
     else:
-        config.update(method="ngram", prompt_lookup_max=inputs.prompt_lookup_max,
-                      prompt_lookup_min=inputs.prompt_lookup_min)
+        config.update(
+            method="ngram",
+            prompt_lookup_max=inputs.prompt_lookup_max,
+            prompt_lookup_min=inputs.prompt_lookup_min,
+        )
     config["num_speculative_tokens"] = num_tokens
     ranges = batch_ranges(inputs.schedule)
     if len(ranges) > 1:
@@ -187,29 +260,46 @@ def export(inputs: ExportInputs) -> Exported:
     notes = []
     if config is None:
         why = off_reason(inputs, per_batch_size=True)
-        notes.append(f"Speculation off: {why}. Serve without --speculative-config; this file holds JSON null, "
-                     "which vLLM reads as no speculative config (num_speculative_tokens must be > 0).")
+        notes.append(
+            f"Speculation off: {why}. Serve without --speculative-config; this file holds JSON null, "
+            "which vLLM reads as no speculative config (num_speculative_tokens must be > 0)."
+        )
     else:
         last = inputs.schedule[-1][0]
         if "num_speculative_tokens_per_batch_size" in config:
-            notes.append(f"Tuned schedule {schedule_text(inputs.schedule)}. Batch sizes between tuned points use "
-                         "the gamma of the next larger tuned batch size; above batch size "
-                         f"{last} vLLM keeps the last range's k ({config['num_speculative_tokens_per_batch_size'][-1][2]}).")
+            notes.append(
+                f"Tuned schedule {schedule_text(inputs.schedule)}. Batch sizes between tuned points use "
+                "the gamma of the next larger tuned batch size; above batch size "
+                f"{last} vLLM keeps the last range's k ({config['num_speculative_tokens_per_batch_size'][-1][2]})."
+            )
         else:
-            notes.append(f"Gamma {config['num_speculative_tokens']} at every tuned batch size "
-                         f"({schedule_text(inputs.schedule)}), so no per-batch-size table is needed.")
+            notes.append(
+                f"Gamma {config['num_speculative_tokens']} at every tuned batch size "
+                f"({schedule_text(inputs.schedule)}), so no per-batch-size table is needed."
+            )
         if inputs.drafter == "model":
             sizes = (_vocab_size(inputs.target), _vocab_size(inputs.draft or ""))
             if None not in sizes and sizes[0] != sizes[1]:
-                raise ProfileError(f"vllm export: target and draft vocab sizes differ ({sizes[0]} vs {sizes[1]}); "
-                                   "vLLM's draft_model method requires equal vocabularies")
+                raise ProfileError(
+                    f"vllm export: target and draft vocab sizes differ ({sizes[0]} vs {sizes[1]}); "
+                    "vLLM's draft_model method requires equal vocabularies"
+                )
         if inputs.confidence_threshold > 0:
-            notes.append(f"vLLM has no draft-confidence cutoff; confidence_threshold {inputs.confidence_threshold} "
-                         "is not exported.")
+            notes.append(
+                f"vLLM has no draft-confidence cutoff; confidence_threshold {inputs.confidence_threshold} "
+                "is not exported."
+            )
         notes += substitution_notes(inputs, "vLLM (draft_model; ngram and draft_model are separate methods)")
     validate(config)
     command = shlex.join(["vllm", *serve_args(inputs)])
     text = "null\n" if config is None else json_lines(config)
     sidecar = sidecar_json(inputs, STACK, speculation=config is not None, notes=notes, command=command)
-    return Exported("vllm", FILENAME, text, sidecar=sidecar, command=command,
-                    speculation=config is not None, notes=tuple(notes))
+    return Exported(
+        "vllm",
+        FILENAME,
+        text,
+        sidecar=sidecar,
+        command=command,
+        speculation=config is not None,
+        notes=tuple(notes),
+    )

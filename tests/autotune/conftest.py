@@ -21,8 +21,12 @@ def write_config(folder: Path, pair: tuple[Path, Path], prompts: Path, db: Path,
     raw = {
         "models": {"target": str(target), "draft": str(draft), "device": "cpu", "compile": False},
         "workload": {"prompts": str(prompts), "max_new_tokens": 6, "concurrency": [1, 2], "num_requests": 2},
-        "search": {"drafter": ["model"], "gamma": {"low": 0, "high": 2},
-                   "confidence_threshold": {"low": 0.0, "high": 0.5}, "max_batch_size": [2]},
+        "search": {
+            "drafter": ["model"],
+            "gamma": {"low": 0, "high": 2},
+            "confidence_threshold": {"low": 0.0, "high": 0.5},
+            "max_batch_size": [2],
+        },
         "budget": {"n_trials": N_TRIALS, "seed": 0, "remeasure_top": 1},
         "storage": {"url": f"sqlite:///{db}"},
         "export": {"formats": ["vllm", "yaml"], "dir": str(folder / "exports")},
@@ -33,8 +37,6 @@ def write_config(folder: Path, pair: tuple[Path, Path], prompts: Path, db: Path,
     path = folder / "tune.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
-
-
 
 
 @pytest.fixture(scope="module")

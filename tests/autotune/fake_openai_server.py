@@ -54,11 +54,15 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/metrics":
             p = self.args.metrics_prefix
             with LOCK:
-                lines = [f"{p}:spec_decode_num_drafts_total{{engine=\"0\"}} {STATE['drafts']}",
-                         f"{p}:spec_decode_num_draft_tokens_total{{engine=\"0\"}} {STATE['draft_tokens']}",
-                         f"{p}:spec_decode_num_accepted_tokens_total{{engine=\"0\"}} {STATE['accepted']}"]
-                lines += [f"{p}:spec_decode_num_accepted_tokens_per_pos_total{{engine=\"0\",position=\"{i}\"}} {v}"
-                          for i, v in enumerate(STATE["per_pos"])]
+                lines = [
+                    f'{p}:spec_decode_num_drafts_total{{engine="0"}} {STATE["drafts"]}',
+                    f'{p}:spec_decode_num_draft_tokens_total{{engine="0"}} {STATE["draft_tokens"]}',
+                    f'{p}:spec_decode_num_accepted_tokens_total{{engine="0"}} {STATE["accepted"]}',
+                ]
+                lines += [
+                    f'{p}:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {v}'
+                    for i, v in enumerate(STATE["per_pos"])
+                ]
             self._send(200, "# HELP fake\n" + "\n".join(lines) + "\n", "text/plain")
         else:
             self._send(404, "{}")
@@ -80,9 +84,17 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         for start in range(0, len(ids), 2):  # two tokens per step, like speculation with one accepted
-            chunk = ids[start:start + 2]
-            event = {"choices": [{"index": 0, "text": "x" * len(chunk), "token_ids": chunk,
-                                  "finish_reason": "length" if start + 2 >= len(ids) else None}]}
+            chunk = ids[start : start + 2]
+            event = {
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "x" * len(chunk),
+                        "token_ids": chunk,
+                        "finish_reason": "length" if start + 2 >= len(ids) else None,
+                    }
+                ]
+            }
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
             with LOCK:
                 STATE["drafts"] += 1

@@ -33,8 +33,9 @@ def make_home(tmp_path: Path, tokenizer: Path, *fake_args: str) -> Path:
     script = home / "bin" / "llama-server"
     script.write_text(
         '#!/bin/sh\nif [ "$1" = "--version" ]; then echo "version: 9999 (fake)"; exit 0; fi\n'
-        f'exec {shlex.quote(sys.executable)} {shlex.quote(str(FAKE))} serve m --metrics-prefix llamacpp '
-        f'--tokenizer {shlex.quote(str(tokenizer))} {" ".join(fake_args)} "$@"\n')
+        f"exec {shlex.quote(sys.executable)} {shlex.quote(str(FAKE))} serve m --metrics-prefix llamacpp "
+        f'--tokenizer {shlex.quote(str(tokenizer))} {" ".join(fake_args)} "$@"\n'
+    )
     script.chmod(0o755)
     return home
 
@@ -43,10 +44,12 @@ def make_cfg(tmp_path: Path, tiny_pair_dirs, home: Path, **search):
     target, draft = tiny_pair_dirs
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def f(x):\n", "class A:\n"]))
-    raw = {"models": {"target": str(target), "draft": str(draft), "device": "cpu", "compile": False},
-           "workload": {"prompts": str(prompts), "concurrency": [1, 2], "num_requests": 2, "max_new_tokens": 6},
-           "search": {"drafter": ["model"], "max_batch_size": [2], **search},
-           "backend": {"name": "llamacpp", "llamacpp": {"home": str(home), "threads": 1}}}
+    raw = {
+        "models": {"target": str(target), "draft": str(draft), "device": "cpu", "compile": False},
+        "workload": {"prompts": str(prompts), "concurrency": [1, 2], "num_requests": 2, "max_new_tokens": 6},
+        "search": {"drafter": ["model"], "max_batch_size": [2], **search},
+        "backend": {"name": "llamacpp", "llamacpp": {"home": str(home), "threads": 1}},
+    }
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
     cfg = load_config(tmp_path / "tune.yaml")
     for folder in (cfg.target, cfg.draft):  # pre-converted: the cache is used, no converter needed
@@ -63,14 +66,21 @@ def test_trial_flags_are_the_llamacpp_exporters_flags(tmp_path, tiny_pair_dirs) 
 
     inputs = trial_inputs(cfg, {"label": "CPU", "key": "k"}, params, target="/g/t.gguf", draft="/g/d.gguf")
     cmd = server_command(Path("/bin/llama-server"), cfg, inputs, context=1024)
-    profile = {"tool_version": "0", "created_at": "2026-11-30T00:00:00+00:00", "device": {"label": "CPU", "key": "k"},
-               "pair": {"target": "/hf/t", "draft": "/hf/d"}, "chosen": params,
-               "schedule": [{"batch_size": 2, "gamma": 3}]}
+    profile = {
+        "tool_version": "0",
+        "created_at": "2026-11-30T00:00:00+00:00",
+        "device": {"label": "CPU", "key": "k"},
+        "pair": {"target": "/hf/t", "draft": "/hf/d"},
+        "chosen": params,
+        "schedule": [{"batch_size": 2, "gamma": 3}],
+    }
     exported = export(profile, "llamacpp", target_model="/g/t.gguf", draft_model="/g/d.gguf")
-    tuned = cmd[:cmd.index("--host")]
+    tuned = cmd[: cmd.index("--host")]
     assert ["llama-server", *tuned[1:]] == shlex.split(exported.command)  # tuned == exported
     flags = dict(zip(cmd[1::2], cmd[2::2], strict=False))
-    assert flags["--spec-draft-n-max"] == "3" and flags["--spec-draft-p-min"] == "0.25" and flags["-np"] == "2"
+    assert (
+        flags["--spec-draft-n-max"] == "3" and flags["--spec-draft-p-min"] == "0.25" and flags["-np"] == "2"
+    )
     assert flags["-md"] == "/g/d.gguf" and flags["-m"] == "/g/t.gguf"
     assert cmd[cmd.index("-c") + 1] == "2048" and cmd[cmd.index("-t") + 1] == "1" and "--metrics" in cmd
     off = server_command(Path("/bin/llama-server"), cfg, trial_inputs(cfg, {}, {**params, "gamma": 0}), 1024)
@@ -84,8 +94,16 @@ def test_a_trial_against_the_fake_llama_server(tmp_path, tiny_pair_dirs) -> None
     backend = LlamacppBackend(ctx)
     try:
         assert backend.tokens_checked == 2 and backend.version == "9999 (fake)"
-        result = backend.evaluate({"drafter": "model", "gamma": 2, "confidence_threshold": 0.1,
-                                   "gamma_schedule": "constant", "max_batch_size": 2}, 0)
+        result = backend.evaluate(
+            {
+                "drafter": "model",
+                "gamma": 2,
+                "confidence_threshold": 0.1,
+                "gamma_schedule": "constant",
+                "max_batch_size": 2,
+            },
+            0,
+        )
     finally:
         backend.close()
         ctx.store.close()
@@ -111,7 +129,9 @@ def test_a_failed_conversion_is_one_line_and_leaves_no_file(tmp_path, tiny_pair_
     (home / "venv" / "bin").mkdir(parents=True)
     (home / "venv" / "bin" / "python").symlink_to(sys.executable)
     (home / "llama.cpp").mkdir()
-    (home / "llama.cpp" / "convert_hf_to_gguf.py").write_text("raise SystemExit('unsupported architecture X')\n")
+    (home / "llama.cpp" / "convert_hf_to_gguf.py").write_text(
+        "raise SystemExit('unsupported architecture X')\n"
+    )
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
@@ -126,7 +146,9 @@ def test_missing_llama_server_is_a_one_line_config_error(tmp_path, tiny_pair_dir
     cfg = make_cfg(tmp_path, tiny_pair_dirs, tmp_path / "nowhere")
     ctx = context.build(cfg)
     try:
-        with pytest.raises(ConfigError, match=r"backend.llamacpp.home: no llama-server at .*nowhere/bin/llama-server"):
+        with pytest.raises(
+            ConfigError, match=r"backend.llamacpp.home: no llama-server at .*nowhere/bin/llama-server"
+        ):
             LlamacppBackend(ctx)
     finally:
         ctx.store.close()

@@ -41,7 +41,12 @@ def _config(tmp_path: Path, **extra) -> Path:
     raw = {
         "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},
         "workload": {"prompts": str(prompts), "max_new_tokens": 16, "concurrency": [1, 2], "num_requests": 2},
-        "search": {"drafter": ["model"], "gamma": {"low": 0, "high": 4}, "max_batch_size": [2], "gamma_cap": "off"},
+        "search": {
+            "drafter": ["model"],
+            "gamma": {"low": 0, "high": 4},
+            "max_batch_size": [2],
+            "gamma_cap": "off",
+        },
         "budget": {"seed": 0, "remeasure_top": 1},
         "storage": {"url": f"sqlite:///{tmp_path / 'autotune.db'}"},
         "export": {"formats": ["llamacpp", "yaml"], "dir": str(tmp_path / "exports")},
@@ -77,20 +82,38 @@ def test_llama_server_speculative_greedy_output_equals_the_engines(tmp_path: Pat
     backend = llamacpp.LlamacppBackend(ctx)
     requests = ctx.requests[:4]
     try:
-        server = backend.server_for(backend.command({"drafter": "model", "gamma": 3, "confidence_threshold": 0.0,
-                                                     "max_batch_size": 2}))
+        server = backend.server_for(
+            backend.command(
+                {"drafter": "model", "gamma": 3, "confidence_threshold": 0.0, "max_batch_size": 2}
+            )
+        )
         run = run_http_load(backend.endpoint(server), requests, len(requests), concurrency=2)
         theirs = []
         for r in requests:  # the OpenAI stream carries text only; the native endpoint returns the ids
-            body = json.dumps({"prompt": list(r.prompt_ids), "n_predict": r.max_new_tokens, "temperature": 0.0,
-                               "return_tokens": True, "cache_prompt": False}).encode()
-            req = urllib.request.Request(server.base_url + "/completion", body, {"Content-Type": "application/json"})
+            body = json.dumps(
+                {
+                    "prompt": list(r.prompt_ids),
+                    "n_predict": r.max_new_tokens,
+                    "temperature": 0.0,
+                    "return_tokens": True,
+                    "cache_prompt": False,
+                }
+            ).encode()
+            req = urllib.request.Request(
+                server.base_url + "/completion", body, {"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(req, timeout=120) as resp:
                 theirs.append(json.loads(resp.read())["tokens"])
     finally:
         backend.close()
         ctx.store.close()
-    ours = generate(ctx.pair, [Request(r.prompt_ids, r.max_new_tokens, 0.0, id=i) for i, r in enumerate(requests)],
-                    SpecConfig(gamma=0), drafter="none", max_batch_size=1, seed=0)
+    ours = generate(
+        ctx.pair,
+        [Request(r.prompt_ids, r.max_new_tokens, 0.0, id=i) for i, r in enumerate(requests)],
+        SpecConfig(gamma=0),
+        drafter="none",
+        max_batch_size=1,
+        seed=0,
+    )
     assert [len(r.output_tokens) for r in run.records] == [len(t) for t in ours.tokens]
     assert theirs == [list(t) for t in ours.tokens]

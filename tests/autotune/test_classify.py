@@ -19,8 +19,10 @@ def accepting(gamma_max: int = GAMMA_MAX) -> list[StepSample]:
 
 def curves_from(t_of_tokens) -> Curves:
     """T_verify(B, k) = t_of_tokens(B * k), k = 1 .. GAMMA_MAX + 1."""
-    return Curves({b: {k: t_of_tokens(b * k) for k in range(1, GAMMA_MAX + 2)} for b in BATCHES},
-                  {b: T_DRAFT for b in BATCHES})
+    return Curves(
+        {b: {k: t_of_tokens(b * k) for k in range(1, GAMMA_MAX + 2)} for b in BATCHES},
+        {b: T_DRAFT for b in BATCHES},
+    )
 
 
 def knee_curve_from(t_of_tokens) -> dict[int, float]:
@@ -95,10 +97,17 @@ def test_knee_is_relative_to_the_smallest_n() -> None:
     assert knee({1: 1.0, 2: 1.05}) is None
 
 
-@pytest.mark.parametrize(("cost", "gamma", "expected"), [
-    (1.0, 4, "memory-bound"), (1.19, 4, "memory-bound"), (1.2, 4, "transitional"),
-    (2.49, 4, "transitional"), (2.5, 4, "compute-bound"), (5.0, 4, "compute-bound"),
-])
+@pytest.mark.parametrize(
+    ("cost", "gamma", "expected"),
+    [
+        (1.0, 4, "memory-bound"),
+        (1.19, 4, "memory-bound"),
+        (1.2, 4, "transitional"),
+        (2.49, 4, "transitional"),
+        (2.5, 4, "compute-bound"),
+        (5.0, 4, "compute-bound"),
+    ],
+)
 def test_label_thresholds(cost, gamma, expected) -> None:
     assert label(cost, gamma) == expected
 
@@ -124,9 +133,13 @@ def test_tight_timings_keep_the_label_and_carry_its_interval() -> None:
 
 def test_noise_that_straddles_a_boundary_is_reported_not_flipped() -> None:
     """Cost 1.15 measured with +-20% noise: memory-bound or transitional, not separable here."""
-    curves = Curves({b: {1: 0.010, 2: 0.0105, 3: 0.011, 4: 0.0115} for b in BATCHES}, {b: T_DRAFT for b in BATCHES})
+    curves = Curves(
+        {b: {1: 0.010, 2: 0.0105, 3: 0.011, 4: 0.0115} for b in BATCHES}, {b: T_DRAFT for b in BATCHES}
+    )
     cost_samples = {b: (jittered(0.010, 0.2), jittered(0.0115, 0.2)) for b in BATCHES}
-    table = classify(curves, knee_curve_from(memory_bound), accepting(), GAMMA_MAX, cost_samples=cost_samples, seed=1)
+    table = classify(
+        curves, knee_curve_from(memory_bound), accepting(), GAMMA_MAX, cost_samples=cost_samples, seed=1
+    )
     for row in table["batch_sizes"]:
         assert row["point_label"] == "memory-bound"
         assert row["label"] == "transitional" and row["separable"] is False
@@ -136,9 +149,21 @@ def test_noise_that_straddles_a_boundary_is_reported_not_flipped() -> None:
 
 def test_classification_is_seeded() -> None:
     curves = curves_from(knee_at_16)
-    cost_samples = {b: (jittered(0.010, 0.1), jittered(knee_at_16(b * (GAMMA_MAX + 1)), 0.1)) for b in BATCHES}
+    cost_samples = {
+        b: (jittered(0.010, 0.1), jittered(knee_at_16(b * (GAMMA_MAX + 1)), 0.1)) for b in BATCHES
+    }
     knee_samples = {n: jittered(knee_at_16(n), 0.02) for n in (1, 2, 4, 8, 16, 32, 64)}
-    runs = [classify(curves, knee_curve_from(knee_at_16), accepting(), GAMMA_MAX, cost_samples=cost_samples,
-                     knee_samples=knee_samples, seed=3) for _ in range(2)]
+    runs = [
+        classify(
+            curves,
+            knee_curve_from(knee_at_16),
+            accepting(),
+            GAMMA_MAX,
+            cost_samples=cost_samples,
+            knee_samples=knee_samples,
+            seed=3,
+        )
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1]
     assert runs[0]["knee_tokens_ci95"] == [16, 16]

@@ -53,8 +53,11 @@ def _del(raw: dict, dotted: str) -> dict:
 def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dirs, tiny_prompts) -> None:
     target, draft = tiny_pair_dirs
     text = BUNDLED.read_text()
-    for old, new in (("engine/demo/pair/target", str(target)), ("engine/demo/pair/draft", str(draft)),
-                     ("engine/demo/prompts.jsonl", str(tiny_prompts))):
+    for old, new in (
+        ("engine/demo/pair/target", str(target)),
+        ("engine/demo/pair/draft", str(draft)),
+        ("engine/demo/prompts.jsonl", str(tiny_prompts)),
+    ):
         assert old in text, f"bundled tune.yaml no longer mentions {old}"
         text = text.replace(old, new)
     path = tmp_path / "tune.yaml"
@@ -131,8 +134,11 @@ def test_rate_makes_one_batch_size_level(tmp_path) -> None:
 ERRORS = [
     ("unknown top-level key", lambda r: _set(r, "modles", {}), "modles"),
     ("unknown nested key", lambda r: _set(r, "workload.max_tokens", 5), "workload.max_tokens"),
-    ("unknown key in a range", lambda r: _set(r, "search.gamma", {"low": 0, "high": 2, "step": 1}),
-     "search.gamma.step"),
+    (
+        "unknown key in a range",
+        lambda r: _set(r, "search.gamma", {"low": 0, "high": 2, "step": 1}),
+        "search.gamma.step",
+    ),
     ("models.target missing", lambda r: _del(r, "models.target"), "models.target"),
     ("models.target not on disk", lambda r: _set(r, "models.target", "nope"), "models.target"),
     ("models.device bad", lambda r: _set(r, "models.device", "tpu"), "models.device"),
@@ -148,24 +154,41 @@ ERRORS = [
     ("concurrency [0]", lambda r: _set(r, "workload.concurrency", [0]), "workload.concurrency"),
     ("rate -1", lambda r: _set(r, "workload.rate", -1), "workload.rate"),
     ("rate 0", lambda r: _set(r, "workload.rate", 0), "workload.rate"),
-    ("truncate_prompts str", lambda r: _set(r, "workload.truncate_prompts", "yes"), "workload.truncate_prompts"),
+    (
+        "truncate_prompts str",
+        lambda r: _set(r, "workload.truncate_prompts", "yes"),
+        "workload.truncate_prompts",
+    ),
     ("drafter gpt", lambda r: _set(r, "search.drafter", "gpt"), "search.drafter"),
     ("drafter []", lambda r: _set(r, "search.drafter", []), "search.drafter"),
     ("gamma high > 32", lambda r: _set(r, "search.gamma", {"low": 0, "high": 40}), "search.gamma.high"),
     ("gamma without high", lambda r: _set(r, "search.gamma", {"low": 0}), "search.gamma"),
     ("gamma negative", lambda r: _set(r, "search.gamma", {"low": -1, "high": 2}), "search.gamma.low"),
-    ("threshold high 1.5", lambda r: _set(r, "search.confidence_threshold", {"low": 0, "high": 1.5}),
-     "search.confidence_threshold.high"),
-    ("gamma_schedule bad", lambda r: _set(r, "search.gamma_schedule", ["constant", "fancy"]),
-     "search.gamma_schedule"),
+    (
+        "threshold high 1.5",
+        lambda r: _set(r, "search.confidence_threshold", {"low": 0, "high": 1.5}),
+        "search.confidence_threshold.high",
+    ),
+    (
+        "gamma_schedule bad",
+        lambda r: _set(r, "search.gamma_schedule", ["constant", "fancy"]),
+        "search.gamma_schedule",
+    ),
     ("max_batch_size [0]", lambda r: _set(r, "search.max_batch_size", [0]), "search.max_batch_size"),
     ("gamma_cap -1", lambda r: _set(r, "search.gamma_cap", -1), "search.gamma_cap"),
     ("gamma_cap str", lambda r: _set(r, "search.gamma_cap", "sometimes"), "search.gamma_cap"),
-    ("ngram_max < ngram_min", lambda r: _set(_set(r, "search.ngram_min", 4), "search.ngram_max", 2),
-     "search.ngram_max"),
+    (
+        "ngram_max < ngram_min",
+        lambda r: _set(_set(r, "search.ngram_min", 4), "search.ngram_max", 2),
+        "search.ngram_max",
+    ),
     ("drafter model without draft", lambda r: _del(r, "models.draft"), "models.draft"),
     ("objectives.latency bad", lambda r: _set(r, "objectives.latency", "tpot_ms_p99"), "objectives.latency"),
-    ("slo unknown key", lambda r: _set(r, "objectives.slo", {"tpot_ms_p99": 40}), "objectives.slo.tpot_ms_p99"),
+    (
+        "slo unknown key",
+        lambda r: _set(r, "objectives.slo", {"tpot_ms_p99": 40}),
+        "objectives.slo.tpot_ms_p99",
+    ),
     ("slo negative", lambda r: _set(r, "objectives.slo", {"tpot_ms_p95": -5}), "objectives.slo.tpot_ms_p95"),
     ("slo not a mapping", lambda r: _set(r, "objectives.slo", [40]), "objectives.slo"),
     ("n_trials 0", lambda r: _set(r, "budget.n_trials", 0), "budget.n_trials"),
@@ -195,7 +218,9 @@ def test_error_messages_show_the_bad_value(tmp_path) -> None:
         parse(_set(_base_raw(tmp_path), "workload.max_new_tokens", "x"), tmp_path)
     with pytest.raises(ConfigError, match=r"^workload\.top_p: must be > 0\.0 \(got 0\)$"):
         parse(_set(_base_raw(tmp_path), "workload.top_p", 0), tmp_path)
-    with pytest.raises(ConfigError, match=r"^profile\.gamma_max: must be >= search\.gamma\.high \(got 4 < 8\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^profile\.gamma_max: must be >= search\.gamma\.high \(got 4 < 8\)$"
+    ):
         parse(_set(_base_raw(tmp_path), "profile.gamma_max", 4), tmp_path)
 
 

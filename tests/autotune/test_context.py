@@ -18,8 +18,11 @@ from tests.autotune.conftest import write_config  # noqa: I001
 def _config(tmp_path, tiny_pair_dirs, compile_value):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
-    return load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "db.sqlite",
-                                    models={"compile": compile_value}))
+    return load_config(
+        write_config(
+            tmp_path, tiny_pair_dirs, prompts, tmp_path / "db.sqlite", models={"compile": compile_value}
+        )
+    )
 
 
 def test_compile_true_compiles_both_models_and_keys_the_workload_apart(tmp_path, tiny_pair_dirs):
@@ -43,8 +46,11 @@ def test_auto_falls_back_to_eager_and_says_why_when_compile_fails(tiny_pair_dirs
     note = _compile(pair, "auto")
     assert note == "engine: eager (models.compile: auto, torch.compile failed: Compiler: cc not found)"
     assert not pair.target.compiled and pair.compile_s is None
-    with pytest.raises(EngineInputError, match=r"^models.compile: torch.compile failed on this host "
-                                               r"\(Compiler: cc not found\)$"):
+    with pytest.raises(
+        EngineInputError,
+        match=r"^models.compile: torch.compile failed on this host "
+        r"\(Compiler: cc not found\)$",
+    ):
         _compile(pair, "true")
 
 
@@ -54,8 +60,12 @@ def test_models_compile_takes_auto_true_or_false(tmp_path, tiny_pair_dirs, value
         _config(tmp_path, tiny_pair_dirs, value)
 
 
-@pytest.mark.parametrize("mode, ratio, compiled", [("auto", 0.7, True), ("auto", 1.2, False), ("true", 1.2, True)])
-def test_auto_keeps_eager_where_the_compiled_decode_is_slower(tiny_pair_dirs, monkeypatch, mode, ratio, compiled):
+@pytest.mark.parametrize(
+    "mode, ratio, compiled", [("auto", 0.7, True), ("auto", 1.2, False), ("true", 1.2, True)]
+)
+def test_auto_keeps_eager_where_the_compiled_decode_is_slower(
+    tiny_pair_dirs, monkeypatch, mode, ratio, compiled
+):
     monkeypatch.setattr(profiler, "compiled_over_eager", lambda model: ratio)
     pair = load_pair(*tiny_pair_dirs)
     note = _compile(pair, mode)
@@ -67,7 +77,9 @@ def test_auto_keeps_eager_where_the_compiled_decode_is_slower(tiny_pair_dirs, mo
         assert note.startswith("engine: eager (models.compile: auto; compiled in ") and pair.compile_s is None
 
 
-def test_compiled_over_eager_times_both_paths_and_leaves_the_model_compiled(tiny_pair_dirs, monkeypatch) -> None:
+def test_compiled_over_eager_times_both_paths_and_leaves_the_model_compiled(
+    tiny_pair_dirs, monkeypatch
+) -> None:
     pair = load_pair(*tiny_pair_dirs, compile=True)
     eager_calls = []
     real = Transformer.forward
@@ -84,7 +96,8 @@ def test_compiled_over_eager_times_both_paths_and_leaves_the_model_compiled(tiny
 
 @pytest.mark.parametrize("shapes, warmed", [(["chain"], [()]), (["chain", "2,1"], [(), (2, 1)])])
 def test_the_compile_warm_up_includes_the_tree_forward_when_trees_are_searched(
-        tmp_path, tiny_pair_dirs, monkeypatch, shapes, warmed):
+    tmp_path, tiny_pair_dirs, monkeypatch, shapes, warmed
+):
     seen = []
 
     def record(self, mode=None, trees=()):
@@ -96,8 +109,16 @@ def test_the_compile_warm_up_includes_the_tree_forward_when_trees_are_searched(
     monkeypatch.setattr(profiler, "compiled_over_eager", lambda model: 0.7)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
-    cfg = load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "db.sqlite",
-                                   models={"compile": True}, search={"tree_topk": shapes}))
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            tiny_pair_dirs,
+            prompts,
+            tmp_path / "db.sqlite",
+            models={"compile": True},
+            search={"tree_topk": shapes},
+        )
+    )
     ctx = context.build(cfg)
     assert seen == [warmed, warmed]  # target and draft: the searched shapes (chain = ())
     assert ctx.pair.compile_s == 1.0

@@ -22,8 +22,9 @@ T_DRAFT = 0.001
 
 
 def flat_curves(batches=(1, 4), gamma_max: int = 4) -> Curves:
-    return Curves({b: {k: T_VERIFY for k in range(1, gamma_max + 2)} for b in batches},
-                  {b: T_DRAFT for b in batches})
+    return Curves(
+        {b: {k: T_VERIFY for k in range(1, gamma_max + 2)} for b in batches}, {b: T_DRAFT for b in batches}
+    )
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.95])
@@ -145,8 +146,11 @@ def test_best_gamma_zero_acceptance_turns_speculation_off() -> None:
 def test_closed_loop_replay_matches_hand_computation_when_rows_stay_in_step() -> None:
     # 6 requests x 9 tokens through 2 slots, every row emits 2 tokens per step (gamma 3, 1 accepted):
     # three waves of [prefill(2) + 4 steps of (3 draft + verify)], 8 = 9 - 1 tokens from steps
-    curves = Curves({1: {k: T_VERIFY for k in range(1, 5)}, 2: {k: 2 * T_VERIFY for k in range(1, 5)}},
-                    {1: T_DRAFT, 2: T_DRAFT}, t_prefill={1: 0.05, 2: 0.08})
+    curves = Curves(
+        {1: {k: T_VERIFY for k in range(1, 5)}, 2: {k: 2 * T_VERIFY for k in range(1, 5)}},
+        {1: T_DRAFT, 2: T_DRAFT},
+        t_prefill={1: 0.05, 2: 0.08},
+    )
     rows = row_outcomes([StepSample(1, (1.0,) * 3)], 3, 0.0)
     assert rows == [(2, 3, 3)]
     prefill = 0.08 * (1 + T_DRAFT / T_VERIFY)  # the draft model prefills too, at its cost ratio
@@ -166,15 +170,19 @@ def test_closed_loop_replay_pays_for_rows_that_drift_apart_and_the_drain() -> No
     # rows that emit 1 or 5 tokens per step finish at different steps: requests arrive one at a
     # time (T_prefill(1) each instead of one T_prefill(B) per wave) and the last ones run in a
     # partly empty batch, so the replay predicts less than the wave formula
-    curves = Curves({b: {k: T_VERIFY * (1 + b / 8) for k in range(1, 6)} for b in (1, 8)},
-                    {1: T_DRAFT, 8: T_DRAFT}, t_prefill={1: 0.02, 8: 0.05})
+    curves = Curves(
+        {b: {k: T_VERIFY * (1 + b / 8) for k in range(1, 6)} for b in (1, 8)},
+        {1: T_DRAFT, 8: T_DRAFT},
+        t_prefill={1: 0.02, 8: 0.05},
+    )
     samples = [StepSample(0, (1.0,) * 4), StepSample(4, (1.0,) * 4)]
     p = predict(curves, samples, 4, 0.0, 8, new_tokens=64, num_requests=16)
     e, step = 3.0, p.step_time_s
     waves = 8 * 64 / (64 / e * step + curves.prefill(8))
     assert p.tokens_per_second < 0.97 * waves
     assert p.speedup == pytest.approx(
-        p.tokens_per_second / simulate_closed_loop(curves, row_outcomes(samples, 0, 0.0), 8, 64, 16))
+        p.tokens_per_second / simulate_closed_loop(curves, row_outcomes(samples, 0, 0.0), 8, 64, 16)
+    )
     # deterministic (seeded)
     again = predict(curves, samples, 4, 0.0, 8, new_tokens=64, num_requests=16)
     assert again.tokens_per_second == p.tokens_per_second
@@ -186,8 +194,11 @@ def test_closed_loop_replay_pays_for_rows_that_drift_apart_and_the_drain() -> No
 def test_closed_loop_replay_of_a_long_workload_is_capped_and_stays_close(monkeypatch) -> None:
     from autotune import costmodel
 
-    curves = Curves({b: {k: T_VERIFY * (1 + b / 16) for k in range(1, 6)} for b in (1, 32)},
-                    {1: T_DRAFT, 32: 2 * T_DRAFT}, t_prefill={1: 0.02, 32: 0.3})
+    curves = Curves(
+        {b: {k: T_VERIFY * (1 + b / 16) for k in range(1, 6)} for b in (1, 32)},
+        {1: T_DRAFT, 32: 2 * T_DRAFT},
+        t_prefill={1: 0.02, 32: 0.3},
+    )
     rows = row_outcomes([StepSample(n, (1.0,) * 4) for n in range(5)], 4, 0.0)
     capped = simulate_closed_loop(curves, rows, 32, 256, 2000)  # 2000 x ~85 row-steps: over the cap
     monkeypatch.setattr(costmodel, "REPLAY_ROW_STEPS", 10**9)

@@ -29,8 +29,17 @@ def synthetic_evaluate(ctx, params, seed):  # noqa: ARG001 - same signature as t
 
 def fake_noise(busy: bool) -> dict:
     reasons = ["reference workload CV 30% > 10%"] if busy else []
-    return {"cv": 0.3 if busy else 0.02, "median_ms": 1.0, "repeats": 20, "others_cpu_share": 0.6 if busy else 0.0,
-            "loadavg_1m": 2.5, "cpus": 2, "busy": busy, "reasons": reasons, "thresholds": {}}
+    return {
+        "cv": 0.3 if busy else 0.02,
+        "median_ms": 1.0,
+        "repeats": 20,
+        "others_cpu_share": 0.6 if busy else 0.0,
+        "loadavg_1m": 2.5,
+        "cpus": 2,
+        "busy": busy,
+        "reasons": reasons,
+        "thresholds": {},
+    }
 
 
 def test_verdict_thresholds() -> None:
@@ -141,13 +150,18 @@ def test_gpu_activity_counts_other_processes_and_makes_the_host_busy(monkeypatch
     fake = _FakeNvml({0: (85, [os.getpid(), 4242]), 1: (0, [os.getpid()])})
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     gpus = hostnoise.gpu_activity()
-    assert gpus == [{"index": 0, "utilization": 0.85, "other_processes": 1},
-                    {"index": 1, "utilization": 0.0, "other_processes": 0}]
+    assert gpus == [
+        {"index": 0, "utilization": 0.85, "other_processes": 1},
+        {"index": 1, "utilization": 0.0, "other_processes": 0},
+    ]
     assert fake.shut
     busy, reasons = hostnoise.verdict(0.01, 0.0, gpus)
     assert busy and reasons == ["GPU 0 85% utilised by 1 other process(es)"]
     # our own process keeping a GPU busy is not "another process"
-    assert hostnoise.verdict(0.01, 0.0, [{"index": 0, "utilization": 0.99, "other_processes": 0}]) == (False, [])
+    assert hostnoise.verdict(0.01, 0.0, [{"index": 0, "utilization": 0.99, "other_processes": 0}]) == (
+        False,
+        [],
+    )
 
 
 def test_gpu_activity_is_none_without_nvml(monkeypatch) -> None:
@@ -179,7 +193,9 @@ def test_a_busy_host_runs_on_the_cores_left_and_records_it(tune_config, monkeypa
     profile = run_tune(tune_config(), say=said.append)
     assert set(seen) == {1}  # every trial ran on the one free core
     assert torch.get_num_threads() == 2  # restored for whoever runs next in this process
-    assert any(line.startswith("host: other processes use 60% of 2 CPUs; torch threads 2 -> 1") for line in said)
+    assert any(
+        line.startswith("host: other processes use 60% of 2 CPUs; torch threads 2 -> 1") for line in said
+    )
     assert profile["host_noise"]["before"]["torch_threads"] == 1
     assert "torch_threads" not in profile["workload"]  # same identity: --resume works across host states
 

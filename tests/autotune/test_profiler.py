@@ -40,7 +40,9 @@ def test_powers_of_two_end_at_the_limit_and_spread_is_even() -> None:
 
 def test_curves_cover_every_batch_size_and_width_and_survive_json(pair) -> None:
     curves = measure_curves(pair, [1, 2], gamma_max=2, context=16, repeats=3, prompt_tokens=8)
-    assert set(curves["t_verify"]) == {1, 2} and all(set(row) == {1, 2, 3} for row in curves["t_verify"].values())
+    assert set(curves["t_verify"]) == {1, 2} and all(
+        set(row) == {1, 2, 3} for row in curves["t_verify"].values()
+    )
     assert set(curves["t_draft"]) == {1, 2} and set(curves["t_prefill"]) == {1, 2}
     assert set(curves["t_verify_samples"][1]) == {1, 3}  # the classifier's evidence: k = 1 and gamma_max + 1
     assert min(curves["knee_curve"]) == 1 and max(curves["knee_curve"]) == 64

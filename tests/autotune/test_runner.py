@@ -24,8 +24,10 @@ def tokenizer(tiny_pair_dirs) -> Tokenizer:
 
 
 def test_build_requests_takes_each_lines_sampling_over_the_defaults(tokenizer) -> None:
-    items = [WorkloadItem("def add(a, b):\n", line=1),
-             WorkloadItem("class Point:\n", max_new_tokens=5, temperature=0.7, top_k=3, top_p=0.9, line=2)]
+    items = [
+        WorkloadItem("def add(a, b):\n", line=1),
+        WorkloadItem("class Point:\n", max_new_tokens=5, temperature=0.7, top_k=3, top_p=0.9, line=2),
+    ]
     a, b = build_requests(items, tokenizer, Sampling(max_new_tokens=9), context=512)
     assert a.prompt_ids == tokenizer.encode("def add(a, b):\n").ids and a.max_new_tokens == 9
     assert (a.temperature, a.top_k, a.top_p, a.id) == (0.0, 0, 1.0, 0)
@@ -37,7 +39,9 @@ def test_a_prompt_past_the_context_names_its_line_or_keeps_its_end(tokenizer) ->
     ids = tokenizer.encode(long.prompt).ids
     limit = 64
     context = limit + 8 + 20  # the limit is context - max_new_tokens - 20
-    with pytest.raises(EngineInputError, match=rf"w.jsonl:7: prompt is {len(ids)} tokens, longer than the limit of {limit}"):
+    with pytest.raises(
+        EngineInputError, match=rf"w.jsonl:7: prompt is {len(ids)} tokens, longer than the limit of {limit}"
+    ):
         build_requests([long], tokenizer, Sampling(max_new_tokens=8), context, where="w.jsonl")
     (req,) = build_requests([long], tokenizer, Sampling(max_new_tokens=8), context, truncate=True)
     assert req.prompt_ids == ids[-limit:]
@@ -46,7 +50,9 @@ def test_a_prompt_past_the_context_names_its_line_or_keeps_its_end(tokenizer) ->
 def test_run_load_serves_every_request_in_closed_loop(pair, tokenizer) -> None:
     items = [WorkloadItem(p, line=i + 1) for i, p in enumerate(["def f(x):\n", "import os\n", "class A:\n"])]
     requests = build_requests(items, tokenizer, Sampling(max_new_tokens=6), 512)
-    run = run_load(pair, requests, SpecConfig(gamma=2), "model", LoadSpec(max_batch_size=2, num_requests=5), seed=0)
+    run = run_load(
+        pair, requests, SpecConfig(gamma=2), "model", LoadSpec(max_batch_size=2, num_requests=5), seed=0
+    )
     assert len(run.records) == 5 and all(len(r.output_tokens) <= 6 for r in run.records)
     assert run.metrics["generated_tokens"] == sum(len(r.output_tokens) for r in run.records)
 
@@ -54,6 +60,8 @@ def test_run_load_serves_every_request_in_closed_loop(pair, tokenizer) -> None:
 def test_compare_greedy_speculation_matches_autoregressive_decoding(pair, tokenizer) -> None:
     items = [WorkloadItem(p, line=i + 1) for i, p in enumerate(["def f(x):\n", "for i in range(3):\n"])]
     requests = build_requests(items, tokenizer, Sampling(max_new_tokens=8), 512)
-    out = compare(pair, requests, SpecConfig(gamma=3), "model", LoadSpec(max_batch_size=2, num_requests=2), seed=0)
+    out = compare(
+        pair, requests, SpecConfig(gamma=3), "model", LoadSpec(max_batch_size=2, num_requests=2), seed=0
+    )
     assert out["greedy_match"] is True
     assert out["speedup"] > 0 and "baseline_tokens_per_second" in out and "acceptance_rate" in out

@@ -177,8 +177,12 @@ def test_schedule_min_gain_is_configurable() -> None:
 def test_schedule_compares_against_the_best_baseline() -> None:
     points = [run(0, {1: 100.0}), run(0, {1: 120.0}), run(2, {1: 115.0})]
     schedule, _ = batch_schedule(points, [1])
-    assert schedule[0] == {"batch_size": 1, "gamma": 0, "tokens_per_second": 120.0,
-                           "baseline_tokens_per_second": 120.0}
+    assert schedule[0] == {
+        "batch_size": 1,
+        "gamma": 0,
+        "tokens_per_second": 120.0,
+        "baseline_tokens_per_second": 120.0,
+    }
 
 
 def test_schedule_without_a_baseline_takes_the_fastest_speculative() -> None:
@@ -202,8 +206,15 @@ def test_schedule_only_uses_points_measured_at_that_batch() -> None:
 def remeasured(gamma: int, tps: list[float], lat: float = 10.0, violation: float = 0.0, **params) -> Point:
     rounds = tuple((t, lat) for t in tps)
     med = sorted(tps)[len(tps) // 2]
-    return Point({"gamma": gamma, **params}, med, lat, violation, {1: med}, rounds=rounds,
-                 per_batch_rounds={1: tuple(tps)})
+    return Point(
+        {"gamma": gamma, **params},
+        med,
+        lat,
+        violation,
+        {1: med},
+        rounds=rounds,
+        per_batch_rounds={1: tuple(tps)},
+    )
 
 
 AR = [100.0, 104.0, 96.0, 101.0, 99.0]
@@ -249,8 +260,13 @@ def test_without_rounds_the_margin_rule_is_the_point_rule() -> None:
 
 
 def test_simplicity_orders_baseline_constant_threshold_gamma() -> None:
-    params = [{"gamma": 4, "gamma_schedule": "heuristic"}, {"gamma": 4, "confidence_threshold": 0.2},
-              {"gamma": 8}, {"gamma": 2}, {"gamma": 0, "gamma_schedule": "heuristic"}]
+    params = [
+        {"gamma": 4, "gamma_schedule": "heuristic"},
+        {"gamma": 4, "confidence_threshold": 0.2},
+        {"gamma": 8},
+        {"gamma": 2},
+        {"gamma": 0, "gamma_schedule": "heuristic"},
+    ]
     assert sorted(params, key=simplicity) == [params[4], params[3], params[2], params[1], params[0]]
 
 
@@ -267,8 +283,12 @@ def test_schedule_uses_the_interval_rule_where_paired_repeats_exist() -> None:
 def test_a_steady_throughput_gain_is_not_blocked_by_noisy_p95_latency() -> None:
     # 1.3x tokens/s in every round; the p95 latency of a few requests jumps around
     ar = Point({"gamma": 0}, 100, 10, rounds=((100, 10), (99, 9), (104, 11)))
-    spec = Point({"gamma": 8, "confidence_threshold": 0.0, "gamma_schedule": "constant"}, 130, 8,
-                 rounds=((130, 5), (128, 20), (135, 8)))
+    spec = Point(
+        {"gamma": 8, "confidence_threshold": 0.0, "gamma_schedule": "constant"},
+        130,
+        8,
+        rounds=((130, 5), (128, 20), (135, 8)),
+    )
     choice = choose_with_margin([ar, spec], has_slo=False)
     assert choice.point is spec, choice.reason
     assert "significantly better" in choice.reason

@@ -65,8 +65,10 @@ def test_a_clear_gain_is_significant_through_the_same_noise() -> None:
 
 def test_text_formats_the_interval() -> None:
     assert Estimate(1.62, 1.51, 1.70, 5).text(unit="x") == "1.62x (95% CI 1.51-1.70)"
-    assert describe_difference(Estimate(1.03, 0.95, 1.11, 5)) == \
-        "no significant difference (ratio 1.03, 95% CI 0.95-1.11)"
+    assert (
+        describe_difference(Estimate(1.03, 0.95, 1.11, 5))
+        == "no significant difference (ratio 1.03, 95% CI 0.95-1.11)"
+    )
 
 
 def test_paired_ratio_refuses_unpaired_or_non_positive_input() -> None:

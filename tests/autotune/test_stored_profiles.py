@@ -34,7 +34,9 @@ def test_every_stored_profile_round_trips_through_the_typed_profile(tune_config,
             assert again == stored and json.dumps(again) == json.dumps(stored), pid  # order at every depth
             assert store.load_profile(pid) == typed and typed.id == pid
             assert typed.device["kind"] == "cpu" and "software" in typed.device  # hardware.fingerprint's own
-            show = CliRunner().invoke(main, ["profiles", "show", str(pid), "--storage", cfg.storage, "--json"])
+            show = CliRunner().invoke(
+                main, ["profiles", "show", str(pid), "--storage", cfg.storage, "--json"]
+            )
             assert show.exit_code == 0 and show.stdout == json.dumps(stored, indent=2, default=str) + "\n"
             show = CliRunner().invoke(main, ["profiles", "show", str(pid), "--storage", cfg.storage])
             assert show.exit_code == 0 and show.stdout == render_show(typed) + "\n"

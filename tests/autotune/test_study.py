@@ -15,10 +15,23 @@ import pytest
 from autotune import study as study_mod
 from autotune.config import Range, TuneConfig
 
-CFG = TuneConfig(target=Path("t"), draft=None, device="cpu", concurrency=(1, 2), gamma=Range(0, 8),
-                 drafters=("model", "none"), gamma_policies=("constant", "heuristic"), max_batch_size=(2, 4))
-PARAMS = {"drafter": "model", "gamma": 1, "confidence_threshold": 0.0, "gamma_schedule": "constant",
-          "max_batch_size": 2}
+CFG = TuneConfig(
+    target=Path("t"),
+    draft=None,
+    device="cpu",
+    concurrency=(1, 2),
+    gamma=Range(0, 8),
+    drafters=("model", "none"),
+    gamma_policies=("constant", "heuristic"),
+    max_batch_size=(2, 4),
+)
+PARAMS = {
+    "drafter": "model",
+    "gamma": 1,
+    "confidence_threshold": 0.0,
+    "gamma_schedule": "constant",
+    "max_batch_size": 2,
+}
 
 
 def test_trial_timeout_covers_the_whole_trial_not_each_load_level(monkeypatch) -> None:
@@ -36,7 +49,9 @@ def test_trial_timeout_covers_the_whole_trial_not_each_load_level(monkeypatch) -
 
     monkeypatch.setattr(study_mod, "run_load", slow_run_load)
     ctx = SimpleNamespace(cfg=cfg, pair=None, requests=[])
-    with pytest.raises(TimeoutError, match=r"trial exceeded trial_timeout_s=0.3 s \(1 of 2 load levels done\)"):
+    with pytest.raises(
+        TimeoutError, match=r"trial exceeded trial_timeout_s=0.3 s \(1 of 2 load levels done\)"
+    ):
         study_mod.evaluate(ctx, PARAMS, 0, clock=lambda: now[0])
     assert limits == [pytest.approx(0.3), pytest.approx(0.1)]  # the second level got what was left
 
@@ -60,14 +75,24 @@ def test_a_spent_trial_budget_stops_before_the_next_level(monkeypatch) -> None:
 def test_space_json_keeps_the_stored_profile_keys() -> None:
     """The profile's ``study.space`` predates the field names: ``schedules`` and ``gamma_cap``."""
     space = study_mod.shape_space(dataclasses.replace(CFG, search_gamma_cap=5), measurement={})
-    assert space.to_json() == {"drafters": ("model", "none"), "gamma_low": 0, "gamma_high": 5,
-                               "threshold_low": 0.0, "threshold_high": 0.5, "schedules": ("constant", "heuristic"),
-                               "max_batch_sizes": (2, 4), "gamma_cap": 5}
+    assert space.to_json() == {
+        "drafters": ("model", "none"),
+        "gamma_low": 0,
+        "gamma_high": 5,
+        "threshold_low": 0.0,
+        "threshold_high": 0.5,
+        "schedules": ("constant", "heuristic"),
+        "max_batch_sizes": (2, 4),
+        "gamma_cap": 5,
+    }
 
 
 def test_search_gamma_cap_off_keeps_the_configured_range_and_fixed_knobs_pin() -> None:
-    space = study_mod.shape_space(dataclasses.replace(CFG, search_gamma_cap="off"), measurement={},
-                                  fixed={"confidence_threshold": 0.0, "gamma_schedule": "constant"})
+    space = study_mod.shape_space(
+        dataclasses.replace(CFG, search_gamma_cap="off"),
+        measurement={},
+        fixed={"confidence_threshold": 0.0, "gamma_schedule": "constant"},
+    )
     assert (space.gamma_high, space.search_gamma_cap) == (8, None)
     assert (space.threshold_low, space.threshold_high, space.gamma_policies) == (0.0, 0.0, ("constant",))
     assert space.searched() == {"drafter", "gamma", "max_batch_size"}
@@ -75,10 +100,34 @@ def test_search_gamma_cap_off_keeps_the_configured_range_and_fixed_knobs_pin() -
 
 def test_drafter_none_forces_gamma_zero_and_clip_stays_inside_the_space() -> None:
     space = study_mod.shape_space(dataclasses.replace(CFG, search_gamma_cap=3), measurement={})
-    trial = optuna.trial.FixedTrial({"drafter": "none", "gamma": 3, "confidence_threshold": 0.2,
-                                     "gamma_schedule": "heuristic", "max_batch_size": 4})
-    assert space.suggest(trial) == {"drafter": "none", "gamma": 0, "confidence_threshold": 0.2,
-                                    "gamma_schedule": "heuristic", "max_batch_size": 4}
-    assert space.clip({"drafter": "ngram", "gamma": 12, "confidence_threshold": 0.9, "gamma_schedule": "x",
-                       "max_batch_size": 64}) == {"drafter": "model", "gamma": 3, "confidence_threshold": 0.5,
-                                                  "gamma_schedule": "constant", "max_batch_size": 2}
+    trial = optuna.trial.FixedTrial(
+        {
+            "drafter": "none",
+            "gamma": 3,
+            "confidence_threshold": 0.2,
+            "gamma_schedule": "heuristic",
+            "max_batch_size": 4,
+        }
+    )
+    assert space.suggest(trial) == {
+        "drafter": "none",
+        "gamma": 0,
+        "confidence_threshold": 0.2,
+        "gamma_schedule": "heuristic",
+        "max_batch_size": 4,
+    }
+    assert space.clip(
+        {
+            "drafter": "ngram",
+            "gamma": 12,
+            "confidence_threshold": 0.9,
+            "gamma_schedule": "x",
+            "max_batch_size": 64,
+        }
+    ) == {
+        "drafter": "model",
+        "gamma": 3,
+        "confidence_threshold": 0.5,
+        "gamma_schedule": "constant",
+        "max_batch_size": 2,
+    }

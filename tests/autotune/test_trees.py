@@ -26,8 +26,11 @@ def _raw(root: Path, **search) -> dict:
     for d in ("target", "draft"):
         (root / d).mkdir(exist_ok=True)
     (root / "prompts.jsonl").write_text('{"prompt": "x"}\n')
-    return {"models": {"target": "target", "draft": "draft"}, "workload": {"prompts": "prompts.jsonl"},
-            "search": search}
+    return {
+        "models": {"target": "target", "draft": "draft"},
+        "workload": {"prompts": "prompts.jsonl"},
+        "search": search,
+    }
 
 
 # --- tune.yaml -----------------------------------------------------------------------------------
@@ -38,32 +41,53 @@ def test_tree_topk_defaults_to_the_chain_only(tmp_path) -> None:
     assert cfg.tree_shapes == ((),) and not cfg.trees_searched
 
 
-@pytest.mark.parametrize("value, shapes", [
-    (["chain", "2,1,1"], ((), (2, 1, 1))),
-    ("2,1", ((2, 1),)),
-    ([3, 1], ((3, 1),)),  # a list of integers is one shape
-    (["1", "1,1", "2"], ((), (2,))),  # all ones is the chain, duplicates dropped
-    (["chain", "2x6/10", " 3 x 4 / 8 "], ((), DynamicTree(2, 6, 10), DynamicTree(3, 4, 8))),  # dynamic trees
-])
+@pytest.mark.parametrize(
+    "value, shapes",
+    [
+        (["chain", "2,1,1"], ((), (2, 1, 1))),
+        ("2,1", ((2, 1),)),
+        ([3, 1], ((3, 1),)),  # a list of integers is one shape
+        (["1", "1,1", "2"], ((), (2,))),  # all ones is the chain, duplicates dropped
+        (
+            ["chain", "2x6/10", " 3 x 4 / 8 "],
+            ((), DynamicTree(2, 6, 10), DynamicTree(3, 4, 8)),
+        ),  # dynamic trees
+    ],
+)
 def test_tree_topk_values(tmp_path, value, shapes) -> None:
     assert parse(_raw(tmp_path, tree_topk=value), tmp_path).tree_shapes == shapes
 
 
-@pytest.mark.parametrize("search, message", [
-    ({"tree_topk": "2,x"}, r"^search.tree_topk: '2,x' is not 'chain' or a per-depth top-k list"),
-    ({"tree_topk": ["chain", "0,1"]}, r"^search.tree_topk: '0,1' is not 'chain'"),
-    ({"tree_topk": []}, r"^search.tree_topk: must be 'chain', a shape like '2,1,1', a dynamic tree like '2x6/10' or a "
-                          r"non-empty list"),
-    ({"tree_topk": {"a": 1}}, r"^search.tree_topk: \{'a': 1\} is not 'chain'"),
-    ({"tree_topk": "16,16"}, r"^search.tree_topk: '16,16': \[16, 16\] has 272 nodes \(at most 256\)"),
-    ({"tree_topk": "2,1", "drafter": ["ngram"]}, r"^search.tree_topk: a tree needs the 'model' drafter"),
-    ({"tree_topk": "2,1,1,1,1,1,1,1,1"}, r"^search.tree_topk: '2,1,1,1,1,1,1,1,1' has depth 9 > profile.gamma_max 8"),
-    ({"drafter": ["hybrid"]}, r"^search.drafter: 'hybrid' drafts with the draft model too; list 'model' with it"),
-    ({"tree_topk": "1x4/3"}, r"^search.tree_topk: '1x4/3': a dynamic tree needs top-k >= 2 \(got 1\)"),
-    ({"tree_topk": "2x3/11"}, r"^search.tree_topk: '2x3/11': must be in 1..10 for top-k 2 and depth 3 \(got 11\)"),
-    ({"tree_topk": "2x/4"}, r"^search.tree_topk: '2x/4': '2x/4' is not a dynamic tree 'KxD/N'"),
-    ({"tree_topk": "2x9/10"}, r"^search.tree_topk: '2x9/10' has depth 9 > profile.gamma_max 8"),
-])
+@pytest.mark.parametrize(
+    "search, message",
+    [
+        ({"tree_topk": "2,x"}, r"^search.tree_topk: '2,x' is not 'chain' or a per-depth top-k list"),
+        ({"tree_topk": ["chain", "0,1"]}, r"^search.tree_topk: '0,1' is not 'chain'"),
+        (
+            {"tree_topk": []},
+            r"^search.tree_topk: must be 'chain', a shape like '2,1,1', a dynamic tree like '2x6/10' or a "
+            r"non-empty list",
+        ),
+        ({"tree_topk": {"a": 1}}, r"^search.tree_topk: \{'a': 1\} is not 'chain'"),
+        ({"tree_topk": "16,16"}, r"^search.tree_topk: '16,16': \[16, 16\] has 272 nodes \(at most 256\)"),
+        ({"tree_topk": "2,1", "drafter": ["ngram"]}, r"^search.tree_topk: a tree needs the 'model' drafter"),
+        (
+            {"tree_topk": "2,1,1,1,1,1,1,1,1"},
+            r"^search.tree_topk: '2,1,1,1,1,1,1,1,1' has depth 9 > profile.gamma_max 8",
+        ),
+        (
+            {"drafter": ["hybrid"]},
+            r"^search.drafter: 'hybrid' drafts with the draft model too; list 'model' with it",
+        ),
+        ({"tree_topk": "1x4/3"}, r"^search.tree_topk: '1x4/3': a dynamic tree needs top-k >= 2 \(got 1\)"),
+        (
+            {"tree_topk": "2x3/11"},
+            r"^search.tree_topk: '2x3/11': must be in 1..10 for top-k 2 and depth 3 \(got 11\)",
+        ),
+        ({"tree_topk": "2x/4"}, r"^search.tree_topk: '2x/4': '2x/4' is not a dynamic tree 'KxD/N'"),
+        ({"tree_topk": "2x9/10"}, r"^search.tree_topk: '2x9/10' has depth 9 > profile.gamma_max 8"),
+    ],
+)
 def test_bad_tree_values_are_one_line_config_errors(tmp_path, search, message) -> None:
     with pytest.raises(ConfigError, match=message) as info:
         parse(_raw(tmp_path, **search), tmp_path)
@@ -88,8 +112,9 @@ def test_bad_tree_value_exits_2_via_the_cli(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["vllm", "llamacpp"])
-def test_trees_and_hybrid_with_a_serving_stack_backend_exit_2_before_anything_runs(tmp_path, monkeypatch,
-                                                                                   backend) -> None:
+def test_trees_and_hybrid_with_a_serving_stack_backend_exit_2_before_anything_runs(
+    tmp_path, monkeypatch, backend
+) -> None:
     """A stack backend runs chains of the model / n-gram / no drafter: a tree trial would run there as
     a chain of the tree's depth, a hybrid one as an n-gram without its window, under their own names.
     Refused in one line, from tune.yaml or --backend, before loading anything."""
@@ -109,23 +134,37 @@ def test_trees_and_hybrid_with_a_serving_stack_backend_exit_2_before_anything_ru
     result = CliRunner().invoke(main, ["tune", "--config", str(path), "--backend", backend])
     assert result.exit_code == 2, result.output
     assert f"search.drafter: the {backend} backend has no 'hybrid' drafter" in result.output
-    path.write_text(json.dumps(_raw(tmp_path, tree_topk=["chain"], drafter=["model", "ngram"])))  # what stacks take
+    path.write_text(
+        json.dumps(_raw(tmp_path, tree_topk=["chain"], drafter=["model", "ngram"]))
+    )  # what stacks take
     monkeypatch.setattr(ctx_mod, "build", lambda cfg: (_ for _ in ()).throw(KeyboardInterrupt))
     assert CliRunner().invoke(main, ["tune", "--config", str(path), "--backend", backend]).exit_code == 130
 
 
 # --- the space -----------------------------------------------------------------------------------
 
-CFG = TuneConfig(target=Path("t"), draft=None, device="cpu", concurrency=(1, 2), gamma=Range(0, 4),
-                 drafters=("model", "ngram"), gamma_policies=("constant", "heuristic"), max_batch_size=(2,),
-                 tree_shapes=((), (2, 1)), search_gamma_cap="off")
+CFG = TuneConfig(
+    target=Path("t"),
+    draft=None,
+    device="cpu",
+    concurrency=(1, 2),
+    gamma=Range(0, 4),
+    drafters=("model", "ngram"),
+    gamma_policies=("constant", "heuristic"),
+    max_batch_size=(2,),
+    tree_shapes=((), (2, 1)),
+    search_gamma_cap="off",
+)
 
 
 def test_without_trees_the_space_and_params_are_unchanged() -> None:
     space = study_mod.shape_space(dataclasses.replace(CFG, tree_shapes=((),)), measurement={})
     assert "tree_topk" not in space.to_json() and "tree_topk" not in space.searched()
-    p = space.suggest(optuna.trial.FixedTrial({"drafter": "model", "gamma": 2, "confidence_threshold": 0.1,
-                                               "gamma_schedule": "heuristic"}))
+    p = space.suggest(
+        optuna.trial.FixedTrial(
+            {"drafter": "model", "gamma": 2, "confidence_threshold": 0.1, "gamma_schedule": "heuristic"}
+        )
+    )
     assert "tree_topk" not in p
     assert study_mod.spec_config(p).tree_topk == ()
 
@@ -134,8 +173,10 @@ def test_a_tree_trial_never_takes_settings_the_engine_refuses() -> None:
     """The tree fixes gamma (depth), threshold 0 and the constant policy; the chain knobs are not suggested."""
     space = study_mod.shape_space(CFG, measurement={})
     assert space.to_json()["tree_topk"] == ("chain", "2,1") and "tree_topk" in space.searched()
-    study = optuna.create_study(directions=["maximize", "minimize"],
-                                sampler=optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=6))
+    study = optuna.create_study(
+        directions=["maximize", "minimize"],
+        sampler=optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=6),
+    )
     seen = set()
     for _ in range(40):
         trial = study.ask()
@@ -154,10 +195,29 @@ def test_a_tree_trial_never_takes_settings_the_engine_refuses() -> None:
 
 def test_clip_keeps_a_tree_warm_start_inside_the_space() -> None:
     space = study_mod.shape_space(CFG, measurement={})
-    assert space.clip({"drafter": "model", "gamma": 2, "confidence_threshold": 0.0, "gamma_schedule": "constant",
-                       "max_batch_size": 2, "tree_topk": "2,1"}) == {"drafter": "model", "tree_topk": "2,1"}
-    assert space.clip({"drafter": "model", "gamma": 3, "confidence_threshold": 0.0, "gamma_schedule": "constant",
-                       "max_batch_size": 2, "tree_topk": "3,3"})["tree_topk"] == "chain"  # not searched
+    assert space.clip(
+        {
+            "drafter": "model",
+            "gamma": 2,
+            "confidence_threshold": 0.0,
+            "gamma_schedule": "constant",
+            "max_batch_size": 2,
+            "tree_topk": "2,1",
+        }
+    ) == {"drafter": "model", "tree_topk": "2,1"}
+    assert (
+        space.clip(
+            {
+                "drafter": "model",
+                "gamma": 3,
+                "confidence_threshold": 0.0,
+                "gamma_schedule": "constant",
+                "max_batch_size": 2,
+                "tree_topk": "3,3",
+            }
+        )["tree_topk"]
+        == "chain"
+    )  # not searched
     assert "tree_topk" not in space.clip({"drafter": "ngram", "gamma": 3, "tree_topk": "2,1"})
     only_trees = dataclasses.replace(space, tree_shapes=((2, 1),))
     assert only_trees.clip({"drafter": "model", "gamma": 3}) == {"drafter": "model"}  # the one shape is fixed
@@ -269,16 +329,19 @@ def test_autotune_profile_measures_what_trees_need_when_they_are_searched(tune_c
 
 def test_real_study_searches_trees_and_stores_the_shape(tune_config) -> None:
     """Trials run the real engine on the tiny pair; a tree trial runs, the space and trials carry the shape."""
-    cfg = tune_config(search={"tree_topk": ["chain", "2,1"], "confidence_threshold": 0.0,
-                              "gamma": {"low": 0, "high": 2}},
-                      budget={"n_trials": 4, "repeats": 1, "remeasure_top": 1},
-                      export={"formats": ["sglang", "vllm", "yaml"]})
+    cfg = tune_config(
+        search={"tree_topk": ["chain", "2,1"], "confidence_threshold": 0.0, "gamma": {"low": 0, "high": 2}},
+        budget={"n_trials": 4, "repeats": 1, "remeasure_top": 1},
+        export={"formats": ["sglang", "vllm", "yaml"]},
+    )
     lines: list[str] = []
     profile = run_tune(cfg, say=lines.append)
     assert any("tree verify widths and draft ranks measured and stored" in line for line in lines)
     assert profile["study"]["space"]["tree_topk"] == ["chain", "2,1"]
     trees = [t for t in profile["trials"] if t["params"].get("tree_topk") == "2,1"]
-    assert trees and all(t["params"]["gamma"] == 2 and t["params"]["confidence_threshold"] == 0.0 for t in trees)
+    assert trees and all(
+        t["params"]["gamma"] == 2 and t["params"]["confidence_threshold"] == 0.0 for t in trees
+    )
     assert profile["chosen"]["tree_topk"] in ("chain", "2,1")
     with Store(cfg.storage) as store:
         assert store.get_profile(profile["id"])["chosen"] == profile["chosen"]
@@ -300,13 +363,21 @@ def _tree_wins(ctx, params, seed):  # noqa: ARG001 - same signature as study.eva
 
 def test_a_chosen_tree_is_stored_and_exported(tune_config, monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(study_mod, "evaluate", _tree_wins)
-    cfg = tune_config(search={"tree_topk": ["chain", "2,1"]}, budget={"n_trials": 6, "repeats": 3},
-                      export={"formats": ["sglang", "vllm", "trtllm", "yaml"]})
+    cfg = tune_config(
+        search={"tree_topk": ["chain", "2,1"]},
+        budget={"n_trials": 6, "repeats": 3},
+        export={"formats": ["sglang", "vllm", "trtllm", "yaml"]},
+    )
     profile = run_tune(cfg, say=lambda s: None)
     chosen = profile["chosen"]
     assert chosen["tree_topk"] == "2,1" and chosen["gamma"] == 2
-    assert chosen["best_chain"]["gamma"] >= 1 and list(chosen)[:5] == ["drafter", "gamma", "confidence_threshold",
-                                                                        "gamma_schedule", "max_batch_size"]
+    assert chosen["best_chain"]["gamma"] >= 1 and list(chosen)[:5] == [
+        "drafter",
+        "gamma",
+        "confidence_threshold",
+        "gamma_schedule",
+        "max_batch_size",
+    ]
     assert all(e["gamma"] <= cfg.gamma.high for e in profile["schedule"])  # the schedule is a chain table
     assert profile["predicted_vs_measured"][0]["tree_topk"] == "2,1"
     sglang = Path(cfg.export_dir, "sglang-args.sh").read_text()
@@ -320,9 +391,10 @@ def test_a_chosen_tree_is_stored_and_exported(tune_config, monkeypatch, tmp_path
 
 def test_real_study_searches_dynamic_trees(tune_config) -> None:
     """A dynamic tree is a value of search.tree_topk: its trials run the engine's dynamic tree."""
-    cfg = tune_config(search={"tree_topk": ["chain", "2x2/4"], "confidence_threshold": 0.0,
-                              "gamma": {"low": 0, "high": 2}},
-                      budget={"n_trials": 5, "repeats": 1, "remeasure_top": 1})
+    cfg = tune_config(
+        search={"tree_topk": ["chain", "2x2/4"], "confidence_threshold": 0.0, "gamma": {"low": 0, "high": 2}},
+        budget={"n_trials": 5, "repeats": 1, "remeasure_top": 1},
+    )
     profile = run_tune(cfg, say=lambda s: None)
     assert profile["study"]["space"]["tree_topk"] == ["chain", "2x2/4"]
     dyn = [t for t in profile["trials"] if t["params"].get("tree_topk") == "2x2/4"]
@@ -334,8 +406,11 @@ def test_a_chosen_dynamic_tree_is_stored_exported_and_not_predicted(tune_config,
     """The dynamic tree wins (deterministic stand-in): stored by name, exported to SGLang one to one,
     no cost-model prediction beside it."""
     monkeypatch.setattr(study_mod, "evaluate", _tree_wins)
-    cfg = tune_config(search={"tree_topk": ["chain", "2x2/4"]}, budget={"n_trials": 6, "repeats": 3},
-                      export={"formats": ["sglang", "vllm"]})
+    cfg = tune_config(
+        search={"tree_topk": ["chain", "2x2/4"]},
+        budget={"n_trials": 6, "repeats": 3},
+        export={"formats": ["sglang", "vllm"]},
+    )
     profile = run_tune(cfg, say=lambda s: None)
     assert profile["chosen"]["tree_topk"] == "2x2/4" and profile["chosen"]["gamma"] == 2
     assert profile["predicted_vs_measured"] == []
@@ -353,11 +428,28 @@ def test_runner_passes_the_tree_to_the_engine(monkeypatch) -> None:
 
     monkeypatch.setattr(study_mod, "run_load", run_load)
     cfg = dataclasses.replace(CFG, concurrency=(1,), trial_timeout_s=None)
-    study_mod.evaluate(SimpleNamespace(cfg=cfg, pair=None, requests=[]),
-                       {"drafter": "model", "gamma": 2, "confidence_threshold": 0.0, "gamma_schedule": "constant",
-                        "max_batch_size": 2, "tree_topk": "2,1"}, 0)
+    study_mod.evaluate(
+        SimpleNamespace(cfg=cfg, pair=None, requests=[]),
+        {
+            "drafter": "model",
+            "gamma": 2,
+            "confidence_threshold": 0.0,
+            "gamma_schedule": "constant",
+            "max_batch_size": 2,
+            "tree_topk": "2,1",
+        },
+        0,
+    )
     assert seen["spec"].tree_topk == (2, 1) and seen["spec"].gamma == 2 and seen["kw"] == {}
-    study_mod.evaluate(SimpleNamespace(cfg=cfg, pair=None, requests=[]),
-                       {"drafter": "hybrid", "gamma": 3, "confidence_threshold": 0.1, "gamma_schedule": "constant",
-                        "max_batch_size": 2}, 0)
+    study_mod.evaluate(
+        SimpleNamespace(cfg=cfg, pair=None, requests=[]),
+        {
+            "drafter": "hybrid",
+            "gamma": 3,
+            "confidence_threshold": 0.1,
+            "gamma_schedule": "constant",
+            "max_batch_size": 2,
+        },
+        0,
+    )
     assert seen["drafter"] == "hybrid" and seen["kw"] == {"ngram": (2, 4)} and seen["spec"].tree_topk == ()

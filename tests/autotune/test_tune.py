@@ -33,13 +33,21 @@ def synthetic_evaluate(ctx, params, seed):  # noqa: ARG001 - same signature as t
     for c in ctx.cfg.concurrency:
         tps = 100.0 * c + (10.0 * g if c == 1 else -10.0 * g) + thr
         level = dict.fromkeys(study_mod.LEVEL_KEYS, 1.0)
-        level.update(tokens_per_second=tps, tpot_ms_p95=40.0 - g - thr, acceptance_rate=0.5,
-                     generated_tokens=12, wall_s=12 / tps)
+        level.update(
+            tokens_per_second=tps,
+            tpot_ms_p95=40.0 - g - thr,
+            acceptance_rate=0.5,
+            generated_tokens=12,
+            wall_s=12 / tps,
+        )
         per_level[c] = level
     tokens = sum(lv["generated_tokens"] for lv in per_level.values())
     wall = sum(lv["wall_s"] for lv in per_level.values())
-    return {"tokens_per_second": tokens / wall, "latency_ms": max(lv["tpot_ms_p95"] for lv in per_level.values()),
-            "per_level": per_level}
+    return {
+        "tokens_per_second": tokens / wall,
+        "latency_ms": max(lv["tpot_ms_p95"] for lv in per_level.values()),
+        "per_level": per_level,
+    }
 
 
 def counting(fault_on_call: int, fault: BaseException):
@@ -73,16 +81,51 @@ def test_run_tune_end_to_end_stores_profile_and_writes_exports(tune_config, tmp_
     for key in ("chosen", "schedule", "pareto_front", "metrics", "baseline", "classification", "curves"):
         assert stored[key] == profile[key], key
     # the profile's JSON keys and their order, as before the typed Profile; it reads back unchanged
-    assert list(profile) == ["schema_version", "tool_version", "created_at", "device", "pair", "workload", "study",
-                             "chosen", "selection", "schedule", "crossover_batch_size", "metrics", "baseline", "trials",
-                             "pareto_front", "remeasure", "remeasured", "classification", "ceilings", "knee_tokens",
-                             "curves", "acceptance", "predicted_vs_measured", "host_noise", "backend", "id", "exports"]
-    assert list(profile["chosen"]) == ["drafter", "gamma", "confidence_threshold", "gamma_schedule", "max_batch_size",
-                                       "prompt_lookup_min", "prompt_lookup_max"]
+    assert list(profile) == [
+        "schema_version",
+        "tool_version",
+        "created_at",
+        "device",
+        "pair",
+        "workload",
+        "study",
+        "chosen",
+        "selection",
+        "schedule",
+        "crossover_batch_size",
+        "metrics",
+        "baseline",
+        "trials",
+        "pareto_front",
+        "remeasure",
+        "remeasured",
+        "classification",
+        "ceilings",
+        "knee_tokens",
+        "curves",
+        "acceptance",
+        "predicted_vs_measured",
+        "host_noise",
+        "backend",
+        "id",
+        "exports",
+    ]
+    assert list(profile["chosen"]) == [
+        "drafter",
+        "gamma",
+        "confidence_threshold",
+        "gamma_schedule",
+        "max_batch_size",
+        "prompt_lookup_min",
+        "prompt_lookup_max",
+    ]
     assert list(profile["study"])[-3:] == ["trials_planned", "trials_run", "provisional"]
     typed = Profile.from_json(stored)
     assert typed.to_json() == stored and list(typed.to_json()) == list(stored)
-    assert typed.chosen.gamma == stored["chosen"]["gamma"] and typed.schedule.crossover_batch_size == stored["crossover_batch_size"]
+    assert (
+        typed.chosen.gamma == stored["chosen"]["gamma"]
+        and typed.schedule.crossover_batch_size == stored["crossover_batch_size"]
+    )
     chosen = stored["chosen"]
     assert chosen["drafter"] in ("model", "none") and 0 <= chosen["gamma"] <= 2
     assert chosen["max_batch_size"] == 2
@@ -101,7 +144,10 @@ def test_run_tune_end_to_end_stores_profile_and_writes_exports(tune_config, tmp_
     assert all(sorted(t.user_attrs["per_level"]) == ["1", "2"] for t in trials)
 
     exports = tmp_path / "exports"
-    assert profile["exports"] == [str(exports / "vllm-speculative-config.json"), str(exports / "profile.yaml")]
+    assert profile["exports"] == [
+        str(exports / "vllm-speculative-config.json"),
+        str(exports / "profile.yaml"),
+    ]
     vllm = json.loads((exports / "vllm-speculative-config.json").read_text())
     max_gamma = 0 if chosen["drafter"] == "none" else max(e["gamma"] for e in stored["schedule"])
     assert (vllm is None) if max_gamma == 0 else (vllm["num_speculative_tokens"] == max_gamma)
@@ -173,7 +219,10 @@ def test_second_run_without_resume_starts_a_new_study(tune_config) -> None:
     third = run_tune(cfg, say=lambda _: None)
 
     assert [first["study"]["name"], second["study"]["name"], third["study"]["name"]] == [
-        "bench-host", "bench-host-run2", "bench-host-run3"]
+        "bench-host",
+        "bench-host-run2",
+        "bench-host-run3",
+    ]
     names = {s.study_name for s in optuna.get_all_study_summaries(cfg.storage, include_best_trial=False)}
     assert names == {"bench-host", "bench-host-run2", "bench-host-run3"}
     for name in names:
@@ -213,10 +262,13 @@ def test_unrelated_study_with_a_similar_name_does_not_break_naming(tune_config, 
     assert (first["study"]["name"], second["study"]["name"]) == ("llama", "llama-run2")
 
 
-@pytest.mark.parametrize(("slo", "met", "constraint"), [
-    ({"tpot_ms_p95": 38.5}, True, -0.5),  # gamma 2: tpot 38 meets it; the gamma 0 baseline (40) does not
-    ({"min_tokens_per_second": 1000.0}, False, 1000.0 - 144.0),  # nothing reaches it
-])
+@pytest.mark.parametrize(
+    ("slo", "met", "constraint"),
+    [
+        ({"tpot_ms_p95": 38.5}, True, -0.5),  # gamma 2: tpot 38 meets it; the gamma 0 baseline (40) does not
+        ({"min_tokens_per_second": 1000.0}, False, 1000.0 - 144.0),  # nothing reaches it
+    ],
+)
 def test_slos_become_constraints_and_drive_the_choice(tune_config, monkeypatch, slo, met, constraint) -> None:
     cfg = tune_config(search={"gamma": 2, "confidence_threshold": 0.0}, objectives={"slo": slo})
     monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
@@ -264,8 +316,12 @@ def test_remeasurement_interleaves_paired_rounds_and_reports_intervals(tune_conf
     remeasure = [c for c in fake.calls if c[0] != cfg.seed]
     k = len(remeasure) // 4
     assert len(remeasure) == 4 * k and k >= 2
-    assert [seed for seed, _ in remeasure] == [s for s in (1, 2, 3, 4) for _ in range(k)]  # A B A B, round by round
-    assert len({tuple(g for _, g in remeasure[i * k:(i + 1) * k]) for i in range(4)}) == 1  # same order each round
+    assert [seed for seed, _ in remeasure] == [
+        s for s in (1, 2, 3, 4) for _ in range(k)
+    ]  # A B A B, round by round
+    assert (
+        len({tuple(g for _, g in remeasure[i * k : (i + 1) * k]) for i in range(4)}) == 1
+    )  # same order each round
     assert profile["remeasure"] == {"repeats": 4, "order": "interleaved"}
     m = profile["metrics"]
     assert m["repeats"] == 4 and m["speedup_ci95"][0] <= m["speedup"] <= m["speedup_ci95"][1]
@@ -275,8 +331,9 @@ def test_remeasurement_interleaves_paired_rounds_and_reports_intervals(tune_conf
 
 
 def test_a_gain_inside_the_noise_keeps_speculation_off_and_says_why(tune_config, monkeypatch) -> None:
-    cfg = tune_config(search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0},
-                      budget={"repeats": 4})
+    cfg = tune_config(
+        search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0}, budget={"repeats": 4}
+    )
     monkeypatch.setattr(study_mod, "evaluate", noisy_evaluate(0.005))
 
     profile = run_tune(cfg, say=lambda _: None)
@@ -302,12 +359,19 @@ def test_trial_lines_say_done_planned_and_eta_from_the_clock() -> None:
     now, lines = [100.0], []
     cfg = SimpleNamespace(latency="tpot_ms_p95")
     log = _trial_logger(cfg, 3, lines.append, clock=lambda: now[0])
-    params = {"gamma": 2, "confidence_threshold": 0.1, "gamma_schedule": "constant", "max_batch_size": 4,
-              "drafter": "model"}
+    params = {
+        "gamma": 2,
+        "confidence_threshold": 0.1,
+        "gamma_schedule": "constant",
+        "max_batch_size": 4,
+        "drafter": "model",
+    }
     now[0] = 130.0
     log(0, params, {"tokens_per_second": 50.0, "latency_ms": 12.0})
     now[0] = 190.0
     log(1, params, None)
-    assert lines[0] == ("  trial 0: 50.0 tok/s, tpot_ms_p95 12.0 ms | gamma=2 thr=0.10 constant B=4 model "
-                        "| best so far 50.0 tok/s [1/3, ETA 1m00s]")
+    assert lines[0] == (
+        "  trial 0: 50.0 tok/s, tpot_ms_p95 12.0 ms | gamma=2 thr=0.10 constant B=4 model "
+        "| best so far 50.0 tok/s [1/3, ETA 1m00s]"
+    )
     assert lines[1] == f"  trial 1: failed ({params}) [2/3, ETA 45s]"

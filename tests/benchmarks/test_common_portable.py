@@ -16,14 +16,20 @@ import _common  # noqa: E402
 
 def test_portable_rewrites_repo_and_home_only_at_path_boundaries() -> None:
     text = '"/srv/app/engine/x", "/srv/app", "/srv/app2/y", "/home/u/.cache", "/home/user"'
-    assert _common.portable(text, Path("/srv/app"), "/home/u") == '"<repo>/engine/x", "<repo>", "/srv/app2/y", ' \
-                                                                   '"~/.cache", "/home/user"'
+    assert (
+        _common.portable(text, Path("/srv/app"), "/home/u") == '"<repo>/engine/x", "<repo>", "/srv/app2/y", '
+        '"~/.cache", "/home/user"'
+    )
 
 
 def test_write_json_names_no_absolute_machine_path(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
-    args = argparse.Namespace(target=REPO / "engine" / "demo" / "pair" / "target", dtype="float32",
-                              cache=Path(os.path.expanduser("~")) / ".cache" / "x", out_dir=tmp_path)
+    args = argparse.Namespace(
+        target=REPO / "engine" / "demo" / "pair" / "target",
+        dtype="float32",
+        cache=Path(os.path.expanduser("~")) / ".cache" / "x",
+        out_dir=tmp_path,
+    )
     bench = _common.Bench("probe", args)
 
     path = _common.write_json(bench, {"where": str(REPO / "benchmarks" / "results")})

@@ -21,8 +21,16 @@ import trees  # noqa: E402
 
 def tiny(seed: int) -> Transformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+    cfg = ModelConfig(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+    )
     return Transformer(cfg).eval().requires_grad_(False)
 
 
@@ -45,4 +53,6 @@ def test_min_costs_time_the_forwards_a_configuration_runs() -> None:
     assert width == 4 and verify > 0 and drafting > 0
     width, verify, drafting = trees.min_costs(pair, tree, 2, 10, 2)
     assert width == 1 + 2 + 4 and verify > 0 and drafting > 0
-    assert trees.min_costs(pair, trees.configs([], [], [], "greedy")[0][2], 1, 10, 2)[2] == 0.0  # AR drafts nothing
+    assert (
+        trees.min_costs(pair, trees.configs([], [], [], "greedy")[0][2], 1, 10, 2)[2] == 0.0
+    )  # AR drafts nothing

@@ -22,8 +22,16 @@ from engine.speculative import Request
 
 
 def tiny_config(vocab: int = 32, layers: int = 2, **kw) -> ModelConfig:
-    base = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256)
+    base = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+    )
     base.update(kw)
     return ModelConfig(**base)
 
@@ -73,8 +81,6 @@ def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor, min_expected: float 
     exp_arr = np.array(exp)
     exp_arr *= sum(obs) / exp_arr.sum()  # exact float normalisation for scipy's sum check
     return float(chisquare(np.array(obs), exp_arr).pvalue)
-
-
 
 
 @pytest.fixture(scope="session")
@@ -134,11 +140,13 @@ def naive_greedy(model: Transformer, prompt: list[int], n_new: int) -> list[int]
     with torch.inference_mode():
         for _ in range(n_new):
             seq = torch.cat([seq, model(seq)[0, -1].argmax().view(1, 1)], 1)
-    return seq[0, len(prompt):].tolist()
+    return seq[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
-def reference(request: pytest.FixtureRequest, target: Transformer, prompts: list[list[int]]) -> list[list[int]]:
+def reference(
+    request: pytest.FixtureRequest, target: Transformer, prompts: list[list[int]]
+) -> list[list[int]]:
     """Each prompt's greedy tokens under ``target`` (the module's, if it overrides it), as many as
     the requesting module's ``N_NEW``."""
     return [naive_greedy(target, p, request.module.N_NEW) for p in prompts]
@@ -160,6 +168,7 @@ def chi2() -> Callable[..., float]:
 @pytest.fixture(scope="session")
 def model_factory() -> Callable[..., Transformer]:
     """``model_factory(seed, vocab=..., layers=..., std=...)`` builds a tiny random model."""
+
     def make(seed: int, vocab: int = 32, layers: int = 2, std: float = 0.5, **kw) -> Transformer:
         return random_model(tiny_config(vocab, layers, **kw), seed, std)
 

@@ -17,8 +17,15 @@ from engine.model import Transformer
 
 def write_folder(folder: Path, vocab: int = 32, **overrides) -> Path:
     """A valid tiny Llama folder (config.json + model.safetensors) written without transformers."""
-    cfg = ModelConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
     folder.mkdir(parents=True, exist_ok=True)
     raw = {**cfg.to_hf_dict(), **overrides}
     (folder / "config.json").write_text(json.dumps(raw))
@@ -98,7 +105,8 @@ def test_no_weights_file(tmp_path):
 def test_index_listing_a_missing_shard(tmp_path):
     folder = write_folder(tmp_path / "m")
     (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}}))
+        json.dumps({"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}})
+    )
     assert "model-00002-of-00002.safetensors" in raises_one_line(load_model, folder)
 
 

@@ -22,7 +22,10 @@ def runs(pair: ModelPair, prompts: list[list[int]], configs: list[SpecConfig]) -
     for config in configs:
         for batch in (1, 3):
             temps = (0.0, 1.0, 0.0)  # greedy and sampled rows in one batch
-            reqs = [Request(list(p), 12, id=i, temperature=t) for i, (p, t) in enumerate(zip(prompts, temps, strict=True))]
+            reqs = [
+                Request(list(p), 12, id=i, temperature=t)
+                for i, (p, t) in enumerate(zip(prompts, temps, strict=True))
+            ]
             generate(pair, reqs[:batch], config, max_batch_size=batch, seed=0)
 
 

@@ -16,11 +16,25 @@ import pytest
 from engine.config import ModelConfig
 from engine.errors import EngineInputError
 
-BASE = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu"}
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}
+BASE = {
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 
 
 def write_config(folder: Path, raw: object) -> Path:
@@ -50,18 +64,38 @@ IMPLEMENTED = [
     ("llama-attention-bias", config("llama", attention_bias=True), {"attention_bias": True, "o_bias": True}),
     ("llama-mlp-bias", config("llama", mlp_bias=True), {"mlp_bias": True}),
     ("llama-tied", config("llama", tie_word_embeddings=True), {"tie_word_embeddings": True}),
-    ("llama-linear-rope", config("llama", rope_scaling={"type": "linear", "factor": 2.0}),
-     {"rope_scaling": {"type": "linear", "factor": 2.0, "rope_type": "linear"}}),
-    ("llama3-rope", config("llama", rope_parameters={**LLAMA3, "rope_theta": 500.0}),
-     {"rope_theta": 500.0, "rope_scaling": {**LLAMA3, "rope_theta": 500.0}}),
+    (
+        "llama-linear-rope",
+        config("llama", rope_scaling={"type": "linear", "factor": 2.0}),
+        {"rope_scaling": {"type": "linear", "factor": 2.0, "rope_type": "linear"}},
+    ),
+    (
+        "llama3-rope",
+        config("llama", rope_parameters={**LLAMA3, "rope_theta": 500.0}),
+        {"rope_theta": 500.0, "rope_scaling": {**LLAMA3, "rope_theta": 500.0}},
+    ),
     ("llama-window-covers-context", config("llama", sliding_window=128), {"sliding_window": None}),
     ("qwen2-bias-always", config("qwen2", attention_bias=False), {"attention_bias": True, "o_bias": False}),
-    ("qwen2-window-off", config("qwen2", use_sliding_window=False, sliding_window=4), {"sliding_window": None}),
-    ("qwen2-window-on", config("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1),
-     {"sliding_window": 4, "sliding_layers": (1,)}),
-    ("qwen2-layer-types", config("qwen2", use_sliding_window=True, sliding_window=4,
-                                 layer_types=["sliding_attention", "full_attention"]),
-     {"sliding_window": 4, "sliding_layers": (0,)}),
+    (
+        "qwen2-window-off",
+        config("qwen2", use_sliding_window=False, sliding_window=4),
+        {"sliding_window": None},
+    ),
+    (
+        "qwen2-window-on",
+        config("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1),
+        {"sliding_window": 4, "sliding_layers": (1,)},
+    ),
+    (
+        "qwen2-layer-types",
+        config(
+            "qwen2",
+            use_sliding_window=True,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        {"sliding_window": 4, "sliding_layers": (0,)},
+    ),
     ("qwen3-qk-norm", config("qwen3"), {"qk_norm": True, "attention_bias": False}),
     ("qwen3-bias", config("qwen3", attention_bias=True), {"attention_bias": True, "o_bias": True}),
     ("mistral-window", config("mistral", sliding_window=4), {"sliding_window": 4, "sliding_layers": (0, 1)}),
@@ -74,25 +108,63 @@ REFUSED = [
     ("llama-gelu-fast", config("llama", hidden_act="gelu_fast"), "hidden_act"),
     ("llama-sliding-window", config("llama", sliding_window=4), "sliding_window"),
     ("llama-use-sliding-window", config("llama", use_sliding_window=True), "use_sliding_window"),
-    ("rope-dynamic", config("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "rope_scaling.rope_type"),
-    ("rope-yarn", config("qwen3", rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling.rope_type"),
-    ("rope-longrope", config("llama", rope_parameters={"rope_type": "longrope"}), "rope_parameters.rope_type"),
-    ("rope-per-layer-type", config("qwen2", rope_parameters={"full_attention": {"rope_type": "default"}}),
-     "rope_parameters.full_attention"),
+    (
+        "rope-dynamic",
+        config("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+        "rope_scaling.rope_type",
+    ),
+    (
+        "rope-yarn",
+        config("qwen3", rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+        "rope_scaling.rope_type",
+    ),
+    (
+        "rope-longrope",
+        config("llama", rope_parameters={"rope_type": "longrope"}),
+        "rope_parameters.rope_type",
+    ),
+    (
+        "rope-per-layer-type",
+        config("qwen2", rope_parameters={"full_attention": {"rope_type": "default"}}),
+        "rope_parameters.full_attention",
+    ),
     ("final-softcap", config("llama", final_logit_softcapping=30.0), "final_logit_softcapping"),
     ("attn-softcap", config("qwen2", attn_logit_softcapping=50.0), "attn_logit_softcapping"),
     ("partial-rotary", config("llama", partial_rotary_factor=0.5), "partial_rotary_factor"),
-    ("partial-rotary-in-rope", config("llama", rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.5}),
-     "rope_parameters.partial_rotary_factor"),
+    (
+        "partial-rotary-in-rope",
+        config("llama", rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.5}),
+        "rope_parameters.partial_rotary_factor",
+    ),
     ("llama-qk-norm", config("llama", qk_norm=True), "qk_norm"),
     ("mistral-qk-norm", config("mistral", use_qk_norm=True), "use_qk_norm"),
     ("chunked-attention", config("llama", attention_chunk_size=8192), "attention_chunk_size"),
     ("bidirectional", config("qwen3", use_bidirectional_attention=True), "use_bidirectional_attention"),
-    ("mistral-layer-types", config("mistral", layer_types=["full_attention", "sliding_attention"]), "layer_types"),
-    ("qwen2-odd-layer-type", config("qwen2", use_sliding_window=True, sliding_window=4,
-                                    layer_types=["chunked_attention", "full_attention"]), "layer_types"),
-    ("qwen2-null-window", config("qwen2", use_sliding_window=True, sliding_window=None,
-                                 layer_types=["sliding_attention", "full_attention"]), "sliding_window"),
+    (
+        "mistral-layer-types",
+        config("mistral", layer_types=["full_attention", "sliding_attention"]),
+        "layer_types",
+    ),
+    (
+        "qwen2-odd-layer-type",
+        config(
+            "qwen2",
+            use_sliding_window=True,
+            sliding_window=4,
+            layer_types=["chunked_attention", "full_attention"],
+        ),
+        "layer_types",
+    ),
+    (
+        "qwen2-null-window",
+        config(
+            "qwen2",
+            use_sliding_window=True,
+            sliding_window=None,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        "sliding_window",
+    ),
     ("unsupported-model-type", config("gemma2"), "model_type"),
 ]
 
@@ -120,23 +192,43 @@ MALFORMED = [
     ("negative-bos", config("llama", bos_token_id=-1), "bos_token_id"),
     ("missing-hidden", {k: v for k, v in config("llama").items() if k != "hidden_size"}, "hidden_size"),
     ("llama3-without-factor", config("llama", rope_scaling={"rope_type": "llama3"}), "rope_scaling.factor"),
-    ("llama3-without-low", config("llama", rope_scaling={k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}),
-     "rope_scaling.low_freq_factor"),
-    ("llama3-without-original", config("llama", rope_parameters={
-        k: v for k, v in LLAMA3.items() if k != "original_max_position_embeddings"}),
-     "rope_parameters.original_max_position_embeddings"),
-    ("llama3-high-below-low", config("llama", rope_scaling={**LLAMA3, "high_freq_factor": 0.5}),
-     "rope_scaling.high_freq_factor"),
+    (
+        "llama3-without-low",
+        config("llama", rope_scaling={k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}),
+        "rope_scaling.low_freq_factor",
+    ),
+    (
+        "llama3-without-original",
+        config(
+            "llama",
+            rope_parameters={k: v for k, v in LLAMA3.items() if k != "original_max_position_embeddings"},
+        ),
+        "rope_parameters.original_max_position_embeddings",
+    ),
+    (
+        "llama3-high-below-low",
+        config("llama", rope_scaling={**LLAMA3, "high_freq_factor": 0.5}),
+        "rope_scaling.high_freq_factor",
+    ),
     ("linear-without-factor", config("llama", rope_scaling={"rope_type": "linear"}), "rope_scaling.factor"),
-    ("linear-string-factor", config("llama", rope_scaling={"rope_type": "linear", "factor": "2"}),
-     "rope_scaling.factor"),
+    (
+        "linear-string-factor",
+        config("llama", rope_scaling={"rope_type": "linear", "factor": "2"}),
+        "rope_scaling.factor",
+    ),
     ("rope-scaling-string", config("llama", rope_scaling="linear"), "rope_scaling"),
-    ("rope-theta-in-rope-zero", config("llama", rope_parameters={"rope_type": "default", "rope_theta": 0}),
-     "rope_parameters.rope_theta"),
+    (
+        "rope-theta-in-rope-zero",
+        config("llama", rope_parameters={"rope_type": "default", "rope_theta": 0}),
+        "rope_parameters.rope_theta",
+    ),
     ("string-window", config("mistral", sliding_window="4k"), "sliding_window"),
     ("string-use-window", config("qwen2", use_sliding_window="yes"), "use_sliding_window"),
-    ("layer-types-length", config("qwen3", use_sliding_window=True, sliding_window=4,
-                                  layer_types=["sliding_attention"]), "layer_types"),
+    (
+        "layer-types-length",
+        config("qwen3", use_sliding_window=True, sliding_window=4, layer_types=["sliding_attention"]),
+        "layer_types",
+    ),
 ]
 
 

@@ -78,7 +78,9 @@ def wrong_accept(draft_tokens, draft_probs, target_probs, n_proposed, generator)
     return n_acc, sample(target_probs[torch.arange(b), n_acc], generator)
 
 
-@pytest.mark.parametrize(("gamma", "top_k"), [(2, 0), (3, 4)])  # each gamma and each filter once: 2 x 20k rows
+@pytest.mark.parametrize(
+    ("gamma", "top_k"), [(2, 0), (3, 4)]
+)  # each gamma and each filter once: 2 x 20k rows
 def test_first_three_tokens_have_the_target_joint(small_pair, chi2, gamma, top_k):
     toks, metrics = run(small_pair, gamma, top_k)
     codes = joint_codes(toks, 3)
@@ -108,8 +110,9 @@ def test_the_check_fails_for_a_wrong_acceptance_rule(small_pair, chi2, monkeypat
 def test_a_one_token_filter_samples_like_greedy_from_the_first_token(pair, prompts, drafter, filters):
     """top_k=1 (or a tiny top_p) leaves one token: sampling at temperature 1 must equal greedy,
     the first generated token (sampled at prefill) included."""
-    greedy = generate(pair, [Request(p, 6, id=i) for i, p in enumerate(prompts)], SpecConfig(gamma=0), "none",
-                      eos_ids=())
+    greedy = generate(
+        pair, [Request(p, 6, id=i) for i, p in enumerate(prompts)], SpecConfig(gamma=0), "none", eos_ids=()
+    )
     reqs = [Request(p, 6, temperature=1.0, id=i, **filters) for i, p in enumerate(prompts)]
     for seed in range(3):
         out = generate(pair, reqs, SpecConfig(gamma=3), drafter, seed=seed, eos_ids=())

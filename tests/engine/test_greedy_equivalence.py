@@ -38,7 +38,7 @@ def run_engine(target, drafter, config, requests, max_batch_size, eos_ids=()):
     out, emitted, waiting = {}, [], list(requests)
     with torch.inference_mode():
         while waiting or engine.n:
-            admit, waiting = waiting[: engine.free_slots()], waiting[engine.free_slots():]
+            admit, waiting = waiting[: engine.free_slots()], waiting[engine.free_slots() :]
             engine.add(admit)
             out.update((f.id, f) for f in engine.retire())
             if engine.n:
@@ -81,7 +81,9 @@ def test_draft_model_matches_autoregressive(pair, prompts, reference, make_reque
 
 def test_rows_accept_different_lengths_in_one_batch(target, draft, prompts, reference, make_requests):
     config = SpecConfig(gamma=5, max_gamma=5)
-    tokens, _, emitted = run_engine(target, ModelDrafter(draft), config, make_requests(prompts, N_NEW), len(prompts))
+    tokens, _, emitted = run_engine(
+        target, ModelDrafter(draft), config, make_requests(prompts, N_NEW), len(prompts)
+    )
     assert tokens == reference
     assert any(len(set(step)) > 1 for step in emitted), "no step had rows emitting different lengths"
     assert any(n == 6 for step in emitted for n in step)  # some row accepted a full block
@@ -102,7 +104,9 @@ def test_all_accept_when_draft_is_target(self_pair, prompts, reference, make_req
 
 @pytest.mark.parametrize("gamma", GAMMAS)
 def test_all_reject_with_adversarial_draft(adversarial_pair, prompts, reference, make_requests, gamma):
-    out = generate(adversarial_pair, make_requests(prompts, N_NEW), SpecConfig(gamma=gamma), "model", eos_ids=())
+    out = generate(
+        adversarial_pair, make_requests(prompts, N_NEW), SpecConfig(gamma=gamma), "model", eos_ids=()
+    )
     assert out.tokens == reference
     m = out.metrics
     assert m["acceptance_rate"] == 0.0
@@ -125,11 +129,17 @@ def _eos_mid_block(reference: list[list[int]], gamma: int) -> tuple[int, int]:
 
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("drafter", ["self", "model", "ngram"])
-def test_eos_mid_block_stops_at_and_includes_eos(target, draft, prompts, reference, make_requests, gamma, drafter):
+def test_eos_mid_block_stops_at_and_includes_eos(
+    target, draft, prompts, reference, make_requests, gamma, drafter
+):
     row, eos = _eos_mid_block(reference, gamma)
-    drafter_obj = {"self": ModelDrafter(target), "model": ModelDrafter(draft), "ngram": NgramDrafter()}[drafter]
+    drafter_obj = {"self": ModelDrafter(target), "model": ModelDrafter(draft), "ngram": NgramDrafter()}[
+        drafter
+    ]
     reqs = make_requests(prompts, N_NEW)
-    tokens, reasons, _ = run_engine(target, drafter_obj, SpecConfig(gamma=gamma), reqs, len(reqs), eos_ids=(eos,))
+    tokens, reasons, _ = run_engine(
+        target, drafter_obj, SpecConfig(gamma=gamma), reqs, len(reqs), eos_ids=(eos,)
+    )
     expected = [cut_at_eos(r, eos) for r in reference]
     assert tokens == expected
     assert tokens[row][-1] == eos and len(tokens[row]) < N_NEW
@@ -138,7 +148,9 @@ def test_eos_mid_block_stops_at_and_includes_eos(target, draft, prompts, referen
 
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("budget", [1, 2, 7])
-def test_max_new_tokens_mid_block_is_never_exceeded(pair, self_pair, prompts, reference, make_requests, gamma, budget):
+def test_max_new_tokens_mid_block_is_never_exceeded(
+    pair, self_pair, prompts, reference, make_requests, gamma, budget
+):
     for use in (self_pair, pair):
         out = generate(use, make_requests(prompts, budget), SpecConfig(gamma=gamma), "model", eos_ids=())
         assert out.tokens == [r[:budget] for r in reference]
@@ -175,9 +187,13 @@ def test_ngram_drafter_matches_autoregressive(pair, prompts, reference, make_req
 
 
 @pytest.mark.parametrize("use", ["self", "model"])
-def test_heuristic_gamma_schedule_matches_autoregressive(pair, self_pair, prompts, reference, make_requests, use):
+def test_heuristic_gamma_schedule_matches_autoregressive(
+    pair, self_pair, prompts, reference, make_requests, use
+):
     config = SpecConfig(gamma=2, gamma_schedule="heuristic", max_gamma=6)
-    out = generate(self_pair if use == "self" else pair, make_requests(prompts, N_NEW), config, "model", eos_ids=())
+    out = generate(
+        self_pair if use == "self" else pair, make_requests(prompts, N_NEW), config, "model", eos_ids=()
+    )
     assert out.tokens == reference
     per_pos = out.metrics["per_position_acceptance"]
     assert len(per_pos) == 6
@@ -193,8 +209,13 @@ def test_initial_gamma_above_max_gamma_is_refused():
 @pytest.mark.parametrize("threshold", [0.15, 0.3])  # the draft's median top probability is ~0.18
 def test_confidence_threshold_matches_autoregressive(pair, prompts, reference, make_requests, threshold):
     base = generate(pair, make_requests(prompts, N_NEW), SpecConfig(gamma=4), "model", eos_ids=())
-    out = generate(pair, make_requests(prompts, N_NEW), SpecConfig(gamma=4, confidence_threshold=threshold),
-                   "model", eos_ids=())
+    out = generate(
+        pair,
+        make_requests(prompts, N_NEW),
+        SpecConfig(gamma=4, confidence_threshold=threshold),
+        "model",
+        eos_ids=(),
+    )
     assert out.tokens == reference
     proposed = int(out.engine.stats.proposed)
     assert 0 < proposed < int(base.engine.stats.proposed)  # the threshold cut some drafts short
@@ -218,7 +239,9 @@ def test_continuous_batching_is_batch_invariant(pair, prompts, reference, drafte
 def test_outputs_come_back_in_request_order(pair, prompts, reference, ids):
     """Default (all equal) or unsorted ids: tokens[i] belongs to requests[i], whatever finishes first."""
     budgets = [N_NEW, 2, 9, 5, 17, 1]
-    reqs = [Request(p, n) if ids is None else Request(p, n, id=ids[i])
-            for i, (p, n) in enumerate(zip(prompts, budgets, strict=True))]
+    reqs = [
+        Request(p, n) if ids is None else Request(p, n, id=ids[i])
+        for i, (p, n) in enumerate(zip(prompts, budgets, strict=True))
+    ]
     out = generate(pair, reqs, SpecConfig(gamma=3), "model", max_batch_size=3, eos_ids=())
     assert out.tokens == [r[:n] for r, n in zip(reference, budgets, strict=True)]

@@ -18,9 +18,16 @@ from engine.drafters import ModelDrafter
 from engine.speculative import Request, SpecConfig, SpecEngine
 
 aten = torch.ops.aten
-READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.nonzero.default,
-         aten.masked_select.default, aten._unique2.default, aten.unique_dim.default,
-         aten.unique_consecutive.default, aten.equal.default}
+READS = {
+    aten._local_scalar_dense.default,
+    aten.is_nonzero.default,
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten._unique2.default,
+    aten.unique_dim.default,
+    aten.unique_consecutive.default,
+    aten.equal.default,
+}
 
 
 class HostReads(TorchDispatchMode):
@@ -66,9 +73,18 @@ def requests(prompts: list[list[int]]) -> list[Request]:
     return [Request(p, 12, id=i, **kinds[i % len(kinds)]) for i, p in enumerate(prompts)]
 
 
-def reads_per_step(target, draft, prompts, config: SpecConfig, sync_free: bool, counted: HostReads) -> list[int]:
-    engine = SpecEngine(target, ModelDrafter(draft), config, len(prompts), 64,
-                        generator=torch.Generator().manual_seed(0), sync_free=sync_free)
+def reads_per_step(
+    target, draft, prompts, config: SpecConfig, sync_free: bool, counted: HostReads
+) -> list[int]:
+    engine = SpecEngine(
+        target,
+        ModelDrafter(draft),
+        config,
+        len(prompts),
+        64,
+        generator=torch.Generator().manual_seed(0),
+        sync_free=sync_free,
+    )
     per_step = []
     with torch.inference_mode():
         engine.add(requests(prompts))
@@ -81,13 +97,17 @@ def reads_per_step(target, draft, prompts, config: SpecConfig, sync_free: bool, 
     return per_step
 
 
-@pytest.mark.parametrize("config", [
-    SpecConfig(gamma=4),
-    SpecConfig(gamma=4, confidence_threshold=0.3),
-    SpecConfig(gamma=2, gamma_schedule="heuristic", max_gamma=6, confidence_threshold=0.2),
-    SpecConfig(gamma=3, tree_topk=(3, 2, 1)),
-    SpecConfig(gamma=3, tree_topk=(2, 2, 2), tree_nodes=6, tree_sampling="topk"),
-], ids=["constant", "threshold", "heuristic+threshold", "tree-3-2-1", "dynamic-2x3-6"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        SpecConfig(gamma=4),
+        SpecConfig(gamma=4, confidence_threshold=0.3),
+        SpecConfig(gamma=2, gamma_schedule="heuristic", max_gamma=6, confidence_threshold=0.2),
+        SpecConfig(gamma=3, tree_topk=(3, 2, 1)),
+        SpecConfig(gamma=3, tree_topk=(2, 2, 2), tree_nodes=6, tree_sampling="topk"),
+    ],
+    ids=["constant", "threshold", "heuristic+threshold", "tree-3-2-1", "dynamic-2x3-6"],
+)
 def test_sync_free_step_reads_the_device_exactly_once(target, draft, prompts, config, counted):
     per_step = reads_per_step(target, draft, prompts, config, sync_free=True, counted=counted)
     assert len(per_step) > 2  # several steps ran, with rows retiring between them
@@ -115,8 +135,14 @@ def test_sync_free_and_cpu_default_emit_the_same_greedy_tokens(target, draft, pr
     """Same tokens whether the draft loop stops early or runs its fixed positions."""
     outs = []
     for sync_free in (False, True):
-        engine = SpecEngine(target, ModelDrafter(draft), SpecConfig(gamma=5, confidence_threshold=0.3),
-                            len(prompts), 64, sync_free=sync_free)
+        engine = SpecEngine(
+            target,
+            ModelDrafter(draft),
+            SpecConfig(gamma=5, confidence_threshold=0.3),
+            len(prompts),
+            64,
+            sync_free=sync_free,
+        )
         done = []
         with torch.inference_mode():
             engine.add([Request(p, 15, id=i) for i, p in enumerate(prompts)])

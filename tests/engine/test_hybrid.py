@@ -20,7 +20,6 @@ from engine.speculative import Request, SpecConfig
 N_NEW = 20  # tokens per request; the conftest `reference` fixture reads it
 
 
-
 def test_hybrid_is_a_named_drafter(pair):
     assert "hybrid" in DRAFTERS
     assert isinstance(make_drafter("hybrid", pair), HybridDrafter)
@@ -29,8 +28,14 @@ def test_hybrid_is_a_named_drafter(pair):
 @pytest.mark.parametrize("gamma", [1, 3, 6])
 @pytest.mark.parametrize("max_batch_size", [1, 3, 6])
 def test_hybrid_matches_autoregressive(pair, prompts, reference, make_requests, gamma, max_batch_size):
-    out = generate(pair, make_requests(prompts, N_NEW), SpecConfig(gamma=gamma), "hybrid",
-                   max_batch_size=max_batch_size, eos_ids=())
+    out = generate(
+        pair,
+        make_requests(prompts, N_NEW),
+        SpecConfig(gamma=gamma),
+        "hybrid",
+        max_batch_size=max_batch_size,
+        eos_ids=(),
+    )
     assert out.tokens == reference
     src = out.metrics["draft_sources"]
     assert src["ngram"]["row_steps"] > 0 and src["model"]["row_steps"] > 0  # both sources served rows
@@ -40,8 +45,13 @@ def test_hybrid_matches_autoregressive(pair, prompts, reference, make_requests, 
 
 
 def test_threshold_leaves_some_rows_without_a_draft(pair, prompts, reference, make_requests):
-    out = generate(pair, make_requests(prompts, N_NEW), SpecConfig(gamma=4, confidence_threshold=0.3), "hybrid",
-                   eos_ids=())
+    out = generate(
+        pair,
+        make_requests(prompts, N_NEW),
+        SpecConfig(gamma=4, confidence_threshold=0.3),
+        "hybrid",
+        eos_ids=(),
+    )
     assert out.tokens == reference
     src = out.metrics["draft_sources"]
     assert src["none"]["row_steps"] > 0 and src["none"]["proposed"] == 0
@@ -63,8 +73,15 @@ def test_sampled_hybrid_has_the_target_joint(model_factory, perturb, chi2):
     target = model_factory(seed=11, vocab=V)
     pair = ModelPair(target, perturb(target, seed=12, sigma=0.08), None, None, None)
     reqs = [Request(PROMPT, 3, temperature=1.0, id=i) for i in range(N)]
-    out = generate(pair, reqs, SpecConfig(gamma=2), HybridDrafter(pair.draft, 1, 2), max_batch_size=4096, seed=3,
-                   eos_ids=())
+    out = generate(
+        pair,
+        reqs,
+        SpecConfig(gamma=2),
+        HybridDrafter(pair.draft, 1, 2),
+        max_batch_size=4096,
+        seed=3,
+        eos_ids=(),
+    )
     src = out.metrics["draft_sources"]
     assert src["ngram"]["row_steps"] > 1000 and src["model"]["row_steps"] > 1000  # both sources in one step
     toks = torch.tensor(out.tokens)

@@ -22,7 +22,9 @@ def fresh_prefill(model, prefix: torch.Tensor):
     return cache
 
 
-def assert_cache_matches_prefill(model, cache, tokens: torch.Tensor, row: int, length: int, what: str) -> None:
+def assert_cache_matches_prefill(
+    model, cache, tokens: torch.Tensor, row: int, length: int, what: str
+) -> None:
     ref = fresh_prefill(model, tokens[row, :length])
     for layer in range(model.config.num_hidden_layers):
         for name in ("k", "v"):
@@ -42,7 +44,9 @@ def check_caches(engine: SpecEngine, target, drafter) -> None:
             if not isinstance(drafter, HybridDrafter):  # the hybrid's model may skip steps (n-gram rows)
                 assert committed - 1 <= dlen <= committed  # at most the bonus token is left to feed
             assert dlen <= committed
-            assert_cache_matches_prefill(model_drafter.model, model_drafter.cache, engine.tokens, row, dlen, "draft")
+            assert_cache_matches_prefill(
+                model_drafter.model, model_drafter.cache, engine.tokens, row, dlen, "draft"
+            )
 
 
 def random_requests(rng: random.Random, n: int) -> list[Request]:
@@ -58,8 +62,12 @@ CONFIGS = {
     "constant-3": SpecConfig(gamma=3),
     "constant-6": SpecConfig(gamma=6),
     "heuristic": SpecConfig(gamma=2, gamma_schedule="heuristic", max_gamma=6),
-    "heuristic+threshold": SpecConfig(gamma=3, gamma_schedule="heuristic", max_gamma=6, confidence_threshold=0.15),
-    "tree-3-2-1": SpecConfig(gamma=3, tree_topk=(3, 2, 1)),  # token trees: the accepted path compacted in place
+    "heuristic+threshold": SpecConfig(
+        gamma=3, gamma_schedule="heuristic", max_gamma=6, confidence_threshold=0.15
+    ),
+    "tree-3-2-1": SpecConfig(
+        gamma=3, tree_topk=(3, 2, 1)
+    ),  # token trees: the accepted path compacted in place
     "tree-2-1-2-1-topk": SpecConfig(gamma=4, tree_topk=(2, 1, 2, 1), tree_sampling="topk"),
     # dynamic trees: per-row structures; an accepted node the draft was never fed ends the fed prefix
     "dynamic-2x4-5": SpecConfig(gamma=4, tree_topk=(2,) * 4, tree_nodes=5, tree_sampling="topk"),
@@ -69,16 +77,22 @@ CONFIGS = {
 
 # Every config with the model drafter; the chains with the n-gram drafter (trees need the model
 # drafter and are refused otherwise); the hybrid drafter on two chains.
-CASES = ([("model", c) for c in CONFIGS] + [("ngram", c) for c in CONFIGS if CONFIGS[c].tree is None]
-         + [("hybrid", "constant-3"), ("hybrid", "heuristic+threshold")])
+CASES = (
+    [("model", c) for c in CONFIGS]
+    + [("ngram", c) for c in CONFIGS if CONFIGS[c].tree is None]
+    + [("hybrid", "constant-3"), ("hybrid", "heuristic+threshold")]
+)
 
 
 @pytest.mark.parametrize(("drafter_kind", "config_name"), CASES)
 def test_caches_equal_fresh_prefill_after_random_steps(target, draft, drafter_kind, config_name):
     config = CONFIGS[config_name]
     rng = random.Random(10 * list(CONFIGS).index(config_name) + len(drafter_kind))
-    drafter = {"model": ModelDrafter(draft), "ngram": NgramDrafter(1, 3), "hybrid": HybridDrafter(draft, 1, 3)}[
-        drafter_kind]
+    drafter = {
+        "model": ModelDrafter(draft),
+        "ngram": NgramDrafter(1, 3),
+        "hybrid": HybridDrafter(draft, 1, 3),
+    }[drafter_kind]
     gen = torch.Generator().manual_seed(7)
     engine = SpecEngine(target, drafter, config, 4, 48, eos_ids=(5,), generator=gen)
     waiting = random_requests(rng, 12)
@@ -98,7 +112,9 @@ def test_caches_equal_fresh_prefill_after_random_steps(target, draft, drafter_ki
             assert steps < 400, "no progress"
             check_caches(engine, target, drafter)  # finished rows too: they keep a valid prefix
             done = engine.finished[: engine.n].nonzero().flatten().tolist()
-            compactions += any(slot < engine.n - 1 and not bool(engine.finished[engine.n - 1]) for slot in done)
+            compactions += any(
+                slot < engine.n - 1 and not bool(engine.finished[engine.n - 1]) for slot in done
+            )
             engine.retire()
             check_caches(engine, target, drafter)
     assert steps > 10
@@ -108,7 +124,11 @@ def test_caches_equal_fresh_prefill_after_random_steps(target, draft, drafter_ki
 def test_compaction_moves_last_row_into_retired_slot(target, draft):
     drafter = ModelDrafter(draft)
     engine = SpecEngine(target, drafter, SpecConfig(gamma=3), 3, 64)
-    reqs = [Request([3, 4, 5, 6], 30, id=0), Request([7, 8], 2, id=1), Request([9, 10, 11, 12, 13, 14, 15], 30, id=2)]
+    reqs = [
+        Request([3, 4, 5, 6], 30, id=0),
+        Request([7, 8], 2, id=1),
+        Request([9, 10, 11, 12, 13, 14, 15], 30, id=2),
+    ]
     with torch.inference_mode():
         engine.add(reqs)
         engine.step()

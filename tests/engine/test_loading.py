@@ -12,14 +12,30 @@ from engine.config import rope_inv_freq
 from engine.loader import load_model, load_pair
 
 ATOL = 1e-4
-COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=128)
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 16, "rope_theta": 10000.0}
+COMMON = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "rope_theta": 10000.0,
+}
 
 VARIANTS = {
-    "llama-gqa-untied": lambda: LlamaForCausalLM(LlamaConfig(
-        **COMMON, rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "llama-gqa-untied": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            **COMMON, rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 500.0}
+        )
+    ),
     "llama-bias": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, attention_bias=True, mlp_bias=True)),
     "llama3-rope": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, rope_parameters=dict(LLAMA3_ROPE))),
     "qwen2-tied": lambda: Qwen2ForCausalLM(Qwen2Config(**COMMON, tie_word_embeddings=True)),
@@ -129,7 +145,9 @@ def test_load_pair_shares_vocab_and_runs(saved, tokens):
     assert pair.draft is not None and pair.tokenizer is None
     assert pair.draft.config.model_type == "qwen2"
     with torch.inference_mode():
-        torch.testing.assert_close(pair.draft(tokens), hf_logits(saved["qwen2-tied"][0], tokens), atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            pair.draft(tokens), hf_logits(saved["qwen2-tied"][0], tokens), atol=ATOL, rtol=0
+        )
 
 
 def test_loading_for_cpu_flushes_subnormals(tiny_pair_dirs):

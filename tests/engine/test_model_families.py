@@ -26,21 +26,45 @@ from engine.speculative import Request, SpecConfig
 
 ATOL = 1e-4
 VOCAB, T = 64, 16
-COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=128)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
 
 VARIANTS = {  # name -> (builder, sliding window the engine must apply, layers it applies to)
     "qwen3": (lambda: Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16)), None, ()),
-    "qwen3-bias-tied": (lambda: Qwen3ForCausalLM(Qwen3Config(**COMMON, attention_bias=True,
-                                                             tie_word_embeddings=True)), None, ()),
-    "qwen3-sliding-layer1": (lambda: Qwen3ForCausalLM(Qwen3Config(**COMMON, use_sliding_window=True, sliding_window=4,
-                                                                  max_window_layers=1)), 4, (1,)),
+    "qwen3-bias-tied": (
+        lambda: Qwen3ForCausalLM(Qwen3Config(**COMMON, attention_bias=True, tie_word_embeddings=True)),
+        None,
+        (),
+    ),
+    "qwen3-sliding-layer1": (
+        lambda: Qwen3ForCausalLM(
+            Qwen3Config(**COMMON, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+        ),
+        4,
+        (1,),
+    ),
     "mistral-sliding": (lambda: MistralForCausalLM(MistralConfig(**COMMON, sliding_window=4)), 4, (0, 1)),
     "mistral-full": (lambda: MistralForCausalLM(MistralConfig(**COMMON, sliding_window=None)), None, ()),
-    "qwen2-sliding": (lambda: Qwen2ForCausalLM(Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=5,
-                                                           max_window_layers=0)), 5, (0, 1)),
+    "qwen2-sliding": (
+        lambda: Qwen2ForCausalLM(
+            Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=5, max_window_layers=0)
+        ),
+        5,
+        (0, 1),
+    ),
     "llama-gelu": (lambda: LlamaForCausalLM(LlamaConfig(**COMMON, hidden_act="gelu")), None, ()),
-    "llama-gelu-tanh": (lambda: LlamaForCausalLM(LlamaConfig(**COMMON, hidden_act="gelu_pytorch_tanh")), None, ()),
+    "llama-gelu-tanh": (
+        lambda: LlamaForCausalLM(LlamaConfig(**COMMON, hidden_act="gelu_pytorch_tanh")),
+        None,
+        (),
+    ),
 }
 
 
@@ -160,8 +184,9 @@ def _draft_of(model, seed: int = 5, sigma: float = 0.02):
     return out
 
 
-@pytest.mark.parametrize("variant", ["qwen3", "qwen3-sliding-layer1", "mistral-sliding", "qwen2-sliding",
-                                     "llama-gelu"])
+@pytest.mark.parametrize(
+    "variant", ["qwen3", "qwen3-sliding-layer1", "mistral-sliding", "qwen2-sliding", "llama-gelu"]
+)
 def test_speculative_greedy_equals_autoregressive_and_transformers(saved, variant):
     hf, folder = saved[variant]
     target = load_model(folder)
@@ -171,12 +196,19 @@ def test_speculative_greedy_equals_autoregressive_and_transformers(saved, varian
     requests = [Request(p, max_new_tokens=18, temperature=0.0, id=i) for i, p in enumerate(prompts)]
     ar = generate(pair, requests, SpecConfig(gamma=0), drafter="none", max_batch_size=3, eos_ids=())
     for gamma in (2, 4):
-        spec = generate(pair, requests, SpecConfig(gamma=gamma), drafter="model", max_batch_size=3, eos_ids=())
+        spec = generate(
+            pair, requests, SpecConfig(gamma=gamma), drafter="model", max_batch_size=3, eos_ids=()
+        )
         assert spec.tokens == ar.tokens, gamma
         assert 0 < spec.metrics["acceptance_rate"] < 1  # both accepted and rejected drafts were exercised
     for prompt, ours in zip(prompts, ar.tokens, strict=True):
         with torch.inference_mode():
-            out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                              do_sample=False, max_new_tokens=18, pad_token_id=0)
-        theirs = out[0, len(prompt):].tolist()  # stops early at the model's eos
+            out = hf.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=18,
+                pad_token_id=0,
+            )
+        theirs = out[0, len(prompt) :].tolist()  # stops early at the model's eos
         assert ours[: len(theirs)] == theirs

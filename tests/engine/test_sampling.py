@@ -36,7 +36,9 @@ def run_accept(target_list, draft_list, seed=0, deterministic=False, sampler=acc
     """B rows, G = len(draft_list) positions; returns (draft_tokens, n_acc, next_token)."""
     gen = torch.Generator().manual_seed(seed)
     g = len(draft_list)
-    draft_tokens = torch.stack([draw(q, B, gen) for q in draft_list], 1) if g else torch.zeros(B, 0, dtype=torch.long)
+    draft_tokens = (
+        torch.stack([draw(q, B, gen) for q in draft_list], 1) if g else torch.zeros(B, 0, dtype=torch.long)
+    )
     draft_probs = None if deterministic else torch.stack(draft_list)[None].expand(B, g, V)
     target_probs = torch.stack(target_list)[None].expand(B, g + 1, V)
     n_prop = torch.full((B,), g, dtype=torch.long)
@@ -68,11 +70,21 @@ def wrong_resample_target(draft_tokens, draft_probs, target_probs, n_proposed, g
 
 # ------------------------------------------------------------------ one position (G = 1)
 
+
 @pytest.mark.parametrize("case", ["overlap", "equal", "disjoint", "partial"])
 def test_first_token_has_target_distribution(chi2, case):
-    p = {"overlap": dist(1), "equal": dist(1), "disjoint": dist(1, [0, 1, 2, 3, 4]),
-         "partial": dist(1, [0, 1, 2, 3, 4, 5, 6])}[case]
-    q = {"overlap": dist(2), "equal": p, "disjoint": dist(2, [5, 6, 7, 8, 9]), "partial": dist(2, [3, 4, 5, 6, 7, 8, 9])}[case]
+    p = {
+        "overlap": dist(1),
+        "equal": dist(1),
+        "disjoint": dist(1, [0, 1, 2, 3, 4]),
+        "partial": dist(1, [0, 1, 2, 3, 4, 5, 6]),
+    }[case]
+    q = {
+        "overlap": dist(2),
+        "equal": p,
+        "disjoint": dist(2, [5, 6, 7, 8, 9]),
+        "partial": dist(2, [3, 4, 5, 6, 7, 8, 9]),
+    }[case]
     drafts, n_acc, nxt = run_accept([p, dist(3)], [q])
     first = emitted_at(drafts, n_acc, nxt, 0)
     assert first.numel() == B
@@ -107,6 +119,7 @@ def test_deterministic_drafter_first_token_has_target_distribution(chi2):
 
 
 # ------------------------------------------------------------------ chained (G = 3)
+
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_chained_positions_each_have_target_distribution(chi2, deterministic):
@@ -154,6 +167,7 @@ def test_rows_with_fewer_proposals_get_bonus_from_their_own_position(chi2):
 
 # ------------------------------------------------------------------ process_logits
 
+
 def test_top_k_keeps_exactly_k_tokens():
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 2, V, generator=gen)
@@ -200,7 +214,9 @@ def test_greedy_rows_emit_the_target_argmax_in_a_mixed_batch(chi2):
     p = process_logits(t_logits, temperature)
     q = process_logits(d_logits, temperature)
     greedy = temperature == 0
-    assert torch.equal(p[greedy], torch.zeros_like(p[greedy]).scatter_(-1, t_logits[greedy].argmax(-1, keepdim=True), 1.0))
+    assert torch.equal(
+        p[greedy], torch.zeros_like(p[greedy]).scatter_(-1, t_logits[greedy].argmax(-1, keepdim=True), 1.0)
+    )
     drafts = sample(q[:, 0], gen)[:, None]  # greedy rows propose the draft argmax
     n_acc, nxt = accept(drafts, q, p, torch.ones(B, dtype=torch.long), gen)
     first = torch.where(n_acc > 0, drafts[:, 0], nxt)

@@ -41,9 +41,16 @@ def test_open_loop_rows_share_verify_passes(pair, prompts, make_requests):
 
 def test_thousand_requests_through_batch_of_eight_leak_no_slot(pair, make_requests):
     gen = torch.Generator().manual_seed(1)
-    base = [Request(torch.randint(1, 32, (int(n),), generator=gen).tolist(), int(m), id=i)
-            for i, (n, m) in enumerate(zip(torch.randint(1, 9, (25,), generator=gen),
-                                           torch.randint(1, 5, (25,), generator=gen), strict=True))]
+    base = [
+        Request(torch.randint(1, 32, (int(n),), generator=gen).tolist(), int(m), id=i)
+        for i, (n, m) in enumerate(
+            zip(
+                torch.randint(1, 9, (25,), generator=gen),
+                torch.randint(1, 5, (25,), generator=gen),
+                strict=True,
+            )
+        )
+    ]
     engine = make_engine(pair, 8, SpecConfig(gamma=2), max_seq_len=32)
     run = Scheduler(engine).run(LoadGenerator(base, 1000, concurrency=8), max_steps=20000)
     assert len(run.records) == 1000
@@ -79,7 +86,9 @@ def test_seeded_arrivals_are_identical():
 
 def test_seeded_runs_give_identical_schedules(pair, prompts, make_requests):
     reqs = make_requests(prompts, 8, temperature=1.0)
-    runs = [Scheduler(make_engine(pair, 3, seed=5)).run(LoadGenerator(reqs, 9, concurrency=3)) for _ in range(2)]
+    runs = [
+        Scheduler(make_engine(pair, 3, seed=5)).run(LoadGenerator(reqs, 9, concurrency=3)) for _ in range(2)
+    ]
     assert [r.output_tokens for r in runs[0].records] == [r.output_tokens for r in runs[1].records]
     assert runs[0].metrics["steps"] == runs[1].metrics["steps"]
 
@@ -104,7 +113,8 @@ def test_adaptive_gamma_and_mixed_sampling_rows_coexist(pair, prompts, make_requ
     engine.step = step
     run = Scheduler(engine).run(LoadGenerator(mixed, len(mixed), concurrency=5))
     solo = Scheduler(make_engine(pair, 1, SpecConfig(gamma=0), drafter="none")).run(
-        LoadGenerator(greedy, len(greedy), concurrency=1))
+        LoadGenerator(greedy, len(greedy), concurrency=1)
+    )
     assert [r.output_tokens for r in run.records[:2]] == [r.output_tokens for r in solo.records]
     assert all(len(r.output_tokens) == 10 for r in run.records)
     assert any(len(set(g)) > 1 for g in seen_gammas)  # rows really ran different gammas in one step

@@ -34,6 +34,7 @@ def table(seed: int, *shape: int, zeros: bool = False) -> torch.Tensor:
 
 # ------------------------------------------------------------------ shapes and the mask
 
+
 def test_shape_arrays():
     s = TreeShape((3, 2, 1))
     assert s.depth == 3 and s.n_nodes == 3 + 6 + 6 and s.level_offsets == [0, 1, 4, 10]
@@ -53,13 +54,16 @@ def test_bad_shapes_are_refused_naming_the_key(topk, word):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize(("kw", "key"), [
-    ({"gamma": 3, "tree_topk": (2, 2)}, "tree_topk"),
-    ({"gamma": 2, "tree_topk": (2, 0)}, "tree_topk"),
-    ({"gamma": 2, "tree_topk": (2, 2), "confidence_threshold": 0.5}, "confidence_threshold"),
-    ({"gamma": 2, "tree_topk": (2, 2), "gamma_schedule": "heuristic"}, "gamma_schedule"),
-    ({"gamma": 2, "tree_topk": (2, 2), "tree_sampling": "beam"}, "tree_sampling"),
-])
+@pytest.mark.parametrize(
+    ("kw", "key"),
+    [
+        ({"gamma": 3, "tree_topk": (2, 2)}, "tree_topk"),
+        ({"gamma": 2, "tree_topk": (2, 0)}, "tree_topk"),
+        ({"gamma": 2, "tree_topk": (2, 2), "confidence_threshold": 0.5}, "confidence_threshold"),
+        ({"gamma": 2, "tree_topk": (2, 2), "gamma_schedule": "heuristic"}, "gamma_schedule"),
+        ({"gamma": 2, "tree_topk": (2, 2), "tree_sampling": "beam"}, "tree_sampling"),
+    ],
+)
 def test_spec_config_refuses_trees_it_cannot_honour(kw, key):
     with pytest.raises(EngineInputError, match=key) as err:
         SpecConfig(**kw)
@@ -100,6 +104,7 @@ def test_tree_forward_equals_each_paths_plain_forward(model_factory, window):
 
 
 # ------------------------------------------------------------------ acceptance, simulated
+
 
 def simulate(topk: tuple[int, int], iid: bool, seed: int, zeros: bool = False, accept=tree_accept):
     """B rows of one tree step on the tables; returns every row's first three tokens (B, 3)."""
@@ -148,14 +153,20 @@ def test_sampled_tree_emits_the_target_joint(chi2, iid, zeros):
     c = codes(out)
     assert bool((joint[c] > 0).all()), "a token outside the target's support"
     assert chi2(c, joint) > P_OK
-    assert 0 < float((n_acc == 0).float().mean()) < 1 and float((n_acc == 2).float().mean()) > 0.02  # all paths ran
+    assert (
+        0 < float((n_acc == 0).float().mean()) < 1 and float((n_acc == 2).float().mean()) > 0.02
+    )  # all paths ran
 
 
 def naive_iid(tree, node_tokens, target_probs, draft_probs, iid, generator):
     """Wrong: every sampled sibling is tried against p itself (no residual between siblings)."""
     b = node_tokens.shape[0]
     rows = torch.arange(b)
-    cur, alive, n_acc = torch.zeros(b, dtype=torch.long), torch.ones(b, dtype=torch.bool), torch.zeros(b, dtype=torch.long)
+    cur, alive, n_acc = (
+        torch.zeros(b, dtype=torch.long),
+        torch.ones(b, dtype=torch.bool),
+        torch.zeros(b, dtype=torch.long),
+    )
     res, path = target_probs[:, 0].double(), [cur]
     for k in tree.shape.topk:
         p, q = target_probs[rows, cur].double(), draft_probs[rows, cur].double()
@@ -163,21 +174,32 @@ def naive_iid(tree, node_tokens, target_probs, draft_probs, iid, generator):
         for c in range(k):
             child = tree.children[cur, c].clamp(min=0)
             x = node_tokens.gather(1, child[:, None])
-            ok = alive & ~taken & (torch.rand(b, generator=generator, dtype=torch.float64) * q.gather(1, x)[:, 0]
-                                   < p.gather(1, x)[:, 0])
+            ok = (
+                alive
+                & ~taken
+                & (
+                    torch.rand(b, generator=generator, dtype=torch.float64) * q.gather(1, x)[:, 0]
+                    < p.gather(1, x)[:, 0]
+                )
+            )
             nxt, taken = torch.where(ok, child, nxt), taken | ok
         res = torch.where((alive & ~taken)[:, None], (p - q).clamp(min=0), res)
         cur, n_acc, alive = nxt, n_acc + taken.long(), alive & taken
         res = torch.where(taken[:, None], target_probs[rows, cur].double(), res)
         path.append(cur)
     from engine.sampling import sample
+
     return n_acc, torch.stack(path, 1), sample(res, generator)
 
 
 def _no_renorm(tree, node_tokens, target_probs, generator):
     b = node_tokens.shape[0]
     rows = torch.arange(b)
-    cur, alive, n_acc = torch.zeros(b, dtype=torch.long), torch.ones(b, dtype=torch.bool), torch.zeros(b, dtype=torch.long)
+    cur, alive, n_acc = (
+        torch.zeros(b, dtype=torch.long),
+        torch.ones(b, dtype=torch.bool),
+        torch.zeros(b, dtype=torch.long),
+    )
     res, path = target_probs[:, 0].double(), [cur]
     for k in tree.shape.topk:
         p = target_probs[rows, cur].double()
@@ -185,17 +207,24 @@ def _no_renorm(tree, node_tokens, target_probs, generator):
         for c in range(k):
             child = tree.children[cur, c].clamp(min=0)
             x = node_tokens.gather(1, child[:, None])
-            ok = alive & ~taken & (torch.rand(b, generator=generator, dtype=torch.float64) < p.gather(1, x)[:, 0])
+            ok = (
+                alive
+                & ~taken
+                & (torch.rand(b, generator=generator, dtype=torch.float64) < p.gather(1, x)[:, 0])
+            )
             nxt, taken = torch.where(ok, child, nxt), taken | ok
         res = torch.where((alive & ~taken)[:, None], p, res)
         cur, n_acc, alive = nxt, n_acc + taken.long(), alive & taken
         res = torch.where(taken[:, None], target_probs[rows, cur].double(), res)
         path.append(cur)
     from engine.sampling import sample
+
     return n_acc, torch.stack(path, 1), sample(res, generator)
 
 
-@pytest.mark.parametrize(("iid", "wrong"), [(True, naive_iid), (False, _no_renorm)], ids=["iid-no-residual", "topk-no-renorm"])
+@pytest.mark.parametrize(
+    ("iid", "wrong"), [(True, naive_iid), (False, _no_renorm)], ids=["iid-no-residual", "topk-no-renorm"]
+)
 def test_the_check_detects_a_wrong_rule(chi2, iid, wrong):
     accept = wrong if iid else (lambda t, n, tp, dp, f, g: wrong(t, n, tp, g))
     out, joint, _ = simulate((3, 2), iid, seed=8, accept=accept)
@@ -215,7 +244,9 @@ def test_greedy_rows_follow_the_target_argmax():
     for row in range(200):
         node, depth = 0, 0
         while depth < shape.depth:
-            kids = [c for c in range(1, n) if shape.parents[c] == node and tokens[row, c] == argmax[row, node]]
+            kids = [
+                c for c in range(1, n) if shape.parents[c] == node and tokens[row, c] == argmax[row, node]
+            ]
             if not kids:
                 break
             node, depth = kids[0], depth + 1
@@ -225,13 +256,16 @@ def test_greedy_rows_follow_the_target_argmax():
     assert 0 < float(n_acc.float().mean()) < shape.depth
 
 
-@pytest.mark.parametrize("topk", [(2,), (3, 2, 1), (1, 3, 1, 2), (2, 2, 2)], ids=lambda t: "-".join(map(str, t)))
+@pytest.mark.parametrize(
+    "topk", [(2,), (3, 2, 1), (1, 3, 1, 2), (2, 2, 2)], ids=lambda t: "-".join(map(str, t))
+)
 def test_row_trees_from_parents_rebuild_a_static_shape(topk):
     """The per-row structure (dynamic trees) built from parent links equals the static shape's arrays."""
     shape = TreeShape(topk)
     t = shape.tensors("cpu")
-    rows = RowTrees.from_parents(torch.tensor([shape.parents] * 2), torch.tensor([shape.depths] * 2),
-                                 t.draft_slots.expand(2, -1), topk)
+    rows = RowTrees.from_parents(
+        torch.tensor([shape.parents] * 2), torch.tensor([shape.depths] * 2), t.draft_slots.expand(2, -1), topk
+    )
     assert torch.equal(rows.anc, t.anc.expand(2, -1, -1))
     n_int, kmax = t.children.shape
     assert torch.equal(rows.children[:, :n_int], t.children.expand(2, -1, -1))
@@ -255,7 +289,9 @@ def test_dynamic_tree_selection_is_the_best_scored_closed_set():
         scores[:, c] = scores[:, parents[c]] + step[:, c]
     tokens = torch.arange(100, 100 + m).expand(b, -1)
     slots = torch.tensor([1, 2, 3, 4, -1, -1, -1, -1, -1, -1]).expand(b, -1)
-    nodes, trees = spec.select(torch.zeros(b, 1, dtype=torch.long), tokens, scores, parents.expand(b, -1), slots)
+    nodes, trees = spec.select(
+        torch.zeros(b, 1, dtype=torch.long), tokens, scores, parents.expand(b, -1), slots
+    )
     depth_of = spec.candidate_depths("cpu")
     for r in range(b):
         chosen = (nodes[r, 1:] - 100).tolist()

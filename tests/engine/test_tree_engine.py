@@ -52,7 +52,11 @@ def test_tree_matches_autoregressive(pair, prompts, reference, make_requests, to
     assert 0.0 < out.metrics["acceptance_rate"] < 1.0  # both accept and reject paths ran
 
 
-BATCHED = {"3-2-1": tree_config((3, 2, 1)), "1-3-1-2": tree_config((1, 3, 1, 2)), "dynamic-3x3-7": dynamic_config(3, 3, 7)}
+BATCHED = {
+    "3-2-1": tree_config((3, 2, 1)),
+    "1-3-1-2": tree_config((1, 3, 1, 2)),
+    "dynamic-3x3-7": dynamic_config(3, 3, 7),
+}
 
 
 @pytest.mark.parametrize("name", BATCHED)
@@ -67,15 +71,22 @@ def test_tree_is_batch_invariant(pair, prompts, reference, name, max_batch_size)
     assert out.tokens == expected
 
 
-MIXED = {"topk": tree_config((3, 2, 1), tree_sampling="topk"), "iid": tree_config((3, 2, 1), tree_sampling="iid"),
-         "dynamic-2x4-6": dynamic_config(2, 4, 6)}
+MIXED = {
+    "topk": tree_config((3, 2, 1), tree_sampling="topk"),
+    "iid": tree_config((3, 2, 1), tree_sampling="iid"),
+    "dynamic-2x4-6": dynamic_config(2, 4, 6),
+}
 
 
 @pytest.mark.parametrize("name", MIXED)
 def test_greedy_rows_next_to_sampled_rows(pair, prompts, reference, name):
     """Even slots greedy, odd slots sampled (top-k, top-p): the greedy rows still match."""
-    reqs = [Request(p, N_NEW, id=i) if i % 2 == 0 else Request(p, N_NEW, temperature=1.0, top_k=5, top_p=0.9, id=i)
-            for i, p in enumerate(prompts)]
+    reqs = [
+        Request(p, N_NEW, id=i)
+        if i % 2 == 0
+        else Request(p, N_NEW, temperature=1.0, top_k=5, top_p=0.9, id=i)
+        for i, p in enumerate(prompts)
+    ]
     out = generate(pair, reqs, MIXED[name], "model", eos_ids=())
     assert [t for i, t in enumerate(out.tokens) if i % 2 == 0] == reference[::2]
     assert [len(t) for t in out.tokens] == [N_NEW] * len(prompts)
@@ -84,8 +95,13 @@ def test_greedy_rows_next_to_sampled_rows(pair, prompts, reference, name):
 def test_draft_equal_to_target_accepts_every_depth(target, prompts, reference, make_requests):
     topk = (2, 2, 2)
     n_new = 1 + 2 * (len(topk) + 1)
-    out = generate(ModelPair(target, target, None, None, None), make_requests(prompts, n_new), tree_config(topk),
-                   "model", eos_ids=())
+    out = generate(
+        ModelPair(target, target, None, None, None),
+        make_requests(prompts, n_new),
+        tree_config(topk),
+        "model",
+        eos_ids=(),
+    )
     assert out.tokens == [r[:n_new] for r in reference]
     assert out.metrics["mean_acceptance_length"] == len(topk) + 1
     assert out.steps == 2
@@ -108,12 +124,19 @@ def test_dynamic_tree_matches_autoregressive(pair, prompts, reference, make_requ
     assert out.metrics["verify_tokens_per_row"] == 1 + spec[2]
 
 
-def test_dynamic_tree_with_draft_equal_to_target_accepts_every_depth(target, prompts, reference, make_requests):
+def test_dynamic_tree_with_draft_equal_to_target_accepts_every_depth(
+    target, prompts, reference, make_requests
+):
     """Depth 2, every candidate verified: the target's greedy path is always in the tree, so every
     step accepts both depths; the second step only does if the first compacted the draft's cache."""
     n_new = 1 + 2 * 3
-    out = generate(ModelPair(target, target, None, None, None), make_requests(prompts, n_new), dynamic_config(3, 2, 12),
-                   "model", eos_ids=())
+    out = generate(
+        ModelPair(target, target, None, None, None),
+        make_requests(prompts, n_new),
+        dynamic_config(3, 2, 12),
+        "model",
+        eos_ids=(),
+    )
     assert out.tokens == [r[:n_new] for r in reference]
     assert out.metrics["mean_acceptance_length"] == 3
     assert out.steps == 2
@@ -153,7 +176,10 @@ def test_dynamic_trees_differ_by_row_and_hold_the_best_scored_nodes(model_factor
             level = []
             for path, score in front:
                 top = logp(prefix + list(path)).topk(3)
-                level += [(path + (t,), score + v) for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True)]
+                level += [
+                    (path + (t,), score + v)
+                    for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+                ]
             cands += level
             front = sorted(level, key=lambda c: -c[1])[:3]
         best = sorted(cands, key=lambda c: -c[1])[:7]
@@ -169,15 +195,22 @@ def test_dynamic_trees_differ_by_row_and_hold_the_best_scored_nodes(model_factor
 
 
 def test_dynamic_tree_settings_are_checked():
-    for kw, key in [(dict(tree_topk=(2, 1, 2)), "tree_nodes"), (dict(tree_topk=(1, 1, 1)), "tree_nodes"),
-                    (dict(tree_topk=(2, 2, 2), tree_sampling="iid"), "tree_sampling"),
-                    (dict(tree_topk=(2, 2, 2), tree_nodes=15), "tree_nodes")]:
+    for kw, key in [
+        (dict(tree_topk=(2, 1, 2)), "tree_nodes"),
+        (dict(tree_topk=(1, 1, 1)), "tree_nodes"),
+        (dict(tree_topk=(2, 2, 2), tree_sampling="iid"), "tree_sampling"),
+        (dict(tree_topk=(2, 2, 2), tree_nodes=15), "tree_nodes"),
+    ]:
         kw = {"tree_nodes": 4, "tree_sampling": "topk", **kw}
         with pytest.raises(EngineInputError, match=key) as err:
             SpecConfig(gamma=3, **kw)
         assert "\n" not in str(err.value)
-    assert SpecConfig(gamma=3, tree_topk=(2, 2, 2), tree_nodes=10, tree_sampling="topk").lookahead == 10  # 2 + 2 * 4
-    assert SpecConfig(gamma=5, tree_topk=(3,) * 5, tree_nodes=2, tree_sampling="topk").lookahead == 12  # draft: 4 * 3
+    assert (
+        SpecConfig(gamma=3, tree_topk=(2, 2, 2), tree_nodes=10, tree_sampling="topk").lookahead == 10
+    )  # 2 + 2 * 4
+    assert (
+        SpecConfig(gamma=5, tree_topk=(3,) * 5, tree_nodes=2, tree_sampling="topk").lookahead == 12
+    )  # draft: 4 * 3
 
 
 def test_top_k_one_everywhere_is_the_chain_path(pair, prompts, reference, make_requests):
@@ -193,7 +226,9 @@ def test_iid_children_are_separate_draws(model_factory):
     gen = torch.Generator().manual_seed(0)
     tree = TreeShape((4, 2)).tensors("cpu")
     sampling = BatchSampling(torch.ones(8))
-    nodes, probs = drafter.propose_tree(tokens, length, tree, sampling, torch.ones(8, dtype=torch.bool), 20, gen)
+    nodes, probs = drafter.propose_tree(
+        tokens, length, tree, sampling, torch.ones(8, dtype=torch.bool), 20, gen
+    )
     assert nodes.shape == (8, 1 + 4 + 8) and probs.shape == (8, 1 + 4, 32)
     assert sum(len(set(row)) for row in nodes[:, 1:5].tolist()) > 8 * 3  # mostly distinct: separate draws
     drafter.draft_len[:8] = 5
@@ -220,12 +255,17 @@ P_OK = 1e-3
 
 def exact_joint(model, top_k: int, top_p: float) -> torch.Tensor:
     """(V, V, V) probabilities of the first three generated tokens under ``model``."""
+
     def next_probs(prefixes: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
             logits = model(prefixes)[:, -1:]
         m = prefixes.shape[0]
-        return process_logits(logits, torch.ones(m), torch.full((m,), top_k) if top_k else None,
-                              torch.full((m,), top_p) if top_p < 1 else None)[:, 0]
+        return process_logits(
+            logits,
+            torch.ones(m),
+            torch.full((m,), top_k) if top_k else None,
+            torch.full((m,), top_p) if top_p < 1 else None,
+        )[:, 0]
 
     prompt = torch.tensor(PROMPT)
     t = torch.arange(V)
@@ -243,9 +283,17 @@ JOINT_CASES = {  # name: (config, seed); the dynamic tree verifies 5 of its 3 + 
 }
 
 
-@pytest.mark.parametrize(("name", "top_k", "top_p"), [("topk", 0, 1.0), ("iid", 4, 1.0), ("topk", 0, 0.8),
-                                                      ("dynamic-3x2-5", 0, 1.0), ("dynamic-3x2-5", 4, 1.0),
-                                                      ("dynamic-3x2-5", 0, 0.8)])
+@pytest.mark.parametrize(
+    ("name", "top_k", "top_p"),
+    [
+        ("topk", 0, 1.0),
+        ("iid", 4, 1.0),
+        ("topk", 0, 0.8),
+        ("dynamic-3x2-5", 0, 1.0),
+        ("dynamic-3x2-5", 4, 1.0),
+        ("dynamic-3x2-5", 0, 0.8),
+    ],
+)
 def test_first_three_tokens_have_the_target_joint(small_pair, chi2, name, top_k, top_p):
     """Token 1 comes from the prefill, tokens 2-3 from the first tree step (depth 2)."""
     config, seed = JOINT_CASES[name]

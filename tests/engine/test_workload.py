@@ -17,23 +17,38 @@ def write(tmp_path, lines):
 
 
 def test_valid_workload_parses(tmp_path):
-    path = write(tmp_path, [json.dumps({"prompt": "def f(", "max_new_tokens": 8, "source": "a.py"}),
-                            "", json.dumps({"prompt": "x = 1", "temperature": 0.5, "top_k": 3, "top_p": 0.9})])
+    path = write(
+        tmp_path,
+        [
+            json.dumps({"prompt": "def f(", "max_new_tokens": 8, "source": "a.py"}),
+            "",
+            json.dumps({"prompt": "x = 1", "temperature": 0.5, "top_k": 3, "top_p": 0.9}),
+        ],
+    )
     items = load_workload(path)
     assert [i.prompt for i in items] == ["def f(", "x = 1"]
     assert items[0].max_new_tokens == 8 and items[1].max_new_tokens is None
     assert items[1].temperature == 0.5 and items[1].top_k == 3 and items[1].top_p == 0.9
 
 
-@pytest.mark.parametrize("line, needle", [
-    ("{not json", "prompts.jsonl:2: malformed JSON"),
-    (json.dumps({"prompt": ""}), "prompts.jsonl:2: prompt must be a non-empty string"),
-    (json.dumps({"text": "x"}), "prompts.jsonl:2: prompt must be a non-empty string"),
-    (json.dumps({"prompt": "x", "max_new_tokens": -3}), "prompts.jsonl:2: max_new_tokens must be >= 1 (got -3)"),
-    (json.dumps({"prompt": "x", "max_new_tokens": 2.5}), "prompts.jsonl:2: max_new_tokens must be an integer"),
-    (json.dumps({"prompt": "x", "top_p": 1.5}), "prompts.jsonl:2: top_p must be in [0.0, 1.0] (got 1.5)"),
-    (json.dumps(["x"]), "prompts.jsonl:2: expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ("{not json", "prompts.jsonl:2: malformed JSON"),
+        (json.dumps({"prompt": ""}), "prompts.jsonl:2: prompt must be a non-empty string"),
+        (json.dumps({"text": "x"}), "prompts.jsonl:2: prompt must be a non-empty string"),
+        (
+            json.dumps({"prompt": "x", "max_new_tokens": -3}),
+            "prompts.jsonl:2: max_new_tokens must be >= 1 (got -3)",
+        ),
+        (
+            json.dumps({"prompt": "x", "max_new_tokens": 2.5}),
+            "prompts.jsonl:2: max_new_tokens must be an integer",
+        ),
+        (json.dumps({"prompt": "x", "top_p": 1.5}), "prompts.jsonl:2: top_p must be in [0.0, 1.0] (got 1.5)"),
+        (json.dumps(["x"]), "prompts.jsonl:2: expected a JSON object"),
+    ],
+)
 def test_bad_lines_are_named(tmp_path, line, needle):
     path = write(tmp_path, [json.dumps({"prompt": "ok"}), line])
     with pytest.raises(EngineInputError) as err:

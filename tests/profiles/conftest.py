@@ -13,24 +13,60 @@ from profiles.schema import BatchSchedule, Chosen, Profile, ScheduleEntry
 from profiles.store import Store
 
 # The device section the golden exports were generated from (tests/profiles/golden).
-GOLDEN_DEVICE: dict[str, Any] = {"key": "ab12cd34ef56", "label": "NVIDIA H200 141GB", "kind": "cuda",
-                                 "name": "NVIDIA H200", "memory_gib": 141}
+GOLDEN_DEVICE: dict[str, Any] = {
+    "key": "ab12cd34ef56",
+    "label": "NVIDIA H200 141GB",
+    "kind": "cuda",
+    "name": "NVIDIA H200",
+    "memory_gib": 141,
+}
 # The goldens' section order: classification before pareto_front (autotune tune writes pareto_front first).
-GOLDEN_KEY_ORDER = ("schema_version", "tool_version", "created_at", "device", "pair", "workload", "chosen",
-                    "schedule", "crossover_batch_size", "metrics", "baseline", "classification", "pareto_front",
-                    "ceilings", "predicted_vs_measured")
+GOLDEN_KEY_ORDER = (
+    "schema_version",
+    "tool_version",
+    "created_at",
+    "device",
+    "pair",
+    "workload",
+    "chosen",
+    "schedule",
+    "crossover_batch_size",
+    "metrics",
+    "baseline",
+    "classification",
+    "pareto_front",
+    "ceilings",
+    "predicted_vs_measured",
+)
 
 SAMPLE = Profile(
     schema_version=1,
     tool_version="0.1.0",
     created_at="2026-11-30T01:30:00+00:00",
     device=GOLDEN_DEVICE,
-    pair={"target": "/srv/models/llama-target", "draft": "/srv/models/llama-draft", "drafter": "model",
-          "target_hash": "t" * 64, "draft_hash": "d" * 64},
-    workload={"hash": "w" * 64, "prompts": "prompts.jsonl", "max_new_tokens": 64, "temperature": 0.0,
-              "concurrency": [1, 2, 4, 8]},
-    chosen=Chosen(drafter="model", gamma=4, confidence_threshold=0.3, gamma_schedule="constant", max_batch_size=8,
-                  prompt_lookup_min=2, prompt_lookup_max=4),
+    pair={
+        "target": "/srv/models/llama-target",
+        "draft": "/srv/models/llama-draft",
+        "drafter": "model",
+        "target_hash": "t" * 64,
+        "draft_hash": "d" * 64,
+    },
+    workload={
+        "hash": "w" * 64,
+        "prompts": "prompts.jsonl",
+        "max_new_tokens": 64,
+        "temperature": 0.0,
+        "concurrency": [1, 2, 4, 8],
+    },
+    chosen=Chosen(
+        drafter="model",
+        gamma=4,
+        confidence_threshold=0.3,
+        gamma_schedule="constant",
+        max_batch_size=8,
+        prompt_lookup_min=2,
+        prompt_lookup_max=4,
+    ),
     schedule=BatchSchedule(tuple(ScheduleEntry(b, g) for b, g in [(1, 5), (2, 4), (4, 2), (8, 0)]), 8),
     metrics={"tokens_per_second": 812.5, "tpot_ms_p95": 9.8, "speedup": 1.74},
     baseline={"tokens_per_second": 467.0, "tpot_ms_p95": 14.1},
@@ -67,8 +103,9 @@ def profile() -> dict[str, Any]:
 def make_profile() -> Callable[..., dict[str, Any]]:
     """Build sample variants: ``make_profile(schedule=[(1, 4), (8, 0)], drafter="ngram", **chosen)``."""
 
-    def build(schedule: list[tuple[int, int]] | None = None, drafter: str | None = None,
-              **chosen: Any) -> dict[str, Any]:
+    def build(
+        schedule: list[tuple[int, int]] | None = None, drafter: str | None = None, **chosen: Any
+    ) -> dict[str, Any]:
         out = copy.deepcopy(SAMPLE_PROFILE)
         if schedule is not None:
             out["schedule"] = BatchSchedule(tuple(ScheduleEntry(b, g) for b, g in schedule)).to_json()

@@ -49,16 +49,26 @@ def test_export_matches_golden_file(fmt: str, profile: dict) -> None:
 
 def test_every_format_has_its_default_file_name(profile: dict) -> None:
     names = {fmt: export(profile, fmt).filename for fmt in FORMATS}
-    assert names == {"vllm": "vllm-speculative-config.json", "sglang": "sglang-args.sh",
-                     "trtllm": "trtllm-extra-options.yaml", "tgi": "tgi-args.sh", "hf": "generation_config.json",
-                     "llamacpp": "llamacpp-args.sh", "yaml": "profile.yaml"}
+    assert names == {
+        "vllm": "vllm-speculative-config.json",
+        "sglang": "sglang-args.sh",
+        "trtllm": "trtllm-extra-options.yaml",
+        "tgi": "tgi-args.sh",
+        "hf": "generation_config.json",
+        "llamacpp": "llamacpp-args.sh",
+        "yaml": "profile.yaml",
+    }
 
 
 def test_vllm_json_keys_and_types(profile: dict) -> None:
     exported = export(profile, "vllm")
     config = json.loads(exported.text)
-    assert config == {"method": "draft_model", "model": "/srv/models/llama-draft", "num_speculative_tokens": 5,
-                      "num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 2, 4], [3, 4, 2], [5, 8, 0]]}
+    assert config == {
+        "method": "draft_model",
+        "model": "/srv/models/llama-draft",
+        "num_speculative_tokens": 5,
+        "num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 2, 4], [3, 4, 2], [5, 8, 0]],
+    }
     assert all(type(v) is int for row in config["num_speculative_tokens_per_batch_size"] for v in row)
     meta = json.loads(exported.sidecar)
     assert meta["device"] == {"label": "NVIDIA H200 141GB", "key": "ab12cd34ef56"}
@@ -76,9 +86,14 @@ def test_vllm_ngram_lets_vllm_fill_the_model(make_profile) -> None:
 
 def test_trtllm_yaml_keys_and_types(profile: dict, make_profile) -> None:
     options = yaml.safe_load(export(profile, "trtllm").text)
-    assert options == {"speculative_config": {
-        "decoding_type": "Draft_Target", "max_draft_len": 5, "speculative_model": "/srv/models/llama-draft",
-        "draft_len_schedule": {1: 5, 2: 4, 4: 2}}}
+    assert options == {
+        "speculative_config": {
+            "decoding_type": "Draft_Target",
+            "max_draft_len": 5,
+            "speculative_model": "/srv/models/llama-draft",
+            "draft_len_schedule": {1: 5, 2: 4, 4: 2},
+        }
+    }
     ngram = yaml.safe_load(export(make_profile(drafter="ngram"), "trtllm").text)["speculative_config"]
     assert ngram["decoding_type"] == "NGram" and ngram["max_matching_ngram_size"] == 4
     assert "speculative_model" not in ngram
@@ -86,9 +101,14 @@ def test_trtllm_yaml_keys_and_types(profile: dict, make_profile) -> None:
 
 def test_sglang_flags_for_draft_model_and_ngram(profile: dict, make_profile) -> None:
     flags = _flags(_shell_argv(export(profile, "sglang").text), 3)
-    assert flags == {"--model-path": "/srv/models/llama-target", "--speculative-algorithm": "STANDALONE",
-                     "--speculative-draft-model-path": "/srv/models/llama-draft", "--speculative-num-steps": "4",
-                     "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "5"}
+    assert flags == {
+        "--model-path": "/srv/models/llama-target",
+        "--speculative-algorithm": "STANDALONE",
+        "--speculative-draft-model-path": "/srv/models/llama-draft",
+        "--speculative-num-steps": "4",
+        "--speculative-eagle-topk": "1",
+        "--speculative-num-draft-tokens": "5",
+    }
     ngram = _flags(_shell_argv(export(make_profile(drafter="ngram", gamma=3), "sglang").text), 3)
     assert ngram["--speculative-algorithm"] == "NGRAM" and ngram["--speculative-num-draft-tokens"] == "4"
     assert "--speculative-eagle-topk" not in ngram and "--speculative-draft-model-path" not in ngram
@@ -97,9 +117,15 @@ def test_sglang_flags_for_draft_model_and_ngram(profile: dict, make_profile) -> 
 def test_llamacpp_uses_current_flags_only(profile: dict, make_profile) -> None:
     argv = _shell_argv(export(profile, "llamacpp").text)
     flags = _flags(argv, 1)
-    assert flags == {"-m": "/srv/models/llama-target", "--spec-type": "draft-simple", "-md": "/srv/models/llama-draft",
-                     "--spec-draft-n-max": "4", "--spec-draft-n-min": "0", "--spec-draft-p-min": "0.3",
-                     "-np": "8"}  # the profile's max_batch_size
+    assert flags == {
+        "-m": "/srv/models/llama-target",
+        "--spec-type": "draft-simple",
+        "-md": "/srv/models/llama-draft",
+        "--spec-draft-n-max": "4",
+        "--spec-draft-n-min": "0",
+        "--spec-draft-p-min": "0.3",
+        "-np": "8",
+    }  # the profile's max_batch_size
     ngram = _flags(_shell_argv(export(make_profile(drafter="ngram"), "llamacpp").text), 1)
     assert ngram["--spec-type"] == "ngram-simple" and ngram["--spec-ngram-simple-size-m"] == "4"
     for text in (export(profile, "llamacpp").text, export(make_profile(drafter="ngram"), "llamacpp").text):
@@ -108,7 +134,10 @@ def test_llamacpp_uses_current_flags_only(profile: dict, make_profile) -> None:
 
 def test_tgi_speculate_and_draft_model_warning(profile: dict, make_profile) -> None:
     exported = export(profile, "tgi")
-    assert _flags(_shell_argv(exported.text), 1) == {"--model-id": "/srv/models/llama-target", "--speculate": "4"}
+    assert _flags(_shell_argv(exported.text), 1) == {
+        "--model-id": "/srv/models/llama-target",
+        "--speculate": "4",
+    }
     assert any("cannot load a separate draft model" in note for note in exported.notes)
     ngram = export(make_profile(drafter="ngram"), "tgi")
     assert not any("draft model" in note for note in ngram.notes)
@@ -140,8 +169,9 @@ def test_overrides_replace_model_paths(profile: dict) -> None:
     assert dumped["pair"]["target"] == target and dumped["pair"]["draft"] == profile["pair"]["draft"]
 
 
-@pytest.mark.parametrize("fmt, program", [("tgi", "text-generation-launcher"), ("llamacpp", "llama-server"),
-                                          ("sglang", "python")])
+@pytest.mark.parametrize(
+    "fmt, program", [("tgi", "text-generation-launcher"), ("llamacpp", "llama-server"), ("sglang", "python")]
+)
 def test_generated_script_runs_with_exact_argv(fmt: str, program: str, profile: dict, tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -151,7 +181,9 @@ def test_generated_script_runs_with_exact_argv(fmt: str, program: str, profile: 
     target = "/models/a target's dir"
     script = write_export(export(profile, fmt, target_model=target), tmp_path)[0]
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    out = subprocess.run(["sh", str(script), "--port", "8000"], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        ["sh", str(script), "--port", "8000"], capture_output=True, text=True, env=env, check=True
+    )
     argv = out.stdout.splitlines()
     assert target in argv and argv[-2:] == ["--port", "8000"]
     assert argv == _shell_argv(export(profile, fmt, target_model=target).text)[1:] + ["--port", "8000"]
@@ -161,9 +193,18 @@ def test_hf_generation_config_loads_in_transformers(profile: dict, tmp_path: Pat
     transformers = pytest.importorskip("transformers")
     target = tmp_path / "target"
     target.mkdir()
-    (target / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 1, "eos_token_id": [2, 7], "pad_token_id": 0, "max_length": 512,
-         "num_assistant_tokens": 20, "transformers_version": "4.0.0"}))
+    (target / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token_id": 1,
+                "eos_token_id": [2, 7],
+                "pad_token_id": 0,
+                "max_length": 512,
+                "num_assistant_tokens": 20,
+                "transformers_version": "4.0.0",
+            }
+        )
+    )
     exported = export(profile, "hf", target_model=str(target))
     out = tmp_path / "export"
     written = write_export(exported, out / "generation_config.json")
@@ -172,7 +213,12 @@ def test_hf_generation_config_loads_in_transformers(profile: dict, tmp_path: Pat
     assert config.num_assistant_tokens == 4
     assert config.num_assistant_tokens_schedule == "constant"
     assert config.assistant_confidence_threshold == pytest.approx(0.3)
-    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id, config.max_length) == (1, [2, 7], 0, 512)
+    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id, config.max_length) == (
+        1,
+        [2, 7],
+        0,
+        512,
+    )
     assert "transformers_version" not in json.loads(exported.text)
 
 
@@ -198,9 +244,17 @@ def test_speculation_off_for_drafter_none(fmt: str, make_profile) -> None:
         assert any("Speculation off" in note for note in exported.notes)
 
 
-@pytest.mark.parametrize("path, key", [("device.label", "device.label"), ("device.key", "device.key"),
-                                       ("chosen.gamma", "chosen.gamma"), ("schedule", "schedule"),
-                                       ("tool_version", "tool_version"), ("pair.target", "pair.target")])
+@pytest.mark.parametrize(
+    "path, key",
+    [
+        ("device.label", "device.label"),
+        ("device.key", "device.key"),
+        ("chosen.gamma", "chosen.gamma"),
+        ("schedule", "schedule"),
+        ("tool_version", "tool_version"),
+        ("pair.target", "pair.target"),
+    ],
+)
 def test_missing_profile_key_is_named(path: str, key: str, profile: dict) -> None:
     node = profile
     *parents, last = path.split(".")
@@ -251,15 +305,19 @@ def test_exports_pass_their_own_validator_for_every_drafter(fmt: str, make_profi
 
 def test_write_export_writes_main_file_and_sidecar(profile: dict, tmp_path: Path) -> None:
     written = write_export(export(profile, "vllm"), tmp_path)
-    assert [p.name for p in written] == ["vllm-speculative-config.json", "vllm-speculative-config.json.meta.json"]
+    assert [p.name for p in written] == [
+        "vllm-speculative-config.json",
+        "vllm-speculative-config.json.meta.json",
+    ]
     assert json.loads(written[0].read_text())["num_speculative_tokens"] == 5
     script = write_export(export(profile, "sglang"), tmp_path / "deep" / "launch.sh")[0]
     assert script.name == "launch.sh" and os.access(script, os.X_OK)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep", *sorted(p.name for p in written)]
 
 
-def test_failed_replace_leaves_no_file_and_no_temp(profile: dict, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_replace_leaves_no_file_and_no_temp(
+    profile: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def refuse(*_args: object) -> None:
         raise OSError(28, "No space left on device")
 
@@ -269,8 +327,9 @@ def test_failed_replace_leaves_no_file_and_no_temp(profile: dict, tmp_path: Path
     assert list(tmp_path.iterdir()) == []
 
 
-def test_failed_temp_write_leaves_no_file_and_keeps_the_old_one(profile: dict, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_temp_write_leaves_no_file_and_keeps_the_old_one(
+    profile: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dest = tmp_path / "tgi-args.sh"
     dest.write_text("old\n")
 

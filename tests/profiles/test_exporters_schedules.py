@@ -26,8 +26,9 @@ def _trtllm(make_profile, schedule: list[tuple[int, int]]) -> dict:
 # (docs/stacks/vllm.md and docs/stacks/trtllm.md name the file and commit each was read from)
 
 
-def vllm_build_dynamic_sd_schedule_lookup(table: list[list[int]], max_batch_size: int,
-                                          num_speculative_tokens: int) -> list[int]:
+def vllm_build_dynamic_sd_schedule_lookup(
+    table: list[list[int]], max_batch_size: int, num_speculative_tokens: int
+) -> list[int]:
     """vLLM's ``build_dynamic_sd_schedule_lookup`` after ``validate_and_normalize_dynamic_sd_schedule``
     (vllm/v1/spec_decode/dynamic/utils.py at 14b450ca).
 
@@ -39,7 +40,9 @@ def vllm_build_dynamic_sd_schedule_lookup(table: list[list[int]], max_batch_size
     ranges = sorted((int(lo), int(hi), int(k)) for lo, hi, k in table)
     assert ranges and ranges[0][0] == 1, "the first range must start at 1"
     assert all(0 < lo <= hi and k >= 0 for lo, hi, k in ranges)
-    assert all(nxt[0] > prev[1] for prev, nxt in zip(ranges, ranges[1:], strict=False)), "ranges must not overlap"
+    assert all(nxt[0] > prev[1] for prev, nxt in zip(ranges, ranges[1:], strict=False)), (
+        "ranges must not overlap"
+    )
     dense = [0]
     for b in range(1, max_batch_size + 1):
         k = [k for lo, _hi, k in ranges if lo <= b][-1]  # its range, or the previous one's (gap, tail)
@@ -47,7 +50,9 @@ def vllm_build_dynamic_sd_schedule_lookup(table: list[list[int]], max_batch_size
     return dense
 
 
-def trtllm_get_draft_len_for_batch_size(schedule: dict[int, int] | None, batch_size: int, max_draft_len: int) -> int:
+def trtllm_get_draft_len_for_batch_size(
+    schedule: dict[int, int] | None, batch_size: int, max_draft_len: int
+) -> int:
     """TensorRT-LLM's standalone ``get_draft_len_for_batch_size`` (tensorrt_llm/_torch/speculative/), the
     semantics llm_args.py documents at 00043967 and the exporter targets: no schedule -> max_draft_len;
     else the value of the first key >= batch_size (``bisect_left`` over the sorted keys: "up to that
@@ -85,8 +90,11 @@ def test_vllm_all_zero_schedule_exports_null_and_says_so(make_profile) -> None:
 
 
 def test_vllm_one_batch_size_needs_no_table(make_profile) -> None:
-    assert _vllm(make_profile, [(1, 3)]) == {"method": "draft_model", "model": "/srv/models/llama-draft",
-                                             "num_speculative_tokens": 3}
+    assert _vllm(make_profile, [(1, 3)]) == {
+        "method": "draft_model",
+        "model": "/srv/models/llama-draft",
+        "num_speculative_tokens": 3,
+    }
 
 
 def test_vllm_constant_schedule_needs_no_table(make_profile) -> None:
@@ -115,13 +123,21 @@ def test_vllm_schedule_starting_above_one_still_starts_at_one(make_profile) -> N
     assert config["num_speculative_tokens_per_batch_size"][0] == [1, 4, 3]
 
 
-@pytest.mark.parametrize("schedule", [[(1, 5), (2, 4), (4, 2), (8, 0)], [(1, 4), (4, 2), (16, 1)],
-                                      [(1, 2), (4, 5), (16, 0), (32, 1)], [(3, 0), (9, 2)]])
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        [(1, 5), (2, 4), (4, 2), (8, 0)],
+        [(1, 4), (4, 2), (16, 1)],
+        [(1, 2), (4, 5), (16, 0), (32, 1)],
+        [(3, 0), (9, 2)],
+    ],
+)
 def test_vllm_table_reproduces_every_tuned_point(make_profile, schedule: list[tuple[int, int]]) -> None:
     config = _vllm(make_profile, schedule)
     last = max(b for b, _ in schedule)
-    dense = vllm_build_dynamic_sd_schedule_lookup(config["num_speculative_tokens_per_batch_size"], 4 * last,
-                                                  config["num_speculative_tokens"])
+    dense = vllm_build_dynamic_sd_schedule_lookup(
+        config["num_speculative_tokens_per_batch_size"], 4 * last, config["num_speculative_tokens"]
+    )
     for batch, gamma in schedule:
         assert dense[batch] == gamma
     for batch in range(1, 4 * last + 1):  # between tuned points the next larger one; past the last, the last
@@ -171,8 +187,10 @@ def test_trtllm_speculation_cannot_start_above_the_smallest_batch(make_profile) 
     assert "smallest" in exported.notes[0]
 
 
-@pytest.mark.parametrize("schedule", [((1, 5), (2, 4), (4, 2), (8, 0)), ((1, 4), (4, 2), (16, 1)),
-                                      ((1, 6), (2, 6), (8, 1)), ((2, 3), (8, 0))])
+@pytest.mark.parametrize(
+    "schedule",
+    [((1, 5), (2, 4), (4, 2), (8, 0)), ((1, 4), (4, 2), (16, 1)), ((1, 6), (2, 6), (8, 1)), ((2, 3), (8, 0))],
+)
 def test_trtllm_schedule_reproduces_every_non_increasing_point(schedule: tuple[tuple[int, int], ...]) -> None:
     max_draft_len, table, notes = draft_len_schedule(schedule)
     assert notes == [] and table[min(table)] == max_draft_len
@@ -202,17 +220,42 @@ def test_batch_ranges_merge_and_cover_from_one() -> None:
 # -- validators: each rejects what its stack would reject -------------------------------------
 
 GOOD = {
-    "vllm": {"method": "draft_model", "model": "/m/d", "num_speculative_tokens": 3,
-             "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 8, 0]]},
-    "sglang": {"--model-path": "/m/t", "--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": "/m/d",
-               "--speculative-num-steps": 3, "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": 4},
-    "trtllm": {"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model": "/m/d",
-                                      "draft_len_schedule": {1: 3, 8: 1}}},
+    "vllm": {
+        "method": "draft_model",
+        "model": "/m/d",
+        "num_speculative_tokens": 3,
+        "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 8, 0]],
+    },
+    "sglang": {
+        "--model-path": "/m/t",
+        "--speculative-algorithm": "STANDALONE",
+        "--speculative-draft-model-path": "/m/d",
+        "--speculative-num-steps": 3,
+        "--speculative-eagle-topk": 1,
+        "--speculative-num-draft-tokens": 4,
+    },
+    "trtllm": {
+        "speculative_config": {
+            "decoding_type": "Draft_Target",
+            "max_draft_len": 3,
+            "speculative_model": "/m/d",
+            "draft_len_schedule": {1: 3, 8: 1},
+        }
+    },
     "tgi": {"--model-id": "/m/t", "--speculate": 3},
-    "hf": {"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "heuristic",
-           "assistant_confidence_threshold": 0.4},
-    "llamacpp": {"-m": "t.gguf", "--spec-type": "draft-simple", "-md": "d.gguf", "--spec-draft-n-max": 3,
-                 "--spec-draft-n-min": 0, "--spec-draft-p-min": 0.5},
+    "hf": {
+        "num_assistant_tokens": 3,
+        "num_assistant_tokens_schedule": "heuristic",
+        "assistant_confidence_threshold": 0.4,
+    },
+    "llamacpp": {
+        "-m": "t.gguf",
+        "--spec-type": "draft-simple",
+        "-md": "d.gguf",
+        "--spec-draft-n-max": 3,
+        "--spec-draft-n-min": 0,
+        "--spec-draft-p-min": 0.5,
+    },
 }
 
 BAD = [
@@ -221,7 +264,11 @@ BAD = [
     ("vllm", {"method": "draft_model", "model": None}, "needs 'model'"),
     ("vllm", {"method": "eagle4"}, "unknown method"),
     ("vllm", {"tensor_parallel_size": 2}, "draft_tensor_parallel_size"),
-    ("vllm", {"method": "ngram", "model": None, "prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min"),
+    (
+        "vllm",
+        {"method": "ngram", "model": None, "prompt_lookup_min": 5, "prompt_lookup_max": 2},
+        "prompt_lookup_min",
+    ),
     ("vllm", {"num_speculative_tokens_per_batch_size": []}, "non-empty"),
     ("vllm", {"num_speculative_tokens_per_batch_size": [[2, 4, 3]]}, "must start at 1"),
     ("vllm", {"num_speculative_tokens_per_batch_size": [[1, 4, 3], [4, 8, 1]]}, "overlap"),

@@ -17,7 +17,12 @@ from profiles.exporters import FORMATS, export, sglang
 from profiles.schema import Chosen
 
 GOLDEN = Path(__file__).parent / "golden"
-BEST_CHAIN = {"gamma": 4, "confidence_threshold": 0.3, "gamma_schedule": "constant", "tokens_per_second": 700.0}
+BEST_CHAIN = {
+    "gamma": 4,
+    "confidence_threshold": 0.3,
+    "gamma_schedule": "constant",
+    "tokens_per_second": 700.0,
+}
 
 
 @pytest.fixture
@@ -35,10 +40,15 @@ def test_sglang_exports_the_tree_as_standalone_topk(tree_profile) -> None:
     out = export(tree_profile, "sglang")
     flags = _flags(out.text)
     assert flags["--speculative-algorithm"] == "STANDALONE"
-    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
-            flags["--speculative-num-draft-tokens"]) == ("3", "2", "7")  # 6 nodes + the verified token
-    assert any("STANDALONE accepts --speculative-eagle-topk > 1" in n and "_handle_eagle_family" in n
-               for n in out.notes)
+    assert (
+        flags["--speculative-num-steps"],
+        flags["--speculative-eagle-topk"],
+        flags["--speculative-num-draft-tokens"],
+    ) == ("3", "2", "7")  # 6 nodes + the verified token
+    assert any(
+        "STANDALONE accepts --speculative-eagle-topk > 1" in n and "_handle_eagle_family" in n
+        for n in out.notes
+    )
     assert not any("confidence_threshold" in n for n in out.notes)  # a tree has none
 
 
@@ -50,30 +60,47 @@ def test_sglang_caps_draft_tokens_at_the_trees_candidates(make_profile) -> None:
 
 def test_sglang_exports_a_dynamic_tree_one_to_one(make_profile) -> None:
     """SGLang's tree is EAGLE-2's selection: top-k, steps and verified nodes map directly (no cap, no reshaping)."""
-    out = export(make_profile(gamma=6, confidence_threshold=0.0, tree_topk="2x6/10", best_chain=dict(BEST_CHAIN)),
-                 "sglang")
+    out = export(
+        make_profile(gamma=6, confidence_threshold=0.0, tree_topk="2x6/10", best_chain=dict(BEST_CHAIN)),
+        "sglang",
+    )
     flags = _flags(out.text)
-    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
-            flags["--speculative-num-draft-tokens"]) == ("6", "2", "11")
+    assert (
+        flags["--speculative-num-steps"],
+        flags["--speculative-eagle-topk"],
+        flags["--speculative-num-draft-tokens"],
+    ) == ("6", "2", "11")
     note = next(n for n in out.notes if "Token tree 2x6/10 (dynamic" in n)
     assert "the engine measured this selection" in note and "not this exact static shape" not in note
 
 
 @pytest.mark.parametrize("fmt", ["vllm", "trtllm", "llamacpp", "hf"])
 def test_chain_stacks_export_the_best_chain_for_a_dynamic_tree(fmt, make_profile, profile) -> None:
-    out = export(make_profile(gamma=6, confidence_threshold=0.0, tree_topk="2x6/10", best_chain=dict(BEST_CHAIN)), fmt)
+    out = export(
+        make_profile(gamma=6, confidence_threshold=0.0, tree_topk="2x6/10", best_chain=dict(BEST_CHAIN)), fmt
+    )
     assert any("token tree 2x6/10 (dynamic, EAGLE-2" in n and "best measured chain" in n for n in out.notes)
     if fmt in ("vllm", "hf"):
         assert out.text == export(profile, fmt).text
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"--speculative-eagle-topk": 2}, "with topk > 1 set --speculative-num-draft-tokens"),
-    ({"--speculative-eagle-topk": 2, "--speculative-num-draft-tokens": 12}, "exceeds the tree's 10 candidate nodes"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"--speculative-eagle-topk": 2}, "with topk > 1 set --speculative-num-draft-tokens"),
+        (
+            {"--speculative-eagle-topk": 2, "--speculative-num-draft-tokens": 12},
+            "exceeds the tree's 10 candidate nodes",
+        ),
+    ],
+)
 def test_sglang_validate_refuses_impossible_trees(args, message) -> None:
-    base = {"--model-path": "/m/t", "--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": "/m/d",
-            "--speculative-num-steps": 3}
+    base = {
+        "--model-path": "/m/t",
+        "--speculative-algorithm": "STANDALONE",
+        "--speculative-draft-model-path": "/m/d",
+        "--speculative-num-steps": 3,
+    }
     with pytest.raises(ProfileError, match=message):
         sglang.validate({**base, **args})
 
@@ -124,7 +151,8 @@ def test_hybrid_is_exported_as_the_draft_model_with_a_note(fmt, make_profile, pr
         assert out.text == model.text
     else:
         assert [ln for ln in out.text.splitlines() if not ln.startswith("#")] == [
-            ln for ln in model.text.splitlines() if not ln.startswith("#")]
+            ln for ln in model.text.splitlines() if not ln.startswith("#")
+        ]
 
 
 def test_hybrid_needs_the_draft_path(make_profile) -> None:
@@ -133,28 +161,60 @@ def test_hybrid_needs_the_draft_path(make_profile) -> None:
         export(profile, "vllm")
 
 
-@pytest.mark.parametrize("chosen, message", [
-    ({"drafter": "model", "gamma": 3, "tree_topk": "2,x,1"}, "'chosen.tree_topk' must be 'chain', a per-depth"),
-    ({"drafter": "ngram", "gamma": 2, "tree_topk": "2,1", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-     "'chosen.tree_topk' '2,1' needs the 'model' drafter"),
-    ({"drafter": "model", "gamma": 4, "tree_topk": "2,1"}, "has depth 2 but 'chosen.gamma' is 4"),
-    ({"drafter": "model", "gamma": 4, "tree_topk": "2x3/5"}, "has depth 3 but 'chosen.gamma' is 4"),
-    ({"drafter": "model", "gamma": 3, "tree_topk": "2x3/11"}, r"'2x3/11': a dynamic tree 'KxD/N' needs K >= 2"),
-    ({"drafter": "model", "gamma": 3, "tree_topk": "1x3/2"}, r"'1x3/2': a dynamic tree 'KxD/N' needs K >= 2"),
-    ({"drafter": "model", "gamma": 2, "tree_topk": "2,1", "best_chain": {"gamma": 0}},
-     "'chosen.best_chain.gamma' must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "chosen, message",
+    [
+        (
+            {"drafter": "model", "gamma": 3, "tree_topk": "2,x,1"},
+            "'chosen.tree_topk' must be 'chain', a per-depth",
+        ),
+        (
+            {
+                "drafter": "ngram",
+                "gamma": 2,
+                "tree_topk": "2,1",
+                "prompt_lookup_min": 2,
+                "prompt_lookup_max": 4,
+            },
+            "'chosen.tree_topk' '2,1' needs the 'model' drafter",
+        ),
+        ({"drafter": "model", "gamma": 4, "tree_topk": "2,1"}, "has depth 2 but 'chosen.gamma' is 4"),
+        ({"drafter": "model", "gamma": 4, "tree_topk": "2x3/5"}, "has depth 3 but 'chosen.gamma' is 4"),
+        (
+            {"drafter": "model", "gamma": 3, "tree_topk": "2x3/11"},
+            r"'2x3/11': a dynamic tree 'KxD/N' needs K >= 2",
+        ),
+        (
+            {"drafter": "model", "gamma": 3, "tree_topk": "1x3/2"},
+            r"'1x3/2': a dynamic tree 'KxD/N' needs K >= 2",
+        ),
+        (
+            {"drafter": "model", "gamma": 2, "tree_topk": "2,1", "best_chain": {"gamma": 0}},
+            "'chosen.best_chain.gamma' must be >= 1",
+        ),
+    ],
+)
 def test_chosen_refuses_bad_trees(chosen, message) -> None:
     with pytest.raises(ProfileError, match=message):
         Chosen.from_json(chosen)
 
 
 def test_chosen_with_a_tree_round_trips_in_order() -> None:
-    data = {"drafter": "model", "gamma": 3, "confidence_threshold": 0.0, "gamma_schedule": "constant",
-            "max_batch_size": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "tree_topk": "2,1,1",
-            "best_chain": dict(BEST_CHAIN)}
+    data = {
+        "drafter": "model",
+        "gamma": 3,
+        "confidence_threshold": 0.0,
+        "gamma_schedule": "constant",
+        "max_batch_size": 4,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+        "tree_topk": "2,1,1",
+        "best_chain": dict(BEST_CHAIN),
+    }
     chosen = Chosen.from_json(data)
-    assert chosen.tree_shape == (2, 1, 1) and chosen.to_json() == data and list(chosen.to_json()) == list(data)
+    assert (
+        chosen.tree_shape == (2, 1, 1) and chosen.to_json() == data and list(chosen.to_json()) == list(data)
+    )
     assert Chosen.from_json({"drafter": "model", "gamma": 2}).tree_shape == ()
 
 

@@ -41,8 +41,10 @@ def test_renaming_a_shard_changes_the_hash(tmp_path: Path) -> None:
     assert hash_folder(folder) != before
 
 
-@pytest.mark.parametrize("remove, message", [("config.json", "no config.json"), ("model.safetensors", "no"),
-                                             (None, "not a folder")])
+@pytest.mark.parametrize(
+    "remove, message",
+    [("config.json", "no config.json"), ("model.safetensors", "no"), (None, "not a folder")],
+)
 def test_bad_folders_raise_profile_error(tmp_path: Path, remove: str | None, message: str) -> None:
     folder = _model(tmp_path / "m")
     if remove:

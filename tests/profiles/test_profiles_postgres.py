@@ -18,10 +18,20 @@ pytestmark = pytest.mark.skipif(not PG_URL, reason="AUTOTUNE_TEST_PG_URL not set
 
 
 def profile(key: str) -> dict:
-    return {"device": {"key": key, "label": "PG test device", "kind": "cpu"},
-            "pair": {"target": "/m/t", "draft": "/m/d", "drafter": "model", "target_hash": key, "draft_hash": "d"},
-            "workload": {"hash": "w"}, "chosen": {"drafter": "model", "gamma": 3},
-            "schedule": [{"batch_size": 1, "gamma": 3}], "metrics": {"tokens_per_second": 42.0}}
+    return {
+        "device": {"key": key, "label": "PG test device", "kind": "cpu"},
+        "pair": {
+            "target": "/m/t",
+            "draft": "/m/d",
+            "drafter": "model",
+            "target_hash": key,
+            "draft_hash": "d",
+        },
+        "workload": {"hash": "w"},
+        "chosen": {"drafter": "model", "gamma": 3},
+        "schedule": [{"batch_size": 1, "gamma": 3}],
+        "metrics": {"tokens_per_second": 42.0},
+    }
 
 
 def test_store_round_trip_on_postgres():

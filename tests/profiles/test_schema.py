@@ -15,27 +15,56 @@ from profiles.schema import MISSING, BatchSchedule, Chosen, Profile, ScheduleEnt
 def test_the_sample_profile_round_trips_with_its_key_order(profile) -> None:
     typed = Profile.from_json(profile)
     assert typed.chosen == Chosen("model", 4, 0.3, "constant", 8, 2, 4)
-    assert typed.schedule.pairs() == ((1, 5), (2, 4), (4, 2), (8, 0)) and typed.schedule.crossover_batch_size == 8
+    assert (
+        typed.schedule.pairs() == ((1, 5), (2, 4), (4, 2), (8, 0))
+        and typed.schedule.crossover_batch_size == 8
+    )
     out = typed.to_json()
     assert out == profile and list(out) == list(profile)
     assert json.dumps(out) == json.dumps(profile)
 
 
 def test_a_profile_built_from_types_has_the_stored_key_order() -> None:
-    entries = (ScheduleEntry(1, 4, 20.0, 10.0, {"value": 2.0, "ci95": [1.5, 2.5], "n": 3}, True),
-               ScheduleEntry(8, 0, None, None))
-    typed = Profile(tool_version="0.1.0", created_at="2026-11-30T00:00:00+00:00", device={"key": "k", "label": "cpu"},
-                    chosen=Chosen("ngram", 3, 0.0, "heuristic", 4, 2, 4), schedule=BatchSchedule(entries, 8),
-                    metrics={"tokens_per_second": 1.0}, knee_tokens=None, id=7)
+    entries = (
+        ScheduleEntry(1, 4, 20.0, 10.0, {"value": 2.0, "ci95": [1.5, 2.5], "n": 3}, True),
+        ScheduleEntry(8, 0, None, None),
+    )
+    typed = Profile(
+        tool_version="0.1.0",
+        created_at="2026-11-30T00:00:00+00:00",
+        device={"key": "k", "label": "cpu"},
+        chosen=Chosen("ngram", 3, 0.0, "heuristic", 4, 2, 4),
+        schedule=BatchSchedule(entries, 8),
+        metrics={"tokens_per_second": 1.0},
+        knee_tokens=None,
+        id=7,
+    )
     out = typed.to_json()
-    assert list(out) == ["schema_version", "tool_version", "created_at", "device", "chosen", "schedule",
-                         "crossover_batch_size", "metrics", "knee_tokens", "id"]
+    assert list(out) == [
+        "schema_version",
+        "tool_version",
+        "created_at",
+        "device",
+        "chosen",
+        "schedule",
+        "crossover_batch_size",
+        "metrics",
+        "knee_tokens",
+        "id",
+    ]
     assert out["schema_version"] == SCHEMA_VERSION and out["knee_tokens"] is None
     # a null is kept (no gamma-0 measurement there), an absent key stays absent (no paired repeats)
-    assert out["schedule"] == [{"batch_size": 1, "gamma": 4, "tokens_per_second": 20.0, "baseline_tokens_per_second": 10.0,
-                                "ratio": {"value": 2.0, "ci95": [1.5, 2.5], "n": 3}, "significant": True},
-                               {"batch_size": 8, "gamma": 0, "tokens_per_second": None,
-                                "baseline_tokens_per_second": None}]
+    assert out["schedule"] == [
+        {
+            "batch_size": 1,
+            "gamma": 4,
+            "tokens_per_second": 20.0,
+            "baseline_tokens_per_second": 10.0,
+            "ratio": {"value": 2.0, "ci95": [1.5, 2.5], "n": 3},
+            "significant": True,
+        },
+        {"batch_size": 8, "gamma": 0, "tokens_per_second": None, "baseline_tokens_per_second": None},
+    ]
     assert Profile.from_json(out) == typed
 
 
@@ -57,15 +86,27 @@ def test_a_newer_schema_is_refused(profile) -> None:
         Profile.from_json({**profile, "schema_version": SCHEMA_VERSION + 1})
 
 
-@pytest.mark.parametrize(("chosen", "message"), [
-    ({"gamma": 4}, "missing key 'chosen.drafter'"),
-    ({"drafter": "eagle", "gamma": 4}, "'chosen.drafter' must be one of model, ngram, hybrid, none"),
-    ({"drafter": "model", "gamma": -1}, "'chosen.gamma' must be >= 0"),
-    ({"drafter": "model", "gamma": 1, "confidence_threshold": 1.5}, r"'chosen.confidence_threshold' must be in \[0, 1\]"),
-    ({"drafter": "model", "gamma": 1, "gamma_schedule": "adaptive"}, "'chosen.gamma_schedule' must be one of"),
-    ({"drafter": "ngram", "gamma": 1, "prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min"),
-    ({"drafter": "model", "gamma": 1, "max_batch_size": 0}, "'chosen.max_batch_size' must be >= 1"),
-])
+@pytest.mark.parametrize(
+    ("chosen", "message"),
+    [
+        ({"gamma": 4}, "missing key 'chosen.drafter'"),
+        ({"drafter": "eagle", "gamma": 4}, "'chosen.drafter' must be one of model, ngram, hybrid, none"),
+        ({"drafter": "model", "gamma": -1}, "'chosen.gamma' must be >= 0"),
+        (
+            {"drafter": "model", "gamma": 1, "confidence_threshold": 1.5},
+            r"'chosen.confidence_threshold' must be in \[0, 1\]",
+        ),
+        (
+            {"drafter": "model", "gamma": 1, "gamma_schedule": "adaptive"},
+            "'chosen.gamma_schedule' must be one of",
+        ),
+        (
+            {"drafter": "ngram", "gamma": 1, "prompt_lookup_min": 5, "prompt_lookup_max": 2},
+            "prompt_lookup_min",
+        ),
+        ({"drafter": "model", "gamma": 1, "max_batch_size": 0}, "'chosen.max_batch_size' must be >= 1"),
+    ],
+)
 def test_chosen_refuses_what_exporters_cannot_use(chosen: dict, message: str) -> None:
     with pytest.raises(ProfileError, match=message):
         Chosen.from_json(chosen)

@@ -27,9 +27,18 @@ def test_save_get_list_delete_round_trip(store: Store, profile: dict) -> None:
     assert loaded == {**profile, "id": profile_id}
 
     rows = store.list_profiles()
-    assert rows == [{"id": profile_id, "device": "NVIDIA H200 141GB", "pair": "llama-target / llama-draft",
-                     "workload_hash": "w" * 64, "gamma": 4, "tokens_per_second": 812.5,
-                     "created_at": "2026-11-30T01:30:00+00:00", "backend": "engine"}]
+    assert rows == [
+        {
+            "id": profile_id,
+            "device": "NVIDIA H200 141GB",
+            "pair": "llama-target / llama-draft",
+            "workload_hash": "w" * 64,
+            "gamma": 4,
+            "tokens_per_second": 812.5,
+            "created_at": "2026-11-30T01:30:00+00:00",
+            "backend": "engine",
+        }
+    ]
     vllm_id = store.save_profile({**profile, "backend": {"name": "vllm", "version": "0.32.0"}})
     assert [r["backend"] for r in store.list_profiles() if r["id"] == vllm_id] == ["vllm"]
     store.delete_profile(vllm_id)
@@ -47,7 +56,10 @@ def test_round_trip_survives_reopening_the_file(tmp_path: Path, profile: dict) -
     assert (tmp_path / "nested" / "dir" / "autotune.db").is_file()
     with Store(url) as second:
         assert second.get_profile(profile_id)["metrics"] == profile["metrics"]
-        assert second.meta() == {"schema_version": str(SCHEMA_VERSION), "tool_version": second.meta()["tool_version"]}
+        assert second.meta() == {
+            "schema_version": str(SCHEMA_VERSION),
+            "tool_version": second.meta()["tool_version"],
+        }
 
 
 def test_saving_a_loaded_profile_again_drops_its_id(store: Store, profile: dict) -> None:
@@ -71,8 +83,15 @@ def test_unknown_id_raises_profile_not_found(store: Store) -> None:
     assert issubclass(ProfileNotFound, ProfileError) and issubclass(ProfileError, ValueError)
 
 
-@pytest.mark.parametrize("drop, key", [("device", "device"), ("pair", "pair.target"), ("workload", "workload.hash"),
-                                       ("chosen", "chosen.gamma")])
+@pytest.mark.parametrize(
+    "drop, key",
+    [
+        ("device", "device"),
+        ("pair", "pair.target"),
+        ("workload", "workload.hash"),
+        ("chosen", "chosen.gamma"),
+    ],
+)
 def test_invalid_profile_leaves_no_rows(store: Store, profile: dict, drop: str, key: str) -> None:
     del profile[drop]
     with pytest.raises(ProfileError, match=f"missing key '{key}'"):
@@ -109,7 +128,9 @@ def test_profile_from_a_newer_schema_is_refused(store: Store, profile: dict) -> 
 def test_store_from_a_newer_schema_is_refused(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'a.db'}"
     with Store(url) as store, store.engine.begin() as conn:
-        conn.execute(update(MetaRow).where(MetaRow.key == "schema_version").values(value=str(SCHEMA_VERSION + 1)))
+        conn.execute(
+            update(MetaRow).where(MetaRow.key == "schema_version").values(value=str(SCHEMA_VERSION + 1))
+        )
     with pytest.raises(ProfileError, match="newer"):
         Store(url)
 
@@ -153,8 +174,11 @@ def test_current_profile_breaks_time_ties_by_insertion(store: Store, profile: di
 def test_nearest_profile_matches_device_model_not_host(store: Store, profile: dict) -> None:
     here = store.save_profile(_variant(profile, "2026-12-02T00:00:00+00:00", key="this-host"))
     sibling = store.save_profile(_variant(profile, "2026-12-01T00:00:00+00:00", key="sibling"))
-    store.save_profile(_variant(profile, "2026-12-03T00:00:00+00:00", key="a100", label="NVIDIA A100 80GB",
-                                name="NVIDIA A100"))
+    store.save_profile(
+        _variant(
+            profile, "2026-12-03T00:00:00+00:00", key="a100", label="NVIDIA A100 80GB", name="NVIDIA A100"
+        )
+    )
     assert store.nearest_profile("NVIDIA H200 141GB")["id"] == here
     assert store.nearest_profile("nvidia h200", exclude_device_key="this-host")["id"] == sibling
     assert store.nearest_profile("NVIDIA H200", target_hash="t" * 64, draft_hash=None) is None
@@ -199,8 +223,13 @@ def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(store: Store) -> None:
 def test_tables_are_prefixed_for_sharing_with_optuna(store: Store) -> None:
     with store.engine.connect() as conn:
         names = {row[0] for row in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert names == {"autotune_meta", "autotune_devices", "autotune_model_pairs", "autotune_measurements",
-                     "autotune_profiles"}
+    assert names == {
+        "autotune_meta",
+        "autotune_devices",
+        "autotune_model_pairs",
+        "autotune_measurements",
+        "autotune_profiles",
+    }
 
 
 def test_study_name_column_comes_from_the_study_section(store: Store, profile: dict) -> None:
@@ -236,14 +265,18 @@ def test_a_typed_profile_is_stored_as_its_json_and_loads_typed(store, profile) -
     assert loaded.to_json() == {**profile, "id": pid}
 
 
-def test_a_profile_on_a_real_fingerprint_round_trips_and_fills_the_device_row(store, real_device_profile) -> None:
+def test_a_profile_on_a_real_fingerprint_round_trips_and_fills_the_device_row(
+    store, real_device_profile
+) -> None:
     from profiles.schema import Profile
 
     fp = real_device_profile["device"]
     pid = store.save_profile(Profile.from_json(real_device_profile))
     assert store.load_profile(pid).to_json() == {**real_device_profile, "id": pid}
     with store.engine.connect() as conn:
-        row = conn.execute(select(DeviceRow.key, DeviceRow.label, DeviceRow.kind, DeviceRow.fingerprint)).one()
+        row = conn.execute(
+            select(DeviceRow.key, DeviceRow.label, DeviceRow.kind, DeviceRow.fingerprint)
+        ).one()
     assert tuple(row) == (fp["key"], fp["label"], "cpu", fp)
     assert store.current_profile(fp["key"], "t" * 64, "d" * 64)["id"] == pid
     assert store.nearest_profile(fp["label"].upper())["id"] == pid  # tune's warm start looks up by label
@@ -253,8 +286,12 @@ def test_a_profile_on_a_real_fingerprint_round_trips_and_fills_the_device_row(st
 def test_a_stored_profile_of_an_unknown_schema_is_refused_on_load_naming_it(store, profile, version) -> None:
     pid = store.save_profile(profile)
     with store.engine.begin() as conn:  # written by a newer spec-autotune sharing this database
-        conn.execute(update(ProfileRow).where(ProfileRow.id == pid).values(data={**profile, "schema_version": version}))
+        conn.execute(
+            update(ProfileRow).where(ProfileRow.id == pid).values(data={**profile, "schema_version": version})
+        )
     with pytest.raises(ProfileError) as err:
         store.load_profile(pid)
-    assert str(err.value) == (f"profile: schema_version {version} is newer than this spec-autotune reads "
-                              f"({SCHEMA_VERSION}); upgrade spec-autotune")
+    assert str(err.value) == (
+        f"profile: schema_version {version} is newer than this spec-autotune reads "
+        f"({SCHEMA_VERSION}); upgrade spec-autotune"
+    )

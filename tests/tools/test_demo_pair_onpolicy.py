@@ -31,7 +31,9 @@ def test_grow_preserves_the_function_with_and_without_cache(model_factory):
     target = model_factory(4, layers=2)
     reqs = [Request([1, 5, 7], 12, id=0), Request([2, 9], 12, id=1)]
     a = generate(ModelPair(target, small, None, None, None), reqs, SpecConfig(gamma=3))
-    b = generate(ModelPair(target, big.eval().requires_grad_(False), None, None, None), reqs, SpecConfig(gamma=3))
+    b = generate(
+        ModelPair(target, big.eval().requires_grad_(False), None, None, None), reqs, SpecConfig(gamma=3)
+    )
     assert a.tokens == b.tokens and a.metrics["acceptance_rate"] == b.metrics["acceptance_rate"]
     assert grow(small, 1) is small
 
@@ -70,7 +72,11 @@ def test_target_continuations_are_the_targets_own_outputs(model_factory):
     oc = OnPolicyConfig(max_new_tokens=6, gen_batch=2, temperatures=(0.0, 1.0))
     out = target_continuations(target, prompts, oc, seed=0, log=lambda _: None)
     assert [p for p, _, _ in out] == prompts and [t for _, _, t in out] == [0.0, 1.0, 0.0]
-    ref = generate(ModelPair(target, None, None, None, None), [Request(p, 6) for p in prompts],
-                   SpecConfig(gamma=0), drafter="none")
+    ref = generate(
+        ModelPair(target, None, None, None, None),
+        [Request(p, 6) for p in prompts],
+        SpecConfig(gamma=0),
+        drafter="none",
+    )
     for i in (0, 2):  # greedy rows equal plain greedy decoding
         assert out[i][1] == ref.tokens[i]

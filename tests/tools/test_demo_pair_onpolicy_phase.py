@@ -23,8 +23,17 @@ def test_onpolicy_phase_deepens_and_trains_the_draft(tmp_path: Path) -> None:
     splits = {"train": files[:4], "val": files[4:], "prompt": []}
     tok = train.train_tokenizer([t for _, t in files], 400)
     eot = tok.token_to_id(train.EOT)
-    cfg = dict(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=8, max_position_embeddings=256, eos_token_ids=(eot,), bos_token_id=eot)
+    cfg = dict(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        eos_token_ids=(eot,),
+        bos_token_id=eot,
+    )
     torch.manual_seed(0)
     target = Transformer(ModelConfig(num_hidden_layers=2, **cfg))
     draft = Transformer(ModelConfig(num_hidden_layers=1, **cfg))

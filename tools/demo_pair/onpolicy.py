@@ -86,20 +86,26 @@ def target_continuations(
     chunk = oc.gen_batch * 8
     t0 = time.time()
     for start in range(0, len(prompt_ids), chunk):
-        ids = prompt_ids[start: start + chunk]
-        reqs = [Request(p, oc.max_new_tokens, temperature=temps[(start + i) % len(temps)], id=i)
-                for i, p in enumerate(ids)]
-        res = generate(pair, reqs, SpecConfig(gamma=0), drafter="none", max_batch_size=oc.gen_batch,
-                       seed=seed + start)
+        ids = prompt_ids[start : start + chunk]
+        reqs = [
+            Request(p, oc.max_new_tokens, temperature=temps[(start + i) % len(temps)], id=i)
+            for i, p in enumerate(ids)
+        ]
+        res = generate(
+            pair, reqs, SpecConfig(gamma=0), drafter="none", max_batch_size=oc.gen_batch, seed=seed + start
+        )
         out.extend((r.prompt_ids, toks, r.temperature) for r, toks in zip(reqs, res.tokens, strict=True))
         done = sum(len(c) for _, c, _ in out)
-        log(f"onpolicy data: {len(out)}/{len(prompt_ids)} prompts, {done} generated tokens, "
-            f"{done / (time.time() - t0):.0f} tok/s")
+        log(
+            f"onpolicy data: {len(out)}/{len(prompt_ids)} prompts, {done} generated tokens, "
+            f"{done / (time.time() - t0):.0f} tok/s"
+        )
     return out
 
 
-def pack(examples: list[tuple[list[int], list[int], float]], length: int, pad: int,
-         prompt_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+def pack(
+    examples: list[tuple[list[int], list[int], float]], length: int, pad: int, prompt_weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``(N, length)`` tokens and ``(N, length - 1)`` weights of the predicted tokens."""
     tokens = torch.full((len(examples), length), pad, dtype=torch.long)
     weights = torch.zeros(len(examples), length - 1)
@@ -108,7 +114,7 @@ def pack(examples: list[tuple[list[int], list[int], float]], length: int, pad: i
         tokens[i, : len(seq)] = torch.tensor(seq)
         p = min(len(prompt), len(seq))
         weights[i, : p - 1] = prompt_weight  # position j predicts token j + 1
-        weights[i, p - 1: len(seq) - 1] = 1.0
+        weights[i, p - 1 : len(seq) - 1] = 1.0
     return tokens, weights
 
 
@@ -120,8 +126,9 @@ def weighted_kl(t_logits: torch.Tensor, d_logits: torch.Tensor, weights: torch.T
 
 
 @torch.no_grad()
-def acceptance_figures(target: Transformer, draft: Transformer,
-                       examples: list[tuple[list[int], list[int], float]]) -> dict[str, float]:
+def acceptance_figures(
+    target: Transformer, draft: Transformer, examples: list[tuple[list[int], list[int], float]]
+) -> dict[str, float]:
     """Teacher-forced per-token acceptance on the generated positions of ``examples``:
     greedy argmax match (greedy continuations) and sum(min(p, q)) (temperature-1 continuations)."""
     match = n_greedy = accept = n_sampled = 0.0
@@ -129,17 +136,19 @@ def acceptance_figures(target: Transformer, draft: Transformer,
         if not cont:
             continue
         seq = torch.tensor([prompt + cont])
-        t = target(seq)[0, len(prompt) - 1: -1].float()
-        d = draft(seq)[0, len(prompt) - 1: -1].float()
+        t = target(seq)[0, len(prompt) - 1 : -1].float()
+        d = draft(seq)[0, len(prompt) - 1 : -1].float()
         if temp == 0.0:
             match += (t.argmax(-1) == d.argmax(-1)).sum().item()
             n_greedy += len(cont)
         else:
             accept += torch.minimum(t.softmax(-1), d.softmax(-1)).sum().item()
             n_sampled += len(cont)
-    return {"greedy_match": round(match / max(n_greedy, 1), 4),
-            "expected_accept_t1": round(accept / max(n_sampled, 1), 4),
-            "tokens": int(n_greedy + n_sampled)}
+    return {
+        "greedy_match": round(match / max(n_greedy, 1), 4),
+        "expected_accept_t1": round(accept / max(n_sampled, 1), 4),
+        "tokens": int(n_greedy + n_sampled),
+    }
 
 
 class OnPolicyData:
@@ -153,5 +162,5 @@ class OnPolicyData:
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if len(self.order) < self.batch:
             self.order += torch.randperm(len(self.tokens), generator=self.gen).tolist()
-        idx, self.order = self.order[: self.batch], self.order[self.batch:]
+        idx, self.order = self.order[: self.batch], self.order[self.batch :]
         return self.tokens[idx], self.weights[idx]

@@ -125,19 +125,39 @@ class TrainConfig:
 
 def target_config(vocab: int, eot: int) -> ModelConfig:
     return ModelConfig(
-        vocab_size=vocab, hidden_size=320, intermediate_size=960, num_hidden_layers=12,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=40, max_position_embeddings=1024,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, model_type="llama",
-        bos_token_id=eot, eos_token_ids=(eot,),
+        vocab_size=vocab,
+        hidden_size=320,
+        intermediate_size=960,
+        num_hidden_layers=12,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=40,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        model_type="llama",
+        bos_token_id=eot,
+        eos_token_ids=(eot,),
     )
 
 
 def draft_config(vocab: int, eot: int) -> ModelConfig:
     return ModelConfig(
-        vocab_size=vocab, hidden_size=256, intermediate_size=768, num_hidden_layers=1,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, model_type="llama",
-        bos_token_id=eot, eos_token_ids=(eot,),
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=1,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        model_type="llama",
+        bos_token_id=eot,
+        eos_token_ids=(eot,),
     )
 
 
@@ -179,8 +199,11 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return tok
@@ -213,7 +236,7 @@ def _docstring_end(lines: list[str], def_line: int) -> int | None:
     if not m:
         return None
     quote = m.group(1)
-    rest = lines[i][m.end():]
+    rest = lines[i][m.end() :]
     if quote in rest:
         return i
     for j in range(i + 1, min(len(lines), i + 80)):
@@ -248,11 +271,13 @@ def build_prompts(
                 continue
             want = math.exp(rng.uniform(math.log(PROMPT_MIN_TOKENS), math.log(PROMPT_MAX_TOKENS)))
             first = start
-            while first > 0 and n_tokens("".join(lines[first - 1: end + 1])) <= want:
+            while first > 0 and n_tokens("".join(lines[first - 1 : end + 1])) <= want:
                 first -= 1
-            prompt = "".join(lines[first: end + 1])
+            prompt = "".join(lines[first : end + 1])
             if PROMPT_MIN_TOKENS <= n_tokens(prompt) <= PROMPT_MAX_TOKENS:
-                def_cands.append({"prompt": prompt.rstrip("\n"), "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel})
+                def_cands.append(
+                    {"prompt": prompt.rstrip("\n"), "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel}
+                )
                 per_kind["def"] += 1
         starts = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
         rng.shuffle(starts)
@@ -261,11 +286,13 @@ def build_prompts(
                 break
             want = math.exp(rng.uniform(math.log(PROMPT_MIN_TOKENS), math.log(PROMPT_MAX_TOKENS)))
             end = start + 1
-            while end < len(lines) and n_tokens("".join(lines[start: end + 1])) <= want:
+            while end < len(lines) and n_tokens("".join(lines[start : end + 1])) <= want:
                 end += 1
             prompt = "".join(lines[start:end])
             if PROMPT_MIN_TOKENS <= n_tokens(prompt) <= PROMPT_MAX_TOKENS:
-                line_cands.append({"prompt": prompt.rstrip("\n"), "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel})
+                line_cands.append(
+                    {"prompt": prompt.rstrip("\n"), "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel}
+                )
                 per_kind["lines"] += 1
     rng.shuffle(def_cands)
     rng.shuffle(line_cands)
@@ -286,7 +313,11 @@ def init_weights(model: Transformer) -> None:
     n_layers = model.config.num_hidden_layers
     for name, p in model.named_parameters():
         if p.dim() == 2:
-            std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            std = (
+                0.02 / math.sqrt(2 * n_layers)
+                if name.endswith(("o_proj.weight", "down_proj.weight"))
+                else 0.02
+            )
             torch.nn.init.normal_(p, mean=0.0, std=std)
         elif name.endswith("bias"):
             torch.nn.init.zeros_(p)
@@ -315,7 +346,7 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
 
 def sample_batch(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
     starts = torch.randint(0, len(stream) - seq_len - 1, (batch,), generator=gen)
-    return torch.stack([stream[s: s + seq_len + 1] for s in starts.tolist()])
+    return torch.stack([stream[s : s + seq_len + 1] for s in starts.tolist()])
 
 
 def kl_target_draft(t_logits: torch.Tensor, d_logits: torch.Tensor) -> torch.Tensor:
@@ -348,7 +379,13 @@ class Trainer:
         self.opt_d.step()
         self.opt_t.zero_grad(set_to_none=True)
         self.opt_d.zero_grad(set_to_none=True)
-        return {"ce_t": ce_t.item(), "ce_d": ce_d.item(), "kl": kl.item(), "gn_t": gn_t.item(), "gn_d": gn_d.item()}
+        return {
+            "ce_t": ce_t.item(),
+            "ce_d": ce_d.item(),
+            "kl": kl.item(),
+            "gn_t": gn_t.item(),
+            "gn_d": gn_d.item(),
+        }
 
     def distill_step(self, batch: torch.Tensor) -> dict[str, float]:
         tc, vocab = self.tc, self.target.config.vocab_size
@@ -364,7 +401,6 @@ class Trainer:
         self.opt_d.step()
         self.opt_d.zero_grad(set_to_none=True)
         return {"ce_d": ce_d.item(), "kl": kl.item(), "gn_d": gn_d.item()}
-
 
     def onpolicy_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
         tc = self.tc
@@ -421,19 +457,29 @@ def run_phase(
             t_calib = time.time()
         if fixed_steps is None and done == calib_steps:
             per_step = (time.time() - t_calib) / (calib_steps - 2)
-            log(f"{name}: {per_step:.2f} s/step ({tokens_per_step / per_step:.0f} tok/s) -> about "
-                f"{int(time_budget / per_step)} steps in {time_budget / 60:.1f} min (the clock decides)")
+            log(
+                f"{name}: {per_step:.2f} s/step ({tokens_per_step / per_step:.0f} tok/s) -> about "
+                f"{int(time_budget / per_step)} steps in {time_budget / 60:.1f} min (the clock decides)"
+            )
         if done % 10 == 0 or done == total or done == 1:
             el = time.time() - t0
             stats = " ".join(f"{k} {v:.3f}" for k, v in last.items())
-            log(f"{name} step {done}/{total if total < 10**9 else '?'} {stats} "
+            log(
+                f"{name} step {done}/{total if total < 10**9 else '?'} {stats} "
                 f"lr {opts[0][0].param_groups[0]['lr']:.2e} {done * tokens_per_step / el:.0f} tok/s "
-                f"elapsed {el / 60:.1f} min")
+                f"elapsed {el / 60:.1f} min"
+            )
         if done % 200 == 0:
             log(f"{name} step {done} val: {val_fn()}")
     wall = time.time() - t0
-    return {"steps": done, "planned_steps": total, "tokens": done * tokens_per_step, "wall_s": round(wall, 1),
-            "tokens_per_s": round(done * tokens_per_step / max(wall, 1e-9), 1), "last": last}
+    return {
+        "steps": done,
+        "planned_steps": total,
+        "tokens": done * tokens_per_step,
+        "wall_s": round(wall, 1),
+        "tokens_per_s": round(done * tokens_per_step / max(wall, 1e-9), 1),
+        "last": last,
+    }
 
 
 def onpolicy_phase(
@@ -456,14 +502,17 @@ def onpolicy_phase(
     val_prompts = build_prompts(splits["val"], tok, tc.seed + 2, kind_limit=oc.val_prompts // 2)
     log(f"onpolicy: {len(train_prompts)} train-file prompts, {len(val_prompts)} validation-file prompts")
     data = target_continuations(target, tails(train_prompts, tok, oc.context_tokens), oc, tc.seed, log)
-    val = target_continuations(target, tails(val_prompts, tok, oc.context_tokens), oc, tc.seed + 10**6,
-                               lambda _: None)
+    val = target_continuations(
+        target, tails(val_prompts, tok, oc.context_tokens), oc, tc.seed + 10**6, lambda _: None
+    )
     gen_s = time.time() - t0
     before = acceptance_figures(target, draft.eval(), val)
     draft = grow(draft, oc.draft_layers)
     grown = acceptance_figures(target, draft, val)
-    log(f"onpolicy: data in {gen_s / 60:.1f} min; validation before {before}, after growing to "
-        f"{oc.draft_layers} layers {grown}")
+    log(
+        f"onpolicy: data in {gen_s / 60:.1f} min; validation before {before}, after growing to "
+        f"{oc.draft_layers} layers {grown}"
+    )
     tokens, weights = pack(data, tc.seq_len + 1, eot, oc.prompt_weight)
     trainer = Trainer(target, draft, replace(tc, draft_lr=oc.lr))
     draft.train()
@@ -476,8 +525,14 @@ def onpolicy_phase(
         return " ".join(f"{k} {v}" for k, v in r.items())
 
     phase = run_phase(
-        "onpolicy", trainer.onpolicy_step, [(trainer.opt_d, oc.lr, oc.warmup_steps)],
-        deadline - time.time(), deadline, tc, OnPolicyData(tokens, weights, tc.batch_size, tc.seed), quick_val,
+        "onpolicy",
+        trainer.onpolicy_step,
+        [(trainer.opt_d, oc.lr, oc.warmup_steps)],
+        deadline - time.time(),
+        deadline,
+        tc,
+        OnPolicyData(tokens, weights, tc.batch_size, tc.seed),
+        quick_val,
         fixed_steps=fixed_steps,
     )
     draft.eval().requires_grad_(False)
@@ -499,11 +554,13 @@ def onpolicy_phase(
 
 def val_windows(stream: torch.Tensor, seq_len: int, limit: int) -> torch.Tensor:
     n = min(limit, (len(stream) - 1) // seq_len)
-    return torch.stack([stream[i * seq_len: i * seq_len + seq_len + 1] for i in range(n)])
+    return torch.stack([stream[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)])
 
 
 @torch.no_grad()
-def evaluate(target: Transformer, draft: Transformer, windows: torch.Tensor, autocast: bool = False) -> dict[str, float]:
+def evaluate(
+    target: Transformer, draft: Transformer, windows: torch.Tensor, autocast: bool = False
+) -> dict[str, float]:
     """Validation loss of both models and teacher-forced acceptance estimates."""
     totals = {"target_loss": 0.0, "draft_loss": 0.0, "greedy_match": 0.0, "expected_accept_t1": 0.0}
     count = 0
@@ -556,7 +613,12 @@ def save_model(model: Transformer, folder: Path, tokenizer_json: Path, max_new_t
     (folder / "model.safetensors").chmod(0o644)
     (folder / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
     eos = cfg.eos_token_ids[0]
-    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": eos, "do_sample": False, "max_new_tokens": max_new_tokens}
+    gen = {
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": eos,
+        "do_sample": False,
+        "max_new_tokens": max_new_tokens,
+    }
     (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
 
@@ -569,16 +631,26 @@ def folder_bytes(folder: Path) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Train the demo draft/target pair on the Python stdlib (CPU).")
-    p.add_argument("--out", type=Path, default=Path("engine/demo/pair"), help="output folder (target/, draft/)")
+    p.add_argument(
+        "--out", type=Path, default=Path("engine/demo/pair"), help="output folder (target/, draft/)"
+    )
     p.add_argument("--prompts", type=Path, default=None, help="prompt file (default: <out>/../prompts.jsonl)")
     p.add_argument("--budget-minutes", type=float, default=45.0, help="wall-clock budget for the whole run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--joint-steps", type=int, default=None, help="fixed joint-phase steps (default: fit budget)")
-    p.add_argument("--distill-steps", type=int, default=None, help="fixed distill-phase steps (default: fit budget)")
-    p.add_argument("--onpolicy-steps", type=int, default=None,
-                   help="fixed on-policy-phase steps (default: fit budget)")
-    p.add_argument("--draft-only", action="store_true",
-                   help="keep the target and tokenizer in --out; run only the on-policy phase on its draft")
+    p.add_argument(
+        "--joint-steps", type=int, default=None, help="fixed joint-phase steps (default: fit budget)"
+    )
+    p.add_argument(
+        "--distill-steps", type=int, default=None, help="fixed distill-phase steps (default: fit budget)"
+    )
+    p.add_argument(
+        "--onpolicy-steps", type=int, default=None, help="fixed on-policy-phase steps (default: fit budget)"
+    )
+    p.add_argument(
+        "--draft-only",
+        action="store_true",
+        help="keep the target and tokenizer in --out; run only the on-policy phase on its draft",
+    )
     return p.parse_args(argv)
 
 
@@ -610,13 +682,17 @@ def main(argv: list[str] | None = None) -> int:
     train_stream = token_stream(tok, [t for _, t in splits["train"]], eot)
     val_stream = token_stream(tok, [t for _, t in splits["val"]], eot)
     chars = sum(len(t) for _, t in splits["train"])
-    log(f"tokenizer: vocab {vocab}, eot id {eot}; train {len(train_stream)} tokens "
-        f"({chars / len(train_stream):.2f} chars/token), val {len(val_stream)} tokens")
+    log(
+        f"tokenizer: vocab {vocab}, eot id {eot}; train {len(train_stream)} tokens "
+        f"({chars / len(train_stream):.2f} chars/token), val {len(val_stream)} tokens"
+    )
 
     prompts = build_prompts(splits["prompt"], tok, tc.seed)
     prompts_path.parent.mkdir(parents=True, exist_ok=True)
     prompts_path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    log(f"wrote {len(prompts)} prompts from {len({p['source'] for p in prompts})} held-out files to {prompts_path}")
+    log(
+        f"wrote {len(prompts)} prompts from {len({p['source'] for p in prompts})} held-out files to {prompts_path}"
+    )
 
     tcfg, dcfg = target_config(vocab, eot), draft_config(vocab, eot)
     target, draft = Transformer(tcfg), Transformer(dcfg)
@@ -641,8 +717,10 @@ def main(argv: list[str] | None = None) -> int:
     joint_time = train_seconds * (1 - tc.distill_fraction - tc.onpolicy_fraction)
     distill_time = train_seconds * tc.distill_fraction
     onpolicy_time = train_seconds * tc.onpolicy_fraction
-    log(f"plan: {train_seconds / 60:.1f} min of training: {joint_time / 60:.1f} joint, "
-        f"{distill_time / 60:.1f} distill, {onpolicy_time / 60:.1f} on-policy")
+    log(
+        f"plan: {train_seconds / 60:.1f} min of training: {joint_time / 60:.1f} joint, "
+        f"{distill_time / 60:.1f} distill, {onpolicy_time / 60:.1f} on-policy"
+    )
     gen = torch.Generator().manual_seed(tc.seed)
 
     def next_batch() -> torch.Tensor:
@@ -653,27 +731,41 @@ def main(argv: list[str] | None = None) -> int:
     draft.train()
     train_end = end_time - tc.reserve_seconds
     joint = run_phase(
-        "joint", trainer.joint_step,
+        "joint",
+        trainer.joint_step,
         [(trainer.opt_t, tc.target_lr, tc.warmup_steps), (trainer.opt_d, tc.draft_lr, tc.warmup_steps)],
-        joint_time, train_end - 0.5 * (distill_time + onpolicy_time), tc, next_batch,
-        quick_val, fixed_steps=args.joint_steps,
+        joint_time,
+        train_end - 0.5 * (distill_time + onpolicy_time),
+        tc,
+        next_batch,
+        quick_val,
+        fixed_steps=args.joint_steps,
     )
     target.eval().requires_grad_(False)
     distill = run_phase(
-        "distill", trainer.distill_step, [(trainer.opt_d, tc.distill_lr, tc.distill_warmup_steps)],
-        distill_time, train_end - 0.5 * onpolicy_time, tc, next_batch, quick_val,
+        "distill",
+        trainer.distill_step,
+        [(trainer.opt_d, tc.distill_lr, tc.distill_warmup_steps)],
+        distill_time,
+        train_end - 0.5 * onpolicy_time,
+        tc,
+        next_batch,
+        quick_val,
         fixed_steps=args.distill_steps,
     )
     onpolicy = None  # --onpolicy-steps 0: the draft stays as phases 4-5 left it
     if args.onpolicy_steps != 0:
-        draft, onpolicy = onpolicy_phase(target, draft, tok, splits, tc, OnPolicyConfig(), train_end,
-                                         args.onpolicy_steps)
+        draft, onpolicy = onpolicy_phase(
+            target, draft, tok, splits, tc, OnPolicyConfig(), train_end, args.onpolicy_steps
+        )
 
     save_model(target, out / "target", tok_path)
     save_model(draft, out / "draft", tok_path)
     tok_path.unlink()
-    log(f"saved {out}/target ({folder_bytes(out / 'target') / 1e6:.1f} MB), "
-        f"{out}/draft ({folder_bytes(out / 'draft') / 1e6:.1f} MB)")
+    log(
+        f"saved {out}/target ({folder_bytes(out / 'target') / 1e6:.1f} MB), "
+        f"{out}/draft ({folder_bytes(out / 'draft') / 1e6:.1f} MB)"
+    )
     result = {
         "wall_seconds": None,
         **final_figures(out, windows),
@@ -706,14 +798,21 @@ def final_figures(out: Path, windows: torch.Tensor) -> dict[str, object]:
     metrics = evaluate(tgt, drf, windows)
     lat_t, lat_d = per_token_latency(tgt), per_token_latency(drf)
     log(f"validation: target loss {metrics['target_loss']:.4f}, draft loss {metrics['draft_loss']:.4f}")
-    log(f"acceptance (teacher-forced on validation text): greedy argmax match {metrics['greedy_match']:.3f}, "
-        f"expected at T=1 sum min(p,q) {metrics['expected_accept_t1']:.3f}")
-    log(f"per-token latency batch 1 fp32: target {lat_t * 1e3:.2f} ms, draft {lat_d * 1e3:.2f} ms, "
-        f"ratio {lat_d / lat_t:.3f}")
+    log(
+        f"acceptance (teacher-forced on validation text): greedy argmax match {metrics['greedy_match']:.3f}, "
+        f"expected at T=1 sum min(p,q) {metrics['expected_accept_t1']:.3f}"
+    )
+    log(
+        f"per-token latency batch 1 fp32: target {lat_t * 1e3:.2f} ms, draft {lat_d * 1e3:.2f} ms, "
+        f"ratio {lat_d / lat_t:.3f}"
+    )
     return {
         "validation": {k: round(v, 4) for k, v in metrics.items()} | {"tokens": int(windows[:, 1:].numel())},
-        "latency_fp32_batch1_ms": {"target": round(lat_t * 1e3, 3), "draft": round(lat_d * 1e3, 3),
-                                   "draft_over_target": round(lat_d / lat_t, 4)},
+        "latency_fp32_batch1_ms": {
+            "target": round(lat_t * 1e3, 3),
+            "draft": round(lat_d * 1e3, 3),
+            "draft_over_target": round(lat_d / lat_t, 4),
+        },
         "draft_config": drf.config.to_hf_dict(),
         "draft_params": sum(p.numel() for p in drf.parameters()),
         "output_bytes": folder_bytes(out),
@@ -725,8 +824,13 @@ def write_log(out: Path, result: dict[str, object]) -> None:
     log(f"wall time {float(result['wall_seconds']) / 60:.1f} min; wrote {out / 'train_log.json'}")
 
 
-def draft_only(args: argparse.Namespace, tc: TrainConfig, splits: dict[str, list[tuple[str, str]]],
-               wall0: float, end_time: float) -> int:
+def draft_only(
+    args: argparse.Namespace,
+    tc: TrainConfig,
+    splits: dict[str, list[tuple[str, str]]],
+    wall0: float,
+    end_time: float,
+) -> int:
     """``--draft-only``: the on-policy phase on the pair in ``--out``; the target, tokenizer and
     prompts stay as they are, ``train_log.json`` keeps the earlier phases and gains this one."""
     out: Path = args.out
@@ -734,15 +838,20 @@ def draft_only(args: argparse.Namespace, tc: TrainConfig, splits: dict[str, list
     tok = load_tokenizer(out / "target")
     log_path = out / "train_log.json"
     previous = json.loads(log_path.read_text()) if log_path.is_file() else {}
-    draft, onpolicy = onpolicy_phase(target, draft, tok, splits, tc, OnPolicyConfig(),
-                                     end_time - tc.reserve_seconds, args.onpolicy_steps)
+    draft, onpolicy = onpolicy_phase(
+        target, draft, tok, splits, tc, OnPolicyConfig(), end_time - tc.reserve_seconds, args.onpolicy_steps
+    )
     save_model(draft, out / "draft", out / "target" / "tokenizer.json")
     eot = target.config.eos_token_ids[0]
     windows = val_windows(token_stream(tok, [t for _, t in splits["val"]], eot), tc.seq_len, tc.val_windows)
-    result = previous | final_figures(out, windows) | {
-        "onpolicy_phase": onpolicy | {"run": "--draft-only", "budget_minutes": args.budget_minutes},
-        "wall_seconds_draft_only": round(time.time() - wall0, 1),
-    }
+    result = (
+        previous
+        | final_figures(out, windows)
+        | {
+            "onpolicy_phase": onpolicy | {"run": "--draft-only", "budget_minutes": args.budget_minutes},
+            "wall_seconds_draft_only": round(time.time() - wall0, 1),
+        }
+    )
     result.setdefault("wall_seconds", result["wall_seconds_draft_only"])
     write_log(out, result)
     return 0
