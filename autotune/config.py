@@ -11,6 +11,7 @@ every key; ``autotune init`` writes a copy for other models.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,13 +19,13 @@ from typing import Any
 
 import yaml
 
-from autotune.backends import BACKENDS
 from autotune.errors import ConfigError
+from autotune.knobs import CHAIN, Tree, parse_tree, tree_name
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import DRAFTERS
 from engine.loader import DTYPES as _DTYPE_ALIASES
 from engine.speculative import GAMMA_POLICIES  # constant / heuristic per-row gamma policy
-from engine.tree import DynamicTree, tree_depth
+from engine.tree import tree_depth
 from profiles.exporters import FORMATS as EXPORT_FORMATS
 
 LATENCIES = ("tpot_ms_p95", "tpot_ms_p50", "e2e_ms_p95", "e2e_ms_p50", "ttft_ms_p95", "ttft_ms_p50")
@@ -33,6 +34,19 @@ SLO_KEYS = LATENCIES + ("min_tokens_per_second",)
 DTYPES = tuple(dict.fromkeys(str(t).removeprefix("torch.") for t in _DTYPE_ALIASES.values()))
 DEFAULT_CACHE = Path("~/.cache/spec-autotune")
 DEMO = "demo"  # models.target / models.draft / workload.prompts: the bundled demo pair and prompts
+BACKENDS = ("engine", "vllm", "llamacpp")  # backend.name: where a trial runs (autotune.backends)
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    """One load level of the workload: closed-loop ``concurrency`` or an open-loop Poisson ``rate``."""
+
+    concurrency: int | None = None
+    rate: float | None = None
+
+    def batch_key(self, max_batch_size: int) -> int:
+        """The batch size a level's metrics are keyed by: its concurrency, or the engine's rows under a rate."""
+        return self.concurrency if self.concurrency is not None else max_batch_size
 
 
 @dataclass(frozen=True)
@@ -91,9 +105,7 @@ class TuneConfig:
     gamma_policies: tuple[str, ...] = ("constant",)  # tune.yaml search.gamma_schedule
     max_batch_size: tuple[int, ...] = (4,)
     search_gamma_cap: int | str = "auto"  # tune.yaml search.gamma_cap; not the engine's largest row gamma
-    tree_shapes: tuple[tuple[int, ...] | DynamicTree, ...] = (
-        (),
-    )  # tune.yaml search.tree_topk; () = the chain
+    tree_shapes: tuple[Tree, ...] = ((),)  # tune.yaml search.tree_topk; () = the chain
     ngram_min: int = 2
     ngram_max: int = 4
     latency: str = "tpot_ms_p95"
@@ -120,6 +132,20 @@ class TuneConfig:
     def trees_searched(self) -> bool:
         """Whether ``search.tree_topk`` names a tree (top-k > 1 somewhere), not only the chain."""
         return any(self.tree_shapes)
+
+    def with_overrides(self, **changes: Any) -> TuneConfig:
+        """This config with command-line overrides (``--backend``, ``--trials``, ``--storage``, ...), checked
+        by the same cross-field rules as tune.yaml (ConfigError names the key)."""
+        cfg = dataclasses.replace(self, **changes)
+        check_backend(cfg)
+        return cfg
+
+    @property
+    def load_levels(self) -> tuple[LoadLevel, ...]:
+        """The load levels every trial runs: one per concurrency, or the one open-loop rate."""
+        if self.rate is not None:
+            return (LoadLevel(rate=self.rate),)
+        return tuple(LoadLevel(concurrency=c) for c in self.concurrency)
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -378,7 +404,7 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
             "(the profiler's acceptance samples stop there)"
         )
     top.done()
-    return TuneConfig(
+    cfg = TuneConfig(
         target=target,
         draft=draft,
         device=device,
@@ -422,67 +448,29 @@ def parse(raw: Any, base: Path, source: Path | None = None) -> TuneConfig:
         llamacpp=llamacpp,
         source=source,
     )
+    check_backend(cfg)
+    return cfg
 
 
-CHAIN = "chain"
-
-
-def tree_name(shape: tuple[int, ...] | DynamicTree) -> str:
-    """A tree as tune.yaml and the profile write it: ``"chain"``, a static tree's per-depth top-k
-    (``"2,1,1"``) or a dynamic tree's ``"KxD/N"``.
-
-    Example:
-        >>> tree_name(()), tree_name((2, 1, 1)), tree_name(DynamicTree(2, 6, 10))
-        ('chain', '2,1,1', '2x6/10')
-    """
-    if isinstance(shape, DynamicTree):
-        return shape.name
-    return CHAIN if not shape or all(k == 1 for k in shape) else ",".join(map(str, shape))
-
-
-def parse_tree(value: Any, key: str = "search.tree_topk") -> tuple[int, ...] | DynamicTree:
-    """One ``search.tree_topk`` entry -> per-depth top-k (``()`` for the chain) or a dynamic tree;
-    ConfigError names key and value.
-
-    ``"chain"`` (or top-k 1 at every depth) is the chain; ``"2,1,1"``, ``[2, 1, 1]`` or ``2`` give the
-    top-k of each depth (depth = gamma = the number of entries); ``"KxD/N"`` is a dynamic (EAGLE-2)
-    tree: top-K expansion to depth D, the N best-scored nodes verified (engine.tree.DynamicTree).
-
-    Example:
-        >>> parse_tree("2,1,1"), parse_tree([3, 1]), parse_tree("chain"), parse_tree("1,1"), parse_tree("2x6/10")
-        ((2, 1, 1), (3, 1), (), (), DynamicTree(topk=2, depth=6, nodes=10))
-    """
-    from engine.errors import EngineInputError
-    from engine.tree import TreeShape
-
-    if value == CHAIN:
-        return ()
-    if isinstance(value, str) and "/" in value:
-        try:
-            return DynamicTree.parse(value)
-        except EngineInputError as exc:
-            raise ConfigError(f"{key}: {value!r}: {str(exc).removeprefix('tree_nodes: ')}") from None
-    if isinstance(value, int) and not isinstance(value, bool):
-        parts: list[Any] = [value]
-    elif isinstance(value, str):
-        parts = [p.strip() for p in value.split(",")]
-        parts = [int(p) if re.fullmatch(r"\d+", p) else p for p in parts]
-    elif isinstance(value, list):
-        parts = list(value)
-    else:
-        parts = [value]
-    if not parts or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in parts):
+def check_backend(cfg: TuneConfig) -> None:
+    """The backend's rules: a serving stack runs chains of the model, ngram or no drafter. A token tree
+    trial would run there as a chain of the tree's depth, a hybrid one as an n-gram without its window,
+    each under its own name: refused in one line before anything loads."""
+    if cfg.backend == "engine":
+        return
+    if cfg.trees_searched:
         raise ConfigError(
-            f"{key}: {value!r} is not 'chain' or a per-depth top-k list like '2,1,1' (integers >= 1)"
+            f"search.tree_topk: the {cfg.backend} backend runs chains only (no token trees); list "
+            f"only 'chain' with it (got {[tree_name(t) for t in cfg.tree_shapes]})"
         )
-    try:
-        TreeShape(tuple(parts))
-    except EngineInputError as exc:
-        raise ConfigError(f"{key}: {value!r}: {str(exc).removeprefix('tree_topk: ')}") from None
-    return () if all(k == 1 for k in parts) else tuple(parts)
+    if "hybrid" in cfg.drafters:
+        raise ConfigError(
+            f"search.drafter: the {cfg.backend} backend has no 'hybrid' drafter (no per-row switch "
+            f"between n-grams and the draft model); drop it (got {list(cfg.drafters)})"
+        )
 
 
-def _tree_shapes(s: _Section) -> tuple[tuple[int, ...] | DynamicTree, ...]:
+def _tree_shapes(s: _Section) -> tuple[Tree, ...]:
     """``search.tree_topk``: one shape or a list of them; default the chain only (today's behaviour)."""
     v = s.get("tree_topk", [CHAIN])
     vals = v if isinstance(v, list) and (not v or not all(isinstance(x, int) for x in v)) else [v]

@@ -10,7 +10,6 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from autotune import profiler
 from autotune.config import DEFAULT_CACHE, TuneConfig, check_device
@@ -37,7 +36,6 @@ class Context:
     workload_hash: str
     pair_id: int
     pair_drafter: str  # how the pair is keyed in the store: "model" when a draft model is part of it
-    backend: Any = None  # a serving-stack backend (autotune.backends) running the trials; None: the engine
     compile_note: str = ""  # how the engine runs decode (compiled or eager, and why), for tune's log
 
     @property
@@ -183,8 +181,9 @@ def ensure_profile(
 
 def extend_for_trees(ctx: Context, measurement: dict, say: Callable[[str], None]) -> dict:
     """With trees searched: the verify widths and draft ranks trees need, measured once and stored
-    (``autotune profile`` and ``autotune tune`` alike; serving-stack backends draft no trees)."""
-    if not ctx.cfg.trees_searched or ctx.backend is not None:
+    (``autotune profile`` and ``autotune tune`` alike; a serving-stack backend never searches trees:
+    :func:`autotune.config.check_backend`)."""
+    if not ctx.cfg.trees_searched:
         return measurement
     extended = profiler.extend_for_trees(
         ctx.pair,

@@ -9,7 +9,8 @@ Metric definitions: docs/metrics.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -94,6 +95,30 @@ class TrialResult:
             {b: LevelMetrics.from_json(lv) for b, lv in data["per_level"].items()},
             data.get("startup_s", MISSING),
             {k: v for k, v in data.items() if k not in known},
+        )
+
+    @classmethod
+    def median(cls, rounds: Sequence[TrialResult]) -> TrialResult:
+        """One result from repeated runs of a configuration: the median of every numeric metric, top level
+        and per level (a metric some round lacks, or a non-number, is taken from the first round)."""
+
+        def med(values: list[Any]) -> Any:
+            nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            return statistics.median(nums) if nums and len(nums) == len(values) else values[0]
+
+        first = rounds[0]
+        per_level = {
+            b: LevelMetrics(**{k: med([getattr(r.per_level[b], k) for r in rounds]) for k in LEVEL_KEYS})
+            for b in first.per_level
+        }
+        startup = MISSING if first.startup_s is MISSING else med([r.startup_s for r in rounds])
+        extra = {k: med([r.extra.get(k) for r in rounds]) for k in first.extra}
+        return cls(
+            med([r.tokens_per_second for r in rounds]),
+            med([r.latency_ms for r in rounds]),
+            per_level,
+            startup,
+            extra,
         )
 
     def to_json(self) -> dict[str, Any]:

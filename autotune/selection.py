@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autotune.knobs import Knobs
 from autotune.stats import Estimate, describe_difference, paired_ratio, significant
 
 
@@ -17,7 +18,7 @@ from autotune.stats import Estimate, describe_difference, paired_ratio, signific
 class Point:
     """One measured configuration: its knobs, objectives and per-batch-size throughput."""
 
-    params: Mapping[str, object]
+    knobs: Knobs
     tokens_per_second: float
     latency_ms: float
     violation: float = 0.0  # sum of positive SLO excesses (0 = feasible)
@@ -37,7 +38,8 @@ def pareto_front(points: Sequence[Point]) -> list[Point]:
     """Non-dominated points (max tokens/s, min latency), sorted by tokens/s descending.
 
     Example:
-        >>> a, b, c = Point({}, 10, 5), Point({}, 8, 3), Point({}, 7, 6)
+        >>> k = Knobs("model", 2)
+        >>> a, b, c = Point(k, 10, 5), Point(k, 8, 3), Point(k, 7, 6)
         >>> [p.tokens_per_second for p in pareto_front([a, b, c])]
         [10, 8]
     """
@@ -95,48 +97,6 @@ def choose(points: Sequence[Point], has_slo: bool) -> Choice:
     return Choice(knee_point(pareto_front(points)), True, "knee of the Pareto front (no SLOs set)")
 
 
-def simplicity(params: Mapping[str, object]) -> tuple:
-    """Sort key, simplest first: no speculation, then constant gamma, a chain (not a token tree),
-    no threshold, small gamma.
-
-    Example:
-        >>> sorted([{"gamma": 4, "gamma_schedule": "heuristic"}, {"gamma": 0}, {"gamma": 6}], key=simplicity)
-        [{'gamma': 0}, {'gamma': 6}, {'gamma': 4, 'gamma_schedule': 'heuristic'}]
-    """
-    gamma = int(params.get("gamma", 0) or 0)  # type: ignore[call-overload]
-    if gamma == 0:
-        return (0, 0, 0, 0.0, 0)
-    return (
-        1,
-        int(params.get("gamma_schedule", "constant") != "constant"),
-        int(_is_tree(params)),
-        float(params.get("confidence_threshold", 0.0) or 0.0),
-        gamma,
-    )  # type: ignore[arg-type]
-
-
-def _is_tree(params: Mapping[str, object]) -> bool:
-    """A token tree (``tree_topk`` other than the chain): less simple than any chain of the same policy."""
-    return str(params.get("tree_topk", "chain")) != "chain"
-
-
-def config_label(params: Mapping[str, object]) -> str:
-    """A configuration in a few words, for selection reasons.
-
-    Example:
-        >>> config_label({"gamma": 0}), config_label({"gamma": 8, "confidence_threshold": 0.1})
-        ('gamma=0 (no speculation)', 'gamma=8 thr=0.10 constant')
-    """
-    gamma = int(params.get("gamma", 0) or 0)  # type: ignore[call-overload]
-    if gamma == 0:
-        return "gamma=0 (no speculation)"
-    label = (
-        f"gamma={gamma} thr={float(params.get('confidence_threshold', 0.0) or 0.0):.2f} "  # type: ignore[arg-type]
-        f"{params.get('gamma_schedule', 'constant')}"
-    )
-    return label + f" tree={params['tree_topk']}" if _is_tree(params) else label
-
-
 def score_ratio(a: Point, b: Point, has_slo: bool) -> Estimate:  # noqa: ARG001 - one rule with or without SLOs
     """A over B in tokens/s (the throughput objective), from paired rounds when both have them.
 
@@ -154,8 +114,8 @@ def score_ratio(a: Point, b: Point, has_slo: bool) -> Estimate:  # noqa: ARG001 
     sa, sb = scores(a), scores(b)
     if len(sa) != len(sb):
         sa, sb = (
-            scores(Point(a.params, a.tokens_per_second, a.latency_ms)),
-            scores(Point(b.params, b.tokens_per_second, b.latency_ms)),
+            scores(Point(a.knobs, a.tokens_per_second, a.latency_ms)),
+            scores(Point(b.knobs, b.tokens_per_second, b.latency_ms)),
         )
     return paired_ratio([max(x, 1e-12) for x in sa], [max(x, 1e-12) for x in sb])
 
@@ -169,8 +129,8 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
     not significant. When nothing meets the SLOs, the closest point is returned as before.
 
     Example:
-        >>> ar = Point({"gamma": 0}, 100, 10, rounds=((100, 10), (104, 10), (96, 10)))
-        >>> g4 = Point({"gamma": 4}, 103, 10, rounds=((103, 10), (99, 10), (106, 10)))
+        >>> ar = Point(Knobs("model", 0), 100, 10, rounds=((100, 10), (104, 10), (96, 10)))
+        >>> g4 = Point(Knobs("model", 4), 103, 10, rounds=((103, 10), (99, 10), (106, 10)))
         >>> c = choose_with_margin([ar, g4], has_slo=False)
         >>> c.point is ar, c.reason.split(";")[1].strip()[:45]
         (True, 'kept gamma=0 (no speculation): gamma=4 thr=0.')
@@ -188,9 +148,9 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
                 for p in pool
                 if p is not winner
                 and (p.feasible or not has_slo)
-                and simplicity(p.params) < simplicity(winner.params)
+                and p.knobs.simplicity < winner.knobs.simplicity
             ),
-            key=lambda p: simplicity(p.params),
+            key=lambda p: p.knobs.simplicity,
         )
         blocked = None
         for s in simpler:
@@ -201,21 +161,19 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
         if blocked is None:
             reason = choice.reason
             if notes:
-                reason += "; kept " + config_label(winner.params) + ": " + "; ".join(notes)
+                reason += "; kept " + winner.knobs.label + ": " + "; ".join(notes)
             elif simpler:
                 ratio = score_ratio(winner, simpler[0], has_slo)
-                reason += f"; over {config_label(simpler[0].params)}: {describe_difference(ratio)}"
+                reason += f"; over {simpler[0].knobs.label}: {describe_difference(ratio)}"
             else:  # the simplest won outright: say how the runner-up compared
                 others = [p for p in pool if p is not winner and (p.feasible or not has_slo)]
                 if others:
                     runner_up = choose(others, has_slo).point
                     ratio = score_ratio(runner_up, winner, has_slo)
-                    reason += f"; {config_label(runner_up.params)} vs it: {describe_difference(ratio)}"
+                    reason += f"; {runner_up.knobs.label} vs it: {describe_difference(ratio)}"
             return Choice(winner, choice.met_slo, reason)
         s, ratio = blocked
-        notes.append(
-            f"{config_label(winner.params)} vs {config_label(s.params)}: {describe_difference(ratio)}"
-        )
+        notes.append(f"{winner.knobs.label} vs {s.knobs.label}: {describe_difference(ratio)}")
         pool = [p for p in pool if p is not winner]
 
 
@@ -239,8 +197,8 @@ def batch_schedule(
     when speculation pays at every measured batch size).
 
     Example:
-        >>> pts = [Point({"gamma": 0}, 0, 0, per_batch={1: 10, 8: 80}),
-        ...        Point({"gamma": 4}, 0, 0, per_batch={1: 20, 8: 60})]
+        >>> pts = [Point(Knobs("model", 0), 0, 0, per_batch={1: 10, 8: 80}),
+        ...        Point(Knobs("model", 4), 0, 0, per_batch={1: 20, 8: 60})]
         >>> batch_schedule(pts, [1, 8])
         ([{'batch_size': 1, 'gamma': 4, 'tokens_per_second': 20, 'baseline_tokens_per_second': 10}, \
 {'batch_size': 8, 'gamma': 0, 'tokens_per_second': 80, 'baseline_tokens_per_second': 80}], 8)
@@ -252,15 +210,13 @@ def batch_schedule(
         if entry is not None:
             schedule.append(entry)
             continue
-        base = max((p.per_batch[b] for p in at_b if p.params.get("gamma") == 0), default=None)
-        spec = max(
-            (p for p in at_b if p.params.get("gamma", 0) > 0), key=lambda p: p.per_batch[b], default=None
-        )
+        base = max((p.per_batch[b] for p in at_b if p.knobs.gamma == 0), default=None)
+        spec = max((p for p in at_b if p.knobs.gamma > 0), key=lambda p: p.per_batch[b], default=None)
         if spec is not None and (base is None or spec.per_batch[b] >= min_gain * base):
             schedule.append(
                 {
                     "batch_size": b,
-                    "gamma": int(spec.params["gamma"]),
+                    "gamma": spec.knobs.gamma,
                     "tokens_per_second": spec.per_batch[b],
                     "baseline_tokens_per_second": base,
                 }
@@ -280,20 +236,16 @@ def batch_schedule(
 def _schedule_entry_with_margin(at_b: Sequence[Point], b: int, prefer: Point | None = None) -> dict | None:
     """The interval-rule entry at batch size ``b``, or None where no paired repeats exist there."""
     repeated = [p for p in at_b if len(p.per_batch_rounds.get(b, ())) >= 2]
-    base = max(
-        (p for p in repeated if p.params.get("gamma") == 0), key=lambda p: p.per_batch[b], default=None
-    )
-    fastest = max(
-        (p for p in repeated if p.params.get("gamma", 0) > 0), key=lambda p: p.per_batch[b], default=None
-    )
+    base = max((p for p in repeated if p.knobs.gamma == 0), key=lambda p: p.per_batch[b], default=None)
+    fastest = max((p for p in repeated if p.knobs.gamma > 0), key=lambda p: p.per_batch[b], default=None)
     if base is None or fastest is None or len(base.per_batch_rounds[b]) != len(fastest.per_batch_rounds[b]):
         return None
     spec, kept = fastest, False
-    mine = next((p for p in repeated if prefer is not None and p.params == prefer.params), None)
+    mine = next((p for p in repeated if prefer is not None and p.knobs == prefer.knobs), None)
     if (
         mine is not None
         and mine is not fastest
-        and mine.params.get("gamma", 0) > 0
+        and mine.knobs.gamma > 0
         and len(mine.per_batch_rounds[b]) == len(fastest.per_batch_rounds[b])
         and not significant(paired_ratio(fastest.per_batch_rounds[b], mine.per_batch_rounds[b]))
     ):
@@ -303,12 +255,12 @@ def _schedule_entry_with_margin(at_b: Sequence[Point], b: int, prefer: Point | N
     chosen = spec if win else base
     entry = {
         "batch_size": b,
-        "gamma": int(chosen.params["gamma"]),
+        "gamma": chosen.knobs.gamma,
         "tokens_per_second": chosen.per_batch[b],
         "baseline_tokens_per_second": base.per_batch[b],
         "ratio": ratio.as_dict(),
         "significant": win,
-        "best_speculative_gamma": int(fastest.params["gamma"]),
+        "best_speculative_gamma": fastest.knobs.gamma,
     }
     if kept:
         entry["kept_chosen"] = True

@@ -1,4 +1,4 @@
-"""The Optuna study: every trial is a real engine run of the workload under load.
+"""The Optuna study: every trial is a real run of the workload under load, on the context's backend.
 
 Knobs (each searched or fixed by tune.yaml): drafter, gamma (0 = speculation off),
 confidence_threshold, gamma_schedule, max_batch_size, and (``search.tree_topk``) the token-tree
@@ -19,24 +19,27 @@ The study lives in Optuna's RDB storage in the same database as the profiles, so
 from __future__ import annotations
 
 import math
-import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
 import optuna
 import torch
 
-from autotune.config import CHAIN, TuneConfig, parse_tree, tree_name
+from autotune.backends.base import Backend
+from autotune.config import TuneConfig
 from autotune.context import Context
 from autotune.costmodel import best_gamma, best_tree, tree_rank_samples
-from autotune.records import LEVEL_KEYS, LevelMetrics, Measurement, TrialResult  # noqa: F401 (LEVEL_KEYS re-exported)
-from autotune.runner import LoadSpec, run_load
+from autotune.knobs import Knobs, Tree, parse_tree, tree_name
+from autotune.records import Measurement, TrialResult
 from autotune.selection import Point
-from engine.speculative import SpecConfig
-from engine.tree import DynamicTree, tree_depth
+from engine.tree import tree_depth
+from profiles.schema import MISSING
 
 THRESHOLD_STEP = 0.01  # confidence thresholds are searched on a 0.01 grid (exports stay readable)
+OnTrial = Callable[[int, Knobs, "TrialResult | None", "str | None"], None]
+"""Called after each trial: its number, knobs, result (None when it failed) and the failure's reason."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Space:
     gamma_policies: tuple[str, ...]  # per-row gamma policy: constant / heuristic (the key gamma_schedule)
     max_batch_sizes: tuple[int, ...]
     search_gamma_cap: int | None  # the study's largest gamma from the profiler (None = not applied)
-    tree_shapes: tuple[tuple[int, ...] | DynamicTree, ...] = ((),)  # search.tree_topk; () = the chain
+    tree_shapes: tuple[Tree, ...] = ((),)  # search.tree_topk; () = the chain
 
     @property
     def trees(self) -> bool:
@@ -79,28 +82,27 @@ class Space:
             out["tree_topk"] = self.tree_names
         return out
 
-    def suggest(self, trial: optuna.Trial) -> dict:
+    def suggest(self, trial: optuna.Trial) -> Knobs:
         """One configuration. With trees searched, the shape is suggested for the ``model`` drafter only;
         a tree fixes gamma (its depth), threshold 0 and the constant policy, so those are not suggested."""
-        p: dict = {}
-        p["drafter"] = (
+        drafter = (
             trial.suggest_categorical("drafter", self.drafters)
             if len(self.drafters) > 1
             else self.drafters[0]
         )
-        tree: tuple[int, ...] | DynamicTree = ()
-        if self.trees and p["drafter"] == "model":
+        tree: Tree = ()
+        if self.trees and drafter == "model":
             names = self.tree_names
             tree = parse_tree(trial.suggest_categorical("tree_topk", names) if len(names) > 1 else names[0])
         if tree:
-            p["gamma"], p["confidence_threshold"], p["gamma_schedule"] = tree_depth(tree), 0.0, "constant"
+            gamma, threshold, policy = tree_depth(tree), 0.0, "constant"
         else:
-            p["gamma"] = (
+            gamma = (
                 trial.suggest_int("gamma", self.gamma_low, self.gamma_high)
                 if self.gamma_high > self.gamma_low
                 else self.gamma_low
             )
-            p["confidence_threshold"] = round(
+            threshold = round(
                 trial.suggest_float(
                     "confidence_threshold", self.threshold_low, self.threshold_high, step=THRESHOLD_STEP
                 )
@@ -108,21 +110,21 @@ class Space:
                 else self.threshold_low,
                 4,
             )
-            p["gamma_schedule"] = (
+            policy = (
                 trial.suggest_categorical("gamma_schedule", self.gamma_policies)
                 if len(self.gamma_policies) > 1
                 else self.gamma_policies[0]
             )
-        p["max_batch_size"] = (
+        max_batch_size = (
             trial.suggest_categorical("max_batch_size", self.max_batch_sizes)
             if len(self.max_batch_sizes) > 1
             else self.max_batch_sizes[0]
         )
-        if p["drafter"] == "none":
-            p["gamma"] = 0
-        if self.trees:
-            p["tree_topk"] = tree_name(tree)
-        return p
+        return Knobs(drafter, 0 if drafter == "none" else gamma, threshold, policy, max_batch_size, tree)
+
+    def params(self, knobs: Knobs) -> dict[str, Any]:
+        """The flat params this study stores for ``knobs`` (``tree_topk`` when trees are searched)."""
+        return knobs.to_params(with_tree=self.trees)
 
     def searched(self) -> set[str]:
         names = set()
@@ -140,44 +142,42 @@ class Space:
             names.add("tree_topk")
         return names
 
-    def clip(self, params: dict) -> dict:
-        """A warm-start point moved inside the space, restricted to the searched knobs.
+    def clip(self, knobs: Knobs) -> dict[str, Any]:
+        """A warm-start point moved inside the space, as the searched knobs' params (what Optuna enqueues).
 
         With trees searched: a tree point keeps only the tree's own knobs (drafter, shape, batch
         size; its gamma, threshold and policy follow from the shape), a chain point names the chain
         when the chain is searched, else the first searched shape."""
-        out = dict(params)
+        searched = self.searched()
+        max_batch_size = (
+            knobs.max_batch_size if knobs.max_batch_size in self.max_batch_sizes else self.max_batch_sizes[0]
+        )
         if self.trees:
-            shape = (
-                parse_tree(out.get("tree_topk", CHAIN))
-                if out.get("drafter", self.drafters[0]) == "model"
-                else ()
-            )
+            shape = knobs.tree if knobs.drafter == "model" else ()
             if shape not in self.tree_shapes:
                 shape = () if () in self.tree_shapes else self.tree_shapes[0]
-            if shape and out.get("drafter") == "model":
-                out["tree_topk"] = tree_name(shape)
-                keep = self.searched() & {"drafter", "tree_topk", "max_batch_size"}
-                if out.get("max_batch_size") not in self.max_batch_sizes:
-                    out["max_batch_size"] = self.max_batch_sizes[0]
-                return {k: v for k, v in out.items() if k in keep}
-            out["tree_topk"] = CHAIN
-        out["gamma"] = min(max(int(out.get("gamma", 0)), self.gamma_low), self.gamma_high)
-        thr = float(out.get("confidence_threshold", self.threshold_low))
-        out["confidence_threshold"] = min(max(thr, self.threshold_low), self.threshold_high)
-        for key, allowed in (
-            ("drafter", self.drafters),
-            ("gamma_schedule", self.gamma_policies),
-            ("max_batch_size", self.max_batch_sizes),
-        ):
-            if out.get(key) not in allowed:
-                out[key] = allowed[0]
-        if out.get("drafter") != "model":
-            out.pop("tree_topk", None)
-        return {k: v for k, v in out.items() if k in self.searched()}
+            if shape and knobs.drafter == "model":
+                tree = Knobs.for_tree(shape, max_batch_size)
+                keep = searched & {"drafter", "tree_topk", "max_batch_size"}
+                return {k: v for k, v in self.params(tree).items() if k in keep}
+        drafter = knobs.drafter if knobs.drafter in self.drafters else self.drafters[0]
+        clipped = Knobs(
+            drafter=drafter,
+            gamma=min(max(knobs.gamma, self.gamma_low), self.gamma_high),
+            confidence_threshold=min(
+                max(knobs.confidence_threshold, self.threshold_low), self.threshold_high
+            ),
+            gamma_policy=knobs.gamma_policy
+            if knobs.gamma_policy in self.gamma_policies
+            else self.gamma_policies[0],
+            max_batch_size=max_batch_size,
+        )
+        if drafter != "model":  # only the draft model drafts trees
+            searched.discard("tree_topk")
+        return {k: v for k, v in self.params(clipped).items() if k in searched}
 
 
-def shape_space(cfg: TuneConfig, measurement: dict, fixed: dict | None = None) -> Space:
+def shape_space(cfg: TuneConfig, measurement: dict, fixed: Mapping[str, Any] | None = None) -> Space:
     """Search space from tune.yaml, with gamma capped where the cost model says it stops paying.
 
     The automatic cap is 2 above the largest predicted-best gamma over the workload's batch
@@ -212,137 +212,68 @@ def shape_space(cfg: TuneConfig, measurement: dict, fixed: dict | None = None) -
     )
 
 
-def levels(cfg: TuneConfig) -> list[tuple[str, float]]:
-    """The load levels a trial runs: ("concurrency", c) for each level, or ("rate", r)."""
-    return [("rate", cfg.rate)] if cfg.rate is not None else [("concurrency", c) for c in cfg.concurrency]
-
-
-def evaluate(ctx: Context, params: dict, seed: int, clock: Callable[[], float] = time.perf_counter) -> dict:
-    """Run one configuration at every load level; aggregate objectives and per-level metrics.
-
-    On the context's serving-stack backend when it has one (``ctx.backend``), else on the engine.
-    ``budget.trial_timeout_s`` covers the whole trial: each level gets what is left of it, read
-    from ``clock``.
-    """
-    backend = getattr(ctx, "backend", None)
-    if backend is not None:
-        return backend.evaluate(params, seed)
-    cfg = ctx.cfg
-    spec = spec_config(params)
-    # the prompt-lookup window of tune.yaml (search.ngram_min/max), for the drafters that look up n-grams
-    ngram = {"ngram": (cfg.ngram_min, cfg.ngram_max)} if params["drafter"] in ("ngram", "hybrid") else {}
-    per_level = {}
-    tokens = wall = 0.0
-    all_levels = levels(cfg)
-    t0 = clock()
-    for done, (kind, value) in enumerate(all_levels):
-        load = LoadSpec(
-            max_batch_size=int(params["max_batch_size"]),
-            concurrency=int(value) if kind == "concurrency" else None,
-            rate=float(value) if kind == "rate" else None,
-            num_requests=cfg.num_requests,
-        )
-        left = None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (clock() - t0)
-        try:
-            if left is not None and left <= 0:
-                raise TimeoutError
-            run = run_load(
-                ctx.pair, ctx.requests, spec, params["drafter"], load, seed, time_limit_s=left, **ngram
-            )
-        except TimeoutError:  # the limit is the whole trial's, every load level included
-            raise TimeoutError(
-                f"trial exceeded trial_timeout_s={cfg.trial_timeout_s:g} s "
-                f"({done} of {len(all_levels)} load levels done)"
-            ) from None
-        m = run.metrics
-        key = int(value) if kind == "concurrency" else int(params["max_batch_size"])
-        per_level[key] = LevelMetrics.from_metrics(m)
-        tokens += m["generated_tokens"]
-        wall += m["wall_s"]
-    worst = max(getattr(lv, cfg.latency) or 0.0 for lv in per_level.values())
-    return TrialResult(tokens / wall, worst, per_level).to_json()
-
-
-def spec_config(params: dict) -> SpecConfig:
-    """The engine's settings for a trial's params; ``tree_topk`` (when present and not the chain, with the
-    ``model`` drafter and gamma > 0) becomes the tree's settings (:meth:`SpecConfig.for_tree`), gamma
-    = the tree's depth.
-
-    Example:
-        >>> spec_config({"drafter": "model", "gamma": 2, "confidence_threshold": 0.0, "gamma_schedule": "constant",
-        ...              "tree_topk": "2,1"}).tree_topk
-        (2, 1)
-    """
-    tree = parse_tree(params.get("tree_topk", CHAIN))
-    if tree and params.get("drafter") == "model" and int(params["gamma"]) > 0:
-        return SpecConfig.for_tree(tree)
-    return SpecConfig(
-        gamma=int(params["gamma"]),
-        confidence_threshold=float(params["confidence_threshold"]),
-        gamma_schedule=params["gamma_schedule"],
-    )
-
-
-def slo_violations(cfg: TuneConfig, result: dict) -> dict[str, float]:
+def slo_violations(cfg: TuneConfig, result: TrialResult) -> dict[str, float]:
     """Constraint values (<= 0 feasible): the worst level's metric minus its SLO bound."""
     out = {}
     for key, bound in cfg.slo.items():
         if key == "min_tokens_per_second":
-            out[key] = bound - result["tokens_per_second"]
+            out[key] = bound - result.tokens_per_second
         else:
-            out[key] = max((lv[key] or 0.0) for lv in result["per_level"].values()) - bound
+            out[key] = max((getattr(lv, key) or 0.0) for lv in result.per_level.values()) - bound
     return out
 
 
-def point_from_trial(trial: optuna.trial.FrozenTrial, space: Space) -> Point:
+def point_from_trial(trial: optuna.trial.FrozenTrial) -> Point:
+    """A finished trial as a selection point (its params: the stored ones, Optuna's suggestions on top)."""
     attrs = trial.user_attrs
-    params = {**attrs.get("params", {}), **trial.params}
+    knobs = Knobs.from_params({**attrs.get("params", {}), **trial.params})
     per_batch = {int(b): lv["tokens_per_second"] for b, lv in attrs.get("per_level", {}).items()}
     violation = sum(max(v, 0.0) for v in trial.constraints.values()) if trial.constraints else 0.0
-    return Point(params, trial.values[0], trial.values[1], violation, per_batch, trial.number)
+    assert trial.values is not None  # finished() keeps complete trials only
+    return Point(knobs, trial.values[0], trial.values[1], violation, per_batch, trial.number)
 
 
-def make_objective(ctx: Context, space: Space, on_trial: Callable[[int, dict, dict | None], None] | None):
+def make_objective(
+    cfg: TuneConfig, backend: Backend, space: Space, on_trial: OnTrial | None
+) -> Callable[[optuna.Trial], tuple[float, float]]:
+    """The study's objective: suggest knobs, run them on ``backend``, record every level's metrics."""
+
     def objective(trial: optuna.Trial) -> tuple[float, float]:
-        params = space.suggest(trial)
-        trial.set_user_attr("params", params)
+        knobs = space.suggest(trial)
+        trial.set_user_attr("params", space.params(knobs))
         try:
-            result = evaluate(ctx, params, ctx.cfg.seed)
+            result = backend.run(knobs, cfg.seed)
         except Exception as exc:  # a crash, time-out or OOM fails this trial, never the study
             if isinstance(exc, torch.OutOfMemoryError) and torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
+            reason = f"{type(exc).__name__}: {exc}"
+            trial.set_user_attr("error", reason)
             trial.set_user_attr("traceback", traceback.format_exc(limit=5))
             if on_trial:
-                on_trial(trial.number, params, None)
+                on_trial(trial.number, knobs, None, reason)
             raise
-        trial.set_user_attr("per_level", result["per_level"])
-        if (
-            result.get("startup_s") is not None
-        ):  # a serving-stack backend: server start-up, apart from the trial
-            trial.set_user_attr("startup_s", result["startup_s"])
-        for key, value in slo_violations(ctx.cfg, result).items():
+        trial.set_user_attr("per_level", result.to_json()["per_level"])
+        if result.startup_s is not MISSING:  # a serving-stack backend: server start-up, apart from the trial
+            trial.set_user_attr("startup_s", result.startup_s)
+        for key, value in slo_violations(cfg, result).items():
             trial.set_constraint(key, value)
         if on_trial:
-            on_trial(trial.number, params, result)
-        return result["tokens_per_second"], result["latency_ms"]
+            on_trial(trial.number, knobs, result, None)
+        return result.tokens_per_second, result.latency_ms
 
     return objective
 
 
 def warm_starts(
     ctx: Context, space: Space, measurement: dict, nearest: dict | None
-) -> list[tuple[str, dict]]:
+) -> list[tuple[str, dict[str, Any]]]:
     """Enqueued first trials: the AR baseline, the cost model's best points (chains, and with trees searched
-    the best tree at the smallest and largest batch size), the nearest profile's choice."""
+    the best tree at the smallest and largest batch size), the nearest profile's choice; each as the
+    searched knobs' params (:meth:`Space.clip`)."""
     cfg = ctx.cfg
-    base = {
-        "drafter": space.drafters[0],
-        "gamma": 0,
-        "confidence_threshold": space.threshold_low,
-        "gamma_schedule": space.gamma_policies[0],
-        "max_batch_size": max(space.max_batch_sizes),
-    }
+    base = Knobs(
+        space.drafters[0], 0, space.threshold_low, space.gamma_policies[0], max(space.max_batch_sizes)
+    )
     points = [("baseline (gamma=0)", base)]
     m = Measurement.from_json(measurement)
     curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
@@ -361,17 +292,10 @@ def warm_starts(
             max(cfg.num_requests, b),
             [len(r.prompt_ids) for r in ctx.requests],
         )
-        points.append(
-            (
-                f"cost model best at batch {b}",
-                {
-                    **base,
-                    "drafter": drafter,
-                    "gamma": max(best.gamma, 1),
-                    "confidence_threshold": best.confidence_threshold,
-                },
-            )
+        knobs = replace(
+            base, drafter=drafter, gamma=max(best.gamma, 1), confidence_threshold=best.confidence_threshold
         )
+        points.append((f"cost model best at batch {b}", knobs))
     ranks = tree_rank_samples(m.acceptance) if space.trees else None
     trees = [
         t for t in space.tree_shapes if isinstance(t, tuple) and t
@@ -379,24 +303,13 @@ def warm_starts(
     if ranks and trees:
         for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
             shape, _ = best_tree(curves, ranks, trees, b)
-            points.append(
-                (
-                    f"cost model best tree at batch {b}",
-                    {
-                        **base,
-                        "drafter": "model",
-                        "gamma": len(shape),
-                        "confidence_threshold": 0.0,
-                        "gamma_schedule": "constant",
-                        "tree_topk": tree_name(shape),
-                    },
-                )
-            )
+            points.append((f"cost model best tree at batch {b}", Knobs.for_tree(shape, base.max_batch_size)))
     if nearest is not None and isinstance(nearest.get("chosen"), dict):
-        points.append((f"nearest stored profile #{nearest.get('id')}", {**base, **nearest["chosen"]}))
+        stored = Knobs.from_params({**space.params(base), **nearest["chosen"]})
+        points.append((f"nearest stored profile #{nearest.get('id')}", stored))
     out, seen = [], set()
-    for label, p in points:
-        clipped = space.clip(p)
+    for label, knobs in points:
+        clipped = space.clip(knobs)
         key = tuple(sorted(clipped.items()))
         if clipped and key not in seen:
             seen.add(key)

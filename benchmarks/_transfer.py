@@ -6,7 +6,8 @@ the same host flags), the workload's load levels run ``repeats`` times after a w
 rows carry median tokens/s with min-max over repeats, the ratio to no speculation and to the
 grid's best, acceptance, and whether greedy outputs equal the no-speculation server's token for
 token (where the stack streams token ids: vLLM does, llama-server's OpenAI stream does not, and
-the column stays empty; tests/autotune/test_backend_llamacpp_real.py checks its ids instead). Commands already measured are not run twice (their row says ``same_as``), except the
+the column stays empty; tests/autotune/test_backend_llamacpp_real.py checks its ids instead).
+Commands already measured are not run twice (their row says ``same_as``), except the
 no-speculation baseline, which runs first and again last (the drift check).
 """
 
@@ -107,7 +108,7 @@ def measure_plan(
         tps, runs = [], []
         try:
             for r in range(repeats):
-                res = backend.run(command, batch, seed + r, records if r == 0 else None)
+                res = backend.run_command(command, batch, seed + r, records if r == 0 else None).to_json()
                 tps.append(res["tokens_per_second"])
                 runs.append(res)
         except ServerError as exc:

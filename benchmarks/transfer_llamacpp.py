@@ -15,7 +15,8 @@ Rows and summary as in ``benchmarks/_transfer.py``. Goals of the llama.cpp issue
 llamacpp-backend choice within 5% of the grid's best and never below no speculation; the
 engine-backend export's ratio to the grid's best is the transfer error. Usage::
 
-    python benchmarks/transfer_llamacpp.py [--config tune.yaml] [--repeats 3] [--n-max 1,2,3,4,6,8] [--p-min 0,0.3,0.6]
+    python benchmarks/transfer_llamacpp.py [--config tune.yaml] [--repeats 3] [--n-max 1,2,3,4,6,8] \
+[--p-min 0,0.3,0.6]
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _transfer import arguments, measure_plan, open_stack, report, summarize  # noqa: E402
 
 from autotune.backends.llamacpp import LlamacppBackend, server_command  # noqa: E402
+from autotune.knobs import Knobs  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
+from profiles.schema import Profile  # noqa: E402
 
 
 def main() -> None:
@@ -48,17 +51,13 @@ def main() -> None:
     batch = max(cfg.max_batch_size)
 
     def grid_command(n_max: int, p_min: float) -> list[str]:
-        params = {
-            "drafter": "model" if n_max else "none",
-            "gamma": n_max,
-            "confidence_threshold": p_min,
-            "max_batch_size": batch,
-        }
-        return backend.command(params)
+        return backend.command(Knobs("model" if n_max else "none", n_max, p_min, max_batch_size=batch))
 
     def profile_command(prof: dict) -> list[str]:
         inputs = export_inputs(
-            prof, str(backend.target_gguf), str(backend.draft_gguf) if backend.draft_gguf else None
+            Profile.from_json(prof),
+            str(backend.target_gguf),
+            str(backend.draft_gguf) if backend.draft_gguf else None,
         )
         return server_command(backend.binary, cfg, inputs, backend.context)
 

@@ -33,7 +33,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _transfer import arguments, measure_plan, open_stack, report, summarize  # noqa: E402
 
 from autotune.backends.vllm import VllmBackend, serve_command, trial_inputs  # noqa: E402
+from autotune.knobs import Knobs  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
+from profiles.schema import Profile  # noqa: E402
 
 
 def main() -> None:
@@ -42,8 +44,8 @@ def main() -> None:
     batch = max(cfg.max_batch_size)
 
     def grid_command(k: int) -> list[str]:
-        params = {"drafter": "model" if k else "none", "gamma": k, "max_batch_size": batch}
-        return serve_command(backend.python, cfg, trial_inputs(cfg, ctx.fingerprint, params))
+        knobs = Knobs("model" if k else "none", k, max_batch_size=batch)
+        return serve_command(backend.python, cfg, trial_inputs(cfg, ctx.fingerprint, knobs))
 
     plan = [
         ("no speculation", grid_command(0)),
@@ -60,7 +62,10 @@ def main() -> None:
             )
         else:
             plan.append(
-                (f"{label} (profile #{prof['id']})", serve_command(backend.python, cfg, export_inputs(prof)))
+                (
+                    f"{label} (profile #{prof['id']})",
+                    serve_command(backend.python, cfg, export_inputs(Profile.from_json(prof))),
+                )
             )
     plan += [(f"grid K={k}", grid_command(int(k))) for k in args.grid.split(",")]
     plan.append(("no speculation (again, last)", grid_command(0)))

@@ -4,7 +4,7 @@ For the workload and search space of a tune.yaml (default: the bundled one on th
 
 1. grid: every (gamma, confidence_threshold, gamma_schedule) of the space, gamma over the full
    configured range, thresholds at {low, middle, high}, each evaluated exactly like a trial
-   (autotune.study.evaluate: every load level of the workload);
+   (autotune.backends.engine.EngineBackend.run: every load level of the workload);
 2. study: ``autotune tune``'s study (profiler-shaped space, warm starts, TPE) with a budget of
    at most 20% of the grid's evaluations;
 3. popular defaults at the same load: transformers' assisted generation (20 tokens, confidence
@@ -32,7 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from autotune import context  # noqa: E402
 from autotune import study as study_mod  # noqa: E402
+from autotune.backends.engine import EngineBackend  # noqa: E402
 from autotune.config import load_config  # noqa: E402
+from autotune.knobs import Knobs  # noqa: E402
 from autotune.table import table  # noqa: E402
 from autotune.tune import run_tune  # noqa: E402
 
@@ -62,35 +64,28 @@ def main() -> None:
     drafter = next((d for d in cfg.drafters if d != "none"), "none")
     mbs = max(cfg.max_batch_size)
     grid = [
-        {
-            "drafter": drafter,
-            "gamma": g,
-            "confidence_threshold": t,
-            "gamma_schedule": s,
-            "max_batch_size": mbs,
-        }
+        Knobs(drafter, g, t, s, mbs)
         for g in range(int(cfg.gamma.low), int(cfg.gamma.high) + 1)
         for t in (thresholds if g else [lo])
         for s in (cfg.gamma_policies if g else cfg.gamma_policies[:1])
     ]
-    print(f"grid: {len(grid)} configurations x {len(study_mod.levels(cfg))} load levels", file=sys.stderr)
+    print(f"grid: {len(grid)} configurations x {len(cfg.load_levels)} load levels", file=sys.stderr)
+    engine = EngineBackend(ctx)
     t0 = time.perf_counter()
     grid_results = []
-    for i, params in enumerate(grid):
-        res = study_mod.evaluate(ctx, params, cfg.seed)
+    for i, knobs in enumerate(grid):
+        res = engine.run(knobs, cfg.seed)
         viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, res).values())
         grid_results.append(
             {
-                "params": params,
-                "tokens_per_second": res["tokens_per_second"],
-                "latency_ms": res["latency_ms"],
+                "params": knobs.to_params(with_tree=False),
+                "tokens_per_second": res.tokens_per_second,
+                "latency_ms": res.latency_ms,
                 "feasible": viol <= 0,
             }
         )
         print(
-            f"  grid {i + 1}/{len(grid)}: {params['gamma']} {params['confidence_threshold']:.2f} "
-            f"{params['gamma_schedule']}: {res['tokens_per_second']:.1f} tok/s",
-            file=sys.stderr,
+            f"  grid {i + 1}/{len(grid)}: {knobs.label}: {res.tokens_per_second:.1f} tok/s", file=sys.stderr
         )
     grid_s = time.perf_counter() - t0
     grid_best = max((r for r in grid_results if r["feasible"]), key=lambda r: r["tokens_per_second"])
@@ -105,11 +100,11 @@ def main() -> None:
     study_best = max((t for t in trials if t["feasible"]), key=lambda t: t["tokens_per_second"])
 
     chosen = prof["chosen"]
-    chosen_res = study_mod.evaluate(ctx, chosen, cfg.seed + 2)
+    chosen_res = engine.run(Knobs.from_params(chosen), cfg.seed + 2).to_json()
     rows_defaults = []
     for name, knobs in DEFAULTS.items():
         params = {**chosen, "drafter": drafter, "gamma_schedule": "constant", **knobs}
-        res = study_mod.evaluate(ctx, params, cfg.seed + 2)
+        res = engine.run(Knobs.from_params(params), cfg.seed + 2).to_json()
         rows_defaults.append(
             {
                 "config": name,

@@ -3,22 +3,24 @@
 A stack's backend subclasses :class:`HttpBackend` and supplies its launch command for a trial's
 knobs (``command``), its Prometheus counter prefix, extra request fields and server environment.
 :meth:`HttpBackend.run` then does the rest the same way for every stack: start (or reuse) the
-server, warm it up, run each load level of the workload with a ``/metrics`` scrape before and
-after, and return the engine's result dictionary (:class:`autotune.records.TrialResult`).
+server, warm it up, run each load level of the workload (the shared loop
+:func:`autotune.backends.base.run_levels`) with a ``/metrics`` scrape before and after, and
+return the same :class:`autotune.records.TrialResult` as the engine.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
+from autotune.backends.base import TrialBudget, run_levels
 from autotune.backends.openai_load import Endpoint, LoadError, run_http_load
 from autotune.backends.prometheus import SpecCounts, by_label, parse_text, total
 from autotune.backends.server import ServerError, ServerProcess
-from autotune.config import TuneConfig
-from autotune.records import LevelMetrics, TrialResult
-from autotune.study import levels
+from autotune.config import LoadLevel, TuneConfig
+from autotune.context import Context
+from autotune.knobs import Knobs
+from autotune.records import TrialResult
 from engine.speculative import Request
 from profiles.profile import TOOL_VERSION, ExportInputs
 
@@ -36,14 +38,14 @@ def spec_counts(metrics_text: str, prefix: str) -> SpecCounts:
 
 
 def trial_inputs(
-    cfg: TuneConfig, fingerprint: dict, params: dict, target: str | None = None, draft: str | None = None
+    cfg: TuneConfig, fingerprint: dict, knobs: Knobs, target: str | None = None, draft: str | None = None
 ) -> ExportInputs:
     """The exporters' inputs for one trial's knobs: one gamma at every batch size.
 
     ``target``/``draft`` replace the pair's folders (llama.cpp loads GGUF files).
     """
-    drafter = params["drafter"]
-    gamma = 0 if drafter == "none" else int(params["gamma"])
+    drafter = knobs.drafter
+    gamma = 0 if drafter == "none" else knobs.gamma
     ngram = drafter == "ngram"
     return ExportInputs(
         tool_version=TOOL_VERSION,
@@ -54,12 +56,12 @@ def trial_inputs(
         draft=(draft or str(cfg.draft)) if drafter == "model" and cfg.draft else None,
         drafter=drafter,
         gamma=gamma,
-        confidence_threshold=float(params.get("confidence_threshold", 0.0)),
-        gamma_schedule=params.get("gamma_schedule", "constant"),
+        confidence_threshold=knobs.confidence_threshold,
+        gamma_schedule=knobs.gamma_policy,
         prompt_lookup_min=cfg.ngram_min if ngram else None,
         prompt_lookup_max=cfg.ngram_max if ngram else None,
         schedule=((max(cfg.batch_sizes), gamma),),
-        max_batch_size=int(params["max_batch_size"]),
+        max_batch_size=knobs.max_batch_size,
     )
 
 
@@ -73,7 +75,9 @@ class HttpBackend:
     extra_body: tuple[tuple[str, object], ...] = ()
     startup_timeout_s = 600.0
 
-    def __init__(self, ctx, log_dir: Path) -> None:
+    remeasure_order = "back-to-back per server"  # alternating configurations would restart a server each run
+
+    def __init__(self, ctx: Context, log_dir: Path) -> None:
         self.ctx = ctx
         self.cfg: TuneConfig = ctx.cfg
         self.log_dir = log_dir
@@ -83,7 +87,7 @@ class HttpBackend:
         self._starts = 0
 
     # what a stack supplies --------------------------------------------------------------------
-    def command(self, params: dict) -> list[str]:
+    def command(self, knobs: Knobs) -> list[str]:
         """The launch command for a trial's knobs (``{port}`` is filled in at start)."""
         raise NotImplementedError
 
@@ -120,49 +124,47 @@ class HttpBackend:
     def endpoint(self, server: ServerProcess) -> Endpoint:
         return Endpoint(server.base_url, self.model_name(), extra_body=self.extra_body)
 
-    def evaluate(self, params: dict, seed: int) -> dict:
-        """One configuration at every load level in one server (started or reused)."""
-        return self.run(self.command(params), int(params["max_batch_size"]), seed)
+    def budget(self) -> TrialBudget:
+        """``backend.n_trials`` (else the stack's default: each trial is a server start) and ``backend.timeout_s``."""
+        return TrialBudget(
+            self.cfg.server_trials or self.default_trials, self.cfg.server_timeout_s, "backend"
+        )
 
-    def run(self, command: list[str], max_batch_size: int, seed: int, records: dict | None = None) -> dict:
+    def run(self, knobs: Knobs, seed: int) -> TrialResult:
+        """One configuration at every load level in one server (started or reused)."""
+        return self.run_command(self.command(knobs), knobs.max_batch_size, seed)
+
+    def run_command(
+        self, command: list[str], max_batch_size: int, seed: int, records: dict | None = None
+    ) -> TrialResult:
         """The workload's load levels against the server of ``command``; ``records`` collects each level's requests."""
         cfg = self.cfg
         server = self.server_for(command)
         endpoint = self.endpoint(server)
-        per_level, tokens, wall = {}, 0.0, 0.0
+
+        def run_level(level: LoadLevel, left: float | None) -> dict:
+            before = spec_counts(server.get("/metrics"), self.metrics_prefix)
+            run = run_http_load(
+                endpoint,
+                self.ctx.requests,
+                cfg.num_requests,
+                concurrency=level.concurrency,
+                rate=level.rate,
+                seed=seed,
+                time_limit_s=left,
+            )
+            counts = spec_counts(server.get("/metrics"), self.metrics_prefix) - before
+            if records is not None:
+                records[level.batch_key(max_batch_size)] = run.records
+            return {**run.metrics, **counts.metrics()}
+
         try:
             self._warmup(endpoint, max_batch_size)
-            t0 = time.perf_counter()
-            for kind, value in levels(cfg):
-                left = (
-                    None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (time.perf_counter() - t0)
-                )
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"trial exceeded trial_timeout_s={cfg.trial_timeout_s:g} s")
-                before = spec_counts(server.get("/metrics"), self.metrics_prefix)
-                run = run_http_load(
-                    endpoint,
-                    self.ctx.requests,
-                    cfg.num_requests,
-                    concurrency=int(value) if kind == "concurrency" else None,
-                    rate=float(value) if kind == "rate" else None,
-                    seed=seed,
-                    time_limit_s=left,
-                )
-                counts = spec_counts(server.get("/metrics"), self.metrics_prefix) - before
-                m = {**run.metrics, **counts.metrics()}
-                key = int(value) if kind == "concurrency" else max_batch_size
-                per_level[key] = LevelMetrics.from_metrics(m)
-                tokens += m["generated_tokens"]
-                wall += m["wall_s"]
-                if records is not None:
-                    records[key] = run.records
+            return run_levels(cfg, max_batch_size, run_level, startup_s=server.startup_s)
         except (LoadError, TimeoutError, OSError) as exc:
             server.check_alive(grace_s=3.0)  # a dead server explains the failure better, with its log
             self.close()  # a hung or broken server is not reused
             raise ServerError(f"{self.name} trial failed: {exc}") from None
-        worst = max(getattr(lv, cfg.latency) or 0.0 for lv in per_level.values())
-        return TrialResult(tokens / wall, worst, per_level, startup_s=server.startup_s).to_json()
 
     def _warmup(self, endpoint: Endpoint, max_batch_size: int) -> None:
         """A short run at the largest batch: first-request failures surface here, lazy init leaves the runs."""

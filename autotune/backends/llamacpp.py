@@ -26,7 +26,9 @@ from autotune.backends import gguf
 from autotune.backends.http_backend import HttpBackend, trial_inputs
 from autotune.backends.server import ServerProcess
 from autotune.config import LlamacppConfig, TuneConfig
+from autotune.context import Context
 from autotune.errors import ConfigError
+from autotune.knobs import Knobs
 from engine.workload import load_workload
 from profiles.exporters import llamacpp as llamacpp_export
 from profiles.profile import ExportInputs
@@ -78,7 +80,7 @@ class LlamacppBackend(HttpBackend):
     metrics_prefix = "llamacpp"
     fixed_knobs = FIXED_KNOBS
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx: Context) -> None:
         lc = ctx.cfg.llamacpp
         super().__init__(ctx, Path(lc.home).expanduser() / "logs")
         self.binary = server_binary(lc)
@@ -93,17 +95,17 @@ class LlamacppBackend(HttpBackend):
         self.version = self._version()
         self.tokens_checked = self.check_tokenizer()
 
-    def inputs(self, params: dict) -> ExportInputs:
+    def inputs(self, knobs: Knobs) -> ExportInputs:
         return trial_inputs(
             self.cfg,
             self.ctx.fingerprint,
-            params,
+            knobs,
             target=str(self.target_gguf),
             draft=str(self.draft_gguf) if self.draft_gguf else None,
         )
 
-    def command(self, params: dict) -> list[str]:
-        return server_command(self.binary, self.cfg, self.inputs(params), self.context)
+    def command(self, knobs: Knobs) -> list[str]:
+        return server_command(self.binary, self.cfg, self.inputs(knobs), self.context)
 
     def model_name(self) -> str:
         return self.target_gguf.name
@@ -120,7 +122,7 @@ class LlamacppBackend(HttpBackend):
         """llama-server's token ids for every workload prompt must equal the HF tokenizer's; returns the count."""
         items = load_workload(self.cfg.prompts)
         hf = self.ctx.pair.tokenizer
-        command = self.command({"drafter": "none", "gamma": 0, "max_batch_size": 1})
+        command = self.command(Knobs("none", 0, max_batch_size=1))
         with ServerProcess(
             command, self.log_dir / "tokenizer-check.log", startup_timeout_s=self.startup_timeout_s
         ) as server:
@@ -141,9 +143,7 @@ class LlamacppBackend(HttpBackend):
         return len(items)
 
     def describe(self) -> dict:
-        command = self.command(
-            {"drafter": "none", "gamma": 0, "max_batch_size": max(self.cfg.max_batch_size)}
-        )
+        command = self.command(Knobs("none", 0, max_batch_size=max(self.cfg.max_batch_size)))
         source = (Path(self.cfg.llamacpp.home).expanduser() / "llama.cpp").resolve()
         return {
             "name": self.name,

@@ -32,7 +32,9 @@ from autotune.backends.http_backend import spec_counts as _spec_counts
 from autotune.backends.prometheus import SpecCounts
 from autotune.backends.server import ServerProcess
 from autotune.config import DEFAULT_CACHE, TuneConfig
+from autotune.context import Context
 from autotune.errors import ConfigError
+from autotune.knobs import Knobs
 from profiles.exporters import vllm as vllm_export
 from profiles.profile import ExportInputs
 
@@ -96,15 +98,15 @@ class VllmBackend(HttpBackend):
     fixed_knobs = FIXED_KNOBS
     extra_body = (("return_token_ids", True),)
 
-    def __init__(self, ctx, python: Path | None = None) -> None:
+    def __init__(self, ctx: Context, python: Path | None = None) -> None:
         self.cache_dir = Path(ctx.cfg.vllm.cache_dir).expanduser()
         super().__init__(ctx, self.cache_dir / "logs")
         self.python = python or resolve_python(self.cfg.vllm.python)
         self.startup_timeout_s = self.cfg.vllm.startup_timeout_s
         self.version: str | None = None
 
-    def command(self, params: dict) -> list[str]:
-        return serve_command(self.python, self.cfg, trial_inputs(self.cfg, self.ctx.fingerprint, params))
+    def command(self, knobs: Knobs) -> list[str]:
+        return serve_command(self.python, self.cfg, trial_inputs(self.cfg, self.ctx.fingerprint, knobs))
 
     def env(self) -> dict[str, str]:
         return {
@@ -123,9 +125,7 @@ class VllmBackend(HttpBackend):
                 self.version = None
 
     def describe(self) -> dict:
-        command = self.command(
-            {"drafter": "none", "gamma": 0, "max_batch_size": max(self.cfg.max_batch_size)}
-        )
+        command = self.command(Knobs("none", 0, max_batch_size=max(self.cfg.max_batch_size)))
         return {
             "name": self.name,
             "version": self.version,

@@ -30,11 +30,7 @@ COMPILE_OPTION = click.option(
 
 def with_compile(cfg, compile_flag: bool | None):
     """``cfg`` with ``--compile/--no-compile`` applied over ``models.compile`` (unchanged when not given)."""
-    import dataclasses
-
-    return (
-        cfg if compile_flag is None else dataclasses.replace(cfg, compile="true" if compile_flag else "false")
-    )
+    return cfg if compile_flag is None else cfg.with_overrides(compile="true" if compile_flag else "false")
 
 
 def print_json(obj: object) -> None:

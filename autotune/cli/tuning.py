@@ -76,8 +76,6 @@ def tune(
     as_json,
 ):
     """The main job: profile this host, run the Optuna study, store the profile, write exports."""
-    import dataclasses
-
     from autotune.config import load_config
     from autotune.tune import Interrupted, run_tune
 
@@ -98,7 +96,7 @@ def tune(
         if "://" not in storage:
             raise click.BadParameter(f"not an SQLAlchemy URL: {storage!r}", param_hint="--storage")
         overrides["storage"] = storage
-    cfg = dataclasses.replace(cfg, **overrides)
+    cfg = cfg.with_overrides(**overrides)
     try:
         prof = run_tune(cfg, resume=resume, reprofile=reprofile, say=say_err, strict=strict)
     except Interrupted as exc:

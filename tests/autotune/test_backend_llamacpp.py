@@ -8,6 +8,7 @@ test_backend_llamacpp_real.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import sys
@@ -21,7 +22,8 @@ from autotune.backends import gguf
 from autotune.backends.llamacpp import LlamacppBackend, server_command
 from autotune.config import load_config
 from autotune.errors import ConfigError
-from autotune.study import LEVEL_KEYS
+from autotune.knobs import Knobs
+from autotune.records import LEVEL_KEYS
 from profiles.exporters import export
 
 FAKE = Path(__file__).with_name("fake_openai_server.py")
@@ -64,7 +66,8 @@ def test_trial_flags_are_the_llamacpp_exporters_flags(tmp_path, tiny_pair_dirs) 
     params = {"drafter": "model", "gamma": 3, "confidence_threshold": 0.25, "max_batch_size": 2}
     from autotune.backends.http_backend import trial_inputs
 
-    inputs = trial_inputs(cfg, {"label": "CPU", "key": "k"}, params, target="/g/t.gguf", draft="/g/d.gguf")
+    knobs = Knobs.from_params(params)
+    inputs = trial_inputs(cfg, {"label": "CPU", "key": "k"}, knobs, target="/g/t.gguf", draft="/g/d.gguf")
     cmd = server_command(Path("/bin/llama-server"), cfg, inputs, context=1024)
     profile = {
         "tool_version": "0",
@@ -83,7 +86,9 @@ def test_trial_flags_are_the_llamacpp_exporters_flags(tmp_path, tiny_pair_dirs) 
     )
     assert flags["-md"] == "/g/d.gguf" and flags["-m"] == "/g/t.gguf"
     assert cmd[cmd.index("-c") + 1] == "2048" and cmd[cmd.index("-t") + 1] == "1" and "--metrics" in cmd
-    off = server_command(Path("/bin/llama-server"), cfg, trial_inputs(cfg, {}, {**params, "gamma": 0}), 1024)
+    off = server_command(
+        Path("/bin/llama-server"), cfg, trial_inputs(cfg, {}, dataclasses.replace(knobs, gamma=0)), 1024
+    )
     assert not any(part.startswith("--spec") for part in off)
 
 
@@ -94,16 +99,7 @@ def test_a_trial_against_the_fake_llama_server(tmp_path, tiny_pair_dirs) -> None
     backend = LlamacppBackend(ctx)
     try:
         assert backend.tokens_checked == 2 and backend.version == "9999 (fake)"
-        result = backend.evaluate(
-            {
-                "drafter": "model",
-                "gamma": 2,
-                "confidence_threshold": 0.1,
-                "gamma_schedule": "constant",
-                "max_batch_size": 2,
-            },
-            0,
-        )
+        result = backend.run(Knobs("model", 2, 0.1, "constant", 2), 0).to_json()
     finally:
         backend.close()
         ctx.store.close()

@@ -7,6 +7,7 @@ version patch and its parent watchdog are exercised. The real vLLM runs in test_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from autotune.backends import vllm as vllm_backend
 from autotune.backends.openai_load import Endpoint, LoadError, parse_sse, run_http_load
 from autotune.backends.server import ServerError, ServerProcess
 from autotune.config import load_config
+from autotune.knobs import Knobs
 from engine.scheduler import RequestRecord
 from engine.speculative import Request
 from profiles.exporters import export
@@ -98,7 +100,7 @@ def test_trial_flags_are_the_exporters_flags(tmp_path, tiny_pair_dirs) -> None:
         {"drafter": "model", "gamma": 0, "max_batch_size": 2},
     ):
         cmd = vllm_backend.serve_command(
-            Path(sys.executable), cfg, vllm_backend.trial_inputs(cfg, fp, params)
+            Path(sys.executable), cfg, vllm_backend.trial_inputs(cfg, fp, Knobs.from_params(params))
         )
         profile = {
             "tool_version": "0",
@@ -288,22 +290,16 @@ def test_a_server_that_dies_mid_run_fails_the_trial_with_its_log(tmp_path, tiny_
     )
     ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
     backend = vllm_backend.VllmBackend(ctx)
-    params = {
-        "drafter": "model",
-        "gamma": 2,
-        "max_batch_size": 2,
-        "confidence_threshold": 0.0,
-        "gamma_schedule": "constant",
-    }
+    knobs = Knobs("model", 2, max_batch_size=2)
     try:
         with pytest.raises(ServerError, match=r"server died \(exit code 3\)"):
-            backend.evaluate(params, 0)
+            backend.run(knobs, 0)
     finally:
         backend.close()
     assert backend.server is None
 
 
-def test_evaluate_returns_the_engine_result_shape_and_reuses_an_identical_server(
+def test_a_run_returns_the_engine_result_shape_and_reuses_an_identical_server(
     tmp_path, tiny_pair_dirs, fake_vllm
 ) -> None:
     cfg = _cfg(
@@ -313,23 +309,17 @@ def test_evaluate_returns_the_engine_result_shape_and_reuses_an_identical_server
     )
     ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
     backend = vllm_backend.VllmBackend(ctx)
-    params = {
-        "drafter": "model",
-        "gamma": 2,
-        "max_batch_size": 2,
-        "confidence_threshold": 0.0,
-        "gamma_schedule": "constant",
-    }
+    knobs = Knobs("model", 2, max_batch_size=2)
     try:
-        first = backend.evaluate(params, 0)
+        first = backend.run(knobs, 0).to_json()
         pid = backend.server.proc.pid
-        backend.evaluate(params, 1)
+        backend.run(knobs, 1)
         assert backend.server.proc.pid == pid  # same flags: same server
-        backend.evaluate({**params, "gamma": 3}, 0)
+        backend.run(dataclasses.replace(knobs, gamma=3), 0)
         assert backend.server.proc.pid != pid and _gone(pid)
     finally:
         backend.close()
-    from autotune.study import LEVEL_KEYS
+    from autotune.records import LEVEL_KEYS
 
     assert set(first["per_level"]) == {1, 2} and set(first["per_level"][1]) == set(LEVEL_KEYS)
     assert first["per_level"][2]["acceptance_rate"] == pytest.approx(0.5)
@@ -338,13 +328,17 @@ def test_evaluate_returns_the_engine_result_shape_and_reuses_an_identical_server
     assert backend.describe()["version"] == "0.0.0-fake" and len(backend.describe()["startup_s"]) == 2
 
 
+# The child installs Python's own SIGINT handler first: a shell that starts the test runner in the
+# background without job control (a CI script, `pytest &` in a non-interactive shell) makes SIGINT
+# ignored in it and in every child, and the behaviour under test is the tool's, not the shell's.
 PARENT = """
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import sys, time
 from types import SimpleNamespace
 from autotune.config import load_config
 from autotune.backends.vllm import VllmBackend
 from autotune.tune import _sigterm_as_interrupt
-import signal
 signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 ctx = SimpleNamespace(cfg=load_config(sys.argv[1]), fingerprint={"label": "CPU", "key": "k"}, requests=[])
 backend = VllmBackend(ctx)

@@ -9,22 +9,12 @@ import types
 import pytest
 
 from autotune import hostnoise
-from autotune import study as study_mod
 from autotune.errors import BusyHostError
 from autotune.tune import run_tune
 from profiles.store import Store
+from tests.autotune.fakes import backend_of, synthetic_run
 
-
-def synthetic_evaluate(ctx, params, seed):  # noqa: ARG001 - same signature as the real one
-    """Deterministic stand-in for a load run (as in test_study): speculation helps at B=1."""
-    per_level = {}
-    for c in ctx.cfg.concurrency:
-        tps = 100.0 * c + 10.0 * int(params["gamma"]) * (1 if c == 1 else -1)
-        level = dict.fromkeys(study_mod.LEVEL_KEYS, 1.0)
-        level.update(tokens_per_second=tps, tpot_ms_p95=40.0, generated_tokens=12, wall_s=12 / tps)
-        per_level[c] = level
-    wall = sum(lv["wall_s"] for lv in per_level.values())
-    return {"tokens_per_second": 12 * len(per_level) / wall, "latency_ms": 40.0, "per_level": per_level}
+SYNTHETIC = backend_of(synthetic_run)
 
 
 def fake_noise(busy: bool) -> dict:
@@ -76,9 +66,8 @@ def test_proc_is_read_over_a_window_of_many_clock_ticks() -> None:
 
 def test_busy_host_warns_and_is_recorded(tune_config, monkeypatch) -> None:
     monkeypatch.setattr(hostnoise, "measure", lambda: fake_noise(True))
-    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
     said: list[str] = []
-    profile = run_tune(tune_config(), say=said.append)
+    profile = run_tune(tune_config(), say=said.append, backend_for=SYNTHETIC)
     assert profile["host_noise"]["busy"] is True and profile["host_noise"]["before"]["cv"] == 0.3
     assert sum(line.startswith("warning: busy host") for line in said) == 2  # before and after the study
 
@@ -87,37 +76,34 @@ def test_strict_refuses_to_store_a_profile_from_a_busy_host(tune_config, monkeyp
     cfg = tune_config()
     calls = iter([fake_noise(False), fake_noise(True)])  # quiet at the start, busy by the end
     monkeypatch.setattr(hostnoise, "measure", lambda: next(calls))
-    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
     with pytest.raises(BusyHostError, match="--strict: busy host after the study"):
-        run_tune(cfg, say=lambda _: None, strict=True)
+        run_tune(cfg, say=lambda _: None, strict=True, backend_for=SYNTHETIC)
     assert Store(cfg.storage).list_profiles() == []
 
 
 def test_quiet_host_with_strict_stores(tune_config, monkeypatch) -> None:
     monkeypatch.setattr(hostnoise, "measure", lambda: fake_noise(False))
-    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
-    profile = run_tune(tune_config(), say=lambda _: None, strict=True)
+    profile = run_tune(tune_config(), say=lambda _: None, strict=True, backend_for=SYNTHETIC)
     assert profile["host_noise"]["busy"] is False and profile["id"]
 
 
 def test_a_timeout_that_cuts_the_study_short_makes_the_choice_provisional(tune_config, monkeypatch) -> None:
     import time
 
-    def slow(ctx, params, seed):
+    def slow(cfg, knobs, seed):
         time.sleep(0.05)
-        return synthetic_evaluate(ctx, params, seed)
+        return synthetic_run(cfg, knobs, seed)
 
-    monkeypatch.setattr(study_mod, "evaluate", slow)
     said: list[str] = []
-    profile = run_tune(tune_config(budget={"timeout_s": 0.01, "n_trials": 3, "repeats": 1}), say=said.append)
+    cfg = tune_config(budget={"timeout_s": 0.01, "n_trials": 3, "repeats": 1})
+    profile = run_tune(cfg, say=said.append, backend_for=backend_of(slow))
     assert profile["study"]["provisional"] is True
     assert profile["study"]["trials_run"] == 1 and profile["study"]["trials_planned"] == 3
     assert any("stopped the study after 1 of 3 trials; the choice is provisional" in line for line in said)
 
 
 def test_a_study_that_runs_all_its_trials_is_not_provisional(tune_config, monkeypatch) -> None:
-    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
-    profile = run_tune(tune_config(budget={"n_trials": 3}), say=lambda _: None)
+    profile = run_tune(tune_config(budget={"n_trials": 3}), say=lambda _: None, backend_for=SYNTHETIC)
     assert profile["study"]["provisional"] is False and profile["study"]["trials_run"] == 3
 
 
@@ -179,18 +165,15 @@ def test_a_busy_host_runs_on_the_cores_left_and_records_it(tune_config, monkeypa
     import torch
 
     monkeypatch.setattr(hostnoise, "measure", lambda: fake_noise(True))
-    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
     torch.set_num_threads(2)
     seen: list[int] = []
-    real_measure = study_mod.evaluate
 
-    def evaluate(ctx, params, seed):
+    def run(cfg, knobs, seed):
         seen.append(torch.get_num_threads())
-        return real_measure(ctx, params, seed)
+        return synthetic_run(cfg, knobs, seed)
 
-    monkeypatch.setattr(study_mod, "evaluate", evaluate)
     said: list[str] = []
-    profile = run_tune(tune_config(), say=said.append)
+    profile = run_tune(tune_config(), say=said.append, backend_for=backend_of(run))
     assert set(seen) == {1}  # every trial ran on the one free core
     assert torch.get_num_threads() == 2  # restored for whoever runs next in this process
     assert any(

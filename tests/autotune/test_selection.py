@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.knobs import Knobs
 from autotune.selection import (
     Point,
     batch_schedule,
@@ -11,16 +12,29 @@ from autotune.selection import (
     choose_with_margin,
     knee_point,
     pareto_front,
-    simplicity,
 )
+
+_NAMES: dict[str, int] = {}
+
+
+def knobs(gamma: int = 0, **params) -> Knobs:
+    """A configuration from flat params (the draft model unless said otherwise)."""
+    return Knobs.from_params({"drafter": "model", "gamma": gamma, **params})
 
 
 def pt(tps: float, lat: float, violation: float = 0.0, name: str = "") -> Point:
-    return Point({"name": name}, tps, lat, violation)
+    """A point named by its (otherwise unused) max_batch_size: the rules compare objectives only."""
+    return Point(
+        Knobs("model", 1, max_batch_size=_NAMES.setdefault(name, len(_NAMES) + 1)), tps, lat, violation
+    )
+
+
+def name_of(point: Point) -> str:
+    return next(n for n, i in _NAMES.items() if i == point.knobs.max_batch_size)
 
 
 def names(points) -> list[str]:
-    return [p.params["name"] for p in points]
+    return [name_of(p) for p in points]
 
 
 # ------------------------------------------------------------------------------------------
@@ -59,13 +73,13 @@ def test_choose_with_slos_takes_the_highest_feasible_throughput() -> None:
         pt(70, 30, name="feasible-slower"),
     ]
     choice = choose(points, has_slo=True)
-    assert choice.point.params["name"] == "best-feasible"
+    assert name_of(choice.point) == "best-feasible"
     assert choice.met_slo is True
 
 
 def test_choose_with_slos_breaks_throughput_ties_by_latency() -> None:
     points = [pt(90, 45, name="slow"), pt(90, 30, name="quick")]
-    assert choose(points, has_slo=True).point.params["name"] == "quick"
+    assert name_of(choose(points, has_slo=True).point) == "quick"
 
 
 def test_choose_with_slos_nothing_feasible_returns_the_closest() -> None:
@@ -76,7 +90,7 @@ def test_choose_with_slos_nothing_feasible_returns_the_closest() -> None:
         pt(100, 60, violation=10, name="middle"),
     ]
     choice = choose(points, has_slo=True)
-    assert choice.point.params["name"] == "closest-fast"  # smallest violation, then throughput
+    assert name_of(choice.point) == "closest-fast"  # smallest violation, then throughput
     assert choice.met_slo is False
     assert "closest" in choice.reason
 
@@ -95,8 +109,8 @@ def test_choose_without_slos_takes_the_knee_not_an_extreme() -> None:
 def test_knee_point_is_scale_free() -> None:
     """Relative trade-offs: multiplying latencies by 1000 does not move the knee."""
     front = [pt(100, 100, name="a"), pt(90, 20, name="b"), pt(20, 10, name="c")]
-    scaled = [pt(p.tokens_per_second, p.latency_ms * 1000, name=p.params["name"]) for p in front]
-    assert knee_point(front).params["name"] == knee_point(scaled).params["name"] == "b"
+    scaled = [pt(p.tokens_per_second, p.latency_ms * 1000, name=name_of(p)) for p in front]
+    assert name_of(knee_point(front)) == name_of(knee_point(scaled)) == "b"
 
 
 def test_knee_point_of_two_points_takes_the_better_trade() -> None:
@@ -122,7 +136,7 @@ def test_choose_refuses_nothing() -> None:
 
 
 def run(gamma: int, per_batch: dict[int, float]) -> Point:
-    return Point({"gamma": gamma}, 0.0, 0.0, per_batch=per_batch)
+    return Point(knobs(gamma), 0.0, 0.0, per_batch=per_batch)
 
 
 def test_schedule_speculation_wins_small_loses_large() -> None:
@@ -207,7 +221,7 @@ def remeasured(gamma: int, tps: list[float], lat: float = 10.0, violation: float
     rounds = tuple((t, lat) for t in tps)
     med = sorted(tps)[len(tps) // 2]
     return Point(
-        {"gamma": gamma, **params},
+        knobs(gamma, **params),
         med,
         lat,
         violation,
@@ -255,19 +269,19 @@ def test_with_slos_only_feasible_simpler_points_block_and_nothing_feasible_is_un
 
 
 def test_without_rounds_the_margin_rule_is_the_point_rule() -> None:
-    ar, g4 = Point({"gamma": 0}, 100, 10), Point({"gamma": 4}, 101, 10)
+    ar, g4 = Point(knobs(0), 100, 10), Point(knobs(4), 101, 10)
     assert choose_with_margin([ar, g4], has_slo=False).point is g4
 
 
 def test_simplicity_orders_baseline_constant_threshold_gamma() -> None:
-    params = [
-        {"gamma": 4, "gamma_schedule": "heuristic"},
-        {"gamma": 4, "confidence_threshold": 0.2},
-        {"gamma": 8},
-        {"gamma": 2},
-        {"gamma": 0, "gamma_schedule": "heuristic"},
+    ks = [
+        knobs(4, gamma_schedule="heuristic"),
+        knobs(4, confidence_threshold=0.2),
+        knobs(8),
+        knobs(2),
+        knobs(0, gamma_schedule="heuristic"),
     ]
-    assert sorted(params, key=simplicity) == [params[4], params[3], params[2], params[1], params[0]]
+    assert sorted(ks, key=lambda k: k.simplicity) == [ks[4], ks[3], ks[2], ks[1], ks[0]]
 
 
 def test_schedule_uses_the_interval_rule_where_paired_repeats_exist() -> None:
@@ -282,9 +296,9 @@ def test_schedule_uses_the_interval_rule_where_paired_repeats_exist() -> None:
 
 def test_a_steady_throughput_gain_is_not_blocked_by_noisy_p95_latency() -> None:
     # 1.3x tokens/s in every round; the p95 latency of a few requests jumps around
-    ar = Point({"gamma": 0}, 100, 10, rounds=((100, 10), (99, 9), (104, 11)))
+    ar = Point(knobs(0), 100, 10, rounds=((100, 10), (99, 9), (104, 11)))
     spec = Point(
-        {"gamma": 8, "confidence_threshold": 0.0, "gamma_schedule": "constant"},
+        knobs(8, confidence_threshold=0.0, gamma_schedule="constant"),
         130,
         8,
         rounds=((130, 5), (128, 20), (135, 8)),

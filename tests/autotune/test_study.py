@@ -1,4 +1,4 @@
-"""``autotune.study`` on its own: the search space, its stored form, and one trial's time budget.
+"""``autotune.study`` on its own: the search space and its stored form.
 
 ``run_tune`` end to end (study, re-measurement, store, exports) is in test_tune.py.
 """
@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from types import SimpleNamespace
 
 import optuna
-import pytest
 
 from autotune import study as study_mod
 from autotune.config import Range, TuneConfig
+from autotune.knobs import Knobs
 
 CFG = TuneConfig(
     target=Path("t"),
@@ -25,51 +24,6 @@ CFG = TuneConfig(
     gamma_policies=("constant", "heuristic"),
     max_batch_size=(2, 4),
 )
-PARAMS = {
-    "drafter": "model",
-    "gamma": 1,
-    "confidence_threshold": 0.0,
-    "gamma_schedule": "constant",
-    "max_batch_size": 2,
-}
-
-
-def test_trial_timeout_covers_the_whole_trial_not_each_load_level(monkeypatch) -> None:
-    """Each load level gets what is left of budget.trial_timeout_s (a fake clock: 0.2 s per level)."""
-    cfg = dataclasses.replace(CFG, trial_timeout_s=0.3)
-    now = [0.0]
-    limits = []
-
-    def slow_run_load(pair, requests, spec, drafter, load, seed, time_limit_s=None):  # noqa: ARG001
-        limits.append(time_limit_s)
-        now[0] += 0.2
-        if time_limit_s is not None and time_limit_s < 0.2:
-            raise TimeoutError(f"run exceeded its time limit of {time_limit_s:g} s")
-        return SimpleNamespace(metrics={"generated_tokens": 4, "wall_s": 0.2, cfg.latency: 1.0})
-
-    monkeypatch.setattr(study_mod, "run_load", slow_run_load)
-    ctx = SimpleNamespace(cfg=cfg, pair=None, requests=[])
-    with pytest.raises(
-        TimeoutError, match=r"trial exceeded trial_timeout_s=0.3 s \(1 of 2 load levels done\)"
-    ):
-        study_mod.evaluate(ctx, PARAMS, 0, clock=lambda: now[0])
-    assert limits == [pytest.approx(0.3), pytest.approx(0.1)]  # the second level got what was left
-
-
-def test_a_spent_trial_budget_stops_before_the_next_level(monkeypatch) -> None:
-    cfg = dataclasses.replace(CFG, trial_timeout_s=0.2)
-    now = [0.0]
-    calls = []
-
-    def run_load(pair, requests, spec, drafter, load, seed, time_limit_s=None):  # noqa: ARG001
-        calls.append(time_limit_s)
-        now[0] += 0.25  # the level finished, but past the whole trial's budget
-        return SimpleNamespace(metrics={"generated_tokens": 4, "wall_s": 0.25, cfg.latency: 1.0})
-
-    monkeypatch.setattr(study_mod, "run_load", run_load)
-    with pytest.raises(TimeoutError, match=r"\(1 of 2 load levels done\)"):
-        study_mod.evaluate(SimpleNamespace(cfg=cfg, pair=None, requests=[]), PARAMS, 0, clock=lambda: now[0])
-    assert calls == [pytest.approx(0.2)]
 
 
 def test_space_json_keeps_the_stored_profile_keys() -> None:
@@ -109,22 +63,8 @@ def test_drafter_none_forces_gamma_zero_and_clip_stays_inside_the_space() -> Non
             "max_batch_size": 4,
         }
     )
-    assert space.suggest(trial) == {
-        "drafter": "none",
-        "gamma": 0,
-        "confidence_threshold": 0.2,
-        "gamma_schedule": "heuristic",
-        "max_batch_size": 4,
-    }
-    assert space.clip(
-        {
-            "drafter": "ngram",
-            "gamma": 12,
-            "confidence_threshold": 0.9,
-            "gamma_schedule": "x",
-            "max_batch_size": 64,
-        }
-    ) == {
+    assert space.suggest(trial) == Knobs("none", 0, 0.2, "heuristic", 4)
+    assert space.clip(Knobs("ngram", 12, 0.9, "x", 64)) == {
         "drafter": "model",
         "gamma": 3,
         "confidence_threshold": 0.5,

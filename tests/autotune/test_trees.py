@@ -15,11 +15,13 @@ from autotune import study as study_mod
 from autotune.config import Range, TuneConfig, parse
 from autotune.costmodel import Curves, best_tree, predict_tree, tree_expected_tokens
 from autotune.errors import ConfigError
-from autotune.selection import config_label, simplicity
+from autotune.knobs import Knobs
+from autotune.records import TrialResult
 from autotune.tune import run_tune
 from engine.tree import DynamicTree
 from profiles.exporters import export
 from profiles.store import Store
+from tests.autotune.fakes import backend_of, result_of
 
 
 def _raw(root: Path, **search) -> dict:
@@ -160,13 +162,13 @@ CFG = TuneConfig(
 def test_without_trees_the_space_and_params_are_unchanged() -> None:
     space = study_mod.shape_space(dataclasses.replace(CFG, tree_shapes=((),)), measurement={})
     assert "tree_topk" not in space.to_json() and "tree_topk" not in space.searched()
-    p = space.suggest(
+    k = space.suggest(
         optuna.trial.FixedTrial(
             {"drafter": "model", "gamma": 2, "confidence_threshold": 0.1, "gamma_schedule": "heuristic"}
         )
     )
-    assert "tree_topk" not in p
-    assert study_mod.spec_config(p).tree_topk == ()
+    assert "tree_topk" not in space.params(k)
+    assert k.spec_config().tree_topk == ()
 
 
 def test_a_tree_trial_never_takes_settings_the_engine_refuses() -> None:
@@ -180,8 +182,9 @@ def test_a_tree_trial_never_takes_settings_the_engine_refuses() -> None:
     seen = set()
     for _ in range(40):
         trial = study.ask()
-        p = space.suggest(trial)
-        spec = study_mod.spec_config(p)  # raises EngineInputError for a refused combination
+        k = space.suggest(trial)
+        p = space.params(k)
+        spec = k.spec_config()  # raises EngineInputError for a refused combination
         if p["drafter"] != "model":
             assert p["tree_topk"] == "chain" and "tree_topk" not in trial.params and spec.tree_topk == ()
         if p["tree_topk"] != "chain":
@@ -195,39 +198,23 @@ def test_a_tree_trial_never_takes_settings_the_engine_refuses() -> None:
 
 def test_clip_keeps_a_tree_warm_start_inside_the_space() -> None:
     space = study_mod.shape_space(CFG, measurement={})
-    assert space.clip(
-        {
-            "drafter": "model",
-            "gamma": 2,
-            "confidence_threshold": 0.0,
-            "gamma_schedule": "constant",
-            "max_batch_size": 2,
-            "tree_topk": "2,1",
-        }
-    ) == {"drafter": "model", "tree_topk": "2,1"}
+    assert space.clip(Knobs("model", 2, max_batch_size=2, tree=(2, 1))) == {
+        "drafter": "model",
+        "tree_topk": "2,1",
+    }
     assert (
-        space.clip(
-            {
-                "drafter": "model",
-                "gamma": 3,
-                "confidence_threshold": 0.0,
-                "gamma_schedule": "constant",
-                "max_batch_size": 2,
-                "tree_topk": "3,3",
-            }
-        )["tree_topk"]
-        == "chain"
+        space.clip(Knobs("model", 3, max_batch_size=2, tree=(3, 3)))["tree_topk"] == "chain"
     )  # not searched
-    assert "tree_topk" not in space.clip({"drafter": "ngram", "gamma": 3, "tree_topk": "2,1"})
+    assert "tree_topk" not in space.clip(Knobs("ngram", 3, tree=(2, 1)))
     only_trees = dataclasses.replace(space, tree_shapes=((2, 1),))
-    assert only_trees.clip({"drafter": "model", "gamma": 3}) == {"drafter": "model"}  # the one shape is fixed
+    assert only_trees.clip(Knobs("model", 3)) == {"drafter": "model"}  # the one shape is fixed
 
 
 def test_a_tree_is_less_simple_than_a_chain_of_the_same_policy() -> None:
-    chain = {"gamma": 2, "gamma_schedule": "constant", "confidence_threshold": 0.3, "tree_topk": "chain"}
-    tree = {"gamma": 2, "gamma_schedule": "constant", "confidence_threshold": 0.0, "tree_topk": "2,1"}
-    assert simplicity(chain) < simplicity(tree)
-    assert config_label(tree) == "gamma=2 thr=0.00 constant tree=2,1" and "tree" not in config_label(chain)
+    chain = Knobs("model", 2, 0.3, "constant")
+    tree = Knobs("model", 2, 0.0, "constant", tree=(2, 1))
+    assert chain.simplicity < tree.simplicity
+    assert tree.label == "gamma=2 thr=0.00 constant tree=2,1" and "tree" not in chain.label
 
 
 # --- cost model ----------------------------------------------------------------------------------
@@ -347,28 +334,28 @@ def test_real_study_searches_trees_and_stores_the_shape(tune_config) -> None:
         assert store.get_profile(profile["id"])["chosen"] == profile["chosen"]
 
 
-def _tree_wins(ctx, params, seed):  # noqa: ARG001 - same signature as study.evaluate
+def _tree_wins(cfg, knobs: Knobs, seed: int) -> TrialResult:  # noqa: ARG001 - a backend run's signature
     """Deterministic stand-in: the 2,1 tree is the fastest configuration at every level."""
-    g = int(params["gamma"])
-    tree = params.get("tree_topk", "chain") != "chain" and g > 0
+    g = knobs.gamma
     per_level = {}
-    for c in ctx.cfg.concurrency:
-        tps = 100.0 * c + 10.0 * g + (50.0 if tree else 0.0) - 5.0 * float(params["confidence_threshold"])
-        level = dict.fromkeys(study_mod.LEVEL_KEYS, 1.0)
-        level.update(tokens_per_second=tps, tpot_ms_p95=30.0, generated_tokens=12, wall_s=12 / tps)
-        per_level[c] = level
-    wall = sum(lv["wall_s"] for lv in per_level.values())
-    return {"tokens_per_second": 12 * len(per_level) / wall, "latency_ms": 30.0, "per_level": per_level}
+    for c in cfg.concurrency:
+        tps = 100.0 * c + 10.0 * g + (50.0 if knobs.is_tree else 0.0) - 5.0 * knobs.confidence_threshold
+        per_level[c] = {
+            "tokens_per_second": tps,
+            "tpot_ms_p95": 30.0,
+            "generated_tokens": 12,
+            "wall_s": 12 / tps,
+        }
+    return result_of(per_level)
 
 
-def test_a_chosen_tree_is_stored_and_exported(tune_config, monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr(study_mod, "evaluate", _tree_wins)
+def test_a_chosen_tree_is_stored_and_exported(tune_config, tmp_path) -> None:
     cfg = tune_config(
         search={"tree_topk": ["chain", "2,1"]},
         budget={"n_trials": 6, "repeats": 3},
         export={"formats": ["sglang", "vllm", "trtllm", "yaml"]},
     )
-    profile = run_tune(cfg, say=lambda s: None)
+    profile = run_tune(cfg, say=lambda s: None, backend_for=backend_of(_tree_wins))
     chosen = profile["chosen"]
     assert chosen["tree_topk"] == "2,1" and chosen["gamma"] == 2
     assert chosen["best_chain"]["gamma"] >= 1 and list(chosen)[:5] == [
@@ -399,19 +386,18 @@ def test_real_study_searches_dynamic_trees(tune_config) -> None:
     assert profile["study"]["space"]["tree_topk"] == ["chain", "2x2/4"]
     dyn = [t for t in profile["trials"] if t["params"].get("tree_topk") == "2x2/4"]
     assert dyn and all(t["params"]["gamma"] == 2 and t["tokens_per_second"] > 0 for t in dyn)  # ran: measured
-    assert study_mod.spec_config(dyn[0]["params"]).tree == DynamicTree(2, 2, 4)
+    assert Knobs.from_params(dyn[0]["params"]).spec_config().tree == DynamicTree(2, 2, 4)
 
 
-def test_a_chosen_dynamic_tree_is_stored_exported_and_not_predicted(tune_config, monkeypatch) -> None:
+def test_a_chosen_dynamic_tree_is_stored_exported_and_not_predicted(tune_config) -> None:
     """The dynamic tree wins (deterministic stand-in): stored by name, exported to SGLang one to one,
     no cost-model prediction beside it."""
-    monkeypatch.setattr(study_mod, "evaluate", _tree_wins)
     cfg = tune_config(
         search={"tree_topk": ["chain", "2x2/4"]},
         budget={"n_trials": 6, "repeats": 3},
         export={"formats": ["sglang", "vllm"]},
     )
-    profile = run_tune(cfg, say=lambda s: None)
+    profile = run_tune(cfg, say=lambda s: None, backend_for=backend_of(_tree_wins))
     assert profile["chosen"]["tree_topk"] == "2x2/4" and profile["chosen"]["gamma"] == 2
     assert profile["predicted_vs_measured"] == []
     sglang = Path(cfg.export_dir, "sglang-args.sh").read_text()
@@ -419,37 +405,19 @@ def test_a_chosen_dynamic_tree_is_stored_exported_and_not_predicted(tune_config,
     assert "--speculative-num-draft-tokens 5" in sglang
 
 
-def test_runner_passes_the_tree_to_the_engine(monkeypatch) -> None:
+def test_the_engine_backend_passes_the_tree_and_the_ngram_window_to_the_engine(monkeypatch) -> None:
+    from autotune.backends import engine as engine_backend
+
     seen = {}
 
     def run_load(pair, requests, spec, drafter, load, seed, time_limit_s=None, **kw):  # noqa: ARG001
         seen.update(spec=spec, drafter=drafter, kw=kw)
         return SimpleNamespace(metrics={"generated_tokens": 4, "wall_s": 0.2, "tpot_ms_p95": 1.0})
 
-    monkeypatch.setattr(study_mod, "run_load", run_load)
+    monkeypatch.setattr(engine_backend, "run_load", run_load)
     cfg = dataclasses.replace(CFG, concurrency=(1,), trial_timeout_s=None)
-    study_mod.evaluate(
-        SimpleNamespace(cfg=cfg, pair=None, requests=[]),
-        {
-            "drafter": "model",
-            "gamma": 2,
-            "confidence_threshold": 0.0,
-            "gamma_schedule": "constant",
-            "max_batch_size": 2,
-            "tree_topk": "2,1",
-        },
-        0,
-    )
+    backend = engine_backend.EngineBackend(SimpleNamespace(cfg=cfg, pair=None, requests=[]))
+    backend.run(Knobs("model", 2, max_batch_size=2, tree=(2, 1)), 0)
     assert seen["spec"].tree_topk == (2, 1) and seen["spec"].gamma == 2 and seen["kw"] == {}
-    study_mod.evaluate(
-        SimpleNamespace(cfg=cfg, pair=None, requests=[]),
-        {
-            "drafter": "hybrid",
-            "gamma": 3,
-            "confidence_threshold": 0.1,
-            "gamma_schedule": "constant",
-            "max_batch_size": 2,
-        },
-        0,
-    )
+    backend.run(Knobs("hybrid", 3, 0.1, "constant", 2), 0)
     assert seen["drafter"] == "hybrid" and seen["kw"] == {"ngram": (2, 4)} and seen["spec"].tree_topk == ()

@@ -2,66 +2,34 @@
 
 The profiler runs for real once per module (a template database); each test copies that
 database so the stored measurement is reused and only the study itself runs. Trials run the
-real engine; tests wrap ``autotune.study.evaluate`` to inject a fault, and one replaces it with
-a deterministic stand-in to check the schedule wiring against a known answer.
+real engine; tests pass a backend that injects a fault into it, or a deterministic stand-in
+(tests/autotune/fakes.py) to check the schedule wiring against a known answer.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
 import pytest
 import yaml
 
-from autotune import study as study_mod
+from autotune.knobs import Knobs
+from autotune.records import TrialResult
 from autotune.tune import Interrupted, run_tune
 from profiles.schema import Profile
 from profiles.store import Store
+from tests.autotune.fakes import FakeBackend, backend_of, faulty_engine, result_of, synthetic_run
 
 N_TRIALS = 3
 COMPLETE = optuna.trial.TrialState.COMPLETE
 FAIL = optuna.trial.TrialState.FAIL
 
 
-def synthetic_evaluate(ctx, params, seed):  # noqa: ARG001 - same signature as the real one
-    """Deterministic stand-in for a load run: speculation helps at B=1 and hurts at B=2."""
-    g, thr = int(params["gamma"]), float(params["confidence_threshold"])
-    per_level = {}
-    for c in ctx.cfg.concurrency:
-        tps = 100.0 * c + (10.0 * g if c == 1 else -10.0 * g) + thr
-        level = dict.fromkeys(study_mod.LEVEL_KEYS, 1.0)
-        level.update(
-            tokens_per_second=tps,
-            tpot_ms_p95=40.0 - g - thr,
-            acceptance_rate=0.5,
-            generated_tokens=12,
-            wall_s=12 / tps,
-        )
-        per_level[c] = level
-    tokens = sum(lv["generated_tokens"] for lv in per_level.values())
-    wall = sum(lv["wall_s"] for lv in per_level.values())
-    return {
-        "tokens_per_second": tokens / wall,
-        "latency_ms": max(lv["tpot_ms_p95"] for lv in per_level.values()),
-        "per_level": per_level,
-    }
-
-
-def counting(fault_on_call: int, fault: BaseException):
-    """An ``evaluate`` that raises ``fault`` on its n-th call and otherwise runs the real one."""
-    real = study_mod.evaluate
-    calls = {"n": 0}
-
-    def evaluate(ctx, params, seed):
-        calls["n"] += 1
-        if calls["n"] == fault_on_call:
-            raise fault
-        return real(ctx, params, seed)
-
-    return evaluate
+SYNTHETIC = backend_of(synthetic_run)
 
 
 def only_study(storage: str) -> str:
@@ -154,11 +122,9 @@ def test_run_tune_end_to_end_stores_profile_and_writes_exports(tune_config, tmp_
     assert yaml.safe_load((exports / "profile.yaml").read_text())["chosen"]["gamma"] == chosen["gamma"]
 
 
-def test_failing_trial_is_recorded_and_the_study_goes_on(tune_config, monkeypatch) -> None:
+def test_failing_trial_is_recorded_and_the_study_goes_on(tune_config) -> None:
     cfg = tune_config()
-    monkeypatch.setattr(study_mod, "evaluate", counting(2, RuntimeError("boom")))
-
-    profile = run_tune(cfg, say=lambda _: None)
+    profile = run_tune(cfg, say=lambda _: None, backend_for=faulty_engine(2, RuntimeError("boom")))
 
     study = optuna.load_study(study_name=only_study(cfg.storage), storage=cfg.storage)
     states = [t.state for t in study.get_trials(deepcopy=False)]
@@ -172,14 +138,12 @@ def test_failing_trial_is_recorded_and_the_study_goes_on(tune_config, monkeypatc
         assert store.get_profile(profile["id"])["chosen"] == profile["chosen"]
 
 
-def test_interrupt_keeps_finished_trials_and_resume_completes_the_study(tune_config, monkeypatch) -> None:
+def test_interrupt_keeps_finished_trials_and_resume_completes_the_study(tune_config) -> None:
     cfg = tune_config()
-    real = study_mod.evaluate
-    monkeypatch.setattr(study_mod, "evaluate", counting(3, KeyboardInterrupt()))
     handler = signal.getsignal(signal.SIGTERM)
 
     with pytest.raises(Interrupted, match="2 finished trials are kept"):
-        run_tune(cfg, say=lambda _: None)
+        run_tune(cfg, say=lambda _: None, backend_for=faulty_engine(3, KeyboardInterrupt()))
 
     assert signal.getsignal(signal.SIGTERM) is handler
     name = only_study(cfg.storage)
@@ -189,7 +153,6 @@ def test_interrupt_keeps_finished_trials_and_resume_completes_the_study(tune_con
     with Store(cfg.storage) as store:
         assert store.list_profiles() == []  # nothing half-chosen is stored
 
-    monkeypatch.setattr(study_mod, "evaluate", real)
     lines: list[str] = []
     profile = run_tune(cfg, resume=True, say=lines.append)
 
@@ -231,12 +194,10 @@ def test_second_run_without_resume_starts_a_new_study(tune_config) -> None:
     assert second["id"] != first["id"]
 
 
-def test_synthetic_schedule_turns_speculation_off_at_batch_two(tune_config, monkeypatch) -> None:
+def test_synthetic_schedule_turns_speculation_off_at_batch_two(tune_config) -> None:
     """Speculation gains 10 tok/s per gamma at B=1 and loses as much at B=2: the schedule says so."""
     cfg = tune_config(search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0})
-    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
-
-    profile = run_tune(cfg, say=lambda _: None)
+    profile = run_tune(cfg, say=lambda _: None, backend_for=SYNTHETIC)
 
     by_batch = {e["batch_size"]: e["gamma"] for e in profile["schedule"]}
     assert by_batch[1] > 0 and by_batch[2] == 0
@@ -245,20 +206,18 @@ def test_synthetic_schedule_turns_speculation_off_at_batch_two(tune_config, monk
     m = profile["metrics"]
     static = m["best_static"]
     assert static is not None and static["gamma"] > 0 and static["gamma_schedule"] == "constant"
-    want = synthetic_evaluate(SimpleNamespace(cfg=cfg), static, 0)["tokens_per_second"]
+    want = synthetic_run(cfg, Knobs.from_params(static), 0).tokens_per_second
     assert m["speedup_over_best_static"] == pytest.approx(m["tokens_per_second"] / want)
     same = all(static[k] == profile["chosen"][k] for k in ("gamma", "confidence_threshold", "gamma_schedule"))
     assert m["chosen_is_best_static"] == same
 
 
-def test_unrelated_study_with_a_similar_name_does_not_break_naming(tune_config, monkeypatch) -> None:
+def test_unrelated_study_with_a_similar_name_does_not_break_naming(tune_config) -> None:
     """A fleet database holds ``llama-runpod`` next to ``llama``: not one of ``llama``'s runs."""
     cfg = tune_config(storage={"study_name": "llama"})
     optuna.create_study(study_name="llama-runpod", storage=cfg.storage)
-    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
-
-    first = run_tune(cfg, say=lambda _: None)
-    second = run_tune(cfg, say=lambda _: None)
+    first = run_tune(cfg, say=lambda _: None, backend_for=SYNTHETIC)
+    second = run_tune(cfg, say=lambda _: None, backend_for=SYNTHETIC)
     assert (first["study"]["name"], second["study"]["name"]) == ("llama", "llama-run2")
 
 
@@ -269,11 +228,9 @@ def test_unrelated_study_with_a_similar_name_does_not_break_naming(tune_config, 
         ({"min_tokens_per_second": 1000.0}, False, 1000.0 - 144.0),  # nothing reaches it
     ],
 )
-def test_slos_become_constraints_and_drive_the_choice(tune_config, monkeypatch, slo, met, constraint) -> None:
+def test_slos_become_constraints_and_drive_the_choice(tune_config, slo, met, constraint) -> None:
     cfg = tune_config(search={"gamma": 2, "confidence_threshold": 0.0}, objectives={"slo": slo})
-    monkeypatch.setattr(study_mod, "evaluate", synthetic_evaluate)
-
-    profile = run_tune(cfg, say=lambda _: None)
+    profile = run_tune(cfg, say=lambda _: None, backend_for=SYNTHETIC)
 
     study = optuna.load_study(study_name=profile["study"]["name"], storage=cfg.storage)
     ((key, _),) = slo.items()
@@ -286,32 +243,28 @@ def test_slos_become_constraints_and_drive_the_choice(tune_config, monkeypatch, 
     assert profile["study"]["slo"] == slo
 
 
-def noisy_evaluate(gain_per_gamma: float):
-    """``synthetic_evaluate`` scaled by a seeded host-drift factor per call (+-8%)."""
+def noisy_run(gain_per_gamma: float):
+    """``synthetic_run`` scaled by a seeded host-drift factor per call (+-8%); ``.calls`` lists (seed, gamma)."""
     import random
 
     calls = []
 
-    def evaluate(ctx, params, seed):
-        calls.append((seed, int(params["gamma"])))
-        out = synthetic_evaluate(ctx, {**params, "confidence_threshold": 0.0}, seed)
-        factor = random.Random(len(calls)).uniform(0.92, 1.08) * (1 + gain_per_gamma * int(params["gamma"]))
-        for lv in out["per_level"].values():
-            lv["tokens_per_second"] = 100.0 * factor
-        out["tokens_per_second"] = 100.0 * factor
-        out["latency_ms"] = 40.0
-        return out
+    def run(cfg, knobs: Knobs, seed: int) -> TrialResult:
+        calls.append((seed, knobs.gamma))
+        factor = random.Random(len(calls)).uniform(0.92, 1.08) * (1 + gain_per_gamma * knobs.gamma)
+        levels = {c: {"tokens_per_second": 100.0 * factor, "tpot_ms_p95": 40.0} for c in cfg.concurrency}
+        out = result_of({c: {**lv, "generated_tokens": 12, "wall_s": 1.0} for c, lv in levels.items()})
+        return TrialResult(100.0 * factor, 40.0, out.per_level)
 
-    evaluate.calls = calls
-    return evaluate
+    run.calls = calls
+    return run
 
 
-def test_remeasurement_interleaves_paired_rounds_and_reports_intervals(tune_config, monkeypatch) -> None:
+def test_remeasurement_interleaves_paired_rounds_and_reports_intervals(tune_config) -> None:
     cfg = tune_config(budget={"repeats": 4, "remeasure_top": 2})
-    fake = noisy_evaluate(0.25)
-    monkeypatch.setattr(study_mod, "evaluate", fake)
+    fake = noisy_run(0.25)
 
-    profile = run_tune(cfg, say=lambda _: None)
+    profile = run_tune(cfg, say=lambda _: None, backend_for=backend_of(fake))
 
     remeasure = [c for c in fake.calls if c[0] != cfg.seed]
     k = len(remeasure) // 4
@@ -330,13 +283,11 @@ def test_remeasurement_interleaves_paired_rounds_and_reports_intervals(tune_conf
     assert profile["chosen"]["gamma"] > 0 and m["speedup_significant"]  # +25% per gamma step beats 8% noise
 
 
-def test_a_gain_inside_the_noise_keeps_speculation_off_and_says_why(tune_config, monkeypatch) -> None:
+def test_a_gain_inside_the_noise_keeps_speculation_off_and_says_why(tune_config) -> None:
     cfg = tune_config(
         search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0}, budget={"repeats": 4}
     )
-    monkeypatch.setattr(study_mod, "evaluate", noisy_evaluate(0.005))
-
-    profile = run_tune(cfg, say=lambda _: None)
+    profile = run_tune(cfg, say=lambda _: None, backend_for=backend_of(noisy_run(0.005)))
 
     assert profile["chosen"]["gamma"] == 0
     assert "no significant difference (ratio " in profile["selection"]["reason"]
@@ -344,13 +295,21 @@ def test_a_gain_inside_the_noise_keeps_speculation_off_and_says_why(tune_config,
 
 
 def test_on_a_server_backend_a_configurations_repeats_run_back_to_back() -> None:
-    from autotune.tune import _remeasure
+    from autotune.decision import Finalists, remeasure
 
     seen = []
-    backend = SimpleNamespace(evaluate=lambda params, seed: seen.append((params["gamma"], seed)) or {})
-    ctx = SimpleNamespace(cfg=SimpleNamespace(seed=0), backend=backend)
-    _, order = _remeasure(ctx, [{"gamma": 0}, {"gamma": 4}], 3)
-    assert seen == [(0, 1), (0, 2), (0, 3), (4, 1), (4, 2), (4, 3)] and order == "back-to-back per server"
+
+    def run(cfg, knobs, seed):  # noqa: ARG001
+        seen.append((knobs.gamma, seed))
+        return result_of({1: {"tokens_per_second": 10.0, "generated_tokens": 1, "wall_s": 0.1}})
+
+    cfg = SimpleNamespace(seed=0, repeats=3, slo={})
+    backend = FakeBackend(SimpleNamespace(cfg=cfg), run)
+    backend.remeasure_order = "back-to-back per server"
+    configs = [(Knobs("model", 0), None), (Knobs("model", 4), 1)]
+    out = remeasure(cfg, backend, Finalists([], None, configs[0][0], configs), lambda _: None)
+    assert seen == [(0, 1), (0, 2), (0, 3), (4, 1), (4, 2), (4, 3)]
+    assert out.order == "back-to-back per server" and [p.rounds for p in out.points][0] == ((10.0, 1.0),) * 3
 
 
 def test_trial_lines_say_done_planned_and_eta_from_the_clock() -> None:
@@ -358,20 +317,17 @@ def test_trial_lines_say_done_planned_and_eta_from_the_clock() -> None:
 
     now, lines = [100.0], []
     cfg = SimpleNamespace(latency="tpot_ms_p95")
-    log = _trial_logger(cfg, 3, lines.append, clock=lambda: now[0])
-    params = {
-        "gamma": 2,
-        "confidence_threshold": 0.1,
-        "gamma_schedule": "constant",
-        "max_batch_size": 4,
-        "drafter": "model",
-    }
+    log = _trial_logger(cfg, 3, lines.append, Path("study.log"), clock=lambda: now[0])
+    knobs = Knobs("model", 2, 0.1, "constant", 4)
     now[0] = 130.0
-    log(0, params, {"tokens_per_second": 50.0, "latency_ms": 12.0})
+    log(0, knobs, TrialResult(50.0, 12.0, {}), None)
     now[0] = 190.0
-    log(1, params, None)
+    log(1, knobs, None, "RuntimeError: boom")
     assert lines[0] == (
         "  trial 0: 50.0 tok/s, tpot_ms_p95 12.0 ms | gamma=2 thr=0.10 constant B=4 model "
         "| best so far 50.0 tok/s [1/3, ETA 1m00s]"
     )
-    assert lines[1] == f"  trial 1: failed ({params}) [2/3, ETA 45s]"
+    assert lines[1] == (
+        "  trial 1: failed (RuntimeError: boom) | gamma=2 thr=0.10 constant B=4 model "
+        "(traceback in study.log) [2/3, ETA 45s]"
+    )

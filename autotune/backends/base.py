@@ -1,0 +1,90 @@
+"""The shape every backend has, and the one loop that runs a trial over the workload's load levels.
+
+A backend (:class:`Backend`) runs one configuration (:class:`autotune.knobs.Knobs`) at every load
+level and returns a :class:`autotune.records.TrialResult`; the study, the re-measurement, the
+selection and the profile never ask which backend ran. :func:`run_levels` is the loop every
+backend shares: one level after the other under the trial's time limit
+(``budget.trial_timeout_s``), each level's metrics kept as a
+:class:`autotune.records.LevelMetrics`, the objectives aggregated over all levels.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from autotune.config import LoadLevel, TuneConfig
+from autotune.knobs import Knobs
+from autotune.records import LevelMetrics, TrialResult
+from profiles.schema import MISSING
+
+LevelRun = Callable[[LoadLevel, "float | None"], Mapping[str, Any]]
+"""Runs one load level within the seconds left of the trial (None: no limit) -> the run's metrics
+(``generated_tokens``, ``wall_s`` and the level keys of docs/metrics.md)."""
+
+
+@dataclass(frozen=True)
+class TrialBudget:
+    """How many trials a study runs on a backend, its wall-clock cap, and the tune.yaml section saying so."""
+
+    n_trials: int
+    timeout_s: float | None
+    section: str  # "budget" (the engine) or "backend" (a serving stack: each trial a server start)
+
+
+class Backend(Protocol):
+    """Where a trial runs: the engine in process, or a serving stack (one real server per configuration)."""
+
+    name: str
+    fixed_knobs: Mapping[str, Any]  # knobs the backend cannot express, and the value they are fixed at
+    remeasure_order: str  # "interleaved" (A B C A B C) or "back-to-back per server"
+
+    def budget(self) -> TrialBudget:
+        """The study's trial count and cap on this backend (from tune.yaml)."""
+
+    def run(self, knobs: Knobs, seed: int) -> TrialResult:
+        """One configuration at every load level of the workload."""
+
+    def describe(self) -> dict[str, Any]:
+        """What measured a profile (the profile's ``backend``): name, and for a stack its version and flags."""
+
+    def close(self) -> None:
+        """Release what the backend holds (stop its servers)."""
+
+
+def run_levels(
+    cfg: TuneConfig,
+    max_batch_size: int,
+    run_level: LevelRun,
+    clock: Callable[[], float] = time.perf_counter,
+    startup_s: float | None = MISSING,
+) -> TrialResult:
+    """Run every load level of ``cfg``'s workload; aggregate the two objectives.
+
+    ``tokens_per_second`` is generated tokens / wall time over all levels, ``latency_ms`` the
+    configured latency percentile at the worst level. ``budget.trial_timeout_s`` covers the whole
+    trial: each level gets what is left of it, read from ``clock``; a level that runs out raises
+    TimeoutError saying how many levels were done.
+    """
+    per_level: dict[int, LevelMetrics] = {}
+    tokens = wall = 0.0
+    levels = cfg.load_levels
+    t0 = clock()
+    for done, level in enumerate(levels):
+        left = None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (clock() - t0)
+        try:
+            if left is not None and left <= 0:
+                raise TimeoutError
+            metrics = run_level(level, left)
+        except TimeoutError:  # the limit is the whole trial's, every load level included
+            raise TimeoutError(
+                f"trial exceeded trial_timeout_s={cfg.trial_timeout_s:g} s "
+                f"({done} of {len(levels)} load levels done)"
+            ) from None
+        per_level[level.batch_key(max_batch_size)] = LevelMetrics.from_metrics(metrics)
+        tokens += metrics["generated_tokens"]
+        wall += metrics["wall_s"]
+    worst = max(getattr(lv, cfg.latency) or 0.0 for lv in per_level.values())
+    return TrialResult(tokens / wall, worst, per_level, startup_s=startup_s)

@@ -1,0 +1,58 @@
+"""The engine backend (the default): every trial is a run of this project's engine, in process.
+
+Seconds per trial, every knob expressible (drafters, thresholds, per-row policies, token trees).
+The context's pair and requests are reused across trials; ``search.ngram_min``/``ngram_max``
+give the prompt-lookup window of the drafters that look up n-grams.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autotune.backends.base import TrialBudget, run_levels
+from autotune.config import LoadLevel
+from autotune.context import Context
+from autotune.knobs import Knobs
+from autotune.records import TrialResult
+from autotune.runner import LoadSpec, run_load
+
+
+class EngineBackend:
+    """Runs trials on the engine (see the module docstring)."""
+
+    name = "engine"
+    fixed_knobs: Mapping[str, Any] = {}
+    remeasure_order = "interleaved"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+
+    def budget(self) -> TrialBudget:
+        return TrialBudget(self.cfg.n_trials, self.cfg.timeout_s, "budget")
+
+    def run(self, knobs: Knobs, seed: int, clock: Callable[[], float] = time.perf_counter) -> TrialResult:
+        cfg, ctx = self.cfg, self.ctx
+        spec = knobs.spec_config()
+        ngram = {"ngram": (cfg.ngram_min, cfg.ngram_max)} if knobs.drafter in ("ngram", "hybrid") else {}
+
+        def run_level(level: LoadLevel, left: float | None) -> Mapping[str, Any]:
+            load = LoadSpec(
+                max_batch_size=knobs.max_batch_size,
+                concurrency=level.concurrency,
+                rate=level.rate,
+                num_requests=cfg.num_requests,
+            )
+            return run_load(
+                ctx.pair, ctx.requests, spec, knobs.drafter, load, seed, time_limit_s=left, **ngram
+            ).metrics
+
+        return run_levels(cfg, knobs.max_batch_size, run_level, clock)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    def close(self) -> None:
+        """Nothing to release: the pair belongs to the context."""

@@ -1,0 +1,93 @@
+"""Backends for tests: trials as a function of the knobs, or the real engine with a fault injected.
+
+``run_tune(cfg, backend_for=backend_of(fn))`` runs the whole main job with ``fn(cfg, knobs, seed)``
+as every trial; ``backend_for=faulty_engine(n, exc)`` runs the real engine and raises ``exc`` on the
+n-th trial run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from autotune.backends.base import Backend, TrialBudget
+from autotune.backends.engine import EngineBackend
+from autotune.config import TuneConfig
+from autotune.context import Context
+from autotune.knobs import Knobs
+from autotune.records import LEVEL_KEYS, TrialResult
+
+RunFn = Callable[[TuneConfig, Knobs, int], TrialResult]
+
+
+class FakeBackend:
+    """Every trial is ``run(cfg, knobs, seed)``; records the knobs it ran."""
+
+    name = "engine"
+    fixed_knobs: dict[str, Any] = {}
+    remeasure_order = "interleaved"
+
+    def __init__(self, ctx: Context, run: RunFn) -> None:
+        self.cfg, self._run = ctx.cfg, run
+        self.ran: list[Knobs] = []
+        self.closed = False
+
+    def budget(self) -> TrialBudget:
+        return TrialBudget(self.cfg.n_trials, self.cfg.timeout_s, "budget")
+
+    def run(self, knobs: Knobs, seed: int) -> TrialResult:
+        self.ran.append(knobs)
+        return self._run(self.cfg, knobs, seed)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def backend_of(run: RunFn) -> Callable[[Context], Backend]:
+    """A ``run_tune(backend_for=...)`` whose trials are ``run``."""
+    return lambda ctx: FakeBackend(ctx, run)
+
+
+def faulty_engine(fault_on_call: int, fault: BaseException) -> Callable[[Context], Backend]:
+    """The real engine backend, raising ``fault`` on its n-th run."""
+
+    class Faulty(EngineBackend):
+        calls = 0
+
+        def run(self, knobs: Knobs, seed: int, **kw: Any) -> TrialResult:
+            Faulty.calls += 1
+            if Faulty.calls == fault_on_call:
+                raise fault
+            return super().run(knobs, seed, **kw)
+
+    return Faulty
+
+
+def result_of(per_level: dict[int, dict[str, Any]], latency: str = "tpot_ms_p95") -> TrialResult:
+    """A TrialResult from per-level metrics (missing level keys 1.0), aggregated like the real loop."""
+    levels = {b: {**dict.fromkeys(LEVEL_KEYS, 1.0), **lv} for b, lv in per_level.items()}
+    tokens = sum(lv["generated_tokens"] for lv in levels.values())
+    wall = sum(lv["wall_s"] for lv in levels.values())
+    worst = max(lv[latency] for lv in levels.values())
+    return TrialResult.from_json(
+        {"tokens_per_second": tokens / wall, "latency_ms": worst, "per_level": levels}
+    )
+
+
+def synthetic_run(cfg, knobs: Knobs, seed: int) -> TrialResult:  # noqa: ARG001 - a backend run's signature
+    """Deterministic stand-in for a load run: speculation helps at B=1 and hurts at B=2."""
+    g, thr = knobs.gamma, knobs.confidence_threshold
+    per_level = {}
+    for c in cfg.concurrency:
+        tps = 100.0 * c + (10.0 * g if c == 1 else -10.0 * g) + thr
+        per_level[c] = {
+            "tokens_per_second": tps,
+            "tpot_ms_p95": 40.0 - g - thr,
+            "acceptance_rate": 0.5,
+            "generated_tokens": 12,
+            "wall_s": 12 / tps,
+        }
+    return result_of(per_level)
