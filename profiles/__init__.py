@@ -14,7 +14,7 @@ from __future__ import annotations
 from profiles.errors import ProfileError, ProfileNotFound
 from profiles.exporters import FORMATS, Exported, export, write_export
 from profiles.hashing import hash_folder, hash_json
-from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
+from profiles.reading import SCHEMA_VERSION, TOOL_VERSION
 from profiles.schema import BatchSchedule, Chosen, Profile, ScheduleEntry
 from profiles.store import Store
 

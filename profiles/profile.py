@@ -1,132 +1,41 @@
-"""The profile dict: versions, typed access with one-line errors, and what exporters read.
+"""What exporters read of a profile: :class:`ExportInputs`, built from the typed Profile.
 
-A profile is a plain JSON-able dict (see the store and ``autotune``); most of it (metrics,
-classification, Pareto front, ...) is opaque here. Exporters read only ``tool_version``,
-``created_at``, ``device``, ``pair``, ``chosen`` and ``schedule``; :func:`export_inputs`
-validates exactly those and returns them typed, raising :class:`ProfileError` that names the
-missing or bad key.
+A profile is read once, by :meth:`profiles.schema.Profile.from_json` (the schema version, the
+chosen knobs and the batch schedule validated there). Exporters read only ``tool_version``,
+``created_at``, ``device``, ``pair``, ``chosen`` and ``schedule``; :func:`export_inputs` takes
+those from a :class:`~profiles.schema.Profile` and returns them typed, raising
+:class:`ProfileError` that names the missing or bad key.
+
+The versions, the enumerations and :func:`get` live in :mod:`profiles.reading` and are
+importable from here too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from profiles.errors import ProfileError
+from profiles.reading import (
+    DRAFTERS,
+    GAMMA_POLICIES,
+    SCHEMA_VERSION,
+    TOOL_VERSION,
+    check_schema_version,
+    get,
+)
+from profiles.schema import MISSING, Profile
 
-SCHEMA_VERSION = 1
-# Copies of the engine's enumerations (engine.generate.DRAFTERS, engine.speculative.GAMMA_POLICIES):
-# profiles never imports engine; tests/test_enumerations.py checks that the copies match.
-DRAFTERS = ("model", "ngram", "hybrid", "none")
-GAMMA_POLICIES = ("constant", "heuristic")  # the per-row gamma policies
-
-
-def _tool_version() -> str:
-    try:
-        return version("spec-autotune")
-    except PackageNotFoundError:
-        return "0.0.0+local"
-
-
-TOOL_VERSION = _tool_version()
-
-_MISSING = object()
-_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
-
-
-def _check_kind(value: Any, kind: type, where: str) -> Any:
-    if kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif kind is dict:
-        ok = isinstance(value, Mapping)
-    elif kind is str:
-        ok = isinstance(value, str) and value != ""
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        raise ProfileError(
-            f"profile: {where!r} must be {_KIND_NAMES.get(kind, kind.__name__)}, got {value!r}"
-        )
-    return value
-
-
-def get(
-    profile: Mapping[str, Any], dotted: str, kind: type, *, default: Any = _MISSING, nullable: bool = False
-) -> Any:
-    """``profile["a"]["b"]`` for ``dotted="a.b"``, type-checked; ProfileError names the key.
-
-    ``int`` refuses booleans, ``float`` accepts ints (returned as float), ``str`` refuses "".
-    A missing key returns ``default`` when one is given; ``nullable`` lets ``None`` through.
-
-    Example:
-        >>> get({"chosen": {"gamma": 4}}, "chosen.gamma", int)
-        4
-        >>> get({"chosen": {}}, "chosen.gamma", int)
-        Traceback (most recent call last):
-        ...
-        profiles.errors.ProfileError: profile: missing key 'chosen.gamma'
-    """
-    node: Any = profile
-    parts = dotted.split(".")
-    for depth, part in enumerate(parts):
-        if not isinstance(node, Mapping):
-            raise ProfileError(f"profile: {'.'.join(parts[:depth])!r} must be a mapping, got {node!r}")
-        if part not in node:
-            if default is not _MISSING:
-                return default
-            raise ProfileError(f"profile: missing key {dotted!r}")
-        node = node[part]
-    if node is None and nullable:
-        return None
-    return _check_kind(node, kind, dotted)
-
-
-def check_schema_version(profile: Mapping[str, Any]) -> None:
-    """Refuse a profile written by a newer schema than this tool reads.
-
-    Example:
-        >>> check_schema_version({"schema_version": 1})
-    """
-    found = get(profile, "schema_version", int, default=SCHEMA_VERSION)
-    if found > SCHEMA_VERSION:
-        raise ProfileError(
-            f"profile: schema_version {found} is newer than this spec-autotune reads "
-            f"({SCHEMA_VERSION}); upgrade spec-autotune"
-        )
-
-
-def parse_schedule(profile: Mapping[str, Any]) -> tuple[tuple[int, int], ...]:
-    """``schedule`` as ``((batch_size, gamma), ...)`` sorted by batch size; refuses duplicates.
-
-    Example:
-        >>> parse_schedule({"schedule": [{"batch_size": 4, "gamma": 2}, {"batch_size": 1, "gamma": 5}]})
-        ((1, 5), (4, 2))
-    """
-    entries = get(profile, "schedule", list)
-    if not entries:
-        raise ProfileError("profile: 'schedule' is empty (need at least one batch size)")
-    pairs: dict[int, int] = {}
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, Mapping):
-            raise ProfileError(f"profile: 'schedule[{i}]' must be a mapping, got {entry!r}")
-        for key in ("batch_size", "gamma"):
-            if key not in entry:
-                raise ProfileError(f"profile: missing key 'schedule[{i}].{key}'")
-        batch = _check_kind(entry["batch_size"], int, f"schedule[{i}].batch_size")
-        gamma = _check_kind(entry["gamma"], int, f"schedule[{i}].gamma")
-        if batch < 1:
-            raise ProfileError(f"profile: 'schedule[{i}].batch_size' must be >= 1, got {batch}")
-        if gamma < 0:
-            raise ProfileError(f"profile: 'schedule[{i}].gamma' must be >= 0, got {gamma}")
-        if batch in pairs:
-            raise ProfileError(f"profile: 'schedule' lists batch size {batch} twice")
-        pairs[batch] = gamma
-    return tuple(sorted(pairs.items()))
+__all__ = [
+    "DRAFTERS",
+    "GAMMA_POLICIES",
+    "SCHEMA_VERSION",
+    "TOOL_VERSION",
+    "ExportInputs",
+    "check_schema_version",
+    "export_inputs",
+    "get",
+]
 
 
 @dataclass(frozen=True)
@@ -147,11 +56,13 @@ class ExportInputs:
     prompt_lookup_max: int | None
     schedule: tuple[tuple[int, int], ...]
     max_batch_size: int | None = None  # the tuned number of concurrent sequences, when the profile has one
-    # A chosen token tree (per-depth top-k; () for a chain). When set, ``gamma``/``confidence_threshold``/
-    # ``gamma_schedule`` hold the best measured chain (what stacks without trees export), ``tree_gamma`` the depth.
-    # ``tree_nodes`` > 0: the tree is dynamic (EAGLE-2: top-k expansion, the draft's best tree_nodes verified).
+    # A chosen token tree (per-depth top-k; () for a chain). When set, ``gamma``,
+    # ``confidence_threshold`` and ``gamma_schedule`` hold the best measured chain (what stacks
+    # without trees export), ``tree_gamma`` the depth. ``tree_nodes`` > 0: the tree is dynamic
+    # (EAGLE-2: top-k expansion, the draft's best tree_nodes verified).
     tree_topk: tuple[int, ...] = ()
-    # The profile's drafter when exporters substitute another: "hybrid" (exported as the draft model, "model").
+    # The profile's drafter when exporters substitute another: "hybrid" (exported as the draft
+    # model, "model").
     chosen_drafter: str | None = None
     tree_gamma: int = 0
     best_chain_measured: bool = (
@@ -165,24 +76,30 @@ class ExportInputs:
         return 0 if self.drafter == "none" else max(gamma for _, gamma in self.schedule)
 
 
+_HEADER = ("tool_version", "created_at", "device", "pair")  # the untyped sections exporters read
+
+
 def export_inputs(
-    profile: Mapping[str, Any], target_model: str | None = None, draft_model: str | None = None
+    profile: Profile, target_model: str | None = None, draft_model: str | None = None
 ) -> ExportInputs:
-    """Validate what exporters read and return it typed; overrides replace the pair's paths.
+    """What exporters read of ``profile``, typed; overrides replace the pair's paths.
+
+    ``profile.chosen`` and ``profile.schedule`` were validated when the profile was read; here
+    only their absence and the header sections (``tool_version``, ``created_at``, ``device``,
+    ``pair``) are checked.
 
     Example:
-        >>> p = {"tool_version": "0.1.0", "created_at": "2026-11-30T01:30:00+00:00",
+        >>> p = Profile.from_json({"tool_version": "0.1.0", "created_at": "2026-11-30T01:30:00+00:00",
         ...      "device": {"key": "ab12", "label": "NVIDIA H200"},
         ...      "pair": {"target": "/m/t", "draft": "/m/d"},
         ...      "chosen": {"drafter": "model", "gamma": 4},
-        ...      "schedule": [{"batch_size": 1, "gamma": 4}]}
+        ...      "schedule": [{"batch_size": 1, "gamma": 4}]})
         >>> export_inputs(p, target_model="/gguf/t.gguf").target
         '/gguf/t.gguf'
     """
-    from profiles.schema import MISSING, Chosen  # schema builds on this module
-
-    check_schema_version(profile)
-    chosen = Chosen.from_json(profile.get("chosen", {}))
+    if profile.chosen is MISSING:
+        raise ProfileError("profile: missing key 'chosen.drafter'")
+    chosen = profile.chosen
     drafter, gamma, threshold, gamma_schedule = (
         chosen.drafter,
         chosen.gamma,
@@ -204,18 +121,25 @@ def export_inputs(
     if drafter == "ngram":
         lookup_min, lookup_max = chosen.prompt_lookup_min, chosen.prompt_lookup_max
     max_batch = None if chosen.max_batch_size is MISSING else chosen.max_batch_size
-    target = target_model or get(profile, "pair.target", str)
-    draft = draft_model or get(profile, "pair.draft", str, default=None, nullable=True)
+    header: dict[str, Any] = {k: getattr(profile, k) for k in _HEADER if getattr(profile, k) is not MISSING}
+    target = target_model or get(header, "pair.target", str)
+    draft = draft_model or get(header, "pair.draft", str, default=None, nullable=True)
     if drafter == "model" and draft is None:
         raise ProfileError(
             f"profile: missing key 'pair.draft' (the chosen drafter is {chosen.drafter!r}; "
             "pass --draft-model to name it)"
         )
+    tool_version = get(header, "tool_version", str)
+    created_at = get(header, "created_at", str)
+    device_label = get(header, "device.label", str)
+    device_key = get(header, "device.key", str)
+    if profile.schedule is MISSING:
+        raise ProfileError("profile: missing key 'schedule'")
     return ExportInputs(
-        tool_version=get(profile, "tool_version", str),
-        created_at=get(profile, "created_at", str),
-        device_label=get(profile, "device.label", str),
-        device_key=get(profile, "device.key", str),
+        tool_version=tool_version,
+        created_at=created_at,
+        device_label=device_label,
+        device_key=device_key,
         target=target,
         draft=draft if drafter == "model" else None,
         drafter=drafter,
@@ -224,7 +148,7 @@ def export_inputs(
         gamma_schedule=gamma_schedule,
         prompt_lookup_min=lookup_min,
         prompt_lookup_max=lookup_max,
-        schedule=parse_schedule(profile),
+        schedule=profile.schedule.pairs(),
         max_batch_size=max_batch,
         tree_topk=tree,
         chosen_drafter=chosen_drafter,

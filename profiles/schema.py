@@ -1,13 +1,16 @@
 """Typed profile data: the stored profile as dataclasses with ``to_json`` / ``from_json``.
 
 The JSON keys are the stored ones (docs/architecture.md, "Data flow of ``autotune tune``"), under
-:data:`profiles.profile.SCHEMA_VERSION`. ``X.from_json(d).to_json() == d`` for every profile this
+:data:`profiles.reading.SCHEMA_VERSION`. ``X.from_json(d).to_json() == d`` for every profile this
 tool writes or has written, key order included (the ``yaml`` export dumps the profile in its
 order): a key the JSON lacks stays absent (:data:`MISSING`), keys this module does not name are
 kept in ``extra``, and an object read from JSON remembers its key order. Sections that only the
 report shows (device, pair, workload, study, metrics, classification, ...) stay mappings; the
 parts the tuner decides and the exporters read are typed: :class:`Chosen` (the chosen knobs),
 :class:`ScheduleEntry` / :class:`BatchSchedule` (gamma by batch size) and :class:`Profile`.
+:meth:`Profile.from_json` is the one reader of a stored profile: it refuses a newer schema and
+validates ``chosen`` and ``schedule`` once, so what reads a :class:`Profile` (the exporters, the
+report) takes those as checked.
 
 ``profiles`` never imports torch, ``engine`` or ``autotune`` (tests/profiles/test_profiles_imports.py).
 """
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiles.errors import ProfileError
-from profiles.profile import DRAFTERS, GAMMA_POLICIES, SCHEMA_VERSION, get
+from profiles.reading import DRAFTERS, GAMMA_POLICIES, SCHEMA_VERSION, check_kind, check_schema_version, get
 
 __all__ = ["MISSING", "BatchSchedule", "Chosen", "Profile", "ScheduleEntry", "SCHEMA_VERSION"]
 
@@ -72,9 +75,10 @@ class Chosen:
     window the study ran with. ``tree_topk`` is present only when the study searched token trees:
     ``"chain"``, the chosen static tree's per-depth top-k (``"2,1,1"``) or a dynamic tree's
     ``"KxD/N"`` (EAGLE-2: top-K expansion to depth D, the draft's best N nodes verified); gamma is
-    then the tree's depth, the threshold 0 and the policy constant. ``best_chain`` (``gamma``, ``confidence_threshold``,
-    ``gamma_schedule``, ``tokens_per_second``), present only when a tree was chosen, is the
-    fastest measured chain of the draft model: what a stack that takes no tree exports.
+    then the tree's depth, the threshold 0 and the policy constant. ``best_chain`` (``gamma``,
+    ``confidence_threshold``, ``gamma_schedule``, ``tokens_per_second``), present only when a tree
+    was chosen, is the fastest measured chain of the draft model: what a stack that takes no tree
+    exports.
     """
 
     drafter: str
@@ -182,8 +186,10 @@ def parse_tree_topk(value: str) -> tuple[int, ...]:
     """The per-depth top-k of a tree name (:func:`parse_tree_name`).
 
     Example:
-        >>> parse_tree_topk("2,1,1"), parse_tree_topk("chain"), parse_tree_topk("1,1"), parse_tree_topk("2x3/5")
-        ((2, 1, 1), (), (), (2, 2, 2))
+        >>> parse_tree_topk("2,1,1"), parse_tree_topk("chain")
+        ((2, 1, 1), ())
+        >>> parse_tree_topk("1,1"), parse_tree_topk("2x3/5")
+        ((), (2, 2, 2))
     """
     return parse_tree_name(value)[0]
 
@@ -220,7 +226,7 @@ def parse_tree_name(value: str) -> tuple[tuple[int, ...], int]:
 
 @dataclass(frozen=True)
 class ScheduleEntry:
-    """One batch size of the batch schedule (profile ``schedule[i]``).
+    """One batch size of the batch schedule (profile ``schedule[i]``): ``batch_size`` >= 1, ``gamma`` >= 0.
 
     ``ratio`` (``{"value", "ci95", "n"}``) and ``significant`` are present where the entry was
     decided on paired repeats (the interval rule), absent otherwise.
@@ -239,10 +245,17 @@ class ScheduleEntry:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str = "schedule[0]") -> ScheduleEntry:
+        """Validate one entry; ProfileError names the key (``<where>.<key>``)."""
         known, extra = _split(data, cls.KEYS, where)
         for key in ("batch_size", "gamma"):
             if key not in known:
                 raise ProfileError(f"profile: missing key '{where}.{key}'")
+        batch = check_kind(known["batch_size"], int, f"{where}.batch_size")
+        gamma = check_kind(known["gamma"], int, f"{where}.gamma")
+        if batch < 1:
+            raise ProfileError(f"profile: '{where}.batch_size' must be >= 1, got {batch}")
+        if gamma < 0:
+            raise ProfileError(f"profile: '{where}.gamma' must be >= 0, got {gamma}")
         return cls(**{k: known.get(k, MISSING) for k in cls.KEYS}, extra=extra, key_order=tuple(data))
 
     def to_json(self) -> dict[str, Any]:
@@ -265,11 +278,28 @@ class BatchSchedule:
     def from_json(
         cls, entries: Sequence[Mapping[str, Any]], crossover: int | None = MISSING
     ) -> BatchSchedule:
+        """Validate the stored ``schedule``: at least one entry, each batch size once.
+
+        Example:
+            >>> entries = [{"batch_size": 4, "gamma": 2}, {"batch_size": 1, "gamma": 5}]
+            >>> BatchSchedule.from_json(entries).pairs()
+            ((1, 5), (4, 2))
+            >>> BatchSchedule.from_json([{"batch_size": 1, "gamma": 2}, {"batch_size": 1, "gamma": 3}])
+            Traceback (most recent call last):
+            ...
+            profiles.errors.ProfileError: profile: 'schedule' lists batch size 1 twice
+        """
         if not isinstance(entries, list):
             raise ProfileError(f"profile: 'schedule' must be a list, got {entries!r}")
-        return cls(
-            tuple(ScheduleEntry.from_json(e, f"schedule[{i}]") for i, e in enumerate(entries)), crossover
-        )
+        if not entries:
+            raise ProfileError("profile: 'schedule' is empty (need at least one batch size)")
+        parsed: list[ScheduleEntry] = []
+        for i, data in enumerate(entries):
+            entry = ScheduleEntry.from_json(data, f"schedule[{i}]")
+            if any(seen.batch_size == entry.batch_size for seen in parsed):
+                raise ProfileError(f"profile: 'schedule' lists batch size {entry.batch_size} twice")
+            parsed.append(entry)
+        return cls(tuple(parsed), crossover)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [e.to_json() for e in self.entries]
@@ -353,12 +383,7 @@ class Profile:
     def from_json(cls, data: Mapping[str, Any]) -> Profile:
         """Read a stored profile; a newer schema_version is refused, ``chosen``/``schedule`` are validated."""
         known, extra = _split(data, _PROFILE_KEYS, "profile")
-        version = get(data, "schema_version", int, default=MISSING)
-        if version is not MISSING and version > SCHEMA_VERSION:
-            raise ProfileError(
-                f"profile: schema_version {version} is newer than this spec-autotune reads "
-                f"({SCHEMA_VERSION}); upgrade spec-autotune"
-            )
+        check_schema_version(data)
         fields = {k: v for k, v in known.items() if k != "crossover_batch_size"}
         fields.setdefault("schema_version", MISSING)
         if "chosen" in known:

@@ -26,7 +26,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from profiles.errors import ProfileError, ProfileNotFound
-from profiles.profile import SCHEMA_VERSION, TOOL_VERSION, check_schema_version, get
+from profiles.reading import SCHEMA_VERSION, TOOL_VERSION, check_schema_version, get
 from profiles.schema import Profile
 
 __all__ = ["SCHEMA_VERSION", "TOOL_VERSION", "Store", "redact_url"]
@@ -302,7 +302,8 @@ class Store:
 
         Example:
             >>> s = Store("sqlite://")
-            >>> s.upsert_pair("/m/t", None, "ngram", "th", None) == s.upsert_pair("/x/t", None, "ngram", "th", None)
+            >>> first = s.upsert_pair("/m/t", None, "ngram", "th", None)
+            >>> first == s.upsert_pair("/x/t", None, "ngram", "th", None)
             True
         """
         return self._write(
@@ -460,7 +461,8 @@ class Store:
         return Profile.from_json(self.get_profile(profile_id))
 
     def list_profiles(self) -> list[dict[str, Any]]:
-        """Summary rows, newest first: id, device, pair, workload_hash, gamma, tokens_per_second, created_at, backend.
+        """Summary rows, newest first: id, device, pair, workload_hash, gamma, tokens_per_second,
+        created_at, backend.
 
         ``backend`` is what ran the trials (``engine`` for profiles written before backends existed).
 

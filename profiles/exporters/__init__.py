@@ -3,6 +3,7 @@
 One small module per stack (``vllm``, ``sglang``, ``trtllm``, ``tgi``, ``hf``, ``llamacpp``,
 plus ``profile_yaml``); each builds the stack's structure, checks it with its ``validate``
 function (the stack's hard rules, docs/stacks/<stack>.md) and renders the text. :func:`export`
+reads the profile once (a stored JSON dict becomes a :class:`~profiles.schema.Profile` there),
 picks the module; :func:`write_export` puts the result on disk atomically.
 """
 
@@ -18,6 +19,7 @@ from profiles.errors import ProfileError
 from profiles.exporters import hf, llamacpp, profile_yaml, sglang, tgi, trtllm, vllm
 from profiles.exporters._common import Exported
 from profiles.profile import ExportInputs, export_inputs
+from profiles.schema import Profile
 
 __all__ = ["FORMATS", "VALIDATORS", "Exported", "export", "write_export"]
 
@@ -42,10 +44,15 @@ _EXECUTABLE = (".sh",)
 
 
 def export(
-    profile: Mapping[str, Any], fmt: str, target_model: str | None = None, draft_model: str | None = None
+    profile: Profile | Mapping[str, Any],
+    fmt: str,
+    target_model: str | None = None,
+    draft_model: str | None = None,
 ) -> Exported:
     """Export ``profile`` for one serving stack; ``target_model``/``draft_model`` replace the pair's paths.
 
+    ``profile`` is a typed :class:`~profiles.schema.Profile` or its stored JSON (read here with
+    :meth:`Profile.from_json <profiles.schema.Profile.from_json>`, which validates it once).
     Raises ProfileError naming the missing profile key, or the stack rule an export would break.
 
     Example:
@@ -64,8 +71,10 @@ def export(
     """
     if fmt not in FORMATS:
         raise ProfileError(f"unknown export format {fmt!r} (choose from {', '.join(FORMATS)})")
-    if not isinstance(profile, Mapping):
-        raise ProfileError(f"profile must be a mapping, got {type(profile).__name__}")
+    if not isinstance(profile, Profile):
+        if not isinstance(profile, Mapping):
+            raise ProfileError(f"profile must be a mapping, got {type(profile).__name__}")
+        profile = Profile.from_json(profile)
     inputs = export_inputs(profile, target_model, draft_model)
     if fmt == "yaml":
         return profile_yaml.export(profile, inputs, target_model, draft_model)

@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from profiles.errors import ProfileError
 from profiles.profile import ExportInputs
@@ -32,7 +32,8 @@ class StackTarget:
     source: str
 
     def describe(self) -> str:
-        """One line, e.g. ``vLLM --speculative-config JSON; read at vllm-project/vllm@002e77c1f0ef (late 2026)``."""
+        """One line, e.g.
+        ``vLLM --speculative-config JSON; read at vllm-project/vllm@002e77c1f0ef (late 2026)``."""
         return f"{self.name} {self.interface}; read at {self.source} ({AS_OF})"
 
 
@@ -176,7 +177,8 @@ def schedule_text(schedule: Sequence[tuple[int, int]]) -> str:
 
 
 def shell_script(header: str, program: Sequence[str], args: Sequence[tuple[str, Any]]) -> tuple[str, str]:
-    """A ``#!/bin/sh`` script that execs ``program`` with ``args`` and any extra "$@"; also the one-line command.
+    """A ``#!/bin/sh`` script that execs ``program`` with ``args`` and any extra "$@"; also the one-line
+    command.
 
     ``args`` are ``(flag, value)`` pairs; a value of None is a bare switch. Values are shell-quoted.
     """
@@ -201,12 +203,12 @@ def read_json_file(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """An int that is not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """An int or float that is not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -217,7 +219,8 @@ def fail(stack: str, message: str) -> ProfileError:
 
 
 def tree_text(topk: Sequence[int], dynamic_nodes: int = 0) -> str:
-    """``"2,1,1 (per-depth top-k; 6 nodes, depth 3)"`` (a dynamic tree: ``"2x3/5 (dynamic: ...)"``), for notes."""
+    """``"2,1,1 (per-depth top-k; 6 nodes, depth 3)"`` (a dynamic tree: ``"2x3/5 (dynamic: ...)"``),
+    for notes."""
     if dynamic_nodes:
         return (
             f"{topk[0]}x{len(topk)}/{dynamic_nodes} (dynamic, EAGLE-2: top-{topk[0]} expansion to depth "

@@ -80,8 +80,9 @@ def generation_config(inputs: ExportInputs) -> dict[str, Any]:
         >>> from profiles.profile import ExportInputs
         >>> inputs = ExportInputs("0.1.0", "t", "H200", "k", "/nonexistent/t", "/m/d", "model", 4, 0.3,
         ...                       "heuristic", None, None, ((1, 4),))
-        >>> generation_config(inputs)
-        {'num_assistant_tokens': 4, 'num_assistant_tokens_schedule': 'heuristic', 'assistant_confidence_threshold': 0.3}
+        >>> generation_config(inputs)  # doctest: +NORMALIZE_WHITESPACE
+        {'num_assistant_tokens': 4, 'num_assistant_tokens_schedule': 'heuristic',
+         'assistant_confidence_threshold': 0.3}
     """
     base = read_json_file(Path(inputs.target) / FILENAME) or {}
     config = {
@@ -125,8 +126,10 @@ def export(inputs: ExportInputs) -> Exported:
         )
     else:
         usage = (
-            "model.generate(..., generation_config=GenerationConfig.from_pretrained(<folder of this file>)), "
-            "or copy the file into the target folder; prompt_lookup_num_tokens selects prompt-lookup decoding."
+            "model.generate(..., "
+            "generation_config=GenerationConfig.from_pretrained(<folder of this file>)), "
+            "or copy the file into the target folder; "
+            "prompt_lookup_num_tokens selects prompt-lookup decoding."
         )
     if speculation:
         notes.append(

@@ -85,10 +85,11 @@ def validate(args: Mapping[str, Any]) -> None:
     """Check llama-server flags: no removed flags, known spec types, values in range.
 
     Example:
-        >>> validate({"-m": "t.gguf", "--draft-max": 8})
+        >>> validate({"-m": "t.gguf", "--draft-max": 8})  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        profiles.errors.ProfileError: llamacpp export: --draft-max was removed (llama-server refuses to start); use --spec-draft-n-max
+        profiles.errors.ProfileError: llamacpp export: --draft-max was removed
+            (llama-server refuses to start); use --spec-draft-n-max
     """
     for flag in args:
         if flag in REMOVED_FLAGS:

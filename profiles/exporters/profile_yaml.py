@@ -7,35 +7,35 @@ overrides replace ``pair.target``/``pair.draft`` in the dumped copy.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from typing import Any
 
 import yaml
 
 from profiles.errors import ProfileError
 from profiles.exporters._common import Exported, StackTarget, comment_header
-from profiles.profile import SCHEMA_VERSION, ExportInputs
+from profiles.profile import ExportInputs
+from profiles.reading import SCHEMA_VERSION
+from profiles.schema import Profile
 
 FILENAME = "profile.yaml"
 
 
 def export(
-    profile: Mapping[str, Any],
+    profile: Profile,
     inputs: ExportInputs,
     target_model: str | None = None,
     draft_model: str | None = None,
 ) -> Exported:
-    """Render the whole profile (with path overrides applied) as YAML.
+    """Render the whole profile (its stored JSON, with path overrides applied) as YAML.
 
     Example:
         >>> from profiles.profile import export_inputs
-        >>> p = {"tool_version": "0.1.0", "created_at": "2026-11-30T01:30:00+00:00",
+        >>> p = Profile.from_json({"tool_version": "0.1.0", "created_at": "2026-11-30T01:30:00+00:00",
         ...      "device": {"key": "k", "label": "H200"}, "pair": {"target": "/m/t", "draft": None},
-        ...      "chosen": {"drafter": "none", "gamma": 0}, "schedule": [{"batch_size": 1, "gamma": 0}]}
+        ...      "chosen": {"drafter": "none", "gamma": 0}, "schedule": [{"batch_size": 1, "gamma": 0}]})
         >>> "drafter: none" in export(p, export_inputs(p)).text
         True
     """
-    data = copy.deepcopy(dict(profile))
+    data = copy.deepcopy(profile.to_json())
     pair = data.get("pair")
     if isinstance(pair, dict):
         if target_model:

@@ -72,12 +72,14 @@ def validate(args: Mapping[str, Any]) -> None:
     """Check SGLang server flags (flag -> value) against the hard and auto-adjust rules.
 
     Example:
-        >>> validate({"--model-path": "/m/t", "--speculative-algorithm": "STANDALONE",
-        ...           "--speculative-draft-model-path": "/m/d", "--speculative-num-steps": 4,
-        ...           "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": 4})
+        >>> args = {"--model-path": "/m/t", "--speculative-algorithm": "STANDALONE",
+        ...         "--speculative-draft-model-path": "/m/d", "--speculative-num-steps": 4,
+        ...         "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": 4}
+        >>> validate(args)  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        profiles.errors.ProfileError: sglang export: with topk 1 --speculative-num-draft-tokens must be num-steps + 1 (5), got 4
+        profiles.errors.ProfileError: sglang export: with topk 1 --speculative-num-draft-tokens
+            must be num-steps + 1 (5), got 4
     """
     unknown = sorted(set(args) - KNOWN_FLAGS)
     if unknown:
@@ -139,7 +141,8 @@ def validate(args: Mapping[str, Any]) -> None:
 
 
 def tree_candidates(topk: int, steps: int) -> int:
-    """Draft nodes an SGLang eagle-family tree chooses from: topk at the first step, topk^2 at each later one."""
+    """Draft nodes an SGLang eagle-family tree chooses from: topk at the first step, topk^2 at each
+    later one."""
     return topk + (steps - 1) * topk * topk
 
 

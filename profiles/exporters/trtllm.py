@@ -94,11 +94,13 @@ def validate(options: Mapping[str, Any]) -> None:
     """Check an options mapping against TensorRT-LLM's speculative_config rules.
 
     Example:
-        >>> validate({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 4,
-        ...           "speculative_model": "/m/d", "draft_len_schedule": {1: 3, 8: 1}}})
+        >>> options = {"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 4,
+        ...            "speculative_model": "/m/d", "draft_len_schedule": {1: 3, 8: 1}}}
+        >>> validate(options)  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        profiles.errors.ProfileError: trtllm export: draft_len_schedule[1] (the smallest key) must equal max_draft_len 4, got 3
+        profiles.errors.ProfileError: trtllm export: draft_len_schedule[1] (the smallest key)
+            must equal max_draft_len 4, got 3
     """
     if not isinstance(options, Mapping):
         raise fail("trtllm", "the options file root must be a mapping")
@@ -141,8 +143,9 @@ def draft_len_schedule(schedule: tuple[tuple[int, int], ...]) -> tuple[int, dict
     Example:
         >>> draft_len_schedule(((1, 5), (2, 4), (4, 2), (8, 0)))[:2]
         (5, {1: 5, 2: 4, 4: 2})
-        >>> draft_len_schedule(((1, 2), (4, 5)))
-        (2, {1: 2, 4: 2}, ['Gamma 5 for batch sizes 2-4 clamped to max_draft_len 2 (the gamma at the smallest batch size).'])
+        >>> draft_len_schedule(((1, 2), (4, 5)))  # doctest: +NORMALIZE_WHITESPACE
+        (2, {1: 2, 4: 2}, ['Gamma 5 for batch sizes 2-4 clamped to max_draft_len 2
+                            (the gamma at the smallest batch size).'])
     """
     ranges = batch_ranges(schedule)
     max_draft_len = ranges[0][2]
@@ -170,7 +173,8 @@ def extra_options(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
     max_draft_len, table, notes = draft_len_schedule(inputs.schedule)
     if max_draft_len == 0:
         return {}, [
-            f"Speculation off: gamma is 0 at the smallest tuned batch size ({schedule_text(inputs.schedule)}) "
+            "Speculation off: gamma is 0 at the smallest tuned batch size "
+            f"({schedule_text(inputs.schedule)}) "
             "and TensorRT-LLM needs the smallest draft_len_schedule key to map to max_draft_len > 0."
         ]
     config: dict[str, Any] = {}

@@ -270,7 +270,8 @@ def export(inputs: ExportInputs) -> Exported:
             notes.append(
                 f"Tuned schedule {schedule_text(inputs.schedule)}. Batch sizes between tuned points use "
                 "the gamma of the next larger tuned batch size; above batch size "
-                f"{last} vLLM keeps the last range's k ({config['num_speculative_tokens_per_batch_size'][-1][2]})."
+                f"{last} vLLM keeps the last range's k "
+                f"({config['num_speculative_tokens_per_batch_size'][-1][2]})."
             )
         else:
             notes.append(
