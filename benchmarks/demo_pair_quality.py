@@ -81,7 +81,8 @@ def main() -> None:
             )
         )
     _common.print_table(
-        f"demo pair, gamma {args.gamma}, B=1, {len(requests)} held-out prompts, up to {args.max_new_tokens} new tokens",
+        f"demo pair, gamma {args.gamma}, B=1, {len(requests)} held-out prompts, "
+        f"up to {args.max_new_tokens} new tokens",
         [
             "mode",
             "acceptance",

@@ -88,13 +88,15 @@ def main() -> None:
         for label, t in (("draft only", alone), ("after verify", after)):
             rows.append((dtype, label, *(f"{1e3 * x:.2f}" for x in t), f"{1e3 * statistics.fmean(t):.2f}"))
     _common.print_table(
-        f"draft forward ms by position in the step (B=1, context {args.context}, target {args.dtype}, {bench.device})",
+        f"draft forward ms by position in the step "
+        f"(B=1, context {args.context}, target {args.dtype}, {bench.device})",
         ["draft dtype", "loop", *(f"pos {j + 1}" for j in range(args.gamma)), "mean"],
         rows,
     )
     for c in cells:
         print(
-            f"{c['draft_dtype']}: a draft forward after a verify pass costs {c['mean_ratio']:.2f}x one in a draft-only loop"
+            f"{c['draft_dtype']}: a draft forward after a verify pass costs {c['mean_ratio']:.2f}x "
+            "one in a draft-only loop"
         )
     _common.write_json(bench, {"cells": cells})
 

@@ -217,8 +217,9 @@ def main() -> None:
                 cell = measure_cell(pair, requests, b, g, n, args.seed, profiles[name], args.max_new_tokens)
                 cells.append(cell)
                 print(
-                    f"  {name} B={b} gamma={g}: measured {cell['measured_speedup']:.2f}x, profile-predicted "
-                    f"{cell['profile_predicted_speedup']:.2f}x, step formula {cell['predicted_speedup']:.2f}x",
+                    f"  {name} B={b} gamma={g}: measured {cell['measured_speedup']:.2f}x, "
+                    f"profile-predicted {cell['profile_predicted_speedup']:.2f}x, "
+                    f"step formula {cell['predicted_speedup']:.2f}x",
                     flush=True,
                 )
     rows = [
@@ -274,10 +275,12 @@ def main() -> None:
         s = summary[f"{name}/{b}"]
         goal = " (goal >= 0.95)" if b == 1 else " (goal >= 0.85)" if b == 8 else ""
         print(
-            f"{name} B={b}: measured/profile-predicted median {s['median_measured_over_profile_predicted']:.3f}"
-            f"{goal}; measured/step formula {s['median_measured_over_predicted']:.3f}, decode/step formula "
-            f"{s['median_decode_over_predicted']:.3f}; best gamma {s['best_gamma']} "
-            f"({s['best_measured_speedup']:.2f}x); greedy match {'all' if s['all_greedy_match'] else 'NOT all'}"
+            f"{name} B={b}: measured/profile-predicted median "
+            f"{s['median_measured_over_profile_predicted']:.3f}{goal}; "
+            f"measured/step formula {s['median_measured_over_predicted']:.3f}, "
+            f"decode/step formula {s['median_decode_over_predicted']:.3f}; best gamma {s['best_gamma']} "
+            f"({s['best_measured_speedup']:.2f}x); "
+            f"greedy match {'all' if s['all_greedy_match'] else 'NOT all'}"
         )
     _common.write_json(
         bench,

@@ -1,4 +1,4 @@
-"""Eager vs compiled vs CUDA-graph decode on a GPU, against the HBM roofline (issue: a GPU path
+r"""Eager vs compiled vs CUDA-graph decode on a GPU, against the HBM roofline (issue: a GPU path
 that measures the hardware, not Python).
 
 For each model (the demo pair, and a ~1B Llama-shaped target with a ~100M draft built here with
@@ -19,7 +19,8 @@ Prints one table per model and writes benchmarks/results/gpu/gpu_compiled.json (
 
 Example:
     python benchmarks/gpu_compiled.py                                    # on a CUDA host, ~3-5 min
-    python benchmarks/gpu_compiled.py --device cpu --models demo --modes eager,compiled --batch-sizes 1 --ks 1,5
+    python benchmarks/gpu_compiled.py --device cpu --models demo --modes eager,compiled \
+        --batch-sizes 1 --ks 1,5
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def main() -> None:
     buffer = 1 << 30 if device.type == "cuda" else 1 << 28  # 1 GiB (256 MiB on a CPU): far past any cache
     bandwidth = measure_copy_bandwidth(device, buffer, warmup=3, repeats=10)["median_bytes_per_s"]
     print(
-        f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), {args.dtype}, "
+        f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
+        f"{args.dtype}, "
         f"measured copy bandwidth {bandwidth / 1e9:.0f} GB/s"
     )
 
@@ -187,8 +189,8 @@ def main() -> None:
     ar = [r for r in results if r["k"] == 1 and r["batch_size"] == 1 and r["mode"] == "graphs"]
     for r in ar:
         print(
-            f"{r['model']}: AR decode at B=1 with graphs = {r['fraction_of_roofline']:.2f} of the HBM roofline "
-            f"(goal >= 0.70)"
+            f"{r['model']}: AR decode at B=1 with graphs = {r['fraction_of_roofline']:.2f} "
+            "of the HBM roofline (goal >= 0.70)"
         )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "gpu_compiled.json"

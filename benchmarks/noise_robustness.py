@@ -117,12 +117,16 @@ def summarize(quiet: list[dict], busy: list[dict]) -> dict:
     """Agreement of the busy runs with the quiet majority, and the spread of the speedup.
 
     Example:
-        >>> q = [{"chosen_gamma": 6, "speedup": 1.5, "speedup_significant": True, "labels": {"1": "transitional"},
-        ...       "separable": {"1": True}, "no_significant_difference": False}] * 3
-        >>> b = [dict(q[0], chosen_gamma=0, no_significant_difference=True, speedup=1.02, speedup_significant=False)]
+        >>> q = [{"chosen_gamma": 6, "speedup": 1.5, "speedup_significant": True,
+        ...       "labels": {"1": "transitional"}, "separable": {"1": True},
+        ...       "no_significant_difference": False}] * 3
+        >>> b = [dict(q[0], chosen_gamma=0, no_significant_difference=True, speedup=1.02,
+        ...           speedup_significant=False)]
         >>> s = summarize(q, b)
-        >>> s["decision_agreement"], s["speculation_off_despite_quiet_gain"], s["quiet_majority"]["chosen_gamma"]
-        (1.0, 1, 6)
+        >>> s["decision_agreement"], s["speculation_off_despite_quiet_gain"]
+        (1.0, 1)
+        >>> s["quiet_majority"]["chosen_gamma"]
+        6
     """
     majority_gamma = Counter(r["chosen_gamma"] for r in quiet).most_common(1)[0][0]
     quiet_gain = sum(bool(r["speedup_significant"]) and r["chosen_gamma"] > 0 for r in quiet) > len(quiet) / 2
@@ -203,8 +207,10 @@ def main(argv: list[str] | None = None) -> dict:
                 stop_hog(hog)
             runs[condition].append(run)
             print(
-                f"{condition} run {i + 1}/{args.k}: gamma {run['chosen_gamma']}, speedup {run['speedup']:.2f}x, "
-                f"host {'busy' if run['host_busy'] else 'quiet'} (CV {run['host_cv']:.1%}), {run['wall_s']:.0f} s, "
+                f"{condition} run {i + 1}/{args.k}: gamma {run['chosen_gamma']}, "
+                f"speedup {run['speedup']:.2f}x, "
+                f"host {'busy' if run['host_busy'] else 'quiet'} (CV {run['host_cv']:.1%}), "
+                f"{run['wall_s']:.0f} s, "
                 f"torch threads {run['torch_threads']}",
                 flush=True,
             )
@@ -237,17 +243,21 @@ def main(argv: list[str] | None = None) -> dict:
     )
     q = summary["quiet_majority"]
     print(
-        f"\nquiet majority: gamma {q['chosen_gamma']}, labels {q['labels']}, significant gain {q['significant_gain']}"
+        f"\nquiet majority: gamma {q['chosen_gamma']}, labels {q['labels']}, "
+        f"significant gain {q['significant_gain']}"
     )
     print(
-        f"busy runs agreeing (same decision or explicit '{NO_DIFFERENCE}'): {summary['decision_agreement']:.0%}; "
+        f"busy runs agreeing (same decision or explicit '{NO_DIFFERENCE}'): "
+        f"{summary['decision_agreement']:.0%}; "
         f"labels agreeing or not separable: {summary['label_agreement']:.0%}; "
         f"speculation off despite a quiet gain: {summary['speculation_off_despite_quiet_gain']}"
     )
     sp = summary["speedup_spread"]
     print(
-        f"speedup quiet median {sp['quiet']['median']:.2f} [{sp['quiet']['min']:.2f}-{sp['quiet']['max']:.2f}], "
-        f"busy median {sp['busy']['median']:.2f} [{sp['busy']['min']:.2f}-{sp['busy']['max']:.2f}]; "
+        f"speedup quiet median {sp['quiet']['median']:.2f} "
+        f"[{sp['quiet']['min']:.2f}-{sp['quiet']['max']:.2f}], "
+        f"busy median {sp['busy']['median']:.2f} "
+        f"[{sp['busy']['min']:.2f}-{sp['busy']['max']:.2f}]; "
         f"goal {'met' if summary['goal_met'] else 'NOT met'}"
     )
     result = {

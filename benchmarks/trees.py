@@ -7,10 +7,10 @@ depth, depth = gamma; greedy rows take the draft's top-k children, sampled rows 
 samples, and at T=1 each tree also runs with top-k children, labelled "topk"), dynamic
 (EAGLE-2) trees (``--dynamic``: "KxD/N", each row's own tree: the best N of the draft's
 top-K expansion to depth D, by path score; top-k children at every temperature) and the hybrid
-drafter (n-gram when the prompt lookup matches, else the draft model; ``--hybrid-gammas``). All configurations are interleaved in
-one invocation: ``--repeats`` rounds, each round running every (B, mode, configuration) once
-in a rotated order, so slow phases of a shared host hit every configuration alike. Reported
-per configuration (medians over rounds):
+drafter (n-gram when the prompt lookup matches, else the draft model; ``--hybrid-gammas``). All
+configurations are interleaved in one invocation: ``--repeats`` rounds, each round running every
+(B, mode, configuration) once in a rotated order, so slow phases of a shared host hit every
+configuration alike. Reported per configuration (medians over rounds):
 
     mean accepted length   tokens per row per verify step (1 + accepted drafts)
     verify ms              one target pass over B x (nodes + 1) tokens

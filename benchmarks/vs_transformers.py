@@ -66,7 +66,8 @@ def load_hf(folder, dtype: str, device):
 
 
 def ratio_interval(rows: list[dict], a: str, b: str, seed: int) -> tuple[float, float, float]:
-    """tokens/s of ``a`` over ``b`` and its bootstrap 95% interval (prompts resampled, both methods together)."""
+    """tokens/s of ``a`` over ``b`` and its bootstrap 95% interval (prompts resampled, both methods
+    together)."""
 
     def ratio(sample: list[dict]) -> float:
         ta = sum(r[f"{a}_tokens"] for r in sample) / sum(r[f"{a}_s"] for r in sample)

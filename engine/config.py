@@ -9,8 +9,10 @@ Each refusal is one :class:`~engine.errors.EngineInputError` line naming the fil
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
 }
 # keys of other architectures that change the math; refused when set (value -> is it "set"?)
-REFUSED_KEYS = {
+REFUSED_KEYS: dict[str, Callable[[Any], bool]] = {
     "final_logit_softcapping": lambda v: v is not None,
     "attn_logit_softcapping": lambda v: v is not None,
     "partial_rotary_factor": lambda v: v is not None and v != 1,
@@ -87,7 +89,8 @@ class ModelConfig:
         model_type = raw.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise EngineInputError(
-                f"{source}: unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+                f"{source}: unsupported model_type {model_type!r} "
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
         for key, is_set in REFUSED_KEYS.items():
             if key in raw and is_set(raw[key]):
@@ -216,10 +219,11 @@ class _Raw:
             raise self.error(key, f"must be true or false (got {value!r})")
         return value
 
-    def token_id(self, key: str) -> int | None:
+    # builtins.int: in this class body `int` names the method above
+    def token_id(self, key: str) -> builtins.int | None:
         return None if self.raw.get(key) is None else self.int(key, lo=0)
 
-    def token_ids(self, key: str) -> tuple[int, ...]:
+    def token_ids(self, key: str) -> tuple[builtins.int, ...]:
         value = self.raw.get(key)
         values = value if isinstance(value, list) else [] if value is None else [value]
         if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
@@ -318,7 +322,7 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     """
     dim = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    scaling = cfg.rope_scaling
+    scaling = cfg.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type")) if scaling else "default"
     if kind == "default":
         return inv_freq.float()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from engine.errors import EngineInputError
+from engine.kv_cache import KVCache
 from engine.model import Transformer
 from engine.sampling import BatchSampling, sample
 from engine.tree import DynamicTree, RowTrees, TreeTensors, tree_attention
@@ -92,12 +93,14 @@ class ModelDrafter(Drafter):
     """
 
     name = "model"
+    # per-slot state, allocated by reset() (the engine resets a drafter before it prefills any row)
+    cache: KVCache
+    draft_len: torch.Tensor  # (slots,) tokens of the row held in the draft cache
+    _fed: torch.Tensor  # (slots,) positions the last propose wrote with valid inputs
+    _tree_base: torch.Tensor  # (B,) the root's position, set by propose_tree / propose_dynamic_tree
 
     def __init__(self, model: Transformer) -> None:
         self.model = model
-        self.cache = None
-        self.draft_len: torch.Tensor | None = None  # (slots,) tokens of the row held in the draft cache
-        self._fed: torch.Tensor | None = None
         self._conf: list[torch.Tensor] = []
 
     def reset(self, slots: int, max_seq_len: int) -> None:
@@ -112,7 +115,17 @@ class ModelDrafter(Drafter):
         self.model(prompts, cache=self.cache, start=start, kv_len=kv_len, slot0=slot0)
         self.draft_len[slot0 : slot0 + m] = prompt_lens
 
-    def propose(self, tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator):
+    def propose(
+        self,
+        tokens: torch.Tensor,
+        length: torch.Tensor,
+        gammas: torch.Tensor,
+        gamma_max: int,
+        threshold: float,
+        sampling: BatchSampling,
+        kv_len: int,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         b = tokens.shape[0]
         device = tokens.device
         dlen = self.draft_len[:b]
@@ -163,7 +176,8 @@ class ModelDrafter(Drafter):
         return torch.stack(self._conf, 1)[:batch, :width]
 
     def _root_logits(self, tokens: torch.Tensor, length: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """Feed the rows' pending tokens; the draft's logits after the last one (the tree's root): (B, 1, V)."""
+        """Feed the rows' pending tokens; the draft's logits after the last one (the tree's root):
+        (B, 1, V)."""
         dlen = self.draft_len[: tokens.shape[0]]
         n_pending = length - dlen  # (B,) 1..PENDING_MAX
         width = PENDING_MAX if self.sync_free else int(n_pending.max())
@@ -312,7 +326,17 @@ class NgramDrafter(Drafter):
                 return seq[begin : begin + want]
         return seq[:0]
 
-    def propose(self, tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator):
+    def propose(
+        self,
+        tokens: torch.Tensor,
+        length: torch.Tensor,
+        gammas: torch.Tensor,
+        gamma_max: int,
+        threshold: float,
+        sampling: BatchSampling,
+        kv_len: int,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         b = tokens.shape[0]
         out = torch.zeros(b, gamma_max, dtype=torch.long, device=tokens.device)
         n_proposed = torch.zeros(b, dtype=torch.long, device=tokens.device)
@@ -348,7 +372,7 @@ class HybridDrafter(Drafter):
         self._ran_model = False
 
     @property
-    def record_confidence(self) -> bool:  # type: ignore[override]
+    def record_confidence(self) -> bool:
         return self.model.record_confidence
 
     @record_confidence.setter
@@ -358,10 +382,20 @@ class HybridDrafter(Drafter):
     def reset(self, slots: int, max_seq_len: int) -> None:
         self.model.reset(slots, max_seq_len)
 
-    def prefill(self, slot0, prompts, prompt_lens, kv_len) -> None:
+    def prefill(self, slot0: int, prompts: torch.Tensor, prompt_lens: torch.Tensor, kv_len: int) -> None:
         self.model.prefill(slot0, prompts, prompt_lens, kv_len)
 
-    def propose(self, tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator):
+    def propose(
+        self,
+        tokens: torch.Tensor,
+        length: torch.Tensor,
+        gammas: torch.Tensor,
+        gamma_max: int,
+        threshold: float,
+        sampling: BatchSampling,
+        kv_len: int,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         b = tokens.shape[0]
         device = tokens.device
         ng_tokens, _, ng_prop = self.ngram.propose(

@@ -8,6 +8,7 @@ scheduler, admitting the next request whenever a row finishes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -44,7 +45,7 @@ class GenerateResult:
 
     tokens: list[list[int]]
     reasons: list[str]
-    metrics: dict
+    metrics: dict[str, Any]
     wall_s: float
     steps: int = 0
     engine: SpecEngine | None = field(default=None, repr=False)
@@ -63,7 +64,8 @@ def generate(
 
     Example:
         >>> pair = load_pair("engine/demo/pair/target", "engine/demo/pair/draft")  # doctest: +SKIP
-        >>> out = generate(pair, [Request([1, 2, 3], max_new_tokens=16)], SpecConfig(gamma=4))  # doctest: +SKIP
+        >>> requests = [Request([1, 2, 3], max_new_tokens=16)]
+        >>> out = generate(pair, requests, SpecConfig(gamma=4))  # doctest: +SKIP
         >>> out.tokens[0], out.metrics["acceptance_rate"]  # doctest: +SKIP
     """
     if not requests:

@@ -42,7 +42,8 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``"auto"`` picks cuda when present; ``"cuda"`` without a GPU (or ``cuda:N`` past the last) is a user error.
+    """``"auto"`` picks cuda when present; ``"cuda"`` without a GPU (or ``cuda:N`` past the last) is a
+    user error.
 
     Example:
         >>> resolve_device("cpu")

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import torch
+
+SourceSummary: TypeAlias = dict[str, dict[str, float | None]]
+# One value of SpecStats.summary: a rate or time, per-position rates, or the per-source split.
+Metric: TypeAlias = float | list[float | None] | SourceSummary | None
 
 
 @dataclass
@@ -38,7 +43,9 @@ class SpecStats:
     )
 
     def __post_init__(self) -> None:
-        z = lambda *s: torch.zeros(*s, dtype=torch.long, device=self.device)  # noqa: E731
+        def z(shape: int | tuple[int, ...]) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.long, device=self.device)
+
         self.row_steps, self.proposed, self.accepted, self.rollbacks, self.tokens_kept = (
             z(()) for _ in range(5)
         )
@@ -65,7 +72,7 @@ class SpecStats:
         one_hot = torch.nn.functional.one_hot(source, len(self.sources))  # (B, S)
         self.by_source += one_hot.T @ torch.stack([torch.ones_like(n_proposed), n_proposed, n_accepted], 1)
 
-    def source_summary(self) -> dict[str, dict[str, float | None]] | None:
+    def source_summary(self) -> SourceSummary | None:
         """Per draft source: share of row-steps it served, tokens proposed, its acceptance rate."""
         if self.by_source is None:
             return None
@@ -82,7 +89,7 @@ class SpecStats:
             for name, c in zip(self.sources, counts, strict=True)
         }
 
-    def summary(self) -> dict[str, float | list[float] | None]:
+    def summary(self) -> dict[str, Metric]:
         """The speculative metrics of docs/metrics.md as plain numbers."""
         steps = int(self.row_steps)
         proposed, accepted = int(self.proposed), int(self.accepted)

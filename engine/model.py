@@ -99,7 +99,8 @@ class Attention(nn.Module):
         if self.qkv_proj is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         nq, nkv = self.n_heads * self.hd, self.n_kv * self.hd
-        return self.qkv_proj(x).split((nq, nkv, nkv), dim=-1)
+        q, k, v = self.qkv_proj(x).split((nq, nkv, nkv), dim=-1)  # (B, T, nq), (B, T, nkv) twice
+        return q, k, v
 
     def forward(
         self,
@@ -107,7 +108,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,  # (B, 1, T, hd)
         sin: torch.Tensor,
         cache: KVCache | None,
-        positions: torch.Tensor | None,  # (B, T)
+        positions: torch.Tensor,  # (B, T)
         kv_len: int,
         slot0: int,
         mask: torch.Tensor | None,  # (B, 1, T, L) built once per forward; None: plain causal, no cache
@@ -132,7 +133,8 @@ class Attention(nn.Module):
             cache.write(self.layer, slot0, positions, k, v)
             keys, values = cache.view(self.layer, slot0, b, kv_len)  # (B, nkv, L, hd)
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+        out: torch.Tensor = self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+        return out
 
 
 class MLP(nn.Module):
@@ -150,10 +152,13 @@ class MLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor
         if self.gate_up_proj is None:
-            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+            out = self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+            return out
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        out = self.down_proj(self.act(gate) * up)
+        return out
 
 
 def _concat_linears(*parts: nn.Linear) -> nn.Linear:
@@ -174,10 +179,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache, positions, kv_len, slot0, masks):
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, T, C)
+        cos: torch.Tensor,  # (B, 1, T, hd)
+        sin: torch.Tensor,
+        cache: KVCache | None,
+        positions: torch.Tensor,  # (B, T)
+        kv_len: int,
+        slot0: int,
+        masks: tuple[torch.Tensor | None, torch.Tensor | None],  # (full, sliding): Transformer._masks
+    ) -> torch.Tensor:
         mask = masks[1] if self.self_attn.sliding else masks[0]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, positions, kv_len, slot0, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class Backbone(nn.Module):
@@ -195,6 +211,8 @@ _COMPILED_FORWARD: dict[
 
 class Transformer(nn.Module):
     """A causal LM with HF-compatible parameter names (``model.*``, ``lm_head``)."""
+
+    inv_freq: torch.Tensor  # (head_dim/2,) buffer, registered in __init__
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -215,6 +233,7 @@ class Transformer(nn.Module):
         save a fused model as a checkpoint; the files on disk keep Hugging Face's names.
         """
         for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)
             layer.self_attn.fuse()
             layer.mlp.fuse()
         return self
@@ -320,9 +339,11 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:  # (B, T, V) logits
         b, t = tokens.shape
         offs = torch.arange(t, device=tokens.device)
-        positions = (
-            offs[None, :].expand(b, t) if cache is None else start[:, None] + offs[None, :]
-        )  # (B, T) slots
+        if cache is None:
+            positions = offs[None, :].expand(b, t)  # (B, T) slots
+        else:
+            assert start is not None, "a cached forward needs each row's start"
+            positions = start[:, None] + offs[None, :]
         rope_pos = positions if attn is None else attn.positions
         freqs = rope_pos[..., None].float() * self.inv_freq  # (B, T, hd/2)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
@@ -334,9 +355,12 @@ class Transformer(nn.Module):
             masks = self._explicit_masks(attn)
         for layer in self.model.layers:
             x = layer(x, cos, sin, cache, positions, kv_len, slot0, masks)
-        return self.lm_head(self.model.norm(x))
+        logits: torch.Tensor = self.lm_head(self.model.norm(x))
+        return logits
 
-    def _masks(self, positions: torch.Tensor, kv_len: int, cached: bool) -> tuple[torch.Tensor | None, ...]:
+    def _masks(
+        self, positions: torch.Tensor, kv_len: int, cached: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(full, sliding) boolean masks (B, 1, T, L): key j is visible to the query at position p iff
         j <= p (and p - j < sliding_window); full is None without a cache (SDPA's is_causal)."""
         window = self.config.sliding_window if self.config.sliding_layers else None
@@ -350,7 +374,8 @@ class Transformer(nn.Module):
     def _explicit_masks(self, attn: ExplicitAttention) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(full, sliding) masks (B, 1, T, L) of an explicit pattern; the window uses RoPE positions."""
         visible = attn.visible
-        if not self.config.sliding_layers:
+        window = self.config.sliding_window if self.config.sliding_layers else None
+        if window is None:
             return visible[:, None], None
-        near = attn.key_positions[:, None, :] > attn.positions[:, :, None] - self.config.sliding_window
+        near = attn.key_positions[:, None, :] > attn.positions[:, :, None] - window
         return visible[:, None], (visible & near)[:, None]

@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -80,7 +81,7 @@ class LoadGenerator:
 
     def poll(self, now: float, in_flight: int) -> list[tuple[float, Request]]:
         """Requests that have arrived by ``now`` given ``in_flight`` unfinished requests."""
-        out = []
+        out: list[tuple[float, Request]] = []
         if self.concurrency is not None:
             while self._open(now) and in_flight + len(out) < self.concurrency:
                 out.append(self._make(now))
@@ -147,8 +148,8 @@ def load_metrics(records: list[RequestRecord], wall_s: float) -> dict[str, float
 @dataclass
 class RunResult:
     records: list[RequestRecord]
-    metrics: dict
-    trace: list = field(default_factory=list)
+    metrics: dict[str, Any]  # load_metrics, then SpecStats.summary, then "steps" (docs/metrics.md)
+    trace: list[Any] = field(default_factory=list)  # per-row step samples, filled by a caller that asks
 
 
 class Scheduler:
@@ -240,7 +241,7 @@ class Scheduler:
                         time.sleep(nxt - now)
         wall = clock() - t0
         records.sort(key=lambda r: r.id)
-        metrics = load_metrics(records, wall)
+        metrics: dict[str, Any] = dict(load_metrics(records, wall))
         metrics.update(engine.stats.summary())
         metrics["steps"] = steps
         return RunResult(records, metrics)

@@ -35,15 +35,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from engine.drafters import Drafter
+from engine.drafters import Drafter, ModelDrafter
 from engine.errors import EngineInputError
 from engine.metrics import SpecStats
 from engine.model import Transformer
 from engine.sampling import BatchSampling, accept, sample
-from engine.tree import TREE_SAMPLING, DynamicTree, TreeShape, tree_accept
+from engine.tree import TREE_SAMPLING, DynamicTree, RowTrees, TreeShape, TreeTensors, tree_accept
 
 GAMMA_POLICIES = ("constant", "heuristic")  # SpecConfig.gamma_schedule: how each row sets its gamma
 
@@ -242,7 +243,7 @@ class SpecEngine:
         self.speculate = config.gamma > 0 and drafter.name != "none"
         self.lookahead = config.lookahead
         shape = config.tree if self.speculate else None
-        if shape is not None and not hasattr(drafter, "propose_tree"):
+        if shape is not None and not isinstance(drafter, ModelDrafter):
             raise EngineInputError(f"tree_topk: a tree needs the 'model' drafter (got {drafter.name!r})")
         self.tree = shape.tensors(target.lm_head.weight.device) if shape is not None else None
         dev, s = self.device, max_batch_size
@@ -352,7 +353,8 @@ class SpecEngine:
     def _mark(self) -> torch.cuda.Event | float:
         """A point in time: a recorded CUDA event on the GPU (no wait), the host clock elsewhere."""
         if self._timed:
-            event = torch.cuda.Event(enable_timing=True)
+            # torch.cuda.Event's constructor has no annotations in torch's own hints
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             event.record()
             return event
         return time.perf_counter()
@@ -360,7 +362,12 @@ class SpecEngine:
     @staticmethod
     def _seconds(a: torch.cuda.Event | float, b: torch.cuda.Event | float) -> float:
         """Seconds between two marks (events must have completed: read after the step's sync)."""
-        return a.elapsed_time(b) / 1e3 if isinstance(a, torch.cuda.Event) else b - a
+        if isinstance(a, torch.cuda.Event) and isinstance(b, torch.cuda.Event):
+            ms: float = a.elapsed_time(b)
+            return ms / 1e3
+        if isinstance(a, float) and isinstance(b, float):
+            return b - a
+        raise TypeError("marks of one step are both CUDA events or both host clock readings")
 
     def step(self) -> list[int]:
         """One draft + verify step over all running rows; returns tokens emitted per row."""
@@ -375,7 +382,9 @@ class SpecEngine:
         kv_len = min(max(self._host_len[:b]) + width + 2, self.max_seq_len)
         t0 = self._mark()
         if self.tree is not None:
-            drafts, n_acc, nxt, n_prop, t1 = self._tree_draft_verify(rows, length, sampling, kv_len)
+            drafts, n_acc, nxt, n_prop, t1 = self._tree_draft_verify(
+                self.tree, rows, length, sampling, kv_len
+            )
             g = drafts.shape[1]
         else:
             if gmax > 0:
@@ -432,7 +441,7 @@ class SpecEngine:
         ):  # per row: tokens accepted, draft confidence per position
             self.trace.append((n_acc, self.drafter.confidence(b, g)))
         t2 = self._mark()
-        host = torch.stack(
+        host: list[list[int]] = torch.stack(
             [n_emit, new_len, self.gamma[rows], self.finished[rows].long()]
         ).tolist()  # the one sync
         self.stats.draft_time_s += self._seconds(t0, t1)
@@ -445,7 +454,14 @@ class SpecEngine:
         self._host_finished[:b] = [bool(f) for f in host[3]]
         return host[0]
 
-    def _tree_draft_verify(self, rows: slice, length: torch.Tensor, sampling: BatchSampling, kv_len: int):
+    def _tree_draft_verify(
+        self,
+        tree: TreeTensors | DynamicTree,  # self.tree
+        rows: slice,
+        length: torch.Tensor,
+        sampling: BatchSampling,
+        kv_len: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.cuda.Event | float]:
         """Draft the tree, verify every node of every row in one target forward, accept a path.
 
         Returns the accepted path as a chain block (drafts (B, gamma): the path's tokens, valid up
@@ -454,16 +470,19 @@ class SpecEngine:
         their depths, so the rest of the step (and rollback) is the chain's.
         """
         b = length.shape[0]
+        drafter = self.drafter
+        assert isinstance(drafter, ModelDrafter)  # __init__ refuses a tree for any other drafter
         iid = node_probs = None
-        if isinstance(self.tree, DynamicTree):
-            nodes, trees = self.drafter.propose_dynamic_tree(self.tokens[rows], length, self.tree, kv_len)
+        trees: RowTrees
+        if isinstance(tree, DynamicTree):
+            nodes, trees = drafter.propose_dynamic_tree(self.tokens[rows], length, tree, kv_len)
         else:
             if self.config.tree_sampling == "iid" and not sampling.all_greedy:
                 iid = sampling.temperature > 0
-            nodes, node_probs = self.drafter.propose_tree(
-                self.tokens[rows], length, self.tree, sampling, iid, kv_len, self.generator
+            nodes, node_probs = drafter.propose_tree(
+                self.tokens[rows], length, tree, sampling, iid, kv_len, self.generator
             )  # (B, N+1), (B, n_internal, V) | None
-            trees = self.tree.rows(b)
+            trees = tree.rows(b)
         g = trees.depth
         self.stats.draft_forwards += g
         t1 = self._mark()
@@ -474,7 +493,7 @@ class SpecEngine:
         n_acc, path, nxt = tree_accept(trees, nodes, target_probs, node_probs, iid, self.generator)
         depth = torch.arange(1, g + 1, device=self.device)[None, :]  # (1, G)
         self.cache.compact(0, base[:, None] + path[:, 1:], base[:, None] + depth)
-        self.drafter.commit_tree(trees, path, n_acc)
+        drafter.commit_tree(trees, path, n_acc)
         n_prop = torch.full((b,), g, dtype=torch.long, device=self.device)
         return nodes.gather(1, path[:, 1:]), n_acc, nxt, n_prop, t1
 
@@ -528,13 +547,14 @@ class SpecEngine:
         self.cache.move(si, di, length)
         if self.speculate:
             self.drafter.move(si, di, length)
-        for host in (
+        hosts: tuple[list[Any], ...] = (
             self.ids,
             self._host_len,
             self._host_gamma,
             self._host_finished,
             self._host_top_k,
             self._filters,
-        ):
+        )
+        for host in hosts:
             for a, b in zip(src, dst, strict=True):
                 host[b] = host[a]

@@ -282,7 +282,8 @@ class DynamicTree:
 
         Example:
             >>> t = DynamicTree(topk=2, depth=2, nodes=3)
-            >>> toks, sc = torch.tensor([[7, 8, 9, 10, 11, 12]]), torch.tensor([[-0.1, -2.0, -0.5, -0.9, -3.0, -3.1]])
+            >>> toks = torch.tensor([[7, 8, 9, 10, 11, 12]])
+            >>> sc = torch.tensor([[-0.1, -2.0, -0.5, -0.9, -3.0, -3.1]])
             >>> par, slots = torch.tensor([[-1, -1, 0, 0, 1, 1]]), torch.tensor([[1, 2, -1, -1, -1, -1]])
             >>> nodes, rt = t.select(torch.tensor([[5]]), toks, sc, par, slots)
             >>> nodes.tolist(), rt.depths.tolist(), rt.children[0, 1].tolist()
@@ -350,7 +351,8 @@ class TreeTensors:
         )
 
     def attention(self, base: torch.Tensor, first: int, count: int, kv_len: int) -> ExplicitAttention:
-        """Tree attention for queries = nodes ``first .. first+count-1`` of every row (:func:`tree_attention`)."""
+        """Tree attention for queries = nodes ``first .. first+count-1`` of every row
+        (:func:`tree_attention`)."""
         b = base.shape[0]
         return tree_attention(
             base, self.depths.expand(b, -1), self.anc.expand(b, -1, -1), first, count, kv_len
@@ -454,7 +456,7 @@ def tree_accept(
 
     Example:
         >>> t = TreeShape((2,)).tensors("cpu")
-        >>> p = torch.tensor([[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])  # root, then the two children
+        >>> p = torch.tensor([[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])  # root, two children
         >>> n, path, nxt = tree_accept(t, torch.tensor([[5, 1, 2]]), p, None, None, None)
         >>> int(n), path.tolist(), int(nxt)
         (1, [[0, 2]], 1)
@@ -469,11 +471,11 @@ def tree_accept(
     alive = torch.ones(b, dtype=torch.bool, device=dev)
     n_acc = torch.zeros(b, dtype=torch.long, device=dev)
     path = [cur]
-    use_iid = iid is not None and draft_probs is not None
     for k in tree.child_slots:
         taken = torch.zeros(b, dtype=torch.bool, device=dev)
         nxt = cur
-        q = draft_probs[rows, cur].double() if use_iid else None  # (B, V)
+        # (B, V) q at the current node, for rows whose children were sampled i.i.d.
+        q = draft_probs[rows, cur].double() if iid is not None and draft_probs is not None else None
         u = torch.rand(b, k, generator=generator, dtype=torch.float64, device=dev)
         for c in range(k):
             child = tree.children[
@@ -485,7 +487,7 @@ def tree_accept(
             trying = alive & ~taken & (child >= 0)
             ok = u[:, c] * mass < px  # deterministic: accept w.p. r(x) / sum(r)
             rej_res = res.scatter(1, x, 0.0)
-            if use_iid:
+            if iid is not None and q is not None:
                 qx = q.gather(1, x)[:, 0]
                 ok = torch.where(
                     iid, (qx > 0) & (u[:, c] * qx * mass < px), ok

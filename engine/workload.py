@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from engine.errors import EngineInputError
 
@@ -31,7 +32,12 @@ class WorkloadItem:
     line: int = 0  # line number in the workload file (for error messages)
 
 
-def _check_number(path, lineno, key, value, kind, lo, hi=None):
+_N = TypeVar("_N", int, float)
+
+
+def _check_number(
+    path: Path, lineno: int, key: str, value: object, kind: type[_N], lo: float, hi: float | None = None
+) -> _N | None:
     if value is None:
         return None
     if (

@@ -691,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts_path.parent.mkdir(parents=True, exist_ok=True)
     prompts_path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     log(
-        f"wrote {len(prompts)} prompts from {len({p['source'] for p in prompts})} held-out files to {prompts_path}"
+        f"wrote {len(prompts)} prompts from {len({p['source'] for p in prompts})} held-out files "
+        f"to {prompts_path}"
     )
 
     tcfg, dcfg = target_config(vocab, eot), draft_config(vocab, eot)
@@ -778,7 +779,8 @@ def main(argv: list[str] | None = None) -> int:
         "corpus": {
             "stdlib": str(root),
             "files": {k: len(v) for k, v in splits.items()},
-            "split_rule": "bucket = int(sha256(relpath).hexdigest()[:8], 16) % 100; <5 prompt, <10 val, else train",
+            "split_rule": "bucket = int(sha256(relpath).hexdigest()[:8], 16) % 100; "
+            "<5 prompt, <10 val, else train",
             "train_tokens": len(train_stream),
             "val_tokens": len(val_stream),
         },
