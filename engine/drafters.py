@@ -89,7 +89,8 @@ class ModelDrafter(Drafter):
 
     Sync-free mode (``sync_free``, set by the engine on CUDA) runs all ``gamma_max`` draft
     positions even when a confidence threshold has stopped every row (rows past their stop
-    are masked out of ``n_proposed``), and feeds a fixed width of :data:`PENDING_MAX`.
+    are masked out of ``n_proposed``), and feeds a fixed width of :data:`PENDING_MAX` (or the
+    ``width`` a caller that has read the rows already passes: :class:`HybridDrafter`).
     """
 
     name = "model"
@@ -125,12 +126,14 @@ class ModelDrafter(Drafter):
         sampling: BatchSampling,
         kv_len: int,
         generator: torch.Generator | None,
+        width: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         b = tokens.shape[0]
         device = tokens.device
         dlen = self.draft_len[:b]
-        n_pending = length - dlen  # (B,) tokens the draft has not seen yet, 1..PENDING_MAX
-        width = PENDING_MAX if self.sync_free else int(n_pending.max())
+        n_pending = length - dlen  # (B,) tokens the draft has not seen yet, 1..PENDING_MAX (or width)
+        if width is None:
+            width = PENDING_MAX if self.sync_free else int(n_pending.max())
         offs = torch.arange(width, device=device)
         idx = (dlen[:, None] + offs[None, :]).clamp(max=tokens.shape[1] - 1)  # (B, W)
         inp = tokens.gather(1, idx)  # (B, W) right-padded pending tokens
@@ -337,14 +340,21 @@ class NgramDrafter(Drafter):
         kv_len: int,
         generator: torch.Generator | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        b = tokens.shape[0]
-        out = torch.zeros(b, gamma_max, dtype=torch.long, device=tokens.device)
-        n_proposed = torch.zeros(b, dtype=torch.long, device=tokens.device)
-        for row, (n, g) in enumerate(zip(length.tolist(), gammas.tolist(), strict=True)):
+        out, n_proposed = self.lookup(tokens, length.tolist(), gammas.tolist(), gamma_max)
+        return out, None, torch.tensor(n_proposed, dtype=torch.long, device=tokens.device)
+
+    def lookup(
+        self, tokens: torch.Tensor, lengths: list[int], gammas: list[int], gamma_max: int
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Each row's continuation (B, gamma_max), right-padded, and its length, given the rows'
+        lengths and gammas on the host."""
+        out = torch.zeros(len(lengths), gamma_max, dtype=torch.long, device=tokens.device)
+        n_proposed = []
+        for row, (n, g) in enumerate(zip(lengths, gammas, strict=True)):
             cont = self._lookup(tokens[row, :n], g)
             out[row, : cont.numel()] = cont
-            n_proposed[row] = cont.numel()
-        return out, None, n_proposed
+            n_proposed.append(cont.numel())
+        return out, n_proposed
 
 
 class HybridDrafter(Drafter):
@@ -355,7 +365,10 @@ class HybridDrafter(Drafter):
     the draft model's proposal, cut by the confidence threshold (possibly to nothing). When every
     row has an n-gram proposal the draft model does not run at all; its cache catches up on the
     next step that needs it (the model drafter feeds every token it has not seen). The lookup
-    reads the rows on the host (as :class:`NgramDrafter` does): one sync per step of its own.
+    reads the rows on the host (as :class:`NgramDrafter` does) and, in the same read, how many
+    tokens each row's draft cache lags: the draft model is fed that width and takes the engine's
+    ``sync_free`` setting, so in a sync-free step it reads nothing of its own (no read per draft
+    token to stop early).
 
     The n-gram proposal is deterministic, so for sampled rows its draft distribution is one-hot
     (the deterministic-drafter rule of engine.sampling.accept), next to the model's q for the
@@ -379,6 +392,14 @@ class HybridDrafter(Drafter):
     def record_confidence(self, value: bool) -> None:
         self.model.record_confidence = value
 
+    @property
+    def sync_free(self) -> bool:
+        return self.model.sync_free
+
+    @sync_free.setter
+    def sync_free(self, value: bool) -> None:
+        self.model.sync_free = value
+
     def reset(self, slots: int, max_seq_len: int) -> None:
         self.model.reset(slots, max_seq_len)
 
@@ -398,18 +419,19 @@ class HybridDrafter(Drafter):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         b = tokens.shape[0]
         device = tokens.device
-        ng_tokens, _, ng_prop = self.ngram.propose(
-            tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator
-        )  # (B, G), (B,)
+        lag = length - self.model.draft_len[:b]  # (B,) tokens the draft model has not seen
+        lengths, row_gammas, lags = torch.stack([length, gammas.long(), lag]).tolist()  # the lookup's read
+        ng_tokens, ng_counts = self.ngram.lookup(tokens, lengths, row_gammas, gamma_max)  # (B, G)
+        ng_prop = torch.tensor(ng_counts, dtype=torch.long, device=device)  # (B,)
         use_ng = ng_prop > 0  # (B,)
-        self._ran_model = not bool(use_ng.all())  # the n-gram lookup synced already
+        self._ran_model = not all(ng_counts)
         if not self._ran_model:
             self.model._fed[:b] = self.model.draft_len[:b]  # nothing new fed: commit keeps the draft's length
             self.forwards = 0
             self._source = torch.full((b,), SOURCES.index("ngram"), dtype=torch.long, device=device)
             return ng_tokens, None, ng_prop
         m_tokens, m_probs, m_prop = self.model.propose(
-            tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator
+            tokens, length, gammas, gamma_max, threshold, sampling, kv_len, generator, width=max(lags)
         )
         self.forwards = self.model.forwards
         pad = gamma_max - m_tokens.shape[1]  # the model may stop early (threshold); n-gram rows keep gamma

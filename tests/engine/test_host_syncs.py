@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.drafters import ModelDrafter
+from engine.drafters import HybridDrafter, ModelDrafter
 from engine.speculative import Request, SpecConfig, SpecEngine
 
 aten = torch.ops.aten
@@ -74,11 +74,11 @@ def requests(prompts: list[list[int]]) -> list[Request]:
 
 
 def reads_per_step(
-    target, draft, prompts, config: SpecConfig, sync_free: bool, counted: HostReads
+    target, draft, prompts, config: SpecConfig, sync_free: bool, counted: HostReads, drafter=None
 ) -> list[int]:
     engine = SpecEngine(
         target,
-        ModelDrafter(draft),
+        drafter or ModelDrafter(draft),
         config,
         len(prompts),
         64,
@@ -119,6 +119,29 @@ def test_the_counter_sees_the_reads_the_cpu_default_keeps(target, draft, prompts
     config = SpecConfig(gamma=4, confidence_threshold=0.3)
     per_step = reads_per_step(target, draft, prompts, config, sync_free=False, counted=counted)
     assert max(per_step) > 1
+
+
+@pytest.mark.parametrize("sync_free", [True, False], ids=["sync-free", "cpu-default"])
+def test_hybrid_drafter_runs_its_draft_model_with_the_engine_setting(
+    target, draft, prompts, counted, sync_free
+):
+    """The hybrid's n-gram lookup reads the rows (its own reads); its draft model must read nothing
+    in the sync-free step, and the counter sees the reads it makes in the CPU default."""
+    drafter = HybridDrafter(draft)
+    inner: list[int] = []
+    propose = drafter.model.propose
+
+    def counted_propose(*args, **kwargs):
+        before = len(counted.ops)
+        out = propose(*args, **kwargs)
+        inner.append(len(counted.ops) - before)
+        return out
+
+    drafter.model.propose = counted_propose
+    config = SpecConfig(gamma=4, confidence_threshold=0.3)
+    reads_per_step(target, draft, prompts, config, sync_free, counted, drafter=drafter)
+    assert len(inner) > 2  # the draft model ran on several steps
+    assert (max(inner) == 0) if sync_free else (max(inner) > 0), inner
 
 
 def test_retire_reads_nothing_until_a_row_finishes(target, draft, prompts, counted):

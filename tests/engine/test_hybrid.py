@@ -3,7 +3,8 @@
 Greedy output equals the target's greedy autoregressive output for every batch composition
 (including steps where every row takes the n-gram and the draft model does not run), the
 metrics split usage and acceptance by source, and sampled output keeps the target's exact
-joint while n-gram (one-hot q) and model (q) rows share a step.
+joint while n-gram (one-hot q) and model (q) rows share a step. The greedy checks run in the
+CPU default step and in the sync-free step (CUDA's default, passed on to the draft model).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import engine.speculative
 from engine.drafters import HybridDrafter
 from engine.generate import DRAFTERS, generate, make_drafter
 from engine.loader import ModelPair
@@ -20,6 +22,13 @@ from engine.speculative import Request, SpecConfig
 N_NEW = 20  # tokens per request; the conftest `reference` fixture reads it
 
 
+@pytest.fixture(params=[False, True], ids=["cpu-default", "sync-free"])
+def sync_free(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The engine's step for the test: the CPU default (device reads) or sync-free."""
+    monkeypatch.setattr(engine.speculative, "default_sync_free", lambda device: request.param)
+    return request.param
+
+
 def test_hybrid_is_a_named_drafter(pair):
     assert "hybrid" in DRAFTERS
     assert isinstance(make_drafter("hybrid", pair), HybridDrafter)
@@ -27,7 +36,9 @@ def test_hybrid_is_a_named_drafter(pair):
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])
 @pytest.mark.parametrize("max_batch_size", [1, 3, 6])
-def test_hybrid_matches_autoregressive(pair, prompts, reference, make_requests, gamma, max_batch_size):
+def test_hybrid_matches_autoregressive(
+    pair, prompts, reference, make_requests, gamma, max_batch_size, sync_free
+):
     out = generate(
         pair,
         make_requests(prompts, N_NEW),
@@ -37,6 +48,7 @@ def test_hybrid_matches_autoregressive(pair, prompts, reference, make_requests, 
         eos_ids=(),
     )
     assert out.tokens == reference
+    assert out.engine.drafter.model.sync_free is sync_free
     src = out.metrics["draft_sources"]
     assert src["ngram"]["row_steps"] > 0 and src["model"]["row_steps"] > 0  # both sources served rows
     assert abs(sum(s["share"] for s in src.values()) - 1.0) < 1e-9
@@ -44,7 +56,7 @@ def test_hybrid_matches_autoregressive(pair, prompts, reference, make_requests, 
     assert src["ngram"]["accepted"] + src["model"]["accepted"] == int(out.engine.stats.accepted)
 
 
-def test_threshold_leaves_some_rows_without_a_draft(pair, prompts, reference, make_requests):
+def test_threshold_leaves_some_rows_without_a_draft(pair, prompts, reference, make_requests, sync_free):
     out = generate(
         pair,
         make_requests(prompts, N_NEW),
@@ -53,6 +65,7 @@ def test_threshold_leaves_some_rows_without_a_draft(pair, prompts, reference, ma
         eos_ids=(),
     )
     assert out.tokens == reference
+    assert out.engine.drafter.model.sync_free is sync_free
     src = out.metrics["draft_sources"]
     assert src["none"]["row_steps"] > 0 and src["none"]["proposed"] == 0
 
