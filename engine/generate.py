@@ -17,6 +17,7 @@ from engine.errors import EngineInputError
 from engine.loader import ModelPair
 from engine.scheduler import LoadGenerator, Scheduler
 from engine.speculative import Request, SpecConfig, SpecEngine
+from engine.workload import fit_prompt_to_context
 
 DRAFTERS = ("model", "ngram", "hybrid", "none")
 
@@ -59,8 +60,13 @@ def generate(
     max_batch_size: int | None = None,
     seed: int = 0,
     eos_ids: tuple[int, ...] | None = None,
+    truncate_prompts: bool = False,
 ) -> GenerateResult:
     """Generate for ``requests`` (token ids) with speculative decoding on ``pair``.
+
+    A request whose prompt plus ``max_new_tokens`` runs past the target's context
+    (``max_position_embeddings``) is refused (:class:`EngineInputError` naming it), or, with
+    ``truncate_prompts``, keeps the last tokens of its prompt that fit.
 
     Example:
         >>> pair = load_pair("engine/demo/pair/target", "engine/demo/pair/draft")  # doctest: +SKIP
@@ -70,6 +76,16 @@ def generate(
     """
     if not requests:
         return GenerateResult([], [], {}, 0.0)
+    if truncate_prompts:
+        context = pair.target.config.max_position_embeddings
+        fitted = [
+            fit_prompt_to_context(r.prompt_ids, context - r.max_new_tokens, f"request {r.id}", True)
+            for r in requests
+        ]
+        requests = [
+            Request(ids, r.max_new_tokens, r.temperature, r.top_k, r.top_p, r.id)
+            for ids, r in zip(fitted, requests, strict=True)
+        ]
     drafter_obj = make_drafter(drafter, pair) if isinstance(drafter, str) else drafter
     device = pair.target.lm_head.weight.device
     generator = torch.Generator(device=device).manual_seed(seed)

@@ -45,6 +45,7 @@ from engine.metrics import SpecStats
 from engine.model import Transformer
 from engine.sampling import BatchSampling, accept, sample
 from engine.tree import TREE_SAMPLING, DynamicTree, RowTrees, TreeShape, TreeTensors, tree_accept
+from engine.workload import fit_prompt_to_context
 
 GAMMA_POLICIES = ("constant", "heuristic")  # SpecConfig.gamma_schedule: how each row sets its gamma
 
@@ -282,15 +283,23 @@ class SpecEngine:
         return self.slots - self.n
 
     def add(self, requests: list[Request]) -> None:
-        """Prefill ``requests`` into free slots and sample each one's first token."""
+        """Prefill ``requests`` into free slots and sample each one's first token.
+
+        A request whose prompt plus ``max_new_tokens`` runs past the target's context
+        (``max_position_embeddings``) is refused (:class:`EngineInputError`, naming it): positions
+        past the context would be generated without a word. ``generate(truncate_prompts=True)``
+        keeps such a prompt's last tokens instead.
+        """
         if not requests:
             return
         m, n0 = len(requests), self.n
         if m > self.free_slots():
             raise RuntimeError(f"add: {m} requests but only {self.free_slots()} free slots")
         lens = [len(r.prompt_ids) for r in requests]
+        context = self.target.config.max_position_embeddings
         for r in requests:
             r.validate()
+            fit_prompt_to_context(r.prompt_ids, context - r.max_new_tokens, f"request {r.id}")
             if (
                 not r.prompt_ids
                 or len(r.prompt_ids) + r.max_new_tokens + self.lookahead + 2 > self.max_seq_len

@@ -99,12 +99,21 @@ def load_workload(path: str | Path) -> list[WorkloadItem]:
 
 
 def fit_prompt_to_context(ids: list[int], limit: int, where: str, truncate: bool = False) -> list[int]:
-    """Check a tokenized prompt against the context ``limit`` (or keep its last tokens)."""
+    """Check a tokenized prompt against the context ``limit`` (or keep its last tokens).
+
+    ``limit`` is the room the context leaves for the prompt (context minus max_new_tokens); when
+    it leaves none, truncation cannot help and the prompt is refused.
+
+    Example:
+        >>> fit_prompt_to_context([1, 2, 3, 4], 3, "w.jsonl:1", truncate=True)
+        [2, 3, 4]
+    """
     if len(ids) <= limit:
         return ids
-    if truncate:
+    if truncate and limit > 0:
         return ids[-limit:]
+    fix = "shorten it or ask for truncation" if limit > 0 else "lower max_new_tokens"
     raise EngineInputError(
         f"{where}: prompt is {len(ids)} tokens, longer than the limit of {limit} "
-        "(context minus max_new_tokens); shorten it or ask for truncation"
+        f"(context minus max_new_tokens); {fix}"
     )

@@ -185,6 +185,24 @@ def test_bench_prompt_longer_than_context_names_its_line(tiny_pair_dirs, workloa
     assert f"{prompts}:3:" in line
 
 
+def test_bench_prompt_plus_max_new_tokens_past_context_is_refused_or_truncated(
+    tiny_pair_dirs, workload
+) -> None:
+    """The prompt alone fits the tiny target's 512 tokens; with its line's max_new_tokens it does not."""
+    prompt = "def add(a, b):\n    return a + b\n" * 4
+    n_tokens = len(Tokenizer.from_file(str(tiny_pair_dirs[0] / "tokenizer.json")).encode(prompt).ids)
+    max_new = 512 - 20 - n_tokens + 3
+    prompts = workload(
+        [json.dumps({"prompt": "x"}), json.dumps({"prompt": prompt, "max_new_tokens": max_new})]
+    )
+    line = one_line_error(bench(tiny_pair_dirs, prompts))
+    assert f"{prompts}:2: prompt is {n_tokens} tokens" in line and f"limit of {n_tokens - 3}" in line, line
+
+    result = bench(tiny_pair_dirs, prompts, "--truncate-prompts", "--json")
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert json.loads(result.stdout)["greedy_match"] is True
+
+
 # ------------------------------------------------------------------------------------------
 # profile and tune
 
@@ -249,7 +267,7 @@ def test_compile_flag_overrides_models_compile(
     seen = []
 
     def stop(cfg):  # the config the command would build its engine from; nothing runs past it
-        seen.append(cfg.compile)
+        seen.append(cfg.models.compile)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(context, "build", stop)

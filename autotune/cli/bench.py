@@ -88,6 +88,12 @@ from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
     show_default="demo prompts",
     help='JSONL workload: {"prompt": ..., "max_new_tokens": ...} per line.',
 )
+@click.option(
+    "--truncate-prompts",
+    is_flag=True,
+    help="Keep the last tokens of a prompt that, with its max_new_tokens, runs past the target's "
+    "context (default: refuse it, naming its line; tune.yaml: workload.truncate_prompts).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16 or float16.")
@@ -110,6 +116,7 @@ def bench(
     top_p,
     max_new_tokens,
     prompts,
+    truncate_prompts,
     seed,
     device,
     dtype,
@@ -129,7 +136,12 @@ def bench(
         raise click.BadParameter(f"{target}: no tokenizer.json", param_hint="--target")
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
     requests = build_requests(
-        items, pair.tokenizer, sampling, pair.target.config.max_position_embeddings, where=str(prompts)
+        items,
+        pair.tokenizer,
+        sampling,
+        pair.target.config.max_position_embeddings,
+        where=str(prompts),
+        truncate=truncate_prompts,
     )
     load = LoadSpec(
         max_batch_size=batch_size,

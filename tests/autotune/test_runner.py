@@ -47,6 +47,19 @@ def test_a_prompt_past_the_context_names_its_line_or_keeps_its_end(tokenizer) ->
     assert req.prompt_ids == ids[-limit:]
 
 
+def test_a_lines_own_max_new_tokens_counts_against_the_context(tokenizer) -> None:
+    """The prompt alone fits; with the line's max_new_tokens it runs past the context."""
+    item = WorkloadItem("def f(x):\n    return x\n", max_new_tokens=100, line=3)
+    ids = tokenizer.encode(item.prompt).ids
+    context = len(ids) + 100 + 20 - 1
+    with pytest.raises(EngineInputError, match=rf"w.jsonl:3: prompt is {len(ids)} tokens"):
+        build_requests([item], tokenizer, Sampling(max_new_tokens=8), context, where="w.jsonl")
+    (req,) = build_requests([item], tokenizer, Sampling(max_new_tokens=8), context, truncate=True)
+    assert req.prompt_ids == ids[1:] and req.max_new_tokens == 100
+    (req,) = build_requests([item], tokenizer, Sampling(max_new_tokens=8), context + 1)
+    assert req.prompt_ids == ids
+
+
 def test_run_load_serves_every_request_in_closed_loop(pair, tokenizer) -> None:
     items = [WorkloadItem(p, line=i + 1) for i, p in enumerate(["def f(x):\n", "import os\n", "class A:\n"])]
     requests = build_requests(items, tokenizer, Sampling(max_new_tokens=6), 512)

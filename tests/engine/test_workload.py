@@ -69,3 +69,10 @@ def test_long_prompt_rejected_with_length_and_limit_or_truncated():
         fit_prompt_to_context(ids, 20, "w.jsonl: prompt 3")
     assert fit_prompt_to_context(ids, 20, "w", truncate=True) == ids[-20:]
     assert fit_prompt_to_context(ids, 50, "w") == ids
+
+
+@pytest.mark.parametrize("limit", [0, -5])
+def test_no_room_left_by_max_new_tokens_is_refused_even_with_truncation(limit):
+    """``ids[-0:]`` would keep the whole prompt: max_new_tokens alone fills the context."""
+    with pytest.raises(EngineInputError, match=rf"limit of {limit} .*; lower max_new_tokens$"):
+        fit_prompt_to_context([1, 2, 3], limit, "w.jsonl:2", truncate=True)
