@@ -2,6 +2,8 @@
 
 Every user mistake (a bad flag value, a missing model folder, a malformed workload line, an
 invalid tune.yaml key) ends with ``error: <one line naming it>`` on stderr and exit code 2.
+Output is line-buffered even into a file or a pipe (``autotune tune > tune.log``, ``| tee``, a CI
+log), so every progress line arrives as it is printed, not at exit.
 
 One module per command family defines its commands without knowing the group; they are
 registered here, explicitly, so no command module imports this one:
@@ -17,6 +19,7 @@ Human output is rendered by :mod:`autotune.cli.render`; shared options live in
 
 from __future__ import annotations
 
+import io
 import sys
 
 import click
@@ -26,6 +29,13 @@ from autotune.cli.render import _schedule_text, render_profile, render_tune
 from autotune.errors import USER_ERRORS
 
 __all__ = ["main", "render_profile", "render_tune", "_schedule_text"]
+
+
+def _line_buffered() -> None:
+    """Flush stdout and stderr at every newline, also when they are a file or a pipe."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and not stream.closed:
+            stream.reconfigure(line_buffering=True)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -44,6 +54,7 @@ class _Group(click.Group):
             sys.exit(2)
 
     def main(self, *args, **kwargs):
+        _line_buffered()
         kwargs["standalone_mode"] = False
         try:
             rv = super().main(*args, **kwargs)
