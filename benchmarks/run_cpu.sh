@@ -51,7 +51,8 @@ import yaml
 src, tmp = Path(sys.argv[1]), Path(sys.argv[2])
 raw = yaml.safe_load(src.read_text())
 for section, key in (("models", "target"), ("models", "draft"), ("workload", "prompts")):
-    raw[section][key] = str((src.parent / raw[section][key]).resolve())
+    if raw[section][key] != "demo":  # `demo`: the installed demo pair and prompts, from any folder
+        raw[section][key] = str((src.parent / raw[section][key]).resolve())
 raw["storage"]["url"] = f"sqlite:///{tmp / 'autotune.db'}"
 raw["export"]["dir"] = str(tmp / "exports")
 (tmp / "tune.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))

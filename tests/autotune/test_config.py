@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import yaml
 
 from autotune.config import EXPORT_FORMATS, Range, load_config, parse
 from autotune.errors import ConfigError
+from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "tune.yaml"
@@ -50,16 +53,25 @@ def _del(raw: dict, dotted: str) -> dict:
 # the bundled tune.yaml
 
 
+def test_a_copy_of_the_bundled_tune_yaml_works_from_any_folder(tmp_path, monkeypatch) -> None:
+    """The bundled file names the demo pair and prompts with `demo`, not paths relative to the repo."""
+    copied = tmp_path / "elsewhere" / "tune.yaml"
+    copied.parent.mkdir()
+    shutil.copy(BUNDLED, copied)
+    monkeypatch.chdir(tmp_path)
+
+    cfg = load_config(copied)
+
+    assert (cfg.target, cfg.draft, cfg.prompts) == (DEMO_TARGET, DEMO_DRAFT, DEMO_PROMPTS)
+    assert cfg.storage == f"sqlite:///{copied.parent.resolve() / 'autotune.db'}"
+
+
 def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dirs, tiny_prompts) -> None:
     target, draft = tiny_pair_dirs
     text = BUNDLED.read_text()
-    for old, new in (
-        ("engine/demo/pair/target", str(target)),
-        ("engine/demo/pair/draft", str(draft)),
-        ("engine/demo/prompts.jsonl", str(tiny_prompts)),
-    ):
-        assert old in text, f"bundled tune.yaml no longer mentions {old}"
-        text = text.replace(old, new)
+    for key, new in (("target", target), ("draft", draft), ("prompts", tiny_prompts)):
+        text, n = re.subn(rf"^(  {key}:) demo( +#)", rf"\1 {new}\2", text, flags=re.M)
+        assert n == 1, f"bundled tune.yaml no longer names the demo {key} with `demo`"
     path = tmp_path / "tune.yaml"
     path.write_text(text)
 
