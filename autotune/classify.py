@@ -135,7 +135,7 @@ def classify(
             row.update(label_with_evidence(cost, low, high, gamma_max))
         rows.append(row)
     memory_bound = [r["batch_size"] for r in rows if r["label"] == "memory-bound"]
-    out = {
+    out: dict[str, object] = {
         "knee_tokens": n_star,
         "gamma_max": gamma_max,
         "batch_sizes": rows,

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import bisect
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Curves:
     prefill_tokens: int = 0  # prompt length t_prefill was measured at (0: unknown)
 
     @classmethod
-    def from_json(cls, curves: dict) -> Curves:
+    def from_json(cls, curves: Mapping[str, Any]) -> Curves:
         """From the profiler's stored ``curves`` (mapping keys are strings there; other keys are ignored)."""
 
         def floats(key: str) -> dict[int, float]:
@@ -285,7 +286,8 @@ def simulate_closed_loop(
         draft_share = _interp(curves.t_draft, 1) / curves.verify(1, 1)
     tokens = wall = 0.0
     for _ in range(repeats):
-        queue, running, t = num_requests, [], 0.0
+        queue, t = num_requests, 0.0
+        running: list[int] = []  # tokens each running row has still to generate
         while queue or running:
             admit = min(batch - len(running), queue)
             if admit:
@@ -335,9 +337,9 @@ def best_gamma(
 TREE_RANK_CAP = 16  # ranks are stored up to this (a rank >= the cap is never inside a searched top-k)
 
 
-def tree_rank_samples(acceptance: dict) -> list[list[int]] | None:
+def tree_rank_samples(acceptance: Mapping[str, Any]) -> list[list[int]] | None:
     """The profiler's per-position draft ranks (``acceptance.tree_ranks``), or None when not measured."""
-    ranks = acceptance.get("tree_ranks") if isinstance(acceptance, dict) else None
+    ranks = acceptance.get("tree_ranks") if isinstance(acceptance, Mapping) else None
     return [list(map(int, r)) for r in ranks] if ranks else None
 
 

@@ -379,14 +379,14 @@ def _nvml_snapshot(
             )
             for index, handle in handles.items()
         ]
-        index = map_torch_ordinal_to_nvml_index(
+        nvml_index = map_torch_ordinal_to_nvml_index(
             ordinal, identities, torch_uuid, torch_pci_bus_id, os.environ.get("CUDA_VISIBLE_DEVICES")
         )
-        if index is None:
+        if nvml_index is None:
             return None, f"no NVML device matches CUDA device {ordinal}"
         return {
-            "index": index,
-            **_nvml_device_fields(pynvml, handles[index]),
+            "index": nvml_index,
+            **_nvml_device_fields(pynvml, handles[nvml_index]),
             **_nvml_system_fields(pynvml),
         }, None
     finally:
@@ -529,7 +529,7 @@ def fingerprint(device: str = "auto", dtype: str = "float32") -> dict[str, Any]:
     kind, ordinal = _resolve_device(device)
     nvml: dict | None = None
     nvml_error: str | None = None
-    if kind == "cuda":
+    if ordinal is not None:  # kind "cuda": _resolve_device gives CUDA, and only CUDA, an ordinal
         dev = _cuda_device_fields(ordinal)
         nvml, nvml_error = _nvml_snapshot(ordinal, dev["uuid"], dev["pci_bus_id"])
     else:

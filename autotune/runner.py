@@ -119,7 +119,7 @@ def run_load(
         result = Scheduler(engine, max_prefill_tokens=load.max_prefill_tokens).run(
             gen, time_limit_s=time_limit_s
         )
-        if record:
+        if engine.trace is not None:  # record: enable_trace() above
             result.trace = [
                 StepSample(int(n_acc), tuple(conf))
                 for accepted, confidence in engine.trace

@@ -92,6 +92,8 @@ def stream_completion(
 ) -> RequestRecord:
     """Send one streaming completion; its record with client-side times."""
     url = urlsplit(endpoint.base_url)
+    if url.hostname is None:
+        raise LoadError(f"base URL {endpoint.base_url!r} names no host (want http://HOST:PORT)")
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=endpoint.request_timeout_s)
     try:
         conn.request(
@@ -195,6 +197,7 @@ def run_http_load(
         for th in threads:
             th.start()
     else:
+        assert arrivals is not None  # rate is given when concurrency is not (checked above)
         threads = []
         for k, offset in enumerate(arrivals):
             delay = t0 + offset - clock()

@@ -108,16 +108,16 @@ class ServerProcess:
             )
         _LIVE.add(self)
         try:
-            self._wait_ready(t0)
+            self._wait_ready(self.proc, t0)
         except BaseException:
             self.stop()
             raise
         self.startup_s = self.clock() - t0
         return self
 
-    def _wait_ready(self, t0: float) -> None:
+    def _wait_ready(self, proc: subprocess.Popen, t0: float) -> None:
         while True:
-            code = self.proc.poll()
+            code = proc.poll()
             if code is not None:
                 raise ServerError(
                     f"server exited with code {code} before it was ready: {log_tail(self.log_path)}"

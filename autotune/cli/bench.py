@@ -8,8 +8,9 @@ import click
 
 from autotune.cli.options import print_json
 from autotune.cli.render import render_bench
-from autotune.config import DRAFTERS, GAMMA_POLICIES
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
+from engine.generate import DRAFTERS
+from engine.speculative import GAMMA_POLICIES
 
 
 @click.command()

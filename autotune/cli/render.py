@@ -146,10 +146,9 @@ def _schedule_text(e: ScheduleEntry | Mapping[str, Any]) -> str:
     from autotune.stats import Estimate, describe_difference
 
     r = e.ratio
-    return (
-        text
-        + f" (speculation vs gamma 0: {describe_difference(Estimate(r['value'], *r['ci95'], r.get('n', 2)))})"
-    )
+    low, high = r["ci95"]
+    estimate = Estimate(r["value"], low, high, r.get("n", 2))
+    return text + f" (speculation vs gamma 0: {describe_difference(estimate)})"
 
 
 def _profile(p: Profile | Mapping[str, Any]) -> Profile:
@@ -194,7 +193,7 @@ def render_tune(p: Profile | Mapping[str, Any]) -> str:
                 _ratio(ratio["value"], ratio["ci95"])
                 if ratio
                 else lv.tokens_per_second / base_tps
-                if base_tps
+                if base_tps and lv.tokens_per_second is not None
                 else None,
                 lv.tpot_ms_p50,
                 lv.tpot_ms_p95,
