@@ -7,9 +7,10 @@ and sampling parameters, and it guarantees that
   for token (fp32), for any drafter, gamma, confidence threshold and batch composition;
 - sampled output has exactly the target's distribution (after temperature/top-k/top-p).
 
-State lives in preallocated tensors: running rows are packed in slots ``0..B-1`` of a token
-buffer and of the target's and draft's KV caches. ``length[b]`` counts row b's tokens,
-including the *pending* token (emitted, not yet fed to the target); the target's cache holds
+State lives in preallocated tensors: running rows are packed in slots ``0..B-1`` of the rows'
+state (:class:`engine.rows.RowState`: tokens, lengths, budgets, sampling settings and their host
+mirror, one structure) and of the target's and draft's KV caches. ``length[b]`` counts row b's
+tokens, including the *pending* token (emitted, not yet fed to the target); the target's cache holds
 the first ``length[b] - 1``. Rollback after a rejection is only a length update. Finished rows
 are compacted away by moving the last row into their slot, so the hot loop reads plain views.
 
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -43,6 +43,7 @@ from engine.drafters import Drafter, ModelDrafter
 from engine.errors import EngineInputError
 from engine.metrics import SpecStats
 from engine.model import Transformer
+from engine.rows import Finished, RowState
 from engine.sampling import BatchSampling, accept, sample
 from engine.tree import TREE_SAMPLING, DynamicTree, RowTrees, TreeShape, TreeTensors, tree_accept
 from engine.workload import fit_prompt_to_context
@@ -204,15 +205,6 @@ class Request:
             raise EngineInputError(f"request {self.id}: top_p must be in (0, 1] (got {self.top_p})")
 
 
-@dataclass
-class Finished:
-    """A retired request: its id, generated tokens and why it stopped ("eos" or "length")."""
-
-    id: int
-    tokens: list[int]
-    reason: str
-
-
 class SpecEngine:
     """Runs speculative (or plain) decoding steps over a packed batch of rows.
 
@@ -250,24 +242,9 @@ class SpecEngine:
         dev, s = self.device, max_batch_size
         self.cache = target.new_cache(s, max_seq_len)
         drafter.reset(s, max_seq_len)
-        self.tokens = torch.zeros(s, max_seq_len, dtype=torch.long, device=dev)
-        self.length = torch.zeros(s, dtype=torch.long, device=dev)
-        self.prompt_len = torch.zeros(s, dtype=torch.long, device=dev)
-        self.budget = torch.zeros(s, dtype=torch.long, device=dev)  # prompt_len + max_new_tokens
-        self.finished = torch.zeros(s, dtype=torch.bool, device=dev)
-        self.hit_eos = torch.zeros(s, dtype=torch.bool, device=dev)
-        self.gamma = torch.zeros(s, dtype=torch.long, device=dev)
-        self.temperature = torch.zeros(s, dtype=torch.float32, device=dev)
-        self.top_k = torch.zeros(s, dtype=torch.long, device=dev)
-        self.top_p = torch.ones(s, dtype=torch.float32, device=dev)
+        self.state = RowState.allocate(s, max_seq_len, dev)
         self.eos = torch.tensor(list(eos_ids) or [-1], dtype=torch.long, device=dev)
         self.n = 0  # running rows, packed in slots 0..n-1
-        self.ids: list[int] = [0] * s
-        self._host_len = [0] * s  # host mirror of `length`, refreshed at each step's sync
-        self._host_gamma = [0] * s
-        self._host_finished = [False] * s
-        self._host_top_k = [0] * s
-        self._filters = [(False, False, True)] * s  # per slot: uses top-k, uses top-p, greedy
         self.stats = SpecStats(self.max_row_gamma, dev)
         self._timed = dev.type == "cuda"
         self.trace: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # see enable_trace()
@@ -316,41 +293,15 @@ class SpecEngine:
         prompts = prompts.to(dev)
         plen = torch.tensor(lens, dtype=torch.long, device=dev)
         rows = slice(n0, n0 + m)
-        for i, r in enumerate(requests):
-            self._filters[n0 + i] = (r.top_k > 0, r.top_p < 1.0, r.temperature <= 0)
-        self.temperature[rows] = torch.tensor([r.temperature for r in requests], device=dev)
-        self.top_k[rows] = torch.tensor([r.top_k for r in requests], device=dev)
-        self.top_p[rows] = torch.tensor([r.top_p for r in requests], device=dev)
+        self.state.admit(rows, requests, self.config.gamma)
         start = torch.zeros(m, dtype=torch.long, device=dev)
         logits = self.target(prompts, cache=self.cache, start=start, kv_len=width, slot0=n0)  # (m, P, V)
         logits = logits.gather(1, (plen - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))  # (m, 1, V)
-        first = sample(self._sampling(rows).probs(logits)[:, 0], self.generator)  # (m,)
+        first = sample(self.state.sampling(rows).probs(logits)[:, 0], self.generator)  # (m,)
         if self.speculate:
             self.drafter.prefill(n0, prompts, plen, width)
-        self.tokens[rows, :width] = prompts
-        self.tokens[rows].scatter_(1, plen[:, None], first[:, None])
-        self.length[rows] = plen + 1
-        self.prompt_len[rows] = plen
-        self.budget[rows] = plen + torch.tensor([r.max_new_tokens for r in requests], device=dev)
-        self.hit_eos[rows] = torch.isin(first, self.eos)
-        self.finished[rows] = self.hit_eos[rows] | (self.length[rows] >= self.budget[rows])
-        self.gamma[rows] = self.config.gamma
-        finished = self.finished[rows].tolist()  # admission reads the device anyway (prefill)
-        for i, r in enumerate(requests):
-            self.ids[n0 + i] = r.id
-            self._host_len[n0 + i] = lens[i] + 1
-            self._host_gamma[n0 + i] = self.config.gamma
-            self._host_finished[n0 + i] = finished[i]
-            self._host_top_k[n0 + i] = r.top_k
+        self.state.start(rows, requests, prompts, plen, first, self.eos)  # admission reads the device anyway
         self.n += m
-
-    def _sampling(self, rows: slice) -> BatchSampling:
-        filt = self._filters[rows]
-        top_k = self.top_k[rows] if any(f[0] for f in filt) else None
-        top_p = self.top_p[rows] if any(f[1] for f in filt) else None
-        ks = self._host_top_k[rows]
-        k_max = 0 if 0 in ks else max(ks)  # 0: some row keeps the whole vocabulary
-        return BatchSampling(self.temperature[rows], top_k, top_p, all(f[2] for f in filt), k_max)
 
     # ------------------------------------------------------------------ one step
 
@@ -383,12 +334,12 @@ class SpecEngine:
         b = self.n
         if b == 0:
             return []
-        rows = slice(0, b)
-        length = self.length[rows]
-        sampling = self._sampling(rows)
-        gmax = max(self._host_gamma[:b]) if self.speculate else 0
+        rows, st = slice(0, b), self.state
+        length = st.length[rows]
+        sampling = st.sampling(rows)
+        gmax = max(st.host_gamma[:b]) if self.speculate else 0
         width = self.tree.width if self.tree is not None else gmax  # slots written past length
-        kv_len = min(max(self._host_len[:b]) + width + 2, self.max_seq_len)
+        kv_len = min(max(st.host_len[:b]) + width + 2, self.max_seq_len)
         t0 = self._mark()
         if self.tree is not None:
             drafts, n_acc, nxt, n_prop, t1 = self._tree_draft_verify(
@@ -398,9 +349,9 @@ class SpecEngine:
         else:
             if gmax > 0:
                 drafts, draft_probs, n_prop = self.drafter.propose(
-                    self.tokens[rows],
+                    st.tokens[rows],
                     length,
-                    self.gamma[rows],
+                    st.gamma[rows],
                     gmax,
                     self.config.confidence_threshold,
                     sampling,
@@ -413,7 +364,7 @@ class SpecEngine:
                 draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
             t1 = self._mark()
             g = drafts.shape[1]
-            pending = self.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
+            pending = st.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
             verify_in = torch.cat([pending, drafts], 1)  # (B, 1 + G)
             logits = self.target.decode(verify_in, self.cache, length - 1, kv_len)
             target_probs = sampling.probs(logits)  # (B, 1 + G, V)
@@ -426,20 +377,20 @@ class SpecEngine:
         is_eos = torch.isin(block, self.eos) & (offs < n_emit[:, None])
         first_eos = torch.where(is_eos, offs, g + 1).amin(1)  # (B,)
         hit_eos = first_eos < n_emit
-        n_emit = torch.minimum(torch.where(hit_eos, first_eos + 1, n_emit), self.budget[rows] - length)
-        n_emit = torch.where(self.finished[rows], 0, n_emit)  # finished, not yet retired: frozen
+        n_emit = torch.minimum(torch.where(hit_eos, first_eos + 1, n_emit), st.budget[rows] - length)
+        n_emit = torch.where(st.finished[rows], 0, n_emit)  # finished, not yet retired: frozen
         pos = (length[:, None] + offs).clamp(max=self.max_seq_len - 1)  # (B, G+1)
-        old = self.tokens[rows].gather(1, pos)
-        self.tokens[rows].scatter_(1, pos, torch.where(offs < n_emit[:, None], block, old))
+        old = st.tokens[rows].gather(1, pos)
+        st.tokens[rows].scatter_(1, pos, torch.where(offs < n_emit[:, None], block, old))
         new_len = length + n_emit
-        self.length[rows] = new_len
-        self.hit_eos[rows] |= hit_eos & (first_eos < n_emit)
-        self.finished[rows] = self.hit_eos[rows] | (new_len >= self.budget[rows])
+        st.length[rows] = new_len
+        st.hit_eos[rows] |= hit_eos & (first_eos < n_emit)
+        st.finished[rows] = st.hit_eos[rows] | (new_len >= st.budget[rows])
         if self.speculate:
             self.drafter.commit(new_len)
             if self.config.gamma_schedule == "heuristic":
                 full = (n_acc == n_prop) & (n_prop > 0)
-                self.gamma[rows] = torch.where(full, self.gamma[rows] + 2, self.gamma[rows] - 1).clamp(
+                st.gamma[rows] = torch.where(full, st.gamma[rows] + 2, st.gamma[rows] - 1).clamp(
                     1, self.max_row_gamma
                 )
         self.stats.record(n_prop, n_acc, n_emit)
@@ -451,16 +402,16 @@ class SpecEngine:
             self.trace.append((n_acc, self.drafter.confidence(b, g)))
         t2 = self._mark()
         host: list[list[int]] = torch.stack(
-            [n_emit, new_len, self.gamma[rows], self.finished[rows].long()]
+            [n_emit, new_len, st.gamma[rows], st.finished[rows].long()]
         ).tolist()  # the one sync
         self.stats.draft_time_s += self._seconds(t0, t1)
         self.stats.verify_time_s += self._seconds(t1, t2)
         self.stats.verify_steps += 1
         self.stats.verify_slots += b * ((self.tree.n_nodes if self.tree is not None else g) + 1)
         self.stats.batch_rows += b
-        self._host_len[:b] = host[1]
-        self._host_gamma[:b] = host[2]
-        self._host_finished[:b] = [bool(f) for f in host[3]]
+        st.host_len[:b] = host[1]
+        st.host_gamma[:b] = host[2]
+        st.host_finished[:b] = [bool(f) for f in host[3]]
         return host[0]
 
     def _tree_draft_verify(
@@ -484,12 +435,12 @@ class SpecEngine:
         iid = node_probs = None
         trees: RowTrees
         if isinstance(tree, DynamicTree):
-            nodes, trees = drafter.propose_dynamic_tree(self.tokens[rows], length, tree, kv_len)
+            nodes, trees = drafter.propose_dynamic_tree(self.state.tokens[rows], length, tree, kv_len)
         else:
             if self.config.tree_sampling == "iid" and not sampling.all_greedy:
                 iid = sampling.temperature > 0
             nodes, node_probs = drafter.propose_tree(
-                self.tokens[rows], length, tree, sampling, iid, kv_len, self.generator
+                self.state.tokens[rows], length, tree, sampling, iid, kv_len, self.generator
             )  # (B, N+1), (B, n_internal, V) | None
             trees = tree.rows(b)
         g = trees.depth
@@ -516,16 +467,10 @@ class SpecEngine:
         """
         if self.n == 0:
             return []
-        done = [slot for slot in range(self.n) if self._host_finished[slot]]  # the step's sync read them
+        done = [slot for slot in range(self.n) if self.state.host_finished[slot]]  # read at the step's sync
         if not done:
             return []
-        host = torch.stack([self.prompt_len[done], self.length[done], self.hit_eos[done].long()]).tolist()
-        out = []
-        for i, slot in enumerate(done):
-            plen, end, eos = host[0][i], host[1][i], host[2][i]
-            out.append(
-                Finished(self.ids[slot], self.tokens[slot, plen:end].tolist(), "eos" if eos else "length")
-            )
+        out = self.state.outputs(done)
         new_n = self.n - len(done)
         gone = set(done)
         holes = [s for s in done if s < new_n]
@@ -537,33 +482,10 @@ class SpecEngine:
 
     def _move(self, src: list[int], dst: list[int]) -> None:
         """Rows ``src`` now live in slots ``dst`` (equal-length lists of distinct slots)."""
-        length = max(self._host_len[s] for s in src)
+        length = max(self.state.host_len[s] for s in src)
         si = torch.tensor(src, device=self.device)
         di = torch.tensor(dst, device=self.device)
-        for buf in (
-            self.tokens,
-            self.length,
-            self.prompt_len,
-            self.budget,
-            self.finished,
-            self.hit_eos,
-            self.gamma,
-            self.temperature,
-            self.top_k,
-            self.top_p,
-        ):
-            buf[di] = buf[si]
+        self.state.move(src, dst, si, di)
         self.cache.move(si, di, length)
         if self.speculate:
             self.drafter.move(si, di, length)
-        hosts: tuple[list[Any], ...] = (
-            self.ids,
-            self._host_len,
-            self._host_gamma,
-            self._host_finished,
-            self._host_top_k,
-            self._filters,
-        )
-        for host in hosts:
-            for a, b in zip(src, dst, strict=True):
-                host[b] = host[a]

@@ -36,8 +36,8 @@ def assert_cache_matches_prefill(
 
 def check_caches(engine: SpecEngine, target, drafter) -> None:
     for row in range(engine.n):
-        committed = int(engine.length[row]) - 1  # the pending token is not in the target cache yet
-        assert_cache_matches_prefill(target, engine.cache, engine.tokens, row, committed, "target")
+        committed = int(engine.state.length[row]) - 1  # the pending token is not in the target cache yet
+        assert_cache_matches_prefill(target, engine.cache, engine.state.tokens, row, committed, "target")
         model_drafter = drafter.model if isinstance(drafter, HybridDrafter) else drafter
         if isinstance(model_drafter, ModelDrafter) and engine.speculate:
             dlen = int(model_drafter.draft_len[row])
@@ -45,7 +45,7 @@ def check_caches(engine: SpecEngine, target, drafter) -> None:
                 assert committed - 1 <= dlen <= committed  # at most the bonus token is left to feed
             assert dlen <= committed
             assert_cache_matches_prefill(
-                model_drafter.model, model_drafter.cache, engine.tokens, row, dlen, "draft"
+                model_drafter.model, model_drafter.cache, engine.state.tokens, row, dlen, "draft"
             )
 
 
@@ -111,9 +111,9 @@ def test_caches_equal_fresh_prefill_after_random_steps(target, draft, drafter_ki
             steps += 1
             assert steps < 400, "no progress"
             check_caches(engine, target, drafter)  # finished rows too: they keep a valid prefix
-            done = engine.finished[: engine.n].nonzero().flatten().tolist()
+            done = engine.state.finished[: engine.n].nonzero().flatten().tolist()
             compactions += any(
-                slot < engine.n - 1 and not bool(engine.finished[engine.n - 1]) for slot in done
+                slot < engine.n - 1 and not bool(engine.state.finished[engine.n - 1]) for slot in done
             )
             engine.retire()
             check_caches(engine, target, drafter)
@@ -133,11 +133,11 @@ def test_compaction_moves_last_row_into_retired_slot(target, draft):
         engine.add(reqs)
         engine.step()
         engine.step()
-        pre_move = engine.tokens[2, : int(engine.length[2])].clone()
+        pre_move = engine.state.tokens[2, : int(engine.state.length[2])].clone()
         done = engine.retire()
         assert [f.id for f in done] == [1]
-        assert engine.n == 2 and engine.ids[:2] == [0, 2]
-        assert torch.equal(engine.tokens[1, : int(engine.length[1])], pre_move)
+        assert engine.n == 2 and engine.state.ids[:2] == [0, 2]
+        assert torch.equal(engine.state.tokens[1, : int(engine.state.length[1])], pre_move)
         check_caches(engine, target, drafter)
         for _ in range(3):
             engine.step()

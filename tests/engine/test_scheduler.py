@@ -107,7 +107,7 @@ def test_adaptive_gamma_and_mixed_sampling_rows_coexist(pair, prompts, make_requ
     orig_step = engine.step
 
     def step():
-        seen_gammas.add(tuple(engine.gamma[: engine.n].tolist()))
+        seen_gammas.add(tuple(engine.state.gamma[: engine.n].tolist()))
         return orig_step()
 
     engine.step = step
