@@ -11,7 +11,9 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autotune import profiler
+import torch
+
+from autotune import hostnoise, profiler
 from autotune.config import DEFAULT_CACHE, TuneConfig, check_device
 from autotune.hardware import fingerprint
 from autotune.runner import Sampling, build_requests
@@ -45,50 +47,68 @@ class Context:
     @property
     def profile_drafter(self) -> str:
         """The drafter whose acceptance the profiler measures (the first searched one that drafts)."""
-        return next((d for d in self.cfg.drafters if d != "none"), "none")
+        return next((d for d in self.cfg.search.drafter if d != "none"), "none")
 
 
-def build(cfg: TuneConfig) -> Context:
-    """Load the pair and workload, open the store, compute the identity hashes."""
-    needs_draft = "model" in cfg.drafters or "hybrid" in cfg.drafters  # hybrid falls back to the draft model
+def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
+    """Load the pair and workload, open the store, compile the engine, compute the identity hashes.
+
+    Everything a user can get wrong (folders, the workload, the storage URL) is checked before the
+    compile, which can take minutes; ``say`` hears that the compile starts."""
+    needs_draft = (
+        "model" in cfg.search.drafter or "hybrid" in cfg.search.drafter
+    )  # hybrid falls back to the draft model
     check_device(cfg)
-    pair = load_pair(cfg.target, cfg.draft if needs_draft else None, dtype=cfg.dtype, device=cfg.device)
-    compile_note = _compile(pair, cfg.compile, [SpecConfig.for_tree(t).tree_topk for t in cfg.tree_shapes])
+    pair = load_pair(
+        cfg.models.target,
+        cfg.models.draft if needs_draft else None,
+        dtype=cfg.models.dtype,
+        device=cfg.models.device,
+    )
     if pair.tokenizer is None:
-        raise EngineInputError(f"{cfg.target}: no tokenizer.json")
-    items = load_workload(cfg.prompts)
-    sampling = Sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
+        raise EngineInputError(f"{cfg.models.target}: no tokenizer.json")
+    items = load_workload(cfg.workload.prompts)
+    sampling = Sampling(
+        cfg.workload.max_new_tokens, cfg.workload.temperature, cfg.workload.top_k, cfg.workload.top_p
+    )
     requests = build_requests(
         items,
         pair.tokenizer,
         sampling,
         pair.target.config.max_position_embeddings,
-        where=str(cfg.prompts),
-        truncate=cfg.truncate_prompts,
+        where=str(cfg.workload.prompts),
+        truncate=cfg.workload.truncate_prompts,
+    )
+    store = Store(cfg.storage.url)
+    compile_note = _compile(
+        pair, cfg.models.compile, [SpecConfig.for_tree(t).tree_topk for t in cfg.search.tree_topk], say
     )
     device = str(pair.target.lm_head.weight.device)
-    fp = fingerprint(device, cfg.dtype)
-    target_hash = hash_folder(cfg.target)
-    draft_hash = hash_folder(cfg.draft) if needs_draft else None
+    fp = fingerprint(device, cfg.models.dtype)
+    target_hash = hash_folder(cfg.models.target)
+    draft_hash = hash_folder(cfg.models.draft) if needs_draft and cfg.models.draft is not None else None
     workload = {
-        "prompts": str(cfg.prompts),
+        "prompts": str(cfg.workload.prompts),
         "prompts_sha256": hash_json([i.__dict__ for i in items]),
-        "max_new_tokens": cfg.max_new_tokens,
-        "temperature": cfg.temperature,
-        "top_k": cfg.top_k,
-        "top_p": cfg.top_p,
-        "concurrency": list(cfg.concurrency),
-        "rate": cfg.rate,
-        "num_requests": cfg.num_requests,
-        "dtype": cfg.dtype,
+        "max_new_tokens": cfg.workload.max_new_tokens,
+        "temperature": cfg.workload.temperature,
+        "top_k": cfg.workload.top_k,
+        "top_p": cfg.workload.top_p,
+        "concurrency": list(cfg.workload.concurrency),
+        "rate": cfg.workload.rate,
+        "num_requests": cfg.workload.num_requests,
+        "dtype": cfg.models.dtype,
     }
     if pair.target.compiled:  # compiled timings are another measurement (eager keeps its old key)
         workload["engine"] = "compiled"
-    store = Store(cfg.storage)
     store.upsert_device(fp)
-    drafter = "model" if needs_draft else cfg.drafters[0]
+    drafter = "model" if needs_draft else cfg.search.drafter[0]
     pair_id = store.upsert_pair(
-        str(cfg.target), str(cfg.draft) if needs_draft else None, drafter, target_hash, draft_hash
+        str(cfg.models.target),
+        str(cfg.models.draft) if needs_draft else None,
+        drafter,
+        target_hash,
+        draft_hash,
     )
     return Context(
         cfg,
@@ -113,16 +133,40 @@ COMPILE_SLOWER = 1.05
 time (a margin: on a shared host two equal paths differ by a few percent run to run)."""
 
 
-def _compile(pair: ModelPair, mode: str, trees: Sequence[Sequence[int]] = ()) -> str:
-    """Compile the pair's decode forward per ``models.compile``; returns the line tune prints.
+def _compile(
+    pair: ModelPair,
+    mode: str,
+    trees: Sequence[Sequence[int]] = (),
+    say: Callable[[str], None] | None = None,
+) -> str:
+    """Compile the pair's decode forward per ``models.compile``; returns the line tune prints
+    (``say`` hears that the compile starts).
 
-    ``auto`` compiles and falls back to eager, saying why, when torch.compile cannot run here
-    (e.g. no C++ compiler for inductor on a CPU host) or when the compiled target decodes clearly
-    slower than eager (:data:`COMPILE_SLOWER`, timed interleaved at B=1: profiler.compiled_over_eager);
-    ``true`` makes the first an error in one line and never falls back on speed.
+    ``auto`` first reads the host for :data:`autotune.hostnoise.WINDOW_S`: when other processes hold
+    a core torch's threads need (:func:`autotune.hostnoise.threads_for`), it keeps eager and says so
+    rather than compile for minutes and then compare the two paths under that load. It compiles and
+    falls back to eager, saying why, when torch.compile cannot run here (e.g. no C++ compiler for
+    inductor on a CPU host) or when the compiled target decodes clearly slower than eager
+    (:data:`COMPILE_SLOWER`, timed interleaved at B=1: profiler.compiled_over_eager, on the cores
+    other processes leave free, like the profiler's timings and every trial); ``true`` makes the
+    first an error in one line and never falls back on speed or load.
     """
     if mode == "false":
         return "engine: eager (models.compile: false)"
+    threads = torch.get_num_threads()
+    if mode == "auto":
+        host = hostnoise.others_now()
+        if hostnoise.threads_for(host, threads) < threads:
+            return (
+                f"engine: eager (models.compile: auto; other processes used {host['others_cpu_share']:.0%} of "
+                f"{host['cpus']} CPUs before compiling, and a compiled/eager comparison under that load decides "
+                "nothing; models.compile: true compiles anyway)"
+            )
+    if say is not None:
+        say(
+            f"engine: compiling decode/verify (models.compile: {mode}; minutes the first time, "
+            "about a minute once inductor's cache holds the graphs)"
+        )
     # Inductor's cache makes the next process compile in a fifth of the time (demo pair: 239 s cold,
     # 47 s warm); its default lives in /tmp, which hosts clear. Keep it with our other caches.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE.expanduser()))
@@ -134,8 +178,15 @@ def _compile(pair: ModelPair, mode: str, trees: Sequence[Sequence[int]] = ()) ->
         if mode == "true":
             raise EngineInputError(f"models.compile: torch.compile failed on this host ({why})") from None
         return f"engine: eager (models.compile: auto, torch.compile failed: {why})"
-    ratio = profiler.compiled_over_eager(pair.target)
-    timing = f"decode {ratio:.2f}x eager's time here"
+    free = hostnoise.threads_for(hostnoise.others_now(), threads)
+    torch.set_num_threads(free)
+    try:
+        ratio = profiler.compiled_over_eager(pair.target)
+    finally:
+        torch.set_num_threads(threads)
+    timing = f"decode {ratio:.2f}x eager's time here" + (
+        f" (timed on {free} of {threads} threads: other processes held a core)" if free < threads else ""
+    )
     if mode == "auto" and ratio > COMPILE_SLOWER:
         spent = pair.compile_s
         pair.run_eager()
@@ -161,17 +212,17 @@ def ensure_profile(
         if found is not None:
             return found["data"], True
     cfg = ctx.cfg
-    thresholds = _threshold_grid(cfg.confidence_threshold.low, cfg.confidence_threshold.high)
+    thresholds = _threshold_grid(cfg.search.confidence_threshold.low, cfg.search.confidence_threshold.high)
     data = profiler.measure(
         ctx.pair,
         ctx.requests,
         ctx.profile_drafter,
         max(cfg.batch_sizes),
-        cfg.profile_gamma_max,
+        cfg.profile.gamma_max,
         str(ctx.pair.target.lm_head.weight.device),
-        cfg.dtype,
+        cfg.models.dtype,
         thresholds,
-        cfg.seed,
+        cfg.budget.seed,
         progress,
     )
     data = json.loads(json.dumps(data))  # stored form (string keys), same as a reused one
@@ -189,8 +240,8 @@ def extend_for_trees(ctx: Context, measurement: dict, say: Callable[[str], None]
         ctx.pair,
         ctx.requests,
         measurement,
-        ctx.cfg.tree_shapes,
-        ctx.cfg.seed,
+        ctx.cfg.search.tree_topk,
+        ctx.cfg.budget.seed,
         progress=lambda s: say(f"  profiling: {s}"),
     )
     if extended is None:

@@ -53,8 +53,12 @@ class Finalists:
 
 def finalists(cfg: TuneConfig, points: list[Point]) -> Finalists:
     """The ``budget.remeasure_top`` fastest Pareto points (SLO-feasible ones when any), gamma=0, best static gamma."""
-    pool = [p for p in points if p.feasible] if cfg.slo and any(p.feasible for p in points) else points
-    candidates = sorted(pareto_front(pool), key=lambda p: -p.tokens_per_second)[: cfg.remeasure_top]
+    pool = (
+        [p for p in points if p.feasible]
+        if cfg.objectives.slo and any(p.feasible for p in points)
+        else points
+    )
+    candidates = sorted(pareto_front(pool), key=lambda p: -p.tokens_per_second)[: cfg.budget.remeasure_top]
     static = [p for p in points if p.knobs.is_static_chain]
     best_static = max(static, key=lambda p: p.tokens_per_second, default=None)
     baseline = candidates[0].knobs.without_speculation()
@@ -93,14 +97,14 @@ def remeasure(cfg: TuneConfig, backend: Backend, chosen_from: Finalists, say: Sa
     alike; on a serving stack a configuration's repeats run back to back in its server
     (alternating would restart a server every run).
     """
-    configs, repeats, order = chosen_from.configs, cfg.repeats, backend.remeasure_order
+    configs, repeats, order = chosen_from.configs, cfg.budget.repeats, backend.remeasure_order
     say(
         f"re-measuring the top {len(chosen_from.candidates)} candidates of the Pareto front, the AR baseline"
         + (" and the best static gamma" if chosen_from.best_static is not None else "")
         + f": {len(configs)} configurations x {repeats} repeats"
         + (" (interleaved)" if order == "interleaved" else " (back to back in each configuration's server)")
     )
-    seed = cfg.seed + 1
+    seed = cfg.budget.seed + 1
     rounds: list[list[TrialResult]] = [[] for _ in configs]
     if order == "interleaved":
         for r in range(repeats):
@@ -157,7 +161,9 @@ def decide(
     final = finalists(cfg, points)
     remeasured = remeasure(cfg, backend, final, say)
     base_point, baseline = remeasured.find(final.baseline)
-    choice = choose_with_margin(remeasured.points, bool(cfg.slo))  # must beat plain decoding by a margin
+    choice = choose_with_margin(
+        remeasured.points, bool(cfg.objectives.slo)
+    )  # must beat plain decoding by a margin
     chosen_result = remeasured.find(choice.point.knobs)[1]
     chosen = _chosen(cfg, space, choice.point.knobs)
     static_point = remeasured.find(final.best_static.knobs)[0] if final.best_static is not None else None
@@ -195,8 +201,8 @@ def _chosen(cfg: TuneConfig, space: Space, knobs: Knobs) -> Chosen:
         confidence_threshold=knobs.confidence_threshold,
         gamma_schedule=knobs.gamma_policy,
         max_batch_size=knobs.max_batch_size,
-        prompt_lookup_min=cfg.ngram_min,
-        prompt_lookup_max=cfg.ngram_max,
+        prompt_lookup_min=cfg.search.ngram_min,
+        prompt_lookup_max=cfg.search.ngram_max,
     )
     return dataclasses.replace(chosen, tree_topk=knobs.tree_name) if space.trees else chosen
 
@@ -224,26 +230,26 @@ def _prediction_check(measurement: dict, chosen: Chosen, chosen_result: TrialRes
         return []
     m = Measurement.from_json(measurement)
     curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
+    max_rows = chosen.max_batch_size
+    assert max_rows is not None  # _chosen sets it from the knobs
     pvm = []
     ranks = tree_rank_samples(m.acceptance)
     if chosen.tree_shape and ranks:
         for b, lv in chosen_result.per_level.items():
-            pred = predict_tree(curves, ranks, chosen.tree_shape, min(int(b), int(chosen.max_batch_size)))
+            tree_pred = predict_tree(curves, ranks, chosen.tree_shape, min(int(b), max_rows))
             pvm.append(
                 {
                     "batch_size": int(b),
                     "gamma": int(chosen.gamma),
                     "tree_topk": chosen.tree_topk,
-                    "predicted_tokens_per_second": pred.tokens_per_second,
+                    "predicted_tokens_per_second": tree_pred.tokens_per_second,
                     "measured_tokens_per_second": lv.tokens_per_second,
                 }
             )
         return pvm
     for b, lv in chosen_result.per_level.items():
         g = min(int(chosen.gamma), gmax)
-        pred = predict(
-            curves, samples, g, float(chosen.confidence_threshold), min(int(b), int(chosen.max_batch_size))
-        )
+        pred = predict(curves, samples, g, float(chosen.confidence_threshold), min(int(b), max_rows))
         pvm.append(
             {
                 "batch_size": int(b),
@@ -279,7 +285,7 @@ def _chosen_metrics(
         "latency_ms": chosen_result.latency_ms,
         "tokens_per_second_ci95": _ci(tps),
         "latency_ms_ci95": _ci([lat for _, lat in chosen_point.rounds]),
-        "latency_metric": cfg.latency,
+        "latency_metric": cfg.objectives.latency,
         "per_level": per_level,
         "speedup": speedup.value,
         "speedup_ci95": [speedup.low, speedup.high],
@@ -289,7 +295,7 @@ def _chosen_metrics(
         "speedup_over_best_static_ci95": [over_static.low, over_static.high] if over_static else None,
         "best_static": space.params(best_static.knobs) if best_static else None,
         "chosen_is_best_static": best_static is not None and best_static.knobs == chosen_point.knobs,
-        "repeats": cfg.repeats,
+        "repeats": cfg.budget.repeats,
         "acceptance_rate": _mean([lv.acceptance_rate for lv in chosen_result.per_level.values()]),
     }
 
@@ -315,8 +321,8 @@ def build_profile(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         device=ctx.fingerprint,
         pair={
-            "target": str(cfg.target),
-            "draft": str(cfg.draft) if ctx.draft_hash else None,
+            "target": str(cfg.models.target),
+            "draft": str(cfg.models.draft) if ctx.draft_hash else None,
             "drafter": ctx.pair_drafter,
             "target_hash": ctx.target_hash,
             "draft_hash": ctx.draft_hash,
@@ -324,14 +330,14 @@ def build_profile(
         workload={**ctx.workload, "hash": ctx.workload_hash},
         study={
             "name": study.study_name,
-            "storage": redact_url(cfg.storage),
+            "storage": redact_url(cfg.storage.url),
             "n_trials": len(d.points),
             "failed_trials": sum(
                 t.state == optuna.trial.TrialState.FAIL for t in study.get_trials(deepcopy=False)
             ),
             "space": space.to_json(),
-            "slo": cfg.slo,
-            "objectives": ["tokens_per_second", cfg.latency],
+            "slo": cfg.objectives.slo,
+            "objectives": ["tokens_per_second", cfg.objectives.latency],
         },
         chosen=d.chosen,
         selection={"met_slo": d.choice.met_slo, "reason": d.choice.reason, "trial": d.choice.point.number},

@@ -10,7 +10,9 @@ load level of the workload (closed-loop concurrency levels, or one open-loop rat
 two objectives: throughput (generated tokens / wall time over all levels; maximised) and the
 chosen latency percentile (worst level; minimised). SLOs become Optuna constraints via
 ``trial.set_constraint`` (value <= 0 is feasible). Every metric of every level is stored as a
-user attribute, so nothing measured is lost, and the schedule is computed from them.
+user attribute, so nothing measured is lost, and the schedule is computed from them. A trial runs
+through :class:`autotune.disturbance.TrialGuard`: a run another process disturbed is re-run, or the
+trial is pruned, and never becomes the trial's values.
 
 The study lives in Optuna's RDB storage in the same database as the profiles, so
 ``optuna-dashboard sqlite:///autotune.db`` shows it and several hosts can share a PostgreSQL URL.
@@ -22,15 +24,15 @@ import math
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 import torch
 
-from autotune.backends.base import Backend
 from autotune.config import TuneConfig
 from autotune.context import Context
 from autotune.costmodel import best_gamma, best_tree, tree_rank_samples
+from autotune.disturbance import Expectation, TrialGuard
 from autotune.knobs import Knobs, Tree, parse_tree, tree_name
 from autotune.records import Measurement, TrialResult
 from autotune.selection import Point
@@ -38,8 +40,15 @@ from engine.tree import tree_depth
 from profiles.schema import MISSING
 
 THRESHOLD_STEP = 0.01  # confidence thresholds are searched on a 0.01 grid (exports stay readable)
-OnTrial = Callable[[int, Knobs, "TrialResult | None", "str | None"], None]
-"""Called after each trial: its number, knobs, result (None when it failed) and the failure's reason."""
+
+
+class OnTrial(Protocol):
+    """Called after each trial: its number, knobs, result (None when it failed or was pruned) and the
+    failure's or pruning's reason."""
+
+    def __call__(
+        self, number: int, knobs: Knobs, result: TrialResult | None, error: str | None, pruned: bool = False
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -186,36 +195,38 @@ def shape_space(cfg: TuneConfig, measurement: dict, fixed: Mapping[str, Any] | N
     knobs a serving-stack backend cannot express (``confidence_threshold``, ``gamma_schedule``).
     """
     cap: int | None = None
-    if cfg.search_gamma_cap == "auto":
+    if cfg.search.gamma_cap == "auto":
         m = Measurement.from_json(measurement)
         curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
         best = [best_gamma(curves, samples, b, gmax).gamma for b in cfg.batch_sizes]
         cap = max(max(best) + 2, 1)
-    elif isinstance(cap_value := cfg.search_gamma_cap, int):
+    elif isinstance(cap_value := cfg.search.gamma_cap, int):
         cap = cap_value
-    high = cfg.gamma.high if cap is None else max(min(cfg.gamma.high, cap), cfg.gamma.low)
+    high = (
+        cfg.search.gamma.high if cap is None else max(min(cfg.search.gamma.high, cap), cfg.search.gamma.low)
+    )
     fixed = fixed or {}
     thr_low = thr_high = fixed.get("confidence_threshold")
-    if thr_low is None:
-        thr_low, thr_high = cfg.confidence_threshold.low, cfg.confidence_threshold.high
-    schedules = (fixed["gamma_schedule"],) if "gamma_schedule" in fixed else cfg.gamma_policies
+    if thr_low is None or thr_high is None:  # one value: both None or neither
+        thr_low, thr_high = cfg.search.confidence_threshold.low, cfg.search.confidence_threshold.high
+    schedules = (fixed["gamma_schedule"],) if "gamma_schedule" in fixed else cfg.search.gamma_schedule
     return Space(
-        cfg.drafters,
-        int(cfg.gamma.low),
+        cfg.search.drafter,
+        int(cfg.search.gamma.low),
         int(high),
         thr_low,
         thr_high,
         schedules,
-        cfg.max_batch_size,
+        cfg.search.max_batch_size,
         cap,
-        cfg.tree_shapes,
+        cfg.search.tree_topk,
     )
 
 
 def slo_violations(cfg: TuneConfig, result: TrialResult) -> dict[str, float]:
     """Constraint values (<= 0 feasible): the worst level's metric minus its SLO bound."""
     out = {}
-    for key, bound in cfg.slo.items():
+    for key, bound in cfg.objectives.slo.items():
         if key == "min_tokens_per_second":
             out[key] = bound - result.tokens_per_second
         else:
@@ -234,15 +245,20 @@ def point_from_trial(trial: optuna.trial.FrozenTrial) -> Point:
 
 
 def make_objective(
-    cfg: TuneConfig, backend: Backend, space: Space, on_trial: OnTrial | None
+    cfg: TuneConfig, guard: TrialGuard, space: Space, on_trial: OnTrial | None
 ) -> Callable[[optuna.Trial], tuple[float, float]]:
-    """The study's objective: suggest knobs, run them on ``backend``, record every level's metrics."""
+    """The study's objective: suggest knobs, run them through ``guard`` on its backend (expected to take
+    what the finished trials took), record every level's metrics."""
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         knobs = space.suggest(trial)
         trial.set_user_attr("params", space.params(knobs))
         try:
-            result = backend.run(knobs, cfg.seed)
+            result = guard.run(trial, knobs, cfg.budget.seed, Expectation.of(finished(trial.study)))
+        except optuna.TrialPruned as exc:  # every run disturbed: no measurement for the front or TPE
+            if on_trial:
+                on_trial(trial.number, knobs, None, str(exc), pruned=True)
+            raise
         except Exception as exc:  # a crash, time-out or OOM fails this trial, never the study
             if isinstance(exc, torch.OutOfMemoryError) and torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -288,8 +304,8 @@ def warm_starts(
             b,
             min(gmax, space.gamma_high),
             thresholds,
-            cfg.max_new_tokens,
-            max(cfg.num_requests, b),
+            cfg.workload.max_new_tokens,
+            max(cfg.workload.num_requests, b),
             [len(r.prompt_ids) for r in ctx.requests],
         )
         knobs = replace(
@@ -321,10 +337,10 @@ def open_study(ctx: Context, name: str, resume: bool) -> optuna.Study:
     """Create (or, with ``resume``, load) the study in the profiles database."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna.storages.RDBStorage(
-        ctx.cfg.storage,
-        engine_kwargs={"connect_args": {"timeout": 30}} if ctx.cfg.storage.startswith("sqlite") else {},
+        ctx.cfg.storage.url,
+        engine_kwargs={"connect_args": {"timeout": 30}} if ctx.cfg.storage.url.startswith("sqlite") else {},
     )
-    sampler = optuna.samplers.TPESampler(seed=ctx.cfg.seed, multivariate=True, n_startup_trials=6)
+    sampler = optuna.samplers.TPESampler(seed=ctx.cfg.budget.seed, multivariate=True, n_startup_trials=6)
     return optuna.create_study(
         study_name=name,
         storage=storage,

@@ -23,7 +23,7 @@ import optuna
 import torch
 
 from autotune import context as ctx_mod
-from autotune import hostnoise
+from autotune import disturbance, hostnoise
 from autotune import study as study_mod
 from autotune.backends import Backend, open_backend
 from autotune.config import DEFAULT_CACHE, TuneConfig
@@ -48,21 +48,23 @@ class Interrupted(Exception):
 
 def default_study_name(ctx: ctx_mod.Context) -> str:
     """``autotune-<device>-<target>-<workload>``, with ``-<backend>`` for a serving-stack backend."""
-    suffix = "" if ctx.cfg.backend == "engine" else f"-{ctx.cfg.backend}"
+    suffix = "" if ctx.cfg.backend.name == "engine" else f"-{ctx.cfg.backend.name}"
     return f"autotune-{ctx.device_key[:8]}-{ctx.target_hash[:6]}-{ctx.workload_hash[:8]}{suffix}"
 
 
 def _resolve_study_name(ctx: ctx_mod.Context, resume: bool) -> str:
-    base = ctx.cfg.study_name or default_study_name(ctx)
+    base = ctx.cfg.storage.study_name or default_study_name(ctx)
     runs = {}
-    for summary in optuna.get_all_study_summaries(ctx.cfg.storage, include_best_trial=False):
+    for summary in optuna.get_all_study_summaries(ctx.cfg.storage.url, include_best_trial=False):
         m = re.fullmatch(re.escape(base) + r"(?:-run(\d+))?", summary.study_name)
         if m:
             runs[int(m.group(1) or 1)] = summary.study_name
     family = [runs[k] for k in sorted(runs)]
     if resume:
         if not family:
-            raise ConfigError(f"--resume: no study named {base!r} in {redact_url(ctx.cfg.storage)} to resume")
+            raise ConfigError(
+                f"--resume: no study named {base!r} in {redact_url(ctx.cfg.storage.url)} to resume"
+            )
         return family[-1]
     if not family:
         return base
@@ -89,7 +91,8 @@ def run_tune(
        missing stack fails in seconds.
     3. Profile the device, or reuse the stored measurement (:func:`autotune.context.ensure_profile`).
     4. Study: shape the space, warm-start it from the cost model and the nearest stored profile,
-       run the trials (:func:`_run_study`).
+       run the trials (:func:`_run_study`), each through :class:`autotune.disturbance.TrialGuard`
+       (a run another process disturbed is re-run, or the trial pruned).
     5. Re-measure the finalists, choose, build the batch schedule and the profile
        (:func:`autotune.decision.decide`, :func:`autotune.decision.build_profile`).
     6. Host noise after, store the profile (:func:`_store`), write the exports (:func:`write_exports`).
@@ -99,7 +102,7 @@ def run_tune(
     ``profile["host_noise"]``; with ``strict`` a busy host raises :class:`BusyHostError` and no
     profile is stored. See docs/architecture.md (data flow of ``autotune tune``).
     """
-    ctx = ctx_mod.build(cfg)
+    ctx = ctx_mod.build(cfg, say)
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
     say(ctx.compile_note)
     noise_before = _host_noise(say, strict, "before tuning")
@@ -126,7 +129,7 @@ def run_tune(
         noise_after = _host_noise(say, strict, "after the study")
         profile = _store(ctx, backend, typed, run, noise_before, noise_after, say)
         profile["exports"] = write_exports(
-            profile, cfg.export_formats, cfg.export_dir, say, _gguf_models(ctx)
+            profile, cfg.export.formats, cfg.export.dir, say, _gguf_models(ctx)
         )
         return profile
     finally:
@@ -210,11 +213,14 @@ def _run_study(
         )
     )
     started_before = _n_finished(study)
+    guard = disturbance.TrialGuard(
+        cfg, backend, disturbance.open_watch(), note=lambda number, text: say(f"  trial {number}: {text}")
+    )
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         if remaining:
             study.optimize(
-                study_mod.make_objective(cfg, backend, space, _trial_logger(cfg, remaining, say, log)),
+                study_mod.make_objective(cfg, guard, space, _trial_logger(cfg, remaining, say, log)),
                 n_trials=remaining,
                 timeout=budget.timeout_s,
                 catch=(Exception,),
@@ -263,11 +269,14 @@ def _trial_logger(
     cfg: TuneConfig, remaining: int, say: Say, log: Path, clock: Callable[[], float] = time.monotonic
 ) -> study_mod.OnTrial:
     """One line per finished trial: its objectives, knobs, the best so far and ``[done/planned, ETA]``;
-    a failed trial's line gives the reason (its traceback is in ``log``)."""
+    a failed trial's line gives the reason (its traceback is in ``log``), a pruned one's why every run
+    of it was disturbed."""
     best = {"tps": 0.0}
     progress = {"done": 0, "t0": clock()}
 
-    def on_trial(number: int, knobs: Knobs, result: TrialResult | None, error: str | None) -> None:
+    def on_trial(
+        number: int, knobs: Knobs, result: TrialResult | None, error: str | None, pruned: bool = False
+    ) -> None:
         progress["done"] += 1
         done, elapsed = progress["done"], clock() - progress["t0"]
         eta = f"[{done}/{remaining}, ETA {_duration(elapsed / done * (remaining - done))}]"
@@ -276,13 +285,16 @@ def _trial_logger(
             f"B={knobs.max_batch_size} {knobs.drafter}"
             + (f" tree={knobs.tree_name}" if knobs.is_tree else "")
         )
+        if pruned:
+            say(f"  trial {number}: pruned ({error}) | {described} {eta}")
+            return
         if result is None:
             say(f"  trial {number}: failed ({error}) | {described} (traceback in {log}) {eta}")
             return
         best["tps"] = max(best["tps"], result.tokens_per_second)
         startup = f" (server start {result.startup_s:.0f} s)" if result.startup_s else ""
         say(
-            f"  trial {number}: {result.tokens_per_second:.1f} tok/s, {cfg.latency} {result.latency_ms:.1f} ms "
+            f"  trial {number}: {result.tokens_per_second:.1f} tok/s, {cfg.objectives.latency} {result.latency_ms:.1f} ms "
             f"| {described} | best so far {best['tps']:.1f} tok/s{startup} {eta}"
         )
 
@@ -314,7 +326,7 @@ def _store(
     profile = json.loads(json.dumps(typed.to_json()))
     profile_id = ctx.store.save_profile(profile)
     profile["id"] = profile_id
-    say(f"profile #{profile_id} stored in {redact_url(ctx.cfg.storage)}")
+    say(f"profile #{profile_id} stored in {redact_url(ctx.cfg.storage.url)}")
     return profile
 
 
@@ -325,14 +337,18 @@ def _n_finished(study: optuna.Study) -> int:
 
 def _gguf_models(ctx: ctx_mod.Context) -> dict[str, str]:
     """GGUF paths of the pair for the llama.cpp export (converted when llama.cpp's converter is installed)."""
-    if "llamacpp" not in ctx.cfg.export_formats:
+    if "llamacpp" not in ctx.cfg.export.formats:
         return {}
     from autotune.backends import gguf
 
     try:
-        out = {"target_model": str(gguf.ensure(ctx.cfg.target, ctx.cfg.llamacpp, "models.target"))}
-        if ctx.draft_hash is not None:
-            out["draft_model"] = str(gguf.ensure(ctx.cfg.draft, ctx.cfg.llamacpp, "models.draft"))
+        out = {
+            "target_model": str(gguf.ensure(ctx.cfg.models.target, ctx.cfg.backend.llamacpp, "models.target"))
+        }
+        if ctx.draft_hash is not None and ctx.cfg.models.draft is not None:  # the draft was loaded
+            out["draft_model"] = str(
+                gguf.ensure(ctx.cfg.models.draft, ctx.cfg.backend.llamacpp, "models.draft")
+            )
     except ConfigError:  # no converter here: the export keeps the HF paths and says to convert
         return {}
     return out

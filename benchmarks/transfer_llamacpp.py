@@ -48,7 +48,7 @@ def main() -> None:
         ],
     )
     cfg, ctx, backend, engine_prof, chosen_prof = open_stack(args, "llamacpp", LlamacppBackend)
-    batch = max(cfg.max_batch_size)
+    batch = max(cfg.search.max_batch_size)
 
     def grid_command(n_max: int, p_min: float) -> list[str]:
         return backend.command(Knobs("model" if n_max else "none", n_max, p_min, max_batch_size=batch))
@@ -83,8 +83,8 @@ def main() -> None:
     plan.append(("no speculation (again, last)", grid_command(0, 0.0)))
 
     t0 = time.perf_counter()
-    rows = measure_plan(backend, plan, batch, args.repeats, cfg.seed)
-    summary = summarize(rows, cfg.temperature == 0, "llamacpp-backend choice")
+    rows = measure_plan(backend, plan, batch, args.repeats, cfg.budget.seed)
+    summary = summarize(rows, cfg.workload.temperature == 0, "llamacpp-backend choice")
     result = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "device": ctx.fingerprint["label"],
@@ -92,7 +92,7 @@ def main() -> None:
         "llama_server_version": backend.version,
         "workload": ctx.workload,
         "parallel": batch,
-        "threads": cfg.llamacpp.threads,
+        "threads": cfg.backend.llamacpp.threads,
         "repeats": args.repeats,
         "wall_s": time.perf_counter() - t0,
         "gguf": backend.describe()["gguf"],
@@ -101,11 +101,12 @@ def main() -> None:
         "summary": summary,
         "rows": rows,
     }
+    w = cfg.workload
     report(
         args.out,
-        f"llama-server {backend.version} on {ctx.fingerprint['label']}, -t {cfg.llamacpp.threads}; "
-        f"workload {cfg.prompts.name}, concurrency {list(cfg.concurrency)}, {cfg.num_requests} requests x "
-        f"{cfg.max_new_tokens} tokens per level, {args.repeats} repeats per server; -np {batch}",
+        f"llama-server {backend.version} on {ctx.fingerprint['label']}, -t {cfg.backend.llamacpp.threads}; "
+        f"workload {w.prompts.name}, concurrency {list(w.concurrency)}, {w.num_requests} requests x "
+        f"{w.max_new_tokens} tokens per level, {args.repeats} repeats per server; -np {batch}",
         result,
     )
 

@@ -41,7 +41,7 @@ from profiles.schema import Profile  # noqa: E402
 def main() -> None:
     args = arguments(__doc__, "vllm", [("--grid", "1,2,3,4,5,6,7,8", "K values of the grid")])
     cfg, ctx, backend, engine_prof, vllm_prof = open_stack(args, "vllm", VllmBackend)
-    batch = max(cfg.max_batch_size)
+    batch = max(cfg.search.max_batch_size)
 
     def grid_command(k: int) -> list[str]:
         knobs = Knobs("model" if k else "none", k, max_batch_size=batch)
@@ -71,8 +71,8 @@ def main() -> None:
     plan.append(("no speculation (again, last)", grid_command(0)))
 
     t0 = time.perf_counter()
-    rows = measure_plan(backend, plan, batch, args.repeats, cfg.seed)
-    summary = summarize(rows, cfg.temperature == 0, "vllm-backend choice")
+    rows = measure_plan(backend, plan, batch, args.repeats, cfg.budget.seed)
+    summary = summarize(rows, cfg.workload.temperature == 0, "vllm-backend choice")
     result = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "device": ctx.fingerprint["label"],
@@ -87,10 +87,11 @@ def main() -> None:
         "summary": summary,
         "rows": rows,
     }
+    w = cfg.workload
     report(
         args.out,
-        f"vLLM {backend.version} on {ctx.fingerprint['label']}; workload {cfg.prompts.name}, concurrency "
-        f"{list(cfg.concurrency)}, {cfg.num_requests} requests x {cfg.max_new_tokens} tokens per level, "
+        f"vLLM {backend.version} on {ctx.fingerprint['label']}; workload {w.prompts.name}, concurrency "
+        f"{list(w.concurrency)}, {w.num_requests} requests x {w.max_new_tokens} tokens per level, "
         f"{args.repeats} repeats per server; --max-num-seqs {batch}",
         result,
     )

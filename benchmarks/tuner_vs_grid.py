@@ -20,7 +20,6 @@ in this run. Usage::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import tempfile
@@ -54,27 +53,27 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="tuner_vs_grid_"))
     cfg = load_config(args.config)
-    cfg = dataclasses.replace(
-        cfg, storage=f"sqlite:///{tmp / 'bench.db'}", export_formats=(), study_name=None
+    cfg = cfg.with_overrides(
+        {"storage.url": f"sqlite:///{tmp / 'bench.db'}", "export.formats": [], "storage.study_name": None}
     )
     ctx = context.build(cfg)
     measurement, _ = context.ensure_profile(ctx)
-    lo, hi = cfg.confidence_threshold.low, cfg.confidence_threshold.high
+    lo, hi = cfg.search.confidence_threshold.low, cfg.search.confidence_threshold.high
     thresholds = sorted({lo, (lo + hi) / 2, hi})
-    drafter = next((d for d in cfg.drafters if d != "none"), "none")
-    mbs = max(cfg.max_batch_size)
+    drafter = next((d for d in cfg.search.drafter if d != "none"), "none")
+    mbs = max(cfg.search.max_batch_size)
     grid = [
         Knobs(drafter, g, t, s, mbs)
-        for g in range(int(cfg.gamma.low), int(cfg.gamma.high) + 1)
+        for g in range(int(cfg.search.gamma.low), int(cfg.search.gamma.high) + 1)
         for t in (thresholds if g else [lo])
-        for s in (cfg.gamma_policies if g else cfg.gamma_policies[:1])
+        for s in (cfg.search.gamma_schedule if g else cfg.search.gamma_schedule[:1])
     ]
-    print(f"grid: {len(grid)} configurations x {len(cfg.load_levels)} load levels", file=sys.stderr)
+    print(f"grid: {len(grid)} configurations x {len(cfg.workload.load_levels)} load levels", file=sys.stderr)
     engine = EngineBackend(ctx)
     t0 = time.perf_counter()
     grid_results = []
     for i, knobs in enumerate(grid):
-        res = engine.run(knobs, cfg.seed)
+        res = engine.run(knobs, cfg.budget.seed)
         viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, res).values())
         grid_results.append(
             {
@@ -93,18 +92,19 @@ def main() -> None:
     budget = max(1, int(args.fraction * len(grid)))
     t0 = time.perf_counter()
     prof = run_tune(
-        dataclasses.replace(cfg, n_trials=budget, timeout_s=None), say=lambda s: print(s, file=sys.stderr)
+        cfg.with_overrides({"budget.n_trials": budget, "budget.timeout_s": None}),
+        say=lambda s: print(s, file=sys.stderr),
     )
     study_s = time.perf_counter() - t0
     trials = prof["trials"]
     study_best = max((t for t in trials if t["feasible"]), key=lambda t: t["tokens_per_second"])
 
     chosen = prof["chosen"]
-    chosen_res = engine.run(Knobs.from_params(chosen), cfg.seed + 2).to_json()
+    chosen_res = engine.run(Knobs.from_params(chosen), cfg.budget.seed + 2).to_json()
     rows_defaults = []
     for name, knobs in DEFAULTS.items():
         params = {**chosen, "drafter": drafter, "gamma_schedule": "constant", **knobs}
-        res = engine.run(Knobs.from_params(params), cfg.seed + 2).to_json()
+        res = engine.run(Knobs.from_params(params), cfg.budget.seed + 2).to_json()
         rows_defaults.append(
             {
                 "config": name,

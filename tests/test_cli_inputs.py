@@ -169,7 +169,11 @@ def test_init_without_models_writes_the_bundled_file_for_the_demo_pair(tmp_path,
 
     assert written == bundled  # the bundled file names the demo pair and prompts with `demo` too
     cfg = load_config(tmp_path / "tune.yaml")
-    assert (cfg.target, cfg.draft, cfg.prompts) == (DEMO_TARGET, DEMO_DRAFT, DEMO_PROMPTS)
+    assert (cfg.models.target, cfg.models.draft, cfg.workload.prompts) == (
+        DEMO_TARGET,
+        DEMO_DRAFT,
+        DEMO_PROMPTS,
+    )
 
 
 def test_init_writes_absolute_paths_and_the_file_works_anywhere(
@@ -185,7 +189,11 @@ def test_init_writes_absolute_paths_and_the_file_works_anywhere(
     moved.parent.mkdir()
     shutil.copy(out, moved)  # what a user does before editing it
     cfg = load_config(moved)
-    assert (cfg.target, cfg.draft, cfg.prompts) == (target.resolve(), draft.resolve(), tiny_prompts.resolve())
+    assert (cfg.models.target, cfg.models.draft, cfg.workload.prompts) == (
+        target.resolve(),
+        draft.resolve(),
+        tiny_prompts.resolve(),
+    )
     assert "# HF-style folder" in moved.read_text()
 
 
@@ -196,7 +204,7 @@ def test_init_refuses_to_overwrite_without_force(tmp_path):
     assert str(out) in line and "--force" in line
     assert out.read_text() == "mine\n"
     assert invoke("init", "-o", out, "--force").exit_code == 0
-    assert load_config(out).target == DEMO_TARGET
+    assert load_config(out).models.target == DEMO_TARGET
 
 
 @pytest.mark.parametrize("case", ["target-only", "missing-folder", "bad-config", "bad-prompts", "no-parent"])

@@ -59,3 +59,44 @@ def test_docs_links_to_repo_files_resolve() -> None:
                 if not resolved.exists() or ROOT not in (resolved, *resolved.parents):
                     broken.append(f"{page.relative_to(ROOT)}:{n}: {target}")
     assert not broken, "docs links to missing files:\n" + "\n".join(broken)
+
+
+CODE_NAME = re.compile(
+    r"`((?:engine|autotune|profiles)(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)?)`"
+)
+FILE_NAME = re.compile(r"`((?:engine|autotune|profiles)/[\w/]+\.py): ([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)`")
+
+
+def _resolve(dotted: str) -> bool:
+    """Whether ``pkg.module.Name.attr`` (or ``pkg.module:Name``) names something in the code."""
+    import importlib
+
+    module_part, _, attr_part = dotted.partition(":")
+    parts = module_part.split(".")
+    attrs = attr_part.split(".") if attr_part else []
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in [*parts[cut:], *attrs]:
+            if hasattr(obj, name):
+                obj = getattr(obj, name)
+            elif isinstance(obj, type) and name in getattr(obj, "__dataclass_fields__", {}):
+                obj = None  # a dataclass field without a class-level default
+            else:
+                return False
+        return True
+    return False
+
+
+def test_every_code_name_in_the_docs_resolves() -> None:
+    """A dotted name in docs/ or README.md (``autotune.tune.run_tune``, ``engine/tree.py: DynamicTree``)
+    names a module, class, function or attribute that exists: renames must update the docs."""
+    stale = []
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            names = [m for m in CODE_NAME.findall(line) if not m.endswith(".py")]  # a file, not a name
+            names += [f"{path[:-3].replace('/', '.')}:{name}" for path, name in FILE_NAME.findall(line)]
+            stale += [f"{page.relative_to(ROOT)}:{n}: {name}" for name in names if not _resolve(name)]
+    assert not stale, "names in the docs that the code no longer has:\n" + "\n".join(stale)

@@ -29,7 +29,7 @@ __all__ = ["BACKENDS", "Backend", "TrialBudget", "open_backend", "run_levels"]
 
 def open_backend(ctx: Context) -> Backend:
     """The backend ``backend.name`` names, for a tuning context (a missing stack fails here, in seconds)."""
-    name = ctx.cfg.backend
+    name = ctx.cfg.backend.name
     if name == "engine":
         from autotune.backends.engine import EngineBackend
 

@@ -4,14 +4,16 @@ A backend (:class:`Backend`) runs one configuration (:class:`autotune.knobs.Knob
 level and returns a :class:`autotune.records.TrialResult`; the study, the re-measurement, the
 selection and the profile never ask which backend ran. :func:`run_levels` is the loop every
 backend shares: one level after the other under the trial's time limit
-(``budget.trial_timeout_s``), each level's metrics kept as a
-:class:`autotune.records.LevelMetrics`, the objectives aggregated over all levels.
+(``budget.trial_timeout_s``, or the tighter :data:`TRIAL_CUT` the study sets from the trials so
+far), each level's metrics kept as a :class:`autotune.records.LevelMetrics`, the objectives
+aggregated over all levels.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,6 +25,20 @@ from profiles.schema import MISSING
 LevelRun = Callable[[LoadLevel, "float | None"], Mapping[str, Any]]
 """Runs one load level within the seconds left of the trial (None: no limit) -> the run's metrics
 (``generated_tokens``, ``wall_s`` and the level keys of docs/metrics.md)."""
+
+
+@dataclass(frozen=True)
+class TrialCut:
+    """A limit tighter than ``budget.trial_timeout_s`` for the trial now running: ``seconds``, and
+    ``why`` for the message (e.g. ``"4x the 12.0 s expected from 5 finished trials"``)."""
+
+    seconds: float
+    why: str
+
+
+TRIAL_CUT: ContextVar[TrialCut | None] = ContextVar("trial_cut", default=None)
+"""Set by the study around one trial (:class:`autotune.disturbance.TrialGuard`); every backend's
+:func:`run_levels` reads it, so no backend knows about it."""
 
 
 @dataclass(frozen=True)
@@ -65,26 +81,31 @@ def run_levels(
 
     ``tokens_per_second`` is generated tokens / wall time over all levels, ``latency_ms`` the
     configured latency percentile at the worst level. ``budget.trial_timeout_s`` covers the whole
-    trial: each level gets what is left of it, read from ``clock``; a level that runs out raises
-    TimeoutError saying how many levels were done.
+    trial, or :data:`TRIAL_CUT` where it is set and tighter: each level gets what is left of it,
+    read from ``clock``; a level that runs out raises TimeoutError saying which limit and how many
+    levels were done.
     """
     per_level: dict[int, LevelMetrics] = {}
     tokens = wall = 0.0
-    levels = cfg.load_levels
+    levels = cfg.workload.load_levels
+    fixed, cut = cfg.budget.trial_timeout_s, TRIAL_CUT.get()
+    if cut is not None and fixed is not None and cut.seconds >= fixed:
+        cut = None
+    limit = fixed if cut is None else cut.seconds
     t0 = clock()
     for done, level in enumerate(levels):
-        left = None if cfg.trial_timeout_s is None else cfg.trial_timeout_s - (clock() - t0)
+        left = None if limit is None else limit - (clock() - t0)
         try:
             if left is not None and left <= 0:
                 raise TimeoutError
             metrics = run_level(level, left)
         except TimeoutError:  # the limit is the whole trial's, every load level included
-            raise TimeoutError(
-                f"trial exceeded trial_timeout_s={cfg.trial_timeout_s:g} s "
-                f"({done} of {len(levels)} load levels done)"
-            ) from None
+            levels_done = f"({done} of {len(levels)} load levels done)"
+            if cut is not None:
+                raise TimeoutError(f"trial cut after {cut.seconds:.0f} s, {cut.why} {levels_done}") from None
+            raise TimeoutError(f"trial exceeded trial_timeout_s={fixed:g} s {levels_done}") from None
         per_level[level.batch_key(max_batch_size)] = LevelMetrics.from_metrics(metrics)
         tokens += metrics["generated_tokens"]
         wall += metrics["wall_s"]
-    worst = max(getattr(lv, cfg.latency) or 0.0 for lv in per_level.values())
+    worst = max(getattr(lv, cfg.objectives.latency) or 0.0 for lv in per_level.values())
     return TrialResult(tokens / wall, worst, per_level, startup_s=startup_s)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from autotune.backends.base import TrialBudget, run_levels
 from autotune.config import LoadLevel
@@ -17,6 +17,12 @@ from autotune.context import Context
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
 from autotune.runner import LoadSpec, run_load
+
+
+class _NgramWindow(TypedDict, total=False):
+    """run_load's ``ngram`` keyword, passed to the drafters that look up n-grams only."""
+
+    ngram: tuple[int, int]
 
 
 class EngineBackend:
@@ -31,19 +37,23 @@ class EngineBackend:
         self.cfg = ctx.cfg
 
     def budget(self) -> TrialBudget:
-        return TrialBudget(self.cfg.n_trials, self.cfg.timeout_s, "budget")
+        return TrialBudget(self.cfg.budget.n_trials, self.cfg.budget.timeout_s, "budget")
 
     def run(self, knobs: Knobs, seed: int, clock: Callable[[], float] = time.perf_counter) -> TrialResult:
         cfg, ctx = self.cfg, self.ctx
         spec = knobs.spec_config()
-        ngram = {"ngram": (cfg.ngram_min, cfg.ngram_max)} if knobs.drafter in ("ngram", "hybrid") else {}
+        ngram: _NgramWindow = (
+            {"ngram": (cfg.search.ngram_min, cfg.search.ngram_max)}
+            if knobs.drafter in ("ngram", "hybrid")
+            else {}
+        )
 
         def run_level(level: LoadLevel, left: float | None) -> Mapping[str, Any]:
             load = LoadSpec(
                 max_batch_size=knobs.max_batch_size,
                 concurrency=level.concurrency,
                 rate=level.rate,
-                num_requests=cfg.num_requests,
+                num_requests=cfg.workload.num_requests,
             )
             return run_load(
                 ctx.pair, ctx.requests, spec, knobs.drafter, load, seed, time_limit_s=left, **ngram

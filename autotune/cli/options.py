@@ -30,7 +30,11 @@ COMPILE_OPTION = click.option(
 
 def with_compile(cfg, compile_flag: bool | None):
     """``cfg`` with ``--compile/--no-compile`` applied over ``models.compile`` (unchanged when not given)."""
-    return cfg if compile_flag is None else cfg.with_overrides(compile="true" if compile_flag else "false")
+    return (
+        cfg
+        if compile_flag is None
+        else cfg.with_overrides({"models.compile": "true" if compile_flag else "false"})
+    )
 
 
 def print_json(obj: object) -> None:

@@ -15,8 +15,8 @@ import click
 
 from autotune.cli.options import CONFIG_OPTION, STORAGE_OPTION, print_json
 from autotune.cli.render import render_profile_list, render_show
-from autotune.config import EXPORT_FORMATS
 from profiles.errors import ProfileError
+from profiles.exporters import FORMATS as EXPORT_FORMATS
 from profiles.schema import Profile
 
 
@@ -24,7 +24,7 @@ def _open_store(config_path: Path, storage: str | None):
     from autotune.config import load_config
     from profiles.store import Store
 
-    url = storage or load_config(config_path).storage
+    url = storage or load_config(config_path).storage.url
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         db = Path(url[len("sqlite:///") :])
         if not db.is_file():
@@ -43,9 +43,9 @@ def _resolve(store, ref: str, config_path: Path) -> Profile:
 
     cfg = load_config(config_path)
     check_device(cfg)  # a device this host lacks is one line, not fingerprint's RuntimeError
-    fp = fingerprint(cfg.device, cfg.dtype)
-    draft_hash = hash_folder(cfg.draft) if "model" in cfg.drafters and cfg.draft else None
-    found = store.current_profile(fp["key"], hash_folder(cfg.target), draft_hash)
+    fp = fingerprint(cfg.models.device, cfg.models.dtype)
+    draft_hash = hash_folder(cfg.models.draft) if "model" in cfg.search.drafter and cfg.models.draft else None
+    found = store.current_profile(fp["key"], hash_folder(cfg.models.target), draft_hash)
     if found is None:
         raise ProfileError(
             f"no profile yet for this host ({fp['label']}) and the pair in {config_path}; run `autotune tune`"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -11,6 +12,14 @@ from autotune.cli.render import render_profile, render_tune
 from autotune.config import BACKENDS
 from autotune.records import Measurement
 from profiles.schema import Profile
+
+
+def _from_here(url: str) -> str:
+    """A relative SQLite path given on the command line is relative to the working folder (tune.yaml's
+    own storage.url is relative to the file)."""
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
+        return "sqlite:///" + str(Path(url[len("sqlite:///") :]).resolve())
+    return url
 
 
 @click.command()
@@ -80,23 +89,24 @@ def tune(
     from autotune.tune import Interrupted, run_tune
 
     cfg = with_compile(load_config(config_path), compile_flag)
-    backend = backend or cfg.backend
+    backend = backend or cfg.backend.name
     server = backend != "engine"
+    section = "backend" if server else "budget"  # a serving stack's trials are server starts
     overrides = {
         k: v
         for k, v in {
-            "server_trials" if server else "n_trials": trials,
-            "server_timeout_s" if server else "timeout_s": timeout,
-            "study_name": study_name,
-            "backend": backend,
+            f"{section}.n_trials": trials,
+            f"{section}.timeout_s": timeout,
+            "storage.study_name": study_name,
+            "backend.name": backend,
         }.items()
         if v is not None
     }
     if storage is not None:
         if "://" not in storage:
             raise click.BadParameter(f"not an SQLAlchemy URL: {storage!r}", param_hint="--storage")
-        overrides["storage"] = storage
-    cfg = cfg.with_overrides(**overrides)
+        overrides["storage.url"] = _from_here(storage)
+    cfg = cfg.with_overrides(overrides)
     try:
         prof = run_tune(cfg, resume=resume, reprofile=reprofile, say=say_err, strict=strict)
     except Interrupted as exc:

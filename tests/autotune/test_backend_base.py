@@ -8,14 +8,22 @@ from pathlib import Path
 import pytest
 
 from autotune.backends.base import run_levels
-from autotune.config import LoadLevel, TuneConfig
+from autotune.config import LoadLevel, ModelsConfig, SearchConfig, TuneConfig, WorkloadConfig
 
-CFG = TuneConfig(target=Path("t"), draft=None, device="cpu", concurrency=(1, 2))
+CFG = TuneConfig(
+    ModelsConfig(Path("t"), device="cpu"),
+    WorkloadConfig(Path("p"), concurrency=(1, 2)),
+    SearchConfig(drafter=("ngram",)),
+)
+
+
+def with_budget(**changes) -> TuneConfig:
+    return dataclasses.replace(CFG, budget=dataclasses.replace(CFG.budget, **changes))
 
 
 def test_trial_timeout_covers_the_whole_trial_not_each_load_level() -> None:
     """Each load level gets what is left of budget.trial_timeout_s (a fake clock: 0.2 s per level)."""
-    cfg = dataclasses.replace(CFG, trial_timeout_s=0.3)
+    cfg = with_budget(trial_timeout_s=0.3)
     now = [0.0]
     limits = []
 
@@ -24,7 +32,7 @@ def test_trial_timeout_covers_the_whole_trial_not_each_load_level() -> None:
         now[0] += 0.2
         if left is not None and left < 0.2:
             raise TimeoutError(f"run exceeded its time limit of {left:g} s")
-        return {"generated_tokens": 4, "wall_s": 0.2, cfg.latency: 1.0}
+        return {"generated_tokens": 4, "wall_s": 0.2, cfg.objectives.latency: 1.0}
 
     with pytest.raises(
         TimeoutError, match=r"trial exceeded trial_timeout_s=0.3 s \(1 of 2 load levels done\)"
@@ -34,14 +42,14 @@ def test_trial_timeout_covers_the_whole_trial_not_each_load_level() -> None:
 
 
 def test_a_spent_trial_budget_stops_before_the_next_level() -> None:
-    cfg = dataclasses.replace(CFG, trial_timeout_s=0.2)
+    cfg = with_budget(trial_timeout_s=0.2)
     now = [0.0]
     calls = []
 
     def level(level: LoadLevel, left: float | None) -> dict:  # noqa: ARG001
         calls.append(left)
         now[0] += 0.25  # the level finished, but past the whole trial's budget
-        return {"generated_tokens": 4, "wall_s": 0.25, cfg.latency: 1.0}
+        return {"generated_tokens": 4, "wall_s": 0.25, cfg.objectives.latency: 1.0}
 
     with pytest.raises(TimeoutError, match=r"\(1 of 2 load levels done\)"):
         run_levels(cfg, 2, level, clock=lambda: now[0])
@@ -66,5 +74,7 @@ def test_levels_are_keyed_by_batch_size_and_aggregated_over_all_levels() -> None
     assert seen == [LoadLevel(concurrency=1), LoadLevel(concurrency=2)]
     assert sorted(result.per_level) == [1, 2]
     assert result.tokens_per_second == pytest.approx((20 + 30) / 2.0) and result.latency_ms == 15.0
-    rate = run_levels(dataclasses.replace(CFG, rate=3.0), 4, level)
+    rate = run_levels(
+        dataclasses.replace(CFG, workload=dataclasses.replace(CFG.workload, rate=3.0)), 4, level
+    )
     assert list(rate.per_level) == [4]

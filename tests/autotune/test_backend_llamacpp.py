@@ -54,8 +54,11 @@ def make_cfg(tmp_path: Path, tiny_pair_dirs, home: Path, **search):
     }
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
     cfg = load_config(tmp_path / "tune.yaml")
-    for folder in (cfg.target, cfg.draft):  # pre-converted: the cache is used, no converter needed
-        path = gguf.gguf_path(folder, cfg.llamacpp)
+    for folder in (
+        cfg.models.target,
+        cfg.models.draft,
+    ):  # pre-converted: the cache is used, no converter needed
+        path = gguf.gguf_path(folder, cfg.backend.llamacpp)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"GGUF")
     return cfg
@@ -133,9 +136,9 @@ def test_a_failed_conversion_is_one_line_and_leaves_no_file(tmp_path, tiny_pair_
     (folder / "config.json").write_text("{}")
     (folder / "model.safetensors").write_bytes(b"0")
     with pytest.raises(ConfigError, match=r"^models.target: llama.cpp's converter failed on .*model: "):
-        gguf.ensure(folder, cfg.llamacpp, "models.target")
-    assert not gguf.gguf_path(folder, cfg.llamacpp).exists()
-    assert not list(gguf.gguf_path(folder, cfg.llamacpp).parent.glob(".*.tmp"))
+        gguf.ensure(folder, cfg.backend.llamacpp, "models.target")
+    assert not gguf.gguf_path(folder, cfg.backend.llamacpp).exists()
+    assert not list(gguf.gguf_path(folder, cfg.backend.llamacpp).parent.glob(".*.tmp"))
 
 
 def test_missing_llama_server_is_a_one_line_config_error(tmp_path, tiny_pair_dirs) -> None:

@@ -21,6 +21,7 @@ from autotune.backends import llamacpp
 from autotune.backends.openai_load import run_http_load
 from autotune.config import LlamacppConfig, load_config
 from autotune.errors import ConfigError
+from autotune.knobs import Knobs
 from autotune.tune import run_tune
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import generate
@@ -82,11 +83,7 @@ def test_llama_server_speculative_greedy_output_equals_the_engines(tmp_path: Pat
     backend = llamacpp.LlamacppBackend(ctx)
     requests = ctx.requests[:4]
     try:
-        server = backend.server_for(
-            backend.command(
-                {"drafter": "model", "gamma": 3, "confidence_threshold": 0.0, "max_batch_size": 2}
-            )
-        )
+        server = backend.server_for(backend.command(Knobs("model", 3, 0.0, max_batch_size=2)))
         run = run_http_load(backend.endpoint(server), requests, len(requests), concurrency=2)
         theirs = []
         for r in requests:  # the OpenAI stream carries text only; the native endpoint returns the ids

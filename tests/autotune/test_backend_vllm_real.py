@@ -18,6 +18,7 @@ import yaml
 from autotune.backends import vllm as vllm_backend
 from autotune.backends.openai_load import run_http_load
 from autotune.config import load_config
+from autotune.knobs import Knobs
 from autotune.tune import run_tune
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import generate
@@ -117,9 +118,7 @@ def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output
     ctx = context.build(cfg)
     requests = ctx.requests[:4]
     backend = vllm_backend.VllmBackend(ctx)
-    inputs = vllm_backend.trial_inputs(
-        cfg, ctx.fingerprint, {"drafter": "model", "gamma": 3, "max_batch_size": 2}
-    )
+    inputs = vllm_backend.trial_inputs(cfg, ctx.fingerprint, Knobs("model", 3, max_batch_size=2))
     try:
         server = backend.server_for(vllm_backend.serve_command(backend.python, cfg, inputs))
         run = run_http_load(backend.endpoint(server), requests, len(requests), concurrency=2)

@@ -106,8 +106,12 @@ def test_trial_flags_are_the_exporters_flags(tmp_path, tiny_pair_dirs) -> None:
             "tool_version": "0",
             "created_at": "2026-11-30T00:00:00+00:00",
             "device": fp,
-            "pair": {"target": str(cfg.target), "draft": str(cfg.draft)},
-            "chosen": {**params, "prompt_lookup_min": cfg.ngram_min, "prompt_lookup_max": cfg.ngram_max},
+            "pair": {"target": str(cfg.models.target), "draft": str(cfg.models.draft)},
+            "chosen": {
+                **params,
+                "prompt_lookup_min": cfg.search.ngram_min,
+                "prompt_lookup_max": cfg.search.ngram_max,
+            },
             "schedule": [{"batch_size": 2, "gamma": params["gamma"]}],
         }
         exported = export(profile, "vllm")
@@ -409,8 +413,8 @@ def test_tune_on_a_server_backend_end_to_end(tune_config, fake_vllm, tmp_path) -
     assert profile["study"]["name"].endswith("-vllm") and profile["study"]["n_trials"] == 2
     assert all(t["params"]["confidence_threshold"] == 0.0 for t in profile["trials"])
     assert any("server start" in line for line in said)
-    assert [r["backend"] for r in Store(cfg.storage).list_profiles()] == ["vllm"]
-    exported = json.loads((cfg.export_dir / "vllm-speculative-config.json").read_text())
+    assert [r["backend"] for r in Store(cfg.storage.url).list_profiles()] == ["vllm"]
+    exported = json.loads((cfg.export.dir / "vllm-speculative-config.json").read_text())
     top = max(e["gamma"] for e in profile["schedule"])
     assert (exported is None) == (top == 0) and (
         exported is None or exported["num_speculative_tokens"] == top

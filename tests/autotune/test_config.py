@@ -62,8 +62,12 @@ def test_a_copy_of_the_bundled_tune_yaml_works_from_any_folder(tmp_path, monkeyp
 
     cfg = load_config(copied)
 
-    assert (cfg.target, cfg.draft, cfg.prompts) == (DEMO_TARGET, DEMO_DRAFT, DEMO_PROMPTS)
-    assert cfg.storage == f"sqlite:///{copied.parent.resolve() / 'autotune.db'}"
+    assert (cfg.models.target, cfg.models.draft, cfg.workload.prompts) == (
+        DEMO_TARGET,
+        DEMO_DRAFT,
+        DEMO_PROMPTS,
+    )
+    assert cfg.storage.url == f"sqlite:///{copied.parent.resolve() / 'autotune.db'}"
 
 
 def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dirs, tiny_prompts) -> None:
@@ -77,33 +81,46 @@ def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dir
 
     cfg = load_config(path)
 
-    assert (cfg.target, cfg.draft, cfg.prompts) == (target, draft, tiny_prompts)
-    assert (cfg.device, cfg.dtype) == ("auto", "float32")
-    assert (cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p) == (48, 0.0, 0, 1.0)
-    assert cfg.concurrency == (1, 4) and cfg.rate is None and cfg.batch_sizes == (1, 4)
-    assert cfg.num_requests == 6 and cfg.truncate_prompts is False
-    assert cfg.drafters == ("model",)
-    assert cfg.gamma == Range(0, 8) and not cfg.gamma.fixed
-    assert cfg.confidence_threshold == Range(0.0, 0.5)
-    assert cfg.gamma_policies == ("constant", "heuristic")
-    assert cfg.max_batch_size == (4,)
-    assert cfg.search_gamma_cap == "auto" and (cfg.ngram_min, cfg.ngram_max) == (2, 4)
-    assert cfg.latency == "tpot_ms_p95" and cfg.slo == {}
-    assert (cfg.n_trials, cfg.timeout_s, cfg.seed, cfg.remeasure_top, cfg.repeats) == (14, None, 0, 2, 3)
-    assert cfg.storage == f"sqlite:///{tmp_path.resolve() / 'autotune.db'}"
-    assert cfg.study_name is None
-    assert cfg.export_formats == EXPORT_FORMATS
-    assert cfg.export_dir == tmp_path.resolve() / "exports"
-    assert cfg.profile_gamma_max == 8
+    assert (cfg.models.target, cfg.models.draft, cfg.workload.prompts) == (target, draft, tiny_prompts)
+    assert (cfg.models.device, cfg.models.dtype) == ("auto", "float32")
+    assert (
+        cfg.workload.max_new_tokens,
+        cfg.workload.temperature,
+        cfg.workload.top_k,
+        cfg.workload.top_p,
+    ) == (48, 0.0, 0, 1.0)
+    assert cfg.workload.concurrency == (1, 4) and cfg.workload.rate is None and cfg.batch_sizes == (1, 4)
+    assert cfg.workload.num_requests == 6 and cfg.workload.truncate_prompts is False
+    assert cfg.search.drafter == ("model",)
+    assert cfg.search.gamma == Range(0, 8) and not cfg.search.gamma.fixed
+    assert cfg.search.confidence_threshold == Range(0.0, 0.5)
+    assert cfg.search.gamma_schedule == ("constant", "heuristic")
+    assert cfg.search.max_batch_size == (4,)
+    assert cfg.search.gamma_cap == "auto" and (cfg.search.ngram_min, cfg.search.ngram_max) == (2, 4)
+    assert cfg.objectives.latency == "tpot_ms_p95" and cfg.objectives.slo == {}
+    assert (
+        cfg.budget.n_trials,
+        cfg.budget.timeout_s,
+        cfg.budget.seed,
+        cfg.budget.remeasure_top,
+        cfg.budget.repeats,
+    ) == (14, None, 0, 2, 3)
+    assert cfg.storage.url == f"sqlite:///{tmp_path.resolve() / 'autotune.db'}"
+    assert cfg.storage.study_name is None
+    assert cfg.export.formats == EXPORT_FORMATS
+    assert cfg.export.dir == tmp_path.resolve() / "exports"
+    assert cfg.profile.gamma_max == 8
     assert cfg.source == path
 
 
 def test_minimal_config_gets_defaults(tmp_path) -> None:
     cfg = parse(_base_raw(tmp_path), tmp_path)
-    assert cfg.target == tmp_path / "target" and cfg.draft == tmp_path / "draft"
-    assert cfg.concurrency == (1, 4) and cfg.max_batch_size == (4,)  # default: the largest load level
-    assert cfg.gamma == Range(0, 8) and cfg.profile_gamma_max == 8
-    assert cfg.export_formats == ()
+    assert cfg.models.target == tmp_path / "target" and cfg.models.draft == tmp_path / "draft"
+    assert cfg.workload.concurrency == (1, 4) and cfg.search.max_batch_size == (
+        4,
+    )  # default: the largest load level
+    assert cfg.search.gamma == Range(0, 8) and cfg.profile.gamma_max == 8
+    assert cfg.export.formats == ()
 
 
 def test_relative_sqlite_url_resolves_against_the_config_folder(tmp_path, monkeypatch) -> None:
@@ -118,26 +135,26 @@ def test_relative_sqlite_url_resolves_against_the_config_folder(tmp_path, monkey
 
     cfg = load_config(path)
 
-    assert cfg.storage == f"sqlite:///{folder.resolve() / 'db' / 'tune.db'}"
-    assert cfg.target == folder.resolve() / "target"
+    assert cfg.storage.url == f"sqlite:///{folder.resolve() / 'db' / 'tune.db'}"
+    assert cfg.models.target == folder.resolve() / "target"
 
 
 @pytest.mark.parametrize("url", ["sqlite:////abs/tune.db", "sqlite:///:memory:", "postgresql://u@h/db"])
 def test_absolute_and_non_file_urls_are_kept(tmp_path, url) -> None:
-    assert parse(_set(_base_raw(tmp_path), "storage.url", url), tmp_path).storage == url
+    assert parse(_set(_base_raw(tmp_path), "storage.url", url), tmp_path).storage.url == url
 
 
 def test_scalar_knob_fixes_the_range(tmp_path) -> None:
     raw = _set(_set(_base_raw(tmp_path), "search.gamma", 3), "search.confidence_threshold", 0.25)
     cfg = parse(raw, tmp_path)
-    assert cfg.gamma == Range(3, 3) and cfg.gamma.fixed
-    assert cfg.confidence_threshold == Range(0.25, 0.25)
+    assert cfg.search.gamma == Range(3, 3) and cfg.search.gamma.fixed
+    assert cfg.search.confidence_threshold == Range(0.25, 0.25)
 
 
 def test_rate_makes_one_batch_size_level(tmp_path) -> None:
     raw = _set(_set(_base_raw(tmp_path), "workload.rate", 2.5), "search.max_batch_size", [2, 8])
     cfg = parse(raw, tmp_path)
-    assert cfg.rate == 2.5 and cfg.batch_sizes == (8,)
+    assert cfg.workload.rate == 2.5 and cfg.batch_sizes == (8,)
 
 
 # ------------------------------------------------------------------------------------------
@@ -246,7 +263,7 @@ def test_gamma_high_below_low_message_is_exact(tmp_path) -> None:
 def test_device_must_be_cuda_with_an_index(tmp_path) -> None:
     """The documented form is ``cuda[:N]``: ``cuda:x`` or ``cudafoo`` must not get past validation."""
     for device in ("cuda", "cuda:0", "cuda:1", "cpu", "auto"):
-        assert parse(_set(_base_raw(tmp_path), "models.device", device), tmp_path).device == device
+        assert parse(_set(_base_raw(tmp_path), "models.device", device), tmp_path).models.device == device
     for device in ("cuda:x", "cudafoo"):
         with pytest.raises(ConfigError, match=r"^models\.device: "):
             parse(_set(_base_raw(tmp_path), "models.device", device), tmp_path)

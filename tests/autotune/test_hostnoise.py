@@ -78,7 +78,7 @@ def test_strict_refuses_to_store_a_profile_from_a_busy_host(tune_config, monkeyp
     monkeypatch.setattr(hostnoise, "measure", lambda: next(calls))
     with pytest.raises(BusyHostError, match="--strict: busy host after the study"):
         run_tune(cfg, say=lambda _: None, strict=True, backend_for=SYNTHETIC)
-    assert Store(cfg.storage).list_profiles() == []
+    assert Store(cfg.storage.url).list_profiles() == []
 
 
 def test_quiet_host_with_strict_stores(tune_config, monkeypatch) -> None:

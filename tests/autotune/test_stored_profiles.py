@@ -24,7 +24,7 @@ def test_every_stored_profile_round_trips_through_the_typed_profile(tune_config,
     for trials in ("3", "2"):
         result = CliRunner().invoke(main, ["tune", "--config", str(config), "--trials", trials])
         assert result.exit_code == 0, result.output
-    with Store(cfg.storage) as store:
+    with Store(cfg.storage.url) as store:
         ids = [row["id"] for row in store.list_profiles()]
         assert sorted(ids) == [1, 2]
         for pid in ids:
@@ -35,8 +35,8 @@ def test_every_stored_profile_round_trips_through_the_typed_profile(tune_config,
             assert store.load_profile(pid) == typed and typed.id == pid
             assert typed.device["kind"] == "cpu" and "software" in typed.device  # hardware.fingerprint's own
             show = CliRunner().invoke(
-                main, ["profiles", "show", str(pid), "--storage", cfg.storage, "--json"]
+                main, ["profiles", "show", str(pid), "--storage", cfg.storage.url, "--json"]
             )
             assert show.exit_code == 0 and show.stdout == json.dumps(stored, indent=2, default=str) + "\n"
-            show = CliRunner().invoke(main, ["profiles", "show", str(pid), "--storage", cfg.storage])
+            show = CliRunner().invoke(main, ["profiles", "show", str(pid), "--storage", cfg.storage.url])
             assert show.exit_code == 0 and show.stdout == render_show(typed) + "\n"

@@ -11,24 +11,28 @@ from pathlib import Path
 import optuna
 
 from autotune import study as study_mod
-from autotune.config import Range, TuneConfig
+from autotune.config import ModelsConfig, Range, SearchConfig, TuneConfig, WorkloadConfig
 from autotune.knobs import Knobs
 
 CFG = TuneConfig(
-    target=Path("t"),
-    draft=None,
-    device="cpu",
-    concurrency=(1, 2),
-    gamma=Range(0, 8),
-    drafters=("model", "none"),
-    gamma_policies=("constant", "heuristic"),
-    max_batch_size=(2, 4),
+    ModelsConfig(Path("t"), Path("d"), device="cpu"),
+    WorkloadConfig(Path("p"), concurrency=(1, 2)),
+    SearchConfig(
+        drafter=("model", "none"),
+        gamma=Range(0, 8),
+        gamma_schedule=("constant", "heuristic"),
+        max_batch_size=(2, 4),
+    ),
 )
+
+
+def with_search(**changes) -> TuneConfig:
+    return dataclasses.replace(CFG, search=dataclasses.replace(CFG.search, **changes))
 
 
 def test_space_json_keeps_the_stored_profile_keys() -> None:
     """The profile's ``study.space`` predates the field names: ``schedules`` and ``gamma_cap``."""
-    space = study_mod.shape_space(dataclasses.replace(CFG, search_gamma_cap=5), measurement={})
+    space = study_mod.shape_space(with_search(gamma_cap=5), measurement={})
     assert space.to_json() == {
         "drafters": ("model", "none"),
         "gamma_low": 0,
@@ -43,7 +47,7 @@ def test_space_json_keeps_the_stored_profile_keys() -> None:
 
 def test_search_gamma_cap_off_keeps_the_configured_range_and_fixed_knobs_pin() -> None:
     space = study_mod.shape_space(
-        dataclasses.replace(CFG, search_gamma_cap="off"),
+        with_search(gamma_cap="off"),
         measurement={},
         fixed={"confidence_threshold": 0.0, "gamma_schedule": "constant"},
     )
@@ -53,7 +57,7 @@ def test_search_gamma_cap_off_keeps_the_configured_range_and_fixed_knobs_pin() -
 
 
 def test_drafter_none_forces_gamma_zero_and_clip_stays_inside_the_space() -> None:
-    space = study_mod.shape_space(dataclasses.replace(CFG, search_gamma_cap=3), measurement={})
+    space = study_mod.shape_space(with_search(gamma_cap=3), measurement={})
     trial = optuna.trial.FixedTrial(
         {
             "drafter": "none",

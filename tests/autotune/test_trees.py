@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 from autotune import study as study_mod
-from autotune.config import Range, TuneConfig, parse
+from autotune.config import ModelsConfig, Range, SearchConfig, TuneConfig, WorkloadConfig, parse
 from autotune.costmodel import Curves, best_tree, predict_tree, tree_expected_tokens
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
@@ -40,7 +40,7 @@ def _raw(root: Path, **search) -> dict:
 
 def test_tree_topk_defaults_to_the_chain_only(tmp_path) -> None:
     cfg = parse(_raw(tmp_path), tmp_path)
-    assert cfg.tree_shapes == ((),) and not cfg.trees_searched
+    assert cfg.search.tree_topk == ((),) and not cfg.trees_searched
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_tree_topk_defaults_to_the_chain_only(tmp_path) -> None:
     ],
 )
 def test_tree_topk_values(tmp_path, value, shapes) -> None:
-    assert parse(_raw(tmp_path, tree_topk=value), tmp_path).tree_shapes == shapes
+    assert parse(_raw(tmp_path, tree_topk=value), tmp_path).search.tree_topk == shapes
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_bad_tree_values_are_one_line_config_errors(tmp_path, search, message) -
 
 
 def test_hybrid_is_accepted_next_to_model(tmp_path) -> None:
-    assert parse(_raw(tmp_path, drafter=["model", "hybrid"]), tmp_path).drafters == ("model", "hybrid")
+    assert parse(_raw(tmp_path, drafter=["model", "hybrid"]), tmp_path).search.drafter == ("model", "hybrid")
 
 
 def test_bad_tree_value_exits_2_via_the_cli(tmp_path) -> None:
@@ -125,7 +125,7 @@ def test_trees_and_hybrid_with_a_serving_stack_backend_exit_2_before_anything_ru
     import autotune.context as ctx_mod
     from autotune.cli import main
 
-    monkeypatch.setattr(ctx_mod, "build", lambda cfg: pytest.fail("loaded models before refusing"))
+    monkeypatch.setattr(ctx_mod, "build", lambda cfg, say=None: pytest.fail("loaded models before refusing"))
     path = tmp_path / "tune.yaml"
     path.write_text(json.dumps(_raw(tmp_path, tree_topk=["chain", "2x3/4"])))
     result = CliRunner().invoke(main, ["tune", "--config", str(path), "--backend", backend])
@@ -139,28 +139,30 @@ def test_trees_and_hybrid_with_a_serving_stack_backend_exit_2_before_anything_ru
     path.write_text(
         json.dumps(_raw(tmp_path, tree_topk=["chain"], drafter=["model", "ngram"]))
     )  # what stacks take
-    monkeypatch.setattr(ctx_mod, "build", lambda cfg: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(ctx_mod, "build", lambda cfg, say=None: (_ for _ in ()).throw(KeyboardInterrupt))
     assert CliRunner().invoke(main, ["tune", "--config", str(path), "--backend", backend]).exit_code == 130
 
 
 # --- the space -----------------------------------------------------------------------------------
 
 CFG = TuneConfig(
-    target=Path("t"),
-    draft=None,
-    device="cpu",
-    concurrency=(1, 2),
-    gamma=Range(0, 4),
-    drafters=("model", "ngram"),
-    gamma_policies=("constant", "heuristic"),
-    max_batch_size=(2,),
-    tree_shapes=((), (2, 1)),
-    search_gamma_cap="off",
+    ModelsConfig(Path("t"), Path("d"), device="cpu"),
+    WorkloadConfig(Path("p"), concurrency=(1, 2)),
+    SearchConfig(
+        drafter=("model", "ngram"),
+        gamma=Range(0, 4),
+        gamma_schedule=("constant", "heuristic"),
+        max_batch_size=(2,),
+        tree_topk=((), (2, 1)),
+        gamma_cap="off",
+    ),
 )
 
 
 def test_without_trees_the_space_and_params_are_unchanged() -> None:
-    space = study_mod.shape_space(dataclasses.replace(CFG, tree_shapes=((),)), measurement={})
+    space = study_mod.shape_space(
+        dataclasses.replace(CFG, search=dataclasses.replace(CFG.search, tree_topk=((),))), measurement={}
+    )
     assert "tree_topk" not in space.to_json() and "tree_topk" not in space.searched()
     k = space.suggest(
         optuna.trial.FixedTrial(
@@ -254,14 +256,14 @@ def test_extend_for_trees_measures_only_what_is_missing(tiny_pair_dirs, tune_con
     try:
         measurement, reused = context.ensure_profile(ctx)
         assert reused and "tree_ranks" not in measurement["acceptance"]
-        extended = profiler.extend_for_trees(ctx.pair, ctx.requests, measurement, cfg.tree_shapes)
+        extended = profiler.extend_for_trees(ctx.pair, ctx.requests, measurement, cfg.search.tree_topk)
         for b, row in extended["curves"]["t_verify"].items():
             assert sorted(map(int, row)) == [1, 2, 3, 4, 5], b  # gamma_max 2 -> 3; the tree's 4 nodes -> 5
             for k in ("1", "2", "3"):
                 assert row[k] == measurement["curves"]["t_verify"][b][k]  # nothing measured changes
         ranks = extended["acceptance"]["tree_ranks"]
         assert ranks and all(0 <= r <= 16 for seq in ranks for r in seq)
-        assert profiler.extend_for_trees(ctx.pair, ctx.requests, extended, cfg.tree_shapes) is None
+        assert profiler.extend_for_trees(ctx.pair, ctx.requests, extended, cfg.search.tree_topk) is None
         warm = study_mod.warm_starts(ctx, study_mod.shape_space(cfg, extended), extended, None)
         labels = [label for label, _ in warm]
         assert any(label.startswith("cost model best tree at batch") for label in labels)
@@ -330,7 +332,7 @@ def test_real_study_searches_trees_and_stores_the_shape(tune_config) -> None:
         t["params"]["gamma"] == 2 and t["params"]["confidence_threshold"] == 0.0 for t in trees
     )
     assert profile["chosen"]["tree_topk"] in ("chain", "2,1")
-    with Store(cfg.storage) as store:
+    with Store(cfg.storage.url) as store:
         assert store.get_profile(profile["id"])["chosen"] == profile["chosen"]
 
 
@@ -338,7 +340,7 @@ def _tree_wins(cfg, knobs: Knobs, seed: int) -> TrialResult:  # noqa: ARG001 - a
     """Deterministic stand-in: the 2,1 tree is the fastest configuration at every level."""
     g = knobs.gamma
     per_level = {}
-    for c in cfg.concurrency:
+    for c in cfg.workload.concurrency:
         tps = 100.0 * c + 10.0 * g + (50.0 if knobs.is_tree else 0.0) - 5.0 * knobs.confidence_threshold
         per_level[c] = {
             "tokens_per_second": tps,
@@ -365,13 +367,15 @@ def test_a_chosen_tree_is_stored_and_exported(tune_config, tmp_path) -> None:
         "gamma_schedule",
         "max_batch_size",
     ]
-    assert all(e["gamma"] <= cfg.gamma.high for e in profile["schedule"])  # the schedule is a chain table
+    assert all(
+        e["gamma"] <= cfg.search.gamma.high for e in profile["schedule"]
+    )  # the schedule is a chain table
     assert profile["predicted_vs_measured"][0]["tree_topk"] == "2,1"
-    sglang = Path(cfg.export_dir, "sglang-args.sh").read_text()
+    sglang = Path(cfg.export.dir, "sglang-args.sh").read_text()
     assert "--speculative-eagle-topk 2" in sglang and "--speculative-num-draft-tokens 5" in sglang
-    vllm = json.loads(Path(cfg.export_dir, "vllm-speculative-config.json").read_text())
+    vllm = json.loads(Path(cfg.export.dir, "vllm-speculative-config.json").read_text())
     assert vllm["method"] == "draft_model"
-    meta = json.loads(Path(cfg.export_dir, "vllm-speculative-config.json.meta.json").read_text())
+    meta = json.loads(Path(cfg.export.dir, "vllm-speculative-config.json.meta.json").read_text())
     assert any("token tree 2,1" in n and "best measured chain" in n for n in meta["notes"])
     assert "token tree 2,1" in export(profile, "trtllm").text.replace("\n#   ", " ")
 
@@ -400,7 +404,7 @@ def test_a_chosen_dynamic_tree_is_stored_exported_and_not_predicted(tune_config)
     profile = run_tune(cfg, say=lambda s: None, backend_for=backend_of(_tree_wins))
     assert profile["chosen"]["tree_topk"] == "2x2/4" and profile["chosen"]["gamma"] == 2
     assert profile["predicted_vs_measured"] == []
-    sglang = Path(cfg.export_dir, "sglang-args.sh").read_text()
+    sglang = Path(cfg.export.dir, "sglang-args.sh").read_text()
     assert "--speculative-num-steps 2" in sglang and "--speculative-eagle-topk 2" in sglang
     assert "--speculative-num-draft-tokens 5" in sglang
 
@@ -415,7 +419,11 @@ def test_the_engine_backend_passes_the_tree_and_the_ngram_window_to_the_engine(m
         return SimpleNamespace(metrics={"generated_tokens": 4, "wall_s": 0.2, "tpot_ms_p95": 1.0})
 
     monkeypatch.setattr(engine_backend, "run_load", run_load)
-    cfg = dataclasses.replace(CFG, concurrency=(1,), trial_timeout_s=None)
+    cfg = dataclasses.replace(
+        CFG,
+        workload=dataclasses.replace(CFG.workload, concurrency=(1,)),
+        budget=dataclasses.replace(CFG.budget, trial_timeout_s=None),
+    )
     backend = engine_backend.EngineBackend(SimpleNamespace(cfg=cfg, pair=None, requests=[]))
     backend.run(Knobs("model", 2, max_batch_size=2, tree=(2, 1)), 0)
     assert seen["spec"].tree_topk == (2, 1) and seen["spec"].gamma == 2 and seen["kw"] == {}

@@ -44,7 +44,7 @@ def test_run_tune_end_to_end_stores_profile_and_writes_exports(tune_config, tmp_
     profile = run_tune(cfg, say=lines.append)
 
     assert any("reused stored measurement" in line for line in lines)
-    with Store(cfg.storage) as store:
+    with Store(cfg.storage.url) as store:
         stored = store.get_profile(profile["id"])
     for key in ("chosen", "schedule", "pareto_front", "metrics", "baseline", "classification", "curves"):
         assert stored[key] == profile[key], key
@@ -104,7 +104,7 @@ def test_run_tune_end_to_end_stores_profile_and_writes_exports(tune_config, tmp_
     assert sorted(int(b) for b in stored["metrics"]["per_level"]) == [1, 2]
     assert stored["metrics"]["speedup"] > 0
 
-    study = optuna.load_study(study_name=stored["study"]["name"], storage=cfg.storage)
+    study = optuna.load_study(study_name=stored["study"]["name"], storage=cfg.storage.url)
     trials = study.get_trials(deepcopy=False)
     assert [t.state for t in trials] == [COMPLETE] * N_TRIALS
     assert trials[0].user_attrs["warm_start"] == "baseline (gamma=0)"
@@ -126,7 +126,7 @@ def test_failing_trial_is_recorded_and_the_study_goes_on(tune_config) -> None:
     cfg = tune_config()
     profile = run_tune(cfg, say=lambda _: None, backend_for=faulty_engine(2, RuntimeError("boom")))
 
-    study = optuna.load_study(study_name=only_study(cfg.storage), storage=cfg.storage)
+    study = optuna.load_study(study_name=only_study(cfg.storage.url), storage=cfg.storage.url)
     states = [t.state for t in study.get_trials(deepcopy=False)]
     assert states == [COMPLETE, FAIL, COMPLETE]
     failed = study.get_trials(deepcopy=False)[1]
@@ -134,7 +134,7 @@ def test_failing_trial_is_recorded_and_the_study_goes_on(tune_config) -> None:
     assert failed.user_attrs["error"].startswith("RuntimeError")
     assert "boom" in failed.user_attrs["traceback"]
     assert profile["study"]["failed_trials"] == 1 and profile["study"]["n_trials"] == 2
-    with Store(cfg.storage) as store:
+    with Store(cfg.storage.url) as store:
         assert store.get_profile(profile["id"])["chosen"] == profile["chosen"]
 
 
@@ -146,20 +146,20 @@ def test_interrupt_keeps_finished_trials_and_resume_completes_the_study(tune_con
         run_tune(cfg, say=lambda _: None, backend_for=faulty_engine(3, KeyboardInterrupt()))
 
     assert signal.getsignal(signal.SIGTERM) is handler
-    name = only_study(cfg.storage)
-    first = optuna.load_study(study_name=name, storage=cfg.storage).get_trials(deepcopy=False)
+    name = only_study(cfg.storage.url)
+    first = optuna.load_study(study_name=name, storage=cfg.storage.url).get_trials(deepcopy=False)
     assert [t.state for t in first] == [COMPLETE, COMPLETE, FAIL]  # the interrupted trial is not left RUNNING
     before = {t.number: (t.params, t.values) for t in first if t.state == COMPLETE}
-    with Store(cfg.storage) as store:
+    with Store(cfg.storage.url) as store:
         assert store.list_profiles() == []  # nothing half-chosen is stored
 
     lines: list[str] = []
     profile = run_tune(cfg, resume=True, say=lines.append)
 
-    assert only_study(cfg.storage) == name  # continued, not a new study
+    assert only_study(cfg.storage.url) == name  # continued, not a new study
     assert profile["study"]["name"] == name
     assert any("resumed, 2 finished trials kept" in line and "1 trials" in line for line in lines)
-    after = optuna.load_study(study_name=name, storage=cfg.storage).get_trials(deepcopy=False)
+    after = optuna.load_study(study_name=name, storage=cfg.storage.url).get_trials(deepcopy=False)
     complete = [t for t in after if t.state == COMPLETE]
     assert len(complete) == N_TRIALS
     assert {t.number: (t.params, t.values) for t in complete if t.number in before} == before
@@ -186,10 +186,10 @@ def test_second_run_without_resume_starts_a_new_study(tune_config) -> None:
         "bench-host-run2",
         "bench-host-run3",
     ]
-    names = {s.study_name for s in optuna.get_all_study_summaries(cfg.storage, include_best_trial=False)}
+    names = {s.study_name for s in optuna.get_all_study_summaries(cfg.storage.url, include_best_trial=False)}
     assert names == {"bench-host", "bench-host-run2", "bench-host-run3"}
     for name in names:
-        trials = optuna.load_study(study_name=name, storage=cfg.storage).get_trials(deepcopy=False)
+        trials = optuna.load_study(study_name=name, storage=cfg.storage.url).get_trials(deepcopy=False)
         assert [t.state for t in trials] == [COMPLETE] * N_TRIALS
     assert second["id"] != first["id"]
 
@@ -215,7 +215,7 @@ def test_synthetic_schedule_turns_speculation_off_at_batch_two(tune_config) -> N
 def test_unrelated_study_with_a_similar_name_does_not_break_naming(tune_config) -> None:
     """A fleet database holds ``llama-runpod`` next to ``llama``: not one of ``llama``'s runs."""
     cfg = tune_config(storage={"study_name": "llama"})
-    optuna.create_study(study_name="llama-runpod", storage=cfg.storage)
+    optuna.create_study(study_name="llama-runpod", storage=cfg.storage.url)
     first = run_tune(cfg, say=lambda _: None, backend_for=SYNTHETIC)
     second = run_tune(cfg, say=lambda _: None, backend_for=SYNTHETIC)
     assert (first["study"]["name"], second["study"]["name"]) == ("llama", "llama-run2")
@@ -232,7 +232,7 @@ def test_slos_become_constraints_and_drive_the_choice(tune_config, slo, met, con
     cfg = tune_config(search={"gamma": 2, "confidence_threshold": 0.0}, objectives={"slo": slo})
     profile = run_tune(cfg, say=lambda _: None, backend_for=SYNTHETIC)
 
-    study = optuna.load_study(study_name=profile["study"]["name"], storage=cfg.storage)
+    study = optuna.load_study(study_name=profile["study"]["name"], storage=cfg.storage.url)
     ((key, _),) = slo.items()
     for trial in study.get_trials(deepcopy=False):
         assert trial.constraints == {key: pytest.approx(constraint)}
@@ -252,7 +252,9 @@ def noisy_run(gain_per_gamma: float):
     def run(cfg, knobs: Knobs, seed: int) -> TrialResult:
         calls.append((seed, knobs.gamma))
         factor = random.Random(len(calls)).uniform(0.92, 1.08) * (1 + gain_per_gamma * knobs.gamma)
-        levels = {c: {"tokens_per_second": 100.0 * factor, "tpot_ms_p95": 40.0} for c in cfg.concurrency}
+        levels = {
+            c: {"tokens_per_second": 100.0 * factor, "tpot_ms_p95": 40.0} for c in cfg.workload.concurrency
+        }
         out = result_of({c: {**lv, "generated_tokens": 12, "wall_s": 1.0} for c, lv in levels.items()})
         return TrialResult(100.0 * factor, 40.0, out.per_level)
 
@@ -266,7 +268,7 @@ def test_remeasurement_interleaves_paired_rounds_and_reports_intervals(tune_conf
 
     profile = run_tune(cfg, say=lambda _: None, backend_for=backend_of(fake))
 
-    remeasure = [c for c in fake.calls if c[0] != cfg.seed]
+    remeasure = [c for c in fake.calls if c[0] != cfg.budget.seed]
     k = len(remeasure) // 4
     assert len(remeasure) == 4 * k and k >= 2
     assert [seed for seed, _ in remeasure] == [
@@ -303,7 +305,7 @@ def test_on_a_server_backend_a_configurations_repeats_run_back_to_back() -> None
         seen.append((knobs.gamma, seed))
         return result_of({1: {"tokens_per_second": 10.0, "generated_tokens": 1, "wall_s": 0.1}})
 
-    cfg = SimpleNamespace(seed=0, repeats=3, slo={})
+    cfg = SimpleNamespace(budget=SimpleNamespace(seed=0, repeats=3), objectives=SimpleNamespace(slo={}))
     backend = FakeBackend(SimpleNamespace(cfg=cfg), run)
     backend.remeasure_order = "back-to-back per server"
     configs = [(Knobs("model", 0), None), (Knobs("model", 4), 1)]
@@ -316,7 +318,7 @@ def test_trial_lines_say_done_planned_and_eta_from_the_clock() -> None:
     from autotune.tune import _trial_logger
 
     now, lines = [100.0], []
-    cfg = SimpleNamespace(latency="tpot_ms_p95")
+    cfg = SimpleNamespace(objectives=SimpleNamespace(latency="tpot_ms_p95"))
     log = _trial_logger(cfg, 3, lines.append, Path("study.log"), clock=lambda: now[0])
     knobs = Knobs("model", 2, 0.1, "constant", 4)
     now[0] = 130.0
