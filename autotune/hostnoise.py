@@ -14,7 +14,8 @@ Two kinds of evidence, recorded together in ``profile["host_noise"]``:
 
 The host counts as busy when the CV exceeds :data:`CV_BUSY` or other processes used more than
 :data:`OTHERS_BUSY` of the cores during the window. Where ``/proc`` is missing (not Linux),
-only the CV is used.
+only the CV is used. The same /proc readers (:class:`CpuSample`) read the host around every study
+trial (:mod:`autotune.disturbance`) and before a compile (:func:`others_now`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -97,6 +101,51 @@ def _loadavg(root: Path) -> float | None:
         return None
 
 
+@dataclass(frozen=True)
+class CpuSample:
+    """One read of /proc's CPU counters: when (``time.monotonic``), all cores' (busy, total) jiffies,
+    this process's jiffies and the 1-minute load average (None where /proc lacks them)."""
+
+    at: float
+    stat: tuple[int, int] | None
+    own: int | None
+    loadavg_1m: float | None
+
+    @classmethod
+    def read(cls, proc: str | Path = "/proc") -> CpuSample:
+        root = Path(proc)
+        return cls(time.monotonic(), _proc_stat(root), _self_jiffies(root), _loadavg(root))
+
+    def since(self, start: CpuSample) -> dict:
+        """The window from ``start`` to this sample: ``{"window_s", "others_cpu_share", "loadavg_1m",
+        "cpus"}``, the keys :func:`measure` reports them under (the load average is this sample's).
+
+        Example:
+            >>> a = CpuSample(0.0, (100, 1000), 10, 0.5)
+            >>> CpuSample(2.0, (500, 1400), 210, 1.4).since(a)["others_cpu_share"]
+            0.5
+        """
+        others = None
+        if self.stat and start.stat and self.own is not None and start.own is not None:
+            others = others_share(
+                self.stat[0] - start.stat[0], self.stat[1] - start.stat[1], self.own - start.own
+            )
+        return {
+            "window_s": self.at - start.at,
+            "others_cpu_share": others,
+            "loadavg_1m": self.loadavg_1m,
+            "cpus": os.cpu_count(),
+        }
+
+
+def others_now(window_s: float = WINDOW_S, proc: str | Path = "/proc") -> dict:
+    """Other processes' CPU over the next ``window_s`` seconds, nothing timed (this process sleeps):
+    the short check a decision takes before it spends minutes (:meth:`CpuSample.since`'s keys)."""
+    start = CpuSample.read(proc)
+    time.sleep(window_s)
+    return CpuSample.read(proc).since(start)
+
+
 def others_share(busy_delta: int, total_delta: int, self_delta: int) -> float:
     """Share of all cores' time used by other processes over a window (0 when nothing elapsed).
 
@@ -158,32 +207,24 @@ def measure(
 
     for _ in range(3):
         work()
-    stat0, self0 = _proc_stat(root), _self_jiffies(root)
-    samples, start = [], time.perf_counter()
+    start = CpuSample.read(root)
+    samples = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         work()
         samples.append(time.perf_counter() - t0)
-    time.sleep(
-        max(0.0, window_s - (time.perf_counter() - start))
-    )  # /proc's ticks need the window, the CV not
-    window = time.perf_counter() - start
-    stat1, self1 = _proc_stat(root), _self_jiffies(root)
+    # /proc's ticks need the window, the CV not
+    time.sleep(max(0.0, window_s - (time.monotonic() - start.at)))
+    cpu = CpuSample.read(root).since(start)
     mean = statistics.fmean(samples)
     cv = statistics.stdev(samples) / mean if len(samples) > 1 and mean > 0 else 0.0
-    others = None
-    if stat0 and stat1 and self0 is not None and self1 is not None:
-        others = others_share(stat1[0] - stat0[0], stat1[1] - stat0[1], self1 - self0)
     gpus = gpu_activity()
-    busy, reasons = verdict(cv, others, gpus)
+    busy, reasons = verdict(cv, cpu["others_cpu_share"], gpus)
     return {
         "cv": cv,
         "median_ms": statistics.median(samples) * 1e3,
         "repeats": repeats,
-        "window_s": window,
-        "others_cpu_share": others,
-        "loadavg_1m": _loadavg(root),
-        "cpus": os.cpu_count(),
+        **cpu,
         "gpus": gpus,
         "busy": busy,
         "reasons": reasons,
@@ -207,11 +248,23 @@ def threads_for(noise: dict, current: int) -> int:
         >>> threads_for({"others_cpu_share": None, "cpus": 2}, current=2)
         2
     """
-    others, cpus = noise.get("others_cpu_share"), noise.get("cpus")
-    if others is None or not cpus or others <= OTHERS_BUSY:
+    free = free_cores(noise)
+    if free is None or noise["others_cpu_share"] <= OTHERS_BUSY:
         return current
-    free = max(1, int(cpus - others * cpus + 0.5))
-    return min(current, free)
+    return min(current, max(1, int(free + 0.5)))
+
+
+def free_cores(noise: Mapping[str, Any]) -> float | None:
+    """Cores other processes left free over the window (None when /proc was not read).
+
+    Example:
+        >>> free_cores({"others_cpu_share": 0.24, "cpus": 2})
+        1.52
+    """
+    others, cpus = noise.get("others_cpu_share"), noise.get("cpus")
+    if others is None or not cpus:
+        return None
+    return cpus - others * cpus
 
 
 def summary(noise: dict) -> str:

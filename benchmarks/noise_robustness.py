@@ -13,9 +13,19 @@ script before each busy run and stopped after it (each also stops itself after
 - the spread (median, min, max) of the reported speedup over AR in each condition.
 
 Goal (issue 14): the same decision (or an explicit "no significant difference") in >= 90% of the
-busy runs, and never "speculation off" when the quiet runs show a significant gain. Usage::
+busy runs, and never "speculation off" when the quiet runs show a significant gain.
+
+The ``midstudy`` condition (issue 27) starts one busy-loop process when the study starts (after
+profiling) and stops it halfway through the study (half the quiet runs' median study time; the
+process stops itself then). Reported per run: the choice, the wall time against the quiet median,
+which trials overlapped the busy process and whether each was marked disturbed (a ``disturbed``
+user attribute, or pruned), and which disturbed trials are on the stored Pareto front (their values
+then come from the quiet re-run) or, the failure, an overlapping trial not marked. Goal: the
+decision agrees in >= 90% of the runs, wall time <= 1.5x the quiet median, every overlapping trial
+marked. Usage::
 
     python benchmarks/noise_robustness.py [--config tune.yaml] [--k 5] [--trials 8] [--repeats 3]
+        [--conditions quiet,busy,midstudy]
 
 It prints a table and writes ``benchmarks/results/noise_robustness.json``.
 """
@@ -23,7 +33,6 @@ It prints a table and writes ``benchmarks/results/noise_robustness.json``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shlex
@@ -34,7 +43,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from datetime import datetime, timedelta
 from pathlib import Path
+
+import optuna
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -48,6 +60,7 @@ from autotune.table import table  # noqa: E402
 from autotune.tune import run_tune  # noqa: E402
 
 NO_DIFFERENCE = "no significant difference"
+CONDITIONS = ("quiet", "busy", "midstudy")
 HOG = (
     "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
 )
@@ -77,21 +90,62 @@ def stop_hog(hog: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def run_once(cfg, folder: Path) -> dict:
-    """One ``autotune tune`` in its own database (fresh profile); the facts the summary needs."""
+def run_once(cfg, folder: Path, hog_s: float | None = None) -> dict:
+    """One ``autotune tune`` in its own database (fresh profile); the facts the summary needs.
+
+    ``study_s``: from the study's first line to the re-measurement's. With ``hog_s``, one busy-loop
+    process runs from the study's first line for ``hog_s`` seconds, and ``hog`` says which trials
+    overlapped it (:func:`hog_overlap`)."""
     folder.mkdir(parents=True, exist_ok=True)
-    run_cfg = dataclasses.replace(
-        cfg,
-        storage=f"sqlite:///{folder / 'autotune.db'}",
-        export_formats=(),
-        export_dir=folder / "exports",
-        study_name=None,
+    marks: dict = {}
+    hog: list[subprocess.Popen] = []
+
+    def say(line: str) -> None:
+        if line.startswith("study: "):
+            marks["study"] = time.monotonic()
+            if hog_s is not None:
+                hog.extend(start_hog(1, hog_s, spin_up_s=0.0))
+                marks["hog_start"] = datetime.now()  # Optuna's trial times are naive local times too
+        elif line.startswith("re-measuring "):
+            marks["study_end"] = time.monotonic()
+            marks["study_end_at"] = datetime.now()
+
+    run_cfg = cfg.with_overrides(
+        {
+            "storage.url": f"sqlite:///{folder / 'autotune.db'}",
+            "export.formats": [],
+            "export.dir": str(folder / "exports"),
+            "storage.study_name": None,
+        }
     )
     t0 = time.perf_counter()
-    profile = run_tune(run_cfg, say=lambda _: None)
+    try:
+        profile = run_tune(run_cfg, say=say)
+    finally:
+        stop_hog(hog)
     m = profile["metrics"]
+    out: dict = {}
+    if "hog_start" in marks:
+        assert hog_s is not None
+        end = min(marks["hog_start"] + timedelta(seconds=hog_s), marks["study_end_at"])
+        study = optuna.load_study(study_name=profile["study"]["name"], storage=run_cfg.storage.url)
+        trials = [
+            {
+                "trial": t.number,
+                "start": t.datetime_start,
+                "end": t.datetime_complete,
+                "state": t.state.name.lower(),
+                "marked": "disturbed" in t.user_attrs or t.state == optuna.trial.TrialState.PRUNED,
+            }
+            for t in study.get_trials(deepcopy=False)
+            if t.datetime_start is not None and t.datetime_complete is not None
+        ]
+        front = {r["trial"] for r in profile["pareto_front"]}
+        out["hog"] = {"seconds": hog_s, **hog_overlap(trials, marks["hog_start"], end, front)}
     return {
+        **out,
         "wall_s": time.perf_counter() - t0,
+        "study_s": marks.get("study_end", time.monotonic()) - marks.get("study", t0),
         "chosen_gamma": int(profile["chosen"]["gamma"]),
         "chosen": profile["chosen"],
         "reason": profile["selection"]["reason"],
@@ -110,6 +164,65 @@ def run_once(cfg, folder: Path) -> dict:
         "host_cv": max(
             n["cv"] for n in (profile["host_noise"]["before"], profile["host_noise"]["after"]) if n
         ),
+    }
+
+
+def hog_overlap(trials: list[dict], start: datetime, end: datetime, front: set[int]) -> dict:
+    """Which trials (``{"trial", "start", "end", "state", "marked"}``) overlapped the busy process's
+    [start, end), whether each was marked disturbed, and the marked ones on the Pareto front.
+
+    Example:
+        >>> t = lambda s: datetime(2025, 1, 1, 0, 0, s)
+        >>> trials = [{"trial": 0, "start": t(0), "end": t(5), "state": "complete", "marked": False},
+        ...           {"trial": 1, "start": t(5), "end": t(20), "state": "complete", "marked": True},
+        ...           {"trial": 2, "start": t(20), "end": t(25), "state": "pruned", "marked": True}]
+        >>> o = hog_overlap(trials, t(6), t(21), front={0, 1})
+        >>> [r["trial"] for r in o["overlapping"]], o["all_marked"], o["marked_on_front"]
+        ([1, 2], True, [1])
+        >>> o["unmarked_on_front"]
+        []
+    """
+    overlapping = [
+        {"trial": r["trial"], "state": r["state"], "marked": r["marked"], "on_front": r["trial"] in front}
+        for r in trials
+        if r["start"] < end and r["end"] > start
+    ]
+    return {
+        "overlapping": overlapping,
+        "all_marked": all(r["marked"] for r in overlapping),
+        "marked_on_front": [r["trial"] for r in overlapping if r["marked"] and r["on_front"]],
+        "unmarked_on_front": [r["trial"] for r in overlapping if not r["marked"] and r["on_front"]],
+    }
+
+
+def summarize_midstudy(quiet: list[dict], mid: list[dict]) -> dict:
+    """The mid-study runs against the quiet ones: decision agreement, wall time over the quiet median,
+    every overlapping trial marked, none unmarked on a front.
+
+    Example:
+        >>> q = [{"chosen_gamma": 4, "speedup": 1.5, "speedup_significant": True, "labels": {},
+        ...       "separable": {}, "no_significant_difference": False, "wall_s": 100.0}] * 3
+        >>> hog = {"all_marked": True, "marked_on_front": [3], "unmarked_on_front": []}
+        >>> s = summarize_midstudy(q, [dict(q[0], wall_s=140.0, hog=hog)])
+        >>> s["decision_agreement"], s["wall_over_quiet"], s["goal_met"]
+        (1.0, [1.4], True)
+    """
+    quiet_wall = statistics.median(r["wall_s"] for r in quiet)
+    agreement = summarize(quiet, mid)["decision_agreement"]
+    ratios = [r["wall_s"] / quiet_wall for r in mid]
+    all_marked = all(r["hog"]["all_marked"] for r in mid)
+    unmarked = sum(len(r["hog"]["unmarked_on_front"]) for r in mid)
+    return {
+        "decision_agreement": agreement,
+        "wall_over_quiet": ratios,
+        "all_overlapping_marked": all_marked,
+        "unmarked_overlapping_on_front": unmarked,
+        "goal_met": bool(mid)
+        and agreement is not None
+        and agreement >= 0.9
+        and max(ratios) <= 1.5
+        and all_marked
+        and unmarked == 0,
     }
 
 
@@ -182,27 +295,52 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--hog-max-s", type=float, default=1800.0, help="a hog process stops itself after this (s)"
     )
+    ap.add_argument(
+        "--conditions",
+        default=",".join(CONDITIONS),
+        help="comma-separated, run in this order; quiet is the reference and always runs first "
+        "(busy: --hog-procs processes beside the whole run; midstudy: one process from the study's "
+        "start for half the quiet runs' median study time; default: all three)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "noise_robustness.json")
     args = ap.parse_args(argv)
     if args.k < 1 or args.trials < 1 or (args.repeats is not None and args.repeats < 1) or args.hog_procs < 1:
         print("error: --k, --trials, --repeats and --hog-procs must be >= 1", file=sys.stderr)
+        sys.exit(2)
+    conditions = ["quiet", *(c for c in args.conditions.split(",") if c and c != "quiet")]
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown:
+        print(
+            f"error: --conditions: unknown {unknown[0]!r} (choose from {', '.join(CONDITIONS)})",
+            file=sys.stderr,
+        )
         sys.exit(2)
     try:
         cfg = load_config(args.config)
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    cfg = dataclasses.replace(
-        cfg, n_trials=args.trials, timeout_s=None, backend="engine", repeats=args.repeats or cfg.repeats
+    cfg = cfg.with_overrides(
+        {
+            "budget.n_trials": args.trials,
+            "budget.timeout_s": None,
+            "backend.name": "engine",
+            "budget.repeats": args.repeats or cfg.budget.repeats,
+        }
     )
     tmp = Path(tempfile.mkdtemp(prefix="noise_robustness_"))
     started = time.perf_counter()
-    runs: dict[str, list[dict]] = {"quiet": [], "busy": []}
-    for condition in ("quiet", "busy"):
+    runs: dict[str, list[dict]] = {c: [] for c in conditions}
+    for condition in conditions:
         for i in range(args.k):
             hog = start_hog(args.hog_procs, args.hog_max_s) if condition == "busy" else []
+            mid_s = (
+                statistics.median(r["study_s"] for r in runs["quiet"]) / 2
+                if condition == "midstudy"
+                else None
+            )
             try:
-                run = run_once(cfg, tmp / f"{condition}-{i}")
+                run = run_once(cfg, tmp / f"{condition}-{i}", hog_s=mid_s)
             finally:
                 stop_hog(hog)
             runs[condition].append(run)
@@ -211,10 +349,13 @@ def main(argv: list[str] | None = None) -> dict:
                 f"speedup {run['speedup']:.2f}x, "
                 f"host {'busy' if run['host_busy'] else 'quiet'} (CV {run['host_cv']:.1%}), "
                 f"{run['wall_s']:.0f} s, "
-                f"torch threads {run['torch_threads']}",
+                f"torch threads {run['torch_threads']}"
+                + (f", {_overlap_text(run['hog'])}" if "hog" in run else ""),
                 flush=True,
             )
-    summary = summarize(runs["quiet"], runs["busy"])
+    summary = summarize(runs["quiet"], runs.get("busy", []))
+    if "midstudy" in runs:
+        summary["midstudy"] = summarize_midstudy(runs["quiet"], runs["midstudy"])
     rows = []
     for condition, rs in runs.items():
         for i, r in enumerate(rs):
@@ -246,20 +387,46 @@ def main(argv: list[str] | None = None) -> dict:
         f"\nquiet majority: gamma {q['chosen_gamma']}, labels {q['labels']}, "
         f"significant gain {q['significant_gain']}"
     )
-    print(
-        f"busy runs agreeing (same decision or explicit '{NO_DIFFERENCE}'): "
-        f"{summary['decision_agreement']:.0%}; "
-        f"labels agreeing or not separable: {summary['label_agreement']:.0%}; "
-        f"speculation off despite a quiet gain: {summary['speculation_off_despite_quiet_gain']}"
-    )
-    sp = summary["speedup_spread"]
-    print(
-        f"speedup quiet median {sp['quiet']['median']:.2f} "
-        f"[{sp['quiet']['min']:.2f}-{sp['quiet']['max']:.2f}], "
-        f"busy median {sp['busy']['median']:.2f} "
-        f"[{sp['busy']['min']:.2f}-{sp['busy']['max']:.2f}]; "
-        f"goal {'met' if summary['goal_met'] else 'NOT met'}"
-    )
+    if runs.get("busy"):
+        print(
+            f"busy runs agreeing (same decision or explicit '{NO_DIFFERENCE}'): "
+            f"{summary['decision_agreement']:.0%}; "
+            f"labels agreeing or not separable: {summary['label_agreement']:.0%}; "
+            f"speculation off despite a quiet gain: {summary['speculation_off_despite_quiet_gain']}"
+        )
+        sp = summary["speedup_spread"]
+        print(
+            f"speedup quiet median {sp['quiet']['median']:.2f} "
+            f"[{sp['quiet']['min']:.2f}-{sp['quiet']['max']:.2f}], "
+            f"busy median {sp['busy']['median']:.2f} "
+            f"[{sp['busy']['min']:.2f}-{sp['busy']['max']:.2f}]; "
+            f"goal {'met' if summary['goal_met'] else 'NOT met'}"
+        )
+    if "midstudy" in summary:
+        ms = summary["midstudy"]
+        print("\nmid-study busy process (one process from the study's start for half the quiet study time):")
+        print(
+            table(
+                ["run", "gamma", "wall s", "x quiet", "hog s", "overlapping trials (d: marked disturbed)"],
+                [
+                    (
+                        i + 1,
+                        r["chosen_gamma"],
+                        f"{r['wall_s']:.0f}",
+                        f"{ratio:.2f}",
+                        f"{r['hog']['seconds']:.0f}",
+                        _overlap_text(r["hog"]),
+                    )
+                    for i, (r, ratio) in enumerate(zip(runs["midstudy"], ms["wall_over_quiet"], strict=True))
+                ],
+            )
+        )
+        print(
+            f"mid-study runs agreeing: {ms['decision_agreement']:.0%}; wall time "
+            f"{max(ms['wall_over_quiet']):.2f}x the quiet median at most; every overlapping trial marked: "
+            f"{ms['all_overlapping_marked']}; unmarked overlapping trials on a front: "
+            f"{ms['unmarked_overlapping_on_front']}; goal {'met' if ms['goal_met'] else 'NOT met'}"
+        )
     result = {
         "command": shlex.join([sys.executable, *sys.argv[:1], *(argv if argv is not None else sys.argv[1:])]),
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -273,6 +440,19 @@ def main(argv: list[str] | None = None) -> dict:
     tmp_out.replace(args.out)
     print(f"\nwrote {args.out}")
     return result
+
+
+def _overlap_text(hog: dict) -> str:
+    """``"trials 2 d, 3 d (pruned); disturbed on the front: 3"`` for a run's :func:`hog_overlap`."""
+    trials = ", ".join(
+        f"{r['trial']}{' d' if r['marked'] else ''}"
+        + (f" ({r['state']})" if r["state"] != "complete" else "")
+        for r in hog["overlapping"]
+    )
+    text = f"trials {trials or 'none'}; disturbed on the front: {hog['marked_on_front'] or 'none'}"
+    return text + (
+        f"; NOT marked, on the front: {hog['unmarked_on_front']}" if hog["unmarked_on_front"] else ""
+    )
 
 
 if __name__ == "__main__":

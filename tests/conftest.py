@@ -88,6 +88,22 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def quiet_host_while_running(monkeypatch):
+    """The host readings a run takes as it goes (around each trial, before compiling) read quiet unless
+    a test scripts them (tests/autotune/fakes.py: ScriptedHost): other test runs on this shared
+    machine must not re-run or prune a test's trials, nor change its compile decision."""
+    from autotune import disturbance, hostnoise
+    from tests.autotune.fakes import ScriptedHost
+
+    monkeypatch.setattr(disturbance, "open_watch", ScriptedHost)
+    monkeypatch.setattr(
+        hostnoise,
+        "others_now",
+        lambda window_s=hostnoise.WINDOW_S, proc="/proc": ScriptedHost.reading(0.0, window_s),
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_pair_dirs(tmp_path_factory) -> tuple[Path, Path]:
     """(target_dir, draft_dir) of a tiny random Llama pair with a BPE tokenizer."""

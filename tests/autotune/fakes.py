@@ -2,12 +2,12 @@
 
 ``run_tune(cfg, backend_for=backend_of(fn))`` runs the whole main job with ``fn(cfg, knobs, seed)``
 as every trial; ``backend_for=faulty_engine(n, exc)`` runs the real engine and raises ``exc`` on the
-n-th trial run.
+n-th trial run. :class:`ScriptedHost` is the host as the per-trial disturbance checks read it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from autotune.backends.base import Backend, TrialBudget
@@ -33,7 +33,7 @@ class FakeBackend:
         self.closed = False
 
     def budget(self) -> TrialBudget:
-        return TrialBudget(self.cfg.n_trials, self.cfg.timeout_s, "budget")
+        return TrialBudget(self.cfg.budget.n_trials, self.cfg.budget.timeout_s, "budget")
 
     def run(self, knobs: Knobs, seed: int) -> TrialResult:
         self.ran.append(knobs)
@@ -81,7 +81,7 @@ def synthetic_run(cfg, knobs: Knobs, seed: int) -> TrialResult:  # noqa: ARG001 
     """Deterministic stand-in for a load run: speculation helps at B=1 and hurts at B=2."""
     g, thr = knobs.gamma, knobs.confidence_threshold
     per_level = {}
-    for c in cfg.concurrency:
+    for c in cfg.workload.concurrency:
         tps = 100.0 * c + (10.0 * g if c == 1 else -10.0 * g) + thr
         per_level[c] = {
             "tokens_per_second": tps,
@@ -91,3 +91,29 @@ def synthetic_run(cfg, knobs: Knobs, seed: int) -> TrialResult:  # noqa: ARG001 
             "wall_s": 12 / tps,
         }
     return result_of(per_level)
+
+
+class ScriptedHost:
+    """A :class:`autotune.disturbance.HostWatch` reading what a test says: other processes' CPU share
+    over each run (``during``, in order) and over each window read between runs (``between``); ``idle``
+    once a list runs out. A 2-CPU host whose load average is 1 + 2 x the share."""
+
+    def __init__(
+        self, during: Sequence[float] = (), between: Sequence[float] = (), idle: float = 0.0
+    ) -> None:
+        self.during, self.between, self.idle = list(during), list(between), idle
+        self.windows = 0
+
+    @staticmethod
+    def reading(others: float, seconds: float) -> dict[str, Any]:
+        return {"window_s": seconds, "others_cpu_share": others, "loadavg_1m": 1.0 + 2 * others, "cpus": 2}
+
+    def mark(self) -> None:
+        pass
+
+    def since_mark(self) -> dict[str, Any]:
+        return self.reading(self.during.pop(0) if self.during else self.idle, 5.0)
+
+    def window(self, seconds: float) -> dict[str, Any]:
+        self.windows += 1
+        return self.reading(self.between.pop(0) if self.between else self.idle, seconds)

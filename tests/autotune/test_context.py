@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from autotune import context, profiler
+from autotune import context, hostnoise, profiler
 from autotune.config import ConfigError, load_config
 from autotune.context import _compile
 from engine.errors import EngineInputError
@@ -122,3 +123,47 @@ def test_the_compile_warm_up_includes_the_tree_forward_when_trees_are_searched(
     ctx = context.build(cfg)
     assert seen == [warmed, warmed]  # target and draft: the searched shapes (chain = ())
     assert ctx.pair.compile_s == 1.0
+
+
+BUSY_HOST = {"window_s": 0.5, "others_cpu_share": 0.5, "loadavg_1m": 2.0, "cpus": 2}
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_auto_keeps_eager_without_compiling_when_another_process_holds_a_core(
+    tiny_pair_dirs, monkeypatch, two_threads
+):
+    compiled = []
+    monkeypatch.setattr(
+        Transformer, "compile_decode", lambda self, mode=None, trees=(): compiled.append(self)
+    )
+    monkeypatch.setattr(hostnoise, "others_now", lambda: BUSY_HOST)
+    said: list[str] = []
+    note = _compile(load_pair(*tiny_pair_dirs), "auto", say=said.append)
+    assert compiled == [] and said == []  # minutes of compiling not spent
+    assert note == (
+        "engine: eager (models.compile: auto; other processes used 50% of 2 CPUs before compiling, and a "
+        "compiled/eager comparison under that load decides nothing; models.compile: true compiles anyway)"
+    )
+
+
+def test_the_compile_comparison_runs_on_the_free_cores(tiny_pair_dirs, monkeypatch, two_threads):
+    def record(self, mode=None, trees=()):
+        self.compiled = True
+        return 0.5
+
+    threads = []
+    monkeypatch.setattr(Transformer, "compile_decode", record)
+    monkeypatch.setattr(hostnoise, "others_now", lambda: BUSY_HOST)
+    monkeypatch.setattr(
+        profiler, "compiled_over_eager", lambda model: threads.append(torch.get_num_threads()) or 0.7
+    )
+    note = _compile(load_pair(*tiny_pair_dirs), "true")
+    assert threads == [1] and torch.get_num_threads() == 2
+    assert "decode 0.70x eager's time here (timed on 1 of 2 threads: other processes held a core)" in note

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,14 +61,54 @@ def test_quiet_runs_without_a_gain_do_not_count_speculation_off_against_busy_run
     assert s["speculation_off_despite_quiet_gain"] == 0 and s["goal_met"] is True
 
 
+def at(second: int) -> datetime:
+    return datetime(2025, 1, 1, 0, 0, second)
+
+
+def test_hog_overlap_names_the_trials_it_overlapped_and_the_marked_ones_on_the_front() -> None:
+    trials = [
+        {
+            "trial": 0,
+            "start": at(0),
+            "end": at(10),
+            "state": "complete",
+            "marked": False,
+        },  # ends as it starts
+        {"trial": 1, "start": at(10), "end": at(20), "state": "complete", "marked": True},
+        {"trial": 2, "start": at(20), "end": at(30), "state": "complete", "marked": False},
+        {"trial": 3, "start": at(30), "end": at(40), "state": "pruned", "marked": True},
+        {"trial": 4, "start": at(50), "end": at(55), "state": "complete", "marked": False},  # after it
+    ]
+    o = noise_robustness.hog_overlap(trials, at(10), at(35), front={0, 1, 2})
+    assert [r["trial"] for r in o["overlapping"]] == [1, 2, 3]
+    assert o["all_marked"] is False and o["marked_on_front"] == [1] and o["unmarked_on_front"] == [2]
+    assert noise_robustness._overlap_text(o) == (
+        "trials 1 d, 2, 3 d (pruned); disturbed on the front: [1]; NOT marked, on the front: [2]"
+    )
+
+
+def test_midstudy_summary_holds_runs_to_agreement_wall_time_and_marking() -> None:
+    quiet = [dict(run(6, 1.5, True), wall_s=100.0)] * 3
+    good = {"all_marked": True, "marked_on_front": [], "unmarked_on_front": []}
+    mid = [dict(quiet[0], wall_s=120.0, hog=good), dict(quiet[0], wall_s=140.0, hog=good)]
+    s = noise_robustness.summarize_midstudy(quiet, mid)
+    assert s["decision_agreement"] == 1.0 and s["wall_over_quiet"] == [1.2, 1.4] and s["goal_met"] is True
+    slow = noise_robustness.summarize_midstudy(quiet, [*mid, dict(quiet[0], wall_s=160.0, hog=good)])
+    assert slow["goal_met"] is False  # 1.6x the quiet median
+    missed = dict(quiet[0], wall_s=100.0, hog={**good, "all_marked": False, "unmarked_on_front": [2]})
+    s = noise_robustness.summarize_midstudy(quiet, [missed])
+    assert s["all_overlapping_marked"] is False and s["unmarked_overlapping_on_front"] == 1
+    assert s["goal_met"] is False
+
+
 def test_tiny_run_writes_the_json_and_leaves_no_hog(
     tmp_path, tiny_pair_dirs, tiny_prompts, monkeypatch
 ) -> None:
     started = []
     real_start = noise_robustness.start_hog
 
-    def start(procs, max_s):
-        hog = real_start(procs, 30.0)
+    def start(procs, max_s, **kw):
+        hog = real_start(procs, min(max_s, 30.0), **kw)
         started.extend(hog)
         return hog
 
@@ -107,8 +149,21 @@ def test_tiny_run_writes_the_json_and_leaves_no_hog(
         ]
     )
 
-    assert len(started) == 1 and all(p.poll() is not None for p in started)
+    assert len(started) == 2 and all(p.poll() is not None for p in started)  # busy's, then midstudy's
     stored = json.loads(out.read_text())
-    assert [len(stored["runs"][c]) for c in ("quiet", "busy")] == [1, 1]
+    assert [len(stored["runs"][c]) for c in ("quiet", "busy", "midstudy")] == [1, 1, 1]
     assert stored["summary"] == json.loads(json.dumps(result["summary"]))
     assert set(stored["runs"]["busy"][0]) >= {"chosen_gamma", "speedup", "labels", "host_busy", "reason"}
+    hog = stored["runs"]["midstudy"][0]["hog"]
+    assert hog["seconds"] == stored["runs"]["quiet"][0]["study_s"] / 2
+    assert set(hog) == {"seconds", "overlapping", "all_marked", "marked_on_front", "unmarked_on_front"}
+    assert {"decision_agreement", "wall_over_quiet", "goal_met"} <= set(stored["summary"]["midstudy"])
+
+
+def test_conditions_must_be_known(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        noise_robustness.main(["--conditions", "quiet,loud"])
+    assert exit_info.value.code == 2
+    assert (
+        capsys.readouterr().err == "error: --conditions: unknown 'loud' (choose from quiet, busy, midstudy)\n"
+    )
