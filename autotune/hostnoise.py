@@ -86,12 +86,41 @@ def _proc_stat(root: Path) -> tuple[int, int] | None:
 
 
 def _self_jiffies(root: Path) -> int | None:
-    """utime + stime of this process (all threads), in clock ticks."""
+    """CPU time of this process and of every process it started, in clock ticks: its own utime +
+    stime, its waited-for children's (cutime + cstime), and every live descendant's utime + stime.
+    Inductor's compile workers and a server the study launched are this run's work, not "other
+    processes" (counted as others, a compile made a quiet host read busy right after it)."""
     try:
         fields = (root / "self" / "stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return int(fields[11]) + int(fields[12])
+    own = int(fields[11]) + int(fields[12])
+    if len(fields) > 14:
+        own += int(fields[13]) + int(fields[14])
+    return own + _descendants_jiffies(root, os.getpid())
+
+
+def _descendants_jiffies(root: Path, pid: int) -> int:
+    """utime + stime of the live processes below ``pid`` (0 where /proc has no per-process entries)."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    try:
+        entries = [e for e in root.iterdir() if e.name.isdigit()]
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            parent[int(entry.name)] = int(fields[1])
+            ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue  # a process that ended while we read
+    total, frontier = 0, [pid]
+    while frontier:
+        below = [p for p, pp in parent.items() if pp in frontier]
+        total += sum(ticks[p] for p in below)
+        frontier = below
+    return total
 
 
 def _loadavg(root: Path) -> float | None:

@@ -57,6 +57,24 @@ def test_measure_reads_a_proc_folder(tmp_path) -> None:
     assert missing["others_cpu_share"] is None and missing["loadavg_1m"] is None
 
 
+def _stat(pid: int, ppid: int, utime: int, stime: int, cutime: int = 0, cstime: int = 0) -> str:
+    """A /proc/<pid>/stat line (fields after the command: state, ppid, ..., utime at 14, stime at 15)."""
+    return f"{pid} (py) S {ppid} " + " ".join(["0"] * 9) + f" {utime} {stime} {cutime} {cstime} 0 0\n"
+
+
+def test_this_runs_children_are_not_other_processes(tmp_path) -> None:
+    """Inductor's compile workers or a launched server are this run's CPU: a host where only they
+    work reads quiet (a compile once made the before-tuning check say busy on a quiet host)."""
+    me = os.getpid()
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "stat").write_text(_stat(me, 1, 10, 5, cutime=7, cstime=3))
+    for pid, ppid, ticks in ((900001, me, 40), (900002, 900001, 60), (900003, 1, 500)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(_stat(pid, ppid, ticks, 0))
+    # own 10 + 5, reaped children 7 + 3, a worker 40 and its child 60; pid 900003 is someone else's
+    assert hostnoise._self_jiffies(tmp_path) == 125
+
+
 def test_proc_is_read_over_a_window_of_many_clock_ticks() -> None:
     # /proc counts 10 ms ticks; the timings alone take ~7 ms, where one tick of any other process
     # read as "50% of 2 CPUs" and sized torch's threads down on a quiet host. 0.5 s = 100 ticks/CPU.
