@@ -7,14 +7,13 @@ device + pair + workload" means (the keys under which profiles are stored and re
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from autotune import hostnoise, profiler
-from autotune.config import DEFAULT_CACHE, TuneConfig, check_device
+from autotune.config import TuneConfig, check_device
 from autotune.hardware import fingerprint
 from autotune.runner import Sampling, build_requests
 from engine.errors import EngineInputError
@@ -126,8 +125,6 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
     )
 
 
-INDUCTOR_CACHE = DEFAULT_CACHE / "inductor"
-"""Where compiled engine graphs are cached between runs ($TORCHINDUCTOR_CACHE_DIR wins when set)."""
 COMPILE_SLOWER = 1.05
 """models.compile: auto keeps eager when the compiled target decode takes more than this times eager's
 time (a margin: on a shared host two equal paths differ by a few percent run to run)."""
@@ -167,9 +164,8 @@ def _compile(
             f"engine: compiling decode/verify (models.compile: {mode}; minutes the first time, "
             "about a minute once inductor's cache holds the graphs)"
         )
-    # Inductor's cache makes the next process compile in a fifth of the time (demo pair: 239 s cold,
-    # 47 s warm); its default lives in /tmp, which hosts clear. Keep it with our other caches.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE.expanduser()))
+    # Inductor's cache (autotune.INDUCTOR_CACHE, set when the package is imported) makes the next
+    # process compile in a fifth of the time (demo pair: 239 s cold, 47 s warm).
     try:
         pair.compile_decode(trees)
     except Exception as exc:  # inductor raises many types (compiler missing, unsupported op)
