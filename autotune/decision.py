@@ -2,12 +2,17 @@
 
 The study ranks configurations on single runs; what is chosen is decided on repeated ones:
 
-1. :func:`finalists`: the ``budget.remeasure_top`` fastest Pareto points, the AR baseline and the
-   best static gamma (what a stack's constant K is);
+1. :func:`finalists`: the ``budget.remeasure_top`` fastest Pareto points, the AR baseline, the
+   best static gamma (what a stack's constant K is) and the best static gamma of each load level;
 2. :func:`remeasure`: each run ``budget.repeats`` times on the backend, with paired seeds;
 3. :func:`decide`: the margin rule picks the configuration (a simpler one is kept unless the
-   interval of the paired ratio excludes 1), the gamma-by-batch-size schedule follows from the
-   per-level measurements, the cost model's prediction is set beside the measurement;
+   interval of the paired ratio excludes 1); the same rule at each load level picks a K there
+   (:func:`autotune.selection.per_level_choices`). Where those K differ and the backend serves
+   tables, the table they make is served live (:func:`serve_table`: the table, the best
+   constant and no speculation re-measured together) and replaces the constant only when it is
+   significantly better at one level at least and not worse at any
+   (:func:`autotune.selection.table_verdict`); the exported schedule is what won. The cost
+   model's prediction is set beside the measurement;
 4. :func:`build_profile`: the :class:`Decision` and the measurement become the stored
    :class:`profiles.schema.Profile`.
 
@@ -31,11 +36,21 @@ from autotune.context import Context
 from autotune.costmodel import predict, predict_tree, tree_rank_samples
 from autotune.knobs import Knobs
 from autotune.records import LevelMetrics, Measurement, TrialResult
-from autotune.selection import Choice, Point, batch_schedule, choose_with_margin, pareto_front
+from autotune.selection import (
+    Choice,
+    LevelChoice,
+    Point,
+    TableVerdict,
+    choose_with_margin,
+    pareto_front,
+    per_level_choices,
+    table_of,
+    table_verdict,
+)
 from autotune.stats import estimate, paired_ratio, significant
 from autotune.study import Space, slo_violations
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
-from profiles.schema import BatchSchedule, Chosen, Profile, ScheduleEntry
+from profiles.schema import MISSING, BatchSchedule, Chosen, Profile, ScheduleEntry
 from profiles.store import redact_url
 
 Say = Callable[[str], None]
@@ -43,16 +58,19 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Finalists:
-    """What is measured again: the top of the Pareto front, the AR baseline and the best static gamma."""
+    """What is measured again: the top of the Pareto front, the AR baseline, the best static gamma
+    and the best static gamma of each load level (the candidates of the per-level choices)."""
 
     candidates: list[Point]
     best_static: Point | None
     baseline: Knobs
     configs: list[tuple[Knobs, int | None]]  # (knobs, trial number), each configuration once
+    level_best: list[Point] = dataclasses.field(default_factory=list)
 
 
 def finalists(cfg: TuneConfig, points: list[Point]) -> Finalists:
-    """The ``budget.remeasure_top`` fastest Pareto points (SLO-feasible ones when any), gamma=0, best static gamma."""
+    """The ``budget.remeasure_top`` fastest Pareto points (SLO-feasible ones when any), gamma=0, the
+    best static gamma overall and at each load level."""
     pool = (
         [p for p in points if p.feasible]
         if cfg.objectives.slo and any(p.feasible for p in points)
@@ -61,16 +79,22 @@ def finalists(cfg: TuneConfig, points: list[Point]) -> Finalists:
     candidates = sorted(pareto_front(pool), key=lambda p: -p.tokens_per_second)[: cfg.budget.remeasure_top]
     static = [p for p in points if p.knobs.is_static_chain]
     best_static = max(static, key=lambda p: p.tokens_per_second, default=None)
+    level_best = [
+        best
+        for b in cfg.batch_sizes
+        if (best := max((p for p in static if b in p.per_batch), key=lambda p: p.per_batch[b], default=None))
+    ]
     baseline = candidates[0].knobs.without_speculation()
     configs: list[tuple[Knobs, int | None]] = []
     for knobs, number in [
         *((c.knobs, c.number) for c in candidates),
         (baseline, None),
         *([(best_static.knobs, best_static.number)] if best_static else []),
+        *((p.knobs, p.number) for p in level_best),
     ]:
         if all(knobs != k for k, _ in configs):
             configs.append((knobs, number))
-    return Finalists(candidates, best_static, baseline, configs)
+    return Finalists(candidates, best_static, baseline, configs, level_best)
 
 
 @dataclass(frozen=True)
@@ -89,19 +113,20 @@ class Remeasured:
         return next((p, r) for p, r in self.pairs if p.knobs == knobs)
 
 
-def remeasure(cfg: TuneConfig, backend: Backend, chosen_from: Finalists, say: Say) -> Remeasured:
-    """Run each finalist ``budget.repeats`` times on ``backend``; round r uses seed + 1 + r for all, so
-    rounds are paired.
+def remeasure(
+    cfg: TuneConfig, backend: Backend, configs: list[tuple[Knobs, int | None]], say: Say, what: str
+) -> Remeasured:
+    """Run each configuration ``budget.repeats`` times on ``backend``; round r uses seed + 1 + r for
+    all, so rounds are paired.
 
     Interleaved (A B C A B C ...) where the backend allows it, so drift hits every configuration
     alike; on a serving stack a configuration's repeats run back to back in its server
-    (alternating would restart a server every run).
+    (alternating would restart a server every run). ``what`` names the configurations for the
+    progress line.
     """
-    configs, repeats, order = chosen_from.configs, cfg.budget.repeats, backend.remeasure_order
+    repeats, order = cfg.budget.repeats, backend.remeasure_order
     say(
-        f"re-measuring the top {len(chosen_from.candidates)} candidates of the Pareto front, the AR baseline"
-        + (" and the best static gamma" if chosen_from.best_static is not None else "")
-        + f": {len(configs)} configurations x {repeats} repeats"
+        f"{what}: {len(configs)} configurations x {repeats} repeats"
         + (" (interleaved)" if order == "interleaved" else " (back to back in each configuration's server)")
     )
     seed = cfg.budget.seed + 1
@@ -140,6 +165,42 @@ def _tps(level: LevelMetrics) -> float:
 
 
 @dataclass(frozen=True)
+class TableContest:
+    """The per-level choices, the table they make, and (where it was served) its verdict.
+
+    ``served`` holds the table, the best constant and no speculation re-measured together
+    (None when the table was not served: one K at every level, a chosen configuration no table
+    expresses, or a backend that serves no table); ``note`` says why in one sentence.
+    """
+
+    levels: list[LevelChoice]
+    table: tuple[tuple[int, int], ...]
+    knobs: Knobs | None  # the table as served (None: not served)
+    served: Remeasured | None
+    verdict: TableVerdict | None
+    note: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The profile's ``table_decision``."""
+        return {
+            "levels": [
+                {
+                    "batch_size": c.batch_size,
+                    "gamma": c.gamma,
+                    "tokens_per_second": c.point.tokens_per_second,
+                    "reason": c.reason,
+                }
+                for c in self.levels
+            ],
+            "table": [list(p) for p in self.table],
+            "served": self.served is not None,
+            "won": bool(self.verdict and self.verdict.won),
+            "per_level": self.verdict.per_level if self.verdict else [],
+            "reason": self.note,
+        }
+
+
+@dataclass(frozen=True)
 class Decision:
     """What the study decided, with everything the profile records about how."""
 
@@ -152,44 +213,145 @@ class Decision:
     baseline_point: Point
     baseline: TrialResult
     predicted_vs_measured: list[dict[str, Any]]
+    table: TableContest
 
 
 def decide(
     cfg: TuneConfig, backend: Backend, space: Space, measurement: dict, points: list[Point], say: Say
 ) -> Decision:
-    """Re-measure the finalists, choose with a margin, build the batch schedule and the prediction check."""
+    """Re-measure the finalists, choose with a margin, contest the per-level table, check the prediction."""
     final = finalists(cfg, points)
-    remeasured = remeasure(cfg, backend, final, say)
+    remeasured = remeasure(
+        cfg,
+        backend,
+        final.configs,
+        say,
+        f"re-measuring the top {len(final.candidates)} candidates of the Pareto front, the AR baseline"
+        + (", the best static gamma and each load level's" if final.best_static is not None else ""),
+    )
     base_point, baseline = remeasured.find(final.baseline)
     choice = choose_with_margin(
         remeasured.points, bool(cfg.objectives.slo)
     )  # must beat plain decoding by a margin
-    chosen_result = remeasured.find(choice.point.knobs)[1]
-    chosen = _chosen(cfg, space, choice.point.knobs)
     static_point = remeasured.find(final.best_static.knobs)[0] if final.best_static is not None else None
-    # gamma by batch size is a chain table (stacks take it for chains); a tree is the chosen configuration's
-    schedule, crossover = batch_schedule(
-        [p for p in points + remeasured.points if not p.knobs.is_tree],
-        list(cfg.batch_sizes),
-        prefer=choice.point,
-    )  # the table follows the choice unless the data says not
-    if choice.point.knobs.is_tree:
+    contest = serve_table(cfg, backend, remeasured, choice.point, base_point, static_point, say)
+    chosen_point, chosen_result = choice.point, remeasured.find(choice.point.knobs)[1]
+    if contest.served is not None and contest.verdict is not None and contest.knobs is not None:
+        table_knobs = contest.knobs
+        base_point, baseline = contest.served.find(final.baseline)
+        constant = contest.served.find(_constant(choice.point, static_point).knobs)[0]
+        if contest.verdict.won:
+            chosen_point, chosen_result = contest.served.find(table_knobs)
+            choice = Choice(chosen_point, choice.met_slo, f"{choice.reason}; served live: {contest.note}")
+        else:
+            chosen_point, chosen_result = contest.served.find(chosen_point.knobs)
+        static_point = constant
+    chosen = _chosen(cfg, space, chosen_point.knobs)
+    if chosen_point.knobs.is_tree:
         chosen = dataclasses.replace(chosen, best_chain=_best_chain(points, remeasured.points))
-    entries = tuple(ScheduleEntry(**{k: e[k] for k in ScheduleEntry.KEYS if k in e}) for e in schedule)
     metrics = _chosen_metrics(
-        cfg, space, choice.point, chosen_result, base_point, static_point, final.best_static
+        cfg, space, chosen_point, chosen_result, base_point, static_point, final.best_static
     )
     return Decision(
         points,
         remeasured,
         choice,
         chosen,
-        BatchSchedule(entries, crossover),
+        _schedule(cfg, chosen, chosen_point, base_point, contest),
         metrics,
         base_point,
         baseline,
         _prediction_check(measurement, chosen, chosen_result),
+        contest,
     )
+
+
+def _constant(chosen: Point, best_static: Point | None) -> Point:
+    """The best constant: the chosen configuration where it is one K (or none), else the best static gamma."""
+    if chosen.knobs.gamma == 0 or chosen.knobs.is_static_chain or best_static is None:
+        return chosen
+    return best_static
+
+
+def serve_table(
+    cfg: TuneConfig,
+    backend: Backend,
+    remeasured: Remeasured,
+    chosen: Point,
+    off: Point,
+    best_static: Point | None,
+    say: Say,
+) -> TableContest:
+    """The per-level choices; where their K differ, the table they make served live beside the best
+    constant and no speculation (:func:`remeasure`), and its :func:`autotune.selection.table_verdict`.
+    """
+    constant = _constant(chosen, best_static)
+    drafter = constant.knobs.drafter if constant.knobs.gamma > 0 else chosen.knobs.drafter
+    if best_static is not None and constant.knobs.gamma == 0:
+        drafter = best_static.knobs.drafter
+    levels = per_level_choices(remeasured.points, cfg.batch_sizes, drafter)
+    table = table_of(levels)
+    per_level = ", ".join(f"{c.batch_size}: {c.gamma}" for c in levels)
+
+    def unserved(note: str) -> TableContest:
+        return TableContest(levels, table, None, None, None, note)
+
+    if not (constant is chosen or chosen.knobs.is_static_chain or chosen.knobs.gamma == 0):
+        return unserved(f"the chosen {chosen.knobs.label} is no K a table holds; per-level K {per_level}")
+    if len(levels) < len(cfg.batch_sizes):
+        return unserved("not every load level has paired per-level measurements")
+    if len({g for _, g in table}) == 1:
+        return unserved(f"the per-level choices agree on K={table[0][1]} at every load level ({per_level})")
+    if not backend.serves_table:
+        return unserved(
+            f"{backend.name} takes one K for every batch size; the per-level choices were {per_level}"
+        )
+    knobs = Knobs.for_table(drafter, table, chosen.knobs.max_batch_size)
+    configs = [(off.knobs, None), (constant.knobs, constant.number), (knobs, None)]
+    if constant.knobs == off.knobs:
+        configs = [configs[0], configs[2]]
+    served = remeasure(
+        cfg, backend, configs, say, f"serving the per-level {knobs.label} live beside the best constant"
+    )
+    verdict = table_verdict(
+        served.find(knobs)[0], served.find(constant.knobs)[0], served.find(off.knobs)[0], cfg.batch_sizes
+    )
+    say(("table chosen: " if verdict.won else "table not chosen: ") + verdict.reason)
+    return TableContest(levels, table, knobs, served, verdict, verdict.reason)
+
+
+def _schedule(
+    cfg: TuneConfig, chosen: Chosen, point: Point, off: Point, contest: TableContest
+) -> BatchSchedule:
+    """What the stacks are given per batch size: the served table where it won, else the chosen K at
+    every level; each entry with the chosen configuration's measurement there, its paired ratio
+    over no speculation, and the K the per-level rule chose there (``level_gamma``)."""
+    level_gamma = {c.batch_size: c.gamma for c in contest.levels}
+    gamma = chosen.gamma
+    if chosen.best_chain is not MISSING and chosen.best_chain is not None:
+        gamma = int(chosen.best_chain["gamma"])  # a tree was chosen: chain-only stacks get the best chain
+    entries = []
+    for b in cfg.batch_sizes:
+        entry: dict[str, Any] = {
+            "batch_size": b,
+            "gamma": point.knobs.gamma_at(b) if point.knobs.is_table else gamma,
+        }
+        if b in point.per_batch:
+            entry["tokens_per_second"] = point.per_batch[b]
+        if b in off.per_batch:
+            entry["baseline_tokens_per_second"] = off.per_batch[b]
+        mine, base = point.per_batch_rounds.get(b, ()), off.per_batch_rounds.get(b, ())
+        if mine and len(mine) == len(base) and point.knobs != off.knobs:
+            ratio = paired_ratio(mine, base)
+            entry.update(ratio=ratio.as_dict(), significant=significant(ratio))
+        extra = {"level_gamma": level_gamma[b]} if b in level_gamma else {}
+        entries.append(ScheduleEntry(**{k: entry[k] for k in ScheduleEntry.KEYS if k in entry}, extra=extra))
+    crossover = None
+    for e in reversed(entries):
+        if e.gamma != 0:
+            break
+        crossover = e.batch_size
+    return BatchSchedule(tuple(entries), crossover)
 
 
 def _chosen(cfg: TuneConfig, space: Space, knobs: Knobs) -> Chosen:
@@ -368,6 +530,7 @@ def build_profile(
         curves=measurement["curves"],
         acceptance={k: v for k, v in measurement["acceptance"].items() if k != "samples"},
         predicted_vs_measured=d.predicted_vs_measured,
+        table_decision=d.table.to_json(),
     )
 
 

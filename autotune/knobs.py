@@ -9,7 +9,9 @@ Vocabulary: ``gamma`` is the number of draft tokens per step (0 = speculation of
 ``gamma_policy`` is the per-row policy (``constant`` or ``heuristic``; its stored key is
 ``gamma_schedule``, which is *not* the profile's by-batch-size ``schedule``); ``tree`` is the
 token-tree shape (``()`` = the chain, a per-depth top-k tuple, or a dynamic
-:class:`engine.tree.DynamicTree`), whose depth is then the gamma.
+:class:`engine.tree.DynamicTree`), whose depth is then the gamma; ``table`` is a by-batch-size
+K table (:data:`Table`: what vLLM serves as ``num_speculative_tokens_per_batch_size``), whose
+largest K is then the gamma.
 """
 
 from __future__ import annotations
@@ -24,11 +26,18 @@ from autotune.errors import ConfigError
 from engine.errors import EngineInputError
 from engine.speculative import SpecConfig
 from engine.tree import DynamicTree, TreeShape, tree_depth
+from profiles.exporters._common import batch_ranges
 
 Tree = tuple[int, ...] | DynamicTree
 """A token tree as the tuner holds it: ``()`` is the chain."""
 
+Table = tuple[tuple[int, int], ...]
+"""A by-batch-size K table: tuned ``(batch_size, K)`` points, sorted; ``()`` is one K everywhere.
+With B running requests the K is that of the smallest tuned batch size >= B, above the largest
+the last point's (:meth:`engine.speculative.SpecConfig.gamma_at`, the vLLM export's ranges)."""
+
 CHAIN = "chain"
+TABLE_PARAM = "table"
 PARAM_KEYS = ("drafter", "gamma", "confidence_threshold", "gamma_schedule", "max_batch_size")
 """Optuna's flat params, in the order studies and profiles store them (``tree_topk`` follows when
 trees are searched)."""
@@ -92,7 +101,10 @@ class Knobs:
 
     ``max_batch_size`` is the engine's rows (a stack's ``--max-num-seqs``). A tree (``tree`` not
     ``()``) drafts with the ``model`` drafter; its gamma is its depth, its threshold 0 and its
-    policy constant (:meth:`for_tree`).
+    policy constant (:meth:`for_tree`). A table (``table`` not ``()``) is a constant-policy chain
+    whose K follows the number of running requests; its gamma is its largest K
+    (:meth:`for_table`). Tables are not searched by the study: the decision builds one from the
+    per-level choices and serves it live (autotune.decision).
     """
 
     drafter: str
@@ -101,6 +113,19 @@ class Knobs:
     gamma_policy: str = "constant"
     max_batch_size: int = 1
     tree: Tree = ()
+    table: Table = ()
+
+    @classmethod
+    def for_table(cls, drafter: str, table: Table, max_batch_size: int) -> Knobs:
+        """A chain of ``drafter`` whose K follows ``table`` (gamma = its largest K).
+
+        Example:
+            >>> k = Knobs.for_table("model", ((1, 5), (4, 3), (16, 0)), 16)
+            >>> k.gamma, k.is_table, k.label
+            (5, True, 'table 1:5 2-4:3 5-16:0')
+        """
+        points = tuple(sorted((int(b), int(g)) for b, g in table))
+        return cls(drafter, max(g for _, g in points), 0.0, "constant", max_batch_size, (), points)
 
     @classmethod
     def for_tree(cls, tree: Tree, max_batch_size: int) -> Knobs:
@@ -123,6 +148,7 @@ class Knobs:
             gamma_policy=str(params.get("gamma_schedule", "constant")),
             max_batch_size=int(params.get("max_batch_size", 1)),
             tree=parse_tree(params.get(TREE_PARAM, CHAIN), f"params.{TREE_PARAM}"),
+            table=tuple((int(b), int(g)) for b, g in params.get(TABLE_PARAM, ())),
         )
 
     def to_params(self, with_tree: bool) -> dict[str, Any]:
@@ -141,6 +167,8 @@ class Knobs:
         }
         if with_tree:
             out[TREE_PARAM] = self.tree_name
+        if self.table:
+            out[TABLE_PARAM] = [list(p) for p in self.table]
         return out
 
     @property
@@ -159,18 +187,35 @@ class Knobs:
         return tree_name(self.tree) if self.is_tree else CHAIN
 
     @property
+    def is_table(self) -> bool:
+        """A chain whose K follows the number of running requests (:data:`Table`)."""
+        return bool(self.table) and self.speculates
+
+    @property
     def is_static_chain(self) -> bool:
-        """A speculative chain with constant gamma and no threshold: what a stack's K is."""
+        """A speculative chain with one constant gamma and no threshold: what a stack's K is."""
         return (
             self.gamma > 0
             and not self.is_tree
+            and not self.table
             and self.gamma_policy == "constant"
             and self.confidence_threshold == 0.0
         )
 
+    def gamma_at(self, batch: int) -> int:
+        """The K with ``batch`` running requests: the table's (:meth:`SpecConfig.gamma_at`), else gamma.
+
+        Example:
+            >>> [Knobs.for_table("model", ((1, 5), (4, 3), (16, 0)), 16).gamma_at(b) for b in (1, 2, 5, 32)]
+            [5, 3, 0, 0]
+        """
+        return self.spec_config().gamma_at(batch) if self.is_table else self.gamma
+
     def without_speculation(self) -> Knobs:
         """The same batch shape and drafter with speculation off (the AR baseline)."""
-        return dataclasses.replace(self, gamma=0, confidence_threshold=0.0, gamma_policy="constant", tree=())
+        return dataclasses.replace(
+            self, gamma=0, confidence_threshold=0.0, gamma_policy="constant", tree=(), table=()
+        )
 
     def spec_config(self) -> SpecConfig:
         """The engine's settings; a tree becomes :meth:`SpecConfig.for_tree` (gamma = its depth).
@@ -182,13 +227,16 @@ class Knobs:
         if self.is_tree:
             return SpecConfig.for_tree(self.tree)
         return SpecConfig(
-            gamma=self.gamma, confidence_threshold=self.confidence_threshold, gamma_schedule=self.gamma_policy
+            gamma=self.gamma,
+            confidence_threshold=self.confidence_threshold,
+            gamma_schedule=self.gamma_policy,
+            batch_gammas=self.table,
         )
 
     @property
     def simplicity(self) -> tuple[int, int, int, float, int]:
-        """Sort key, simplest first: no speculation, then constant gamma, a chain (not a token tree),
-        no threshold, small gamma.
+        """Sort key, simplest first: no speculation, then one constant gamma (not a per-row policy,
+        not a by-batch-size table), a chain (not a token tree), no threshold, small gamma.
 
         Example:
             >>> ks = [Knobs("model", 4, gamma_policy="heuristic"), Knobs("model", 0), Knobs("model", 6)]
@@ -199,7 +247,7 @@ class Knobs:
             return (0, 0, 0, 0.0, 0)
         return (
             1,
-            int(self.gamma_policy != "constant"),
+            int(self.gamma_policy != "constant") + int(self.is_table),
             int(self.is_tree),
             self.confidence_threshold,
             self.gamma,
@@ -215,5 +263,17 @@ class Knobs:
         """
         if self.gamma == 0:
             return "gamma=0 (no speculation)"
+        if self.is_table:
+            return "table " + table_text(self.table)
         label = f"gamma={self.gamma} thr={self.confidence_threshold:.2f} {self.gamma_policy}"
         return label + f" tree={self.tree_name}" if self.is_tree else label
+
+
+def table_text(table: Table) -> str:
+    """A table as inclusive batch-size ranges: ``"1:5 2-4:3 5-16:0"`` (the last K holds above).
+
+    Example:
+        >>> table_text(((1, 5), (2, 5), (8, 2)))
+        '1-2:5 3-8:2'
+    """
+    return " ".join(f"{lo}:{g}" if lo == hi else f"{lo}-{hi}:{g}" for lo, hi, g in batch_ranges(table))

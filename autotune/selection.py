@@ -1,4 +1,4 @@
-"""Choosing the result of a study: Pareto front, SLO-feasible winner, gamma-by-batch schedule.
+"""Choosing the result of a study: Pareto front, SLO-feasible winner, per-load-level choices, the table's verdict.
 
 Pure functions over :class:`Point` records (one per trial or re-measurement), so the rules are
 tested on synthetic fronts without running anything.
@@ -177,91 +177,129 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
         pool = [p for p in pool if p is not winner]
 
 
-def batch_schedule(
-    points: Sequence[Point], batch_sizes: Sequence[int], min_gain: float = 1.02, prefer: Point | None = None
-) -> tuple[list[dict], int | None]:
-    """Per batch size, the gamma of the fastest measured configuration there.
+@dataclass(frozen=True)
+class LevelChoice:
+    """The configuration chosen at one load level (``point`` is its view at that level:
+    :func:`at_level`), and why."""
 
-    Speculation must beat the best gamma=0 measurement at that batch size by ``min_gain``
-    (2% by default: smaller gains are noise on a shared machine), else the entry is gamma 0.
-    Where re-measured points carry paired per-round throughput at that batch size (``per_batch_rounds``,
-    2 rounds or more), the decision is instead made among them by the interval rule: the fastest
-    speculative one must beat the fastest gamma=0 one with a ratio interval above 1, and the entry
-    records the ``ratio`` (value, 95% interval, rounds) and ``significant``. With ``prefer`` (the
-    chosen configuration) the same margin rule keeps the schedule coherent with the choice: at a
-    batch size where the fastest speculative point does not beat ``prefer`` significantly,
-    ``prefer``'s gamma stands for speculation there (the entry's ``kept_chosen`` says so), so the
-    exports that take the table and those that take the chosen gamma agree unless the data says
-    otherwise.
-    The crossover is the smallest batch size from which every larger one has gamma 0 (None
-    when speculation pays at every measured batch size).
+    batch_size: int
+    point: Point
+    reason: str
+
+    @property
+    def gamma(self) -> int:
+        return self.point.knobs.gamma
+
+
+def at_level(p: Point, b: int) -> Point:
+    """``p`` as measured at load level ``b``: its tokens/s and paired rounds there (latency not kept)."""
+    rounds = tuple((t, 0.0) for t in p.per_batch_rounds.get(b, ()))
+    return Point(p.knobs, p.per_batch[b], 0.0, number=p.number, rounds=rounds)
+
+
+def per_level_choices(points: Sequence[Point], batch_sizes: Sequence[int], drafter: str) -> list[LevelChoice]:
+    """At each load level, the margin rule over the constant configurations measured there.
+
+    The pool at level ``b`` is speculation off and every constant K of ``drafter`` (static
+    chains: what a stack's K and a table's entries are) with paired rounds at ``b``. The fastest
+    is taken unless a simpler one (no speculation, then a smaller K) is not significantly slower
+    there (:func:`choose_with_margin`); the reason says which comparison decided.
 
     Example:
-        >>> pts = [Point(Knobs("model", 0), 0, 0, per_batch={1: 10, 8: 80}),
-        ...        Point(Knobs("model", 4), 0, 0, per_batch={1: 20, 8: 60})]
-        >>> batch_schedule(pts, [1, 8])
-        ([{'batch_size': 1, 'gamma': 4, 'tokens_per_second': 20, 'baseline_tokens_per_second': 10}, \
-{'batch_size': 8, 'gamma': 0, 'tokens_per_second': 80, 'baseline_tokens_per_second': 80}], 8)
+        >>> def pt(g, *tps):
+        ...     return Point(Knobs("model", g), 0, 0, per_batch={1: tps[0], 8: tps[-1]},
+        ...                  per_batch_rounds={1: tps[:3], 8: tps[3:]})
+        >>> pts = [pt(0, 50, 52, 51, 200, 204, 198), pt(2, 80, 82, 79, 190, 196, 191),
+        ...        pt(5, 99, 103, 100, 170, 172, 171)]
+        >>> [(c.batch_size, c.gamma) for c in per_level_choices(pts, [1, 8], "model")]
+        [(1, 5), (8, 0)]
     """
-    schedule = []
+    out = []
     for b in batch_sizes:
-        at_b = [p for p in points if b in p.per_batch]
-        entry = _schedule_entry_with_margin(at_b, b, prefer)
-        if entry is not None:
-            schedule.append(entry)
+        pool = [
+            at_level(p, b)
+            for p in points
+            if b in p.per_batch
+            and p.per_batch_rounds.get(b)
+            and (p.knobs.gamma == 0 or (p.knobs.is_static_chain and p.knobs.drafter == drafter))
+        ]
+        sizes = {len(p.rounds) for p in pool}
+        if not pool or len(sizes) != 1:
             continue
-        base = max((p.per_batch[b] for p in at_b if p.knobs.gamma == 0), default=None)
-        spec = max((p for p in at_b if p.knobs.gamma > 0), key=lambda p: p.per_batch[b], default=None)
-        if spec is not None and (base is None or spec.per_batch[b] >= min_gain * base):
-            schedule.append(
-                {
-                    "batch_size": b,
-                    "gamma": spec.knobs.gamma,
-                    "tokens_per_second": spec.per_batch[b],
-                    "baseline_tokens_per_second": base,
-                }
-            )
-        else:
-            schedule.append(
-                {"batch_size": b, "gamma": 0, "tokens_per_second": base, "baseline_tokens_per_second": base}
-            )
-    crossover = None
-    for entry in reversed(schedule):
-        if entry["gamma"] != 0:
-            break
-        crossover = entry["batch_size"]
-    return schedule, crossover
+        choice = choose_with_margin(pool, has_slo=True)  # every level point is feasible: max tokens/s
+        reason = choice.reason.removeprefix("highest throughput meeting every SLO").lstrip("; ")
+        out.append(LevelChoice(b, choice.point, reason or "the only configuration measured here"))
+    return out
 
 
-def _schedule_entry_with_margin(at_b: Sequence[Point], b: int, prefer: Point | None = None) -> dict | None:
-    """The interval-rule entry at batch size ``b``, or None where no paired repeats exist there."""
-    repeated = [p for p in at_b if len(p.per_batch_rounds.get(b, ())) >= 2]
-    base = max((p for p in repeated if p.knobs.gamma == 0), key=lambda p: p.per_batch[b], default=None)
-    fastest = max((p for p in repeated if p.knobs.gamma > 0), key=lambda p: p.per_batch[b], default=None)
-    if base is None or fastest is None or len(base.per_batch_rounds[b]) != len(fastest.per_batch_rounds[b]):
-        return None
-    spec, kept = fastest, False
-    mine = next((p for p in repeated if prefer is not None and p.knobs == prefer.knobs), None)
-    if (
-        mine is not None
-        and mine is not fastest
-        and mine.knobs.gamma > 0
-        and len(mine.per_batch_rounds[b]) == len(fastest.per_batch_rounds[b])
-        and not significant(paired_ratio(fastest.per_batch_rounds[b], mine.per_batch_rounds[b]))
-    ):
-        spec, kept = mine, True  # the fastest is not separable from the chosen configuration here
-    ratio = paired_ratio(spec.per_batch_rounds[b], base.per_batch_rounds[b])
-    win = significant(ratio)
-    chosen = spec if win else base
-    entry = {
-        "batch_size": b,
-        "gamma": chosen.knobs.gamma,
-        "tokens_per_second": chosen.per_batch[b],
-        "baseline_tokens_per_second": base.per_batch[b],
-        "ratio": ratio.as_dict(),
-        "significant": win,
-        "best_speculative_gamma": fastest.knobs.gamma,
-    }
-    if kept:
-        entry["kept_chosen"] = True
-    return entry
+def table_of(choices: Sequence[LevelChoice]) -> tuple[tuple[int, int], ...]:
+    """The by-batch-size table the per-level choices make: ``((batch_size, K), ...)``."""
+    return tuple(sorted((c.batch_size, c.gamma) for c in choices))
+
+
+@dataclass(frozen=True)
+class TableVerdict:
+    """Whether a served table replaces the best constant: per level, its paired ratios over the
+    constant and over no speculation; ``won`` and the reason in one sentence with the numbers."""
+
+    won: bool
+    per_level: list[dict]
+    reason: str
+
+
+def table_verdict(table: Point, constant: Point, off: Point, batch_sizes: Sequence[int]) -> TableVerdict:
+    """The table wins when, served live, it beats the best constant significantly at one load level at
+    least and is not significantly worse than it at any (the interval of the paired per-level ratio).
+
+    All three points come from the same interleaved re-measurement (paired rounds per level), so
+    the table's own serving cost (a stack's dynamic-K bookkeeping) is in what is compared.
+
+    Example:
+        >>> def pt(k, r1, r8):
+        ...     return Point(k, 0, 0, per_batch={1: r1[0], 8: r8[0]}, per_batch_rounds={1: r1, 8: r8})
+        >>> off = pt(Knobs("model", 0), (50, 52, 51), (200, 204, 198))
+        >>> k5 = pt(Knobs("model", 5), (99, 103, 100), (170, 172, 171))
+        >>> tab = pt(Knobs.for_table("model", ((1, 5), (8, 0)), 8), (98, 104, 100), (199, 203, 197))
+        >>> v = table_verdict(tab, k5, off, [1, 8])
+        >>> v.won, [lv["significant_over_constant"] for lv in v.per_level]
+        (True, [False, True])
+    """
+    rows: list[dict] = []
+    better: list[tuple[int, Estimate]] = []
+    worse: list[tuple[int, Estimate]] = []
+    for b in batch_sizes:
+        t, c, o = (p.per_batch_rounds.get(b, ()) for p in (table, constant, off))
+        if not t or len(t) != len(c) or len(t) != len(o):
+            continue
+        over_c, over_o = paired_ratio(t, c), paired_ratio(t, o)
+        is_better = significant(over_c)
+        is_worse = (over_c.value < 1.0) if over_c.n < 2 else over_c.high < 1.0
+        rows.append(
+            {
+                "batch_size": b,
+                "table_gamma": table.knobs.gamma_at(b),
+                "constant_gamma": constant.knobs.gamma,
+                "tokens_per_second": table.per_batch[b],
+                "constant_tokens_per_second": constant.per_batch[b],
+                "off_tokens_per_second": off.per_batch[b],
+                "ratio_over_constant": over_c.as_dict(),
+                "ratio_over_off": over_o.as_dict(),
+                "significant_over_constant": is_better,
+                "significantly_worse_than_constant": is_worse,
+            }
+        )
+        (better if is_better else worse if is_worse else []).append((b, over_c))
+
+    def where(found: list[tuple[int, Estimate]]) -> str:
+        return ", ".join(f"batch {b}: {describe_difference(r)}" for b, r in found)
+
+    name = f"{table.knobs.label} vs the best constant ({constant.knobs.label})"
+    if not rows:
+        return TableVerdict(False, rows, f"{name}: no paired per-level measurements")
+    if worse:
+        return TableVerdict(False, rows, f"{name}: worse at {where(worse)}")
+    if not better:
+        return TableVerdict(
+            False, rows, f"{name}: not significantly better at any load level, so the constant stays"
+        )
+    return TableVerdict(True, rows, f"{name}: better at {where(better)}, not worse anywhere")

@@ -12,6 +12,7 @@ importable from here too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,8 @@ class ExportInputs:
         True  # False: no chain of the draft model was measured; gamma is the tree's depth
     )
     tree_nodes: int = 0
+    # why the schedule is a by-batch-size table or one K: the profile's table_decision, in a sentence
+    schedule_note: str = ""
 
     @property
     def schedule_max(self) -> int:
@@ -155,4 +158,17 @@ def export_inputs(
         tree_gamma=len(tree),
         best_chain_measured=chain_measured,
         tree_nodes=chosen.tree_nodes,
+        schedule_note=_schedule_note(profile),
     )
+
+
+def _schedule_note(profile: Profile) -> str:
+    """The profile's ``table_decision`` as one sentence for the exports' notes ("" when absent)."""
+    decision = profile.table_decision
+    if decision is MISSING or not isinstance(decision, Mapping):
+        return ""
+    levels = decision.get("levels") or []
+    per_level = ", ".join(f"{lv['batch_size']}: {lv['gamma']}" for lv in levels if isinstance(lv, Mapping))
+    head = f"the per-level choice of K was (batch size: K) {per_level}; " if per_level else ""
+    served = "served live, chosen: " if decision.get("won") else ""
+    return head + served + str(decision.get("reason", ""))

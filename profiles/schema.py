@@ -321,6 +321,7 @@ _PROFILE_KEYS = (
     "selection",
     "schedule",
     "crossover_batch_size",
+    "table_decision",
     "metrics",
     "baseline",
     "trials",
@@ -360,6 +361,8 @@ class Profile:
     chosen: Chosen = MISSING
     selection: Mapping[str, Any] = MISSING  # met_slo, reason, trial
     schedule: BatchSchedule = MISSING  # stored as `schedule` and `crossover_batch_size`
+    # the per-level choices, the table they make, whether it was served live and won, and why
+    table_decision: Mapping[str, Any] = MISSING
     metrics: Mapping[str, Any] = MISSING
     baseline: Mapping[str, Any] = MISSING
     trials: Sequence[Mapping[str, Any]] = MISSING

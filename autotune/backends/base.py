@@ -6,13 +6,15 @@ selection and the profile never ask which backend ran. :func:`run_levels` is the
 backend shares: one level after the other under the trial's time limit
 (``budget.trial_timeout_s``, or the tighter :data:`TRIAL_CUT` the study sets from the trials so
 far), each level's metrics kept as a :class:`autotune.records.LevelMetrics`, the objectives
-aggregated over all levels.
+aggregated over all levels; then, with ``workload.trace`` set, the arrival trace
+(:mod:`autotune.trace`) once through the same ``run_level`` under the same limit, its metrics kept
+apart (``TrialResult.trace``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -20,11 +22,13 @@ from typing import Any, Protocol
 from autotune.config import LoadLevel, TuneConfig
 from autotune.knobs import Knobs
 from autotune.records import LevelMetrics, TrialResult
+from engine.speculative import Request
 from profiles.schema import MISSING
 
 LevelRun = Callable[[LoadLevel, "float | None"], Mapping[str, Any]]
 """Runs one load level within the seconds left of the trial (None: no limit) -> the run's metrics
-(``generated_tokens``, ``wall_s`` and the level keys of docs/metrics.md)."""
+(``generated_tokens``, ``wall_s`` and the level keys of docs/metrics.md). A level whose ``trace``
+is set replays those arrivals instead (each request at its offset)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class Backend(Protocol):
     name: str
     fixed_knobs: Mapping[str, Any]  # knobs the backend cannot express, and the value they are fixed at
     remeasure_order: str  # "interleaved" (A B C A B C) or "back-to-back per server"
+    serves_table: bool  # runs a by-batch-size K table (Knobs.table) as one configuration
 
     def budget(self) -> TrialBudget:
         """The study's trial count and cap on this backend (from tune.yaml)."""
@@ -76,6 +81,7 @@ def run_levels(
     run_level: LevelRun,
     clock: Callable[[], float] = time.perf_counter,
     startup_s: float | None = MISSING,
+    trace: Sequence[tuple[float, Request]] | None = None,
 ) -> TrialResult:
     """Run every load level of ``cfg``'s workload; aggregate the two objectives.
 
@@ -83,15 +89,22 @@ def run_levels(
     configured latency percentile at the worst level. ``budget.trial_timeout_s`` covers the whole
     trial, or :data:`TRIAL_CUT` where it is set and tighter: each level gets what is left of it,
     read from ``clock``; a level that runs out raises TimeoutError saying which limit and how many
-    levels were done.
+    levels were done. With ``workload.trace`` set, ``trace`` (its arrivals, ``Context.trace``) runs
+    last, as ``LoadLevel(trace=...)`` within what is left; its metrics are ``TrialResult.trace``,
+    in neither objective.
     """
+    if (cfg.workload.trace is None) != (trace is None):
+        raise ValueError("run_levels: pass the arrivals of workload.trace exactly when it is set")
     per_level: dict[int, LevelMetrics] = {}
     tokens = wall = 0.0
     levels = cfg.workload.load_levels
+    if trace is not None:
+        levels = (*levels, LoadLevel(trace=tuple(trace)))
     fixed, cut = cfg.budget.trial_timeout_s, TRIAL_CUT.get()
     if cut is not None and fixed is not None and cut.seconds >= fixed:
         cut = None
     limit = fixed if cut is None else cut.seconds
+    trace_metrics: LevelMetrics | None = None
     t0 = clock()
     for done, level in enumerate(levels):
         left = None if limit is None else limit - (clock() - t0)
@@ -99,13 +112,19 @@ def run_levels(
             if left is not None and left <= 0:
                 raise TimeoutError
             metrics = run_level(level, left)
-        except TimeoutError:  # the limit is the whole trial's, every load level included
-            levels_done = f"({done} of {len(levels)} load levels done)"
+        except TimeoutError:  # the limit is the whole trial's, every load level (and the trace) included
+            n_levels = len(levels) - (trace is not None)
+            levels_done = f"({min(done, n_levels)} of {n_levels} load levels done)"
+            if level.trace is not None:
+                levels_done = f"(all {n_levels} load levels done, not the workload.trace run)"
             if cut is not None:
                 raise TimeoutError(f"trial cut after {cut.seconds:.0f} s, {cut.why} {levels_done}") from None
             raise TimeoutError(f"trial exceeded trial_timeout_s={fixed:g} s {levels_done}") from None
+        if level.trace is not None:
+            trace_metrics = LevelMetrics.from_metrics(metrics)
+            continue
         per_level[level.batch_key(max_batch_size)] = LevelMetrics.from_metrics(metrics)
         tokens += metrics["generated_tokens"]
         wall += metrics["wall_s"]
     worst = max(getattr(lv, cfg.objectives.latency) or 0.0 for lv in per_level.values())
-    return TrialResult(tokens / wall, worst, per_level, startup_s=startup_s)
+    return TrialResult(tokens / wall, worst, per_level, startup_s=startup_s, trace=trace_metrics)

@@ -31,6 +31,7 @@ class EngineBackend:
     name = "engine"
     fixed_knobs: Mapping[str, Any] = {}
     remeasure_order = "interleaved"
+    serves_table = True  # SpecConfig.batch_gammas: K follows the running rows at every step
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -54,12 +55,14 @@ class EngineBackend:
                 concurrency=level.concurrency,
                 rate=level.rate,
                 num_requests=cfg.workload.num_requests,
+                arrivals=level.trace,  # the workload's arrival trace (run_levels runs it last)
             )
             return run_load(
                 ctx.pair, ctx.requests, spec, knobs.drafter, load, seed, time_limit_s=left, **ngram
             ).metrics
 
-        return run_levels(cfg, knobs.max_batch_size, run_level, clock)
+        trace = getattr(ctx, "trace", None)  # Context.trace; a test's stand-in context may lack it
+        return run_levels(cfg, knobs.max_batch_size, run_level, clock, trace=trace)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}

@@ -62,7 +62,7 @@ def trial_inputs(
         gamma_schedule=knobs.gamma_policy,
         prompt_lookup_min=cfg.search.ngram_min if ngram else None,
         prompt_lookup_max=cfg.search.ngram_max if ngram else None,
-        schedule=((max(cfg.batch_sizes), gamma),),
+        schedule=knobs.table if knobs.table and gamma else ((max(cfg.batch_sizes), gamma),),
         max_batch_size=knobs.max_batch_size,
     )
 
@@ -78,6 +78,7 @@ class HttpBackend:
     startup_timeout_s = 600.0
 
     remeasure_order = "back-to-back per server"  # alternating configurations would restart a server each run
+    serves_table = False  # a stack that takes a by-batch-size K table says so (vLLM)
 
     def __init__(self, ctx: Context, log_dir: Path) -> None:
         self.ctx = ctx
@@ -150,20 +151,22 @@ class HttpBackend:
             run = run_http_load(
                 endpoint,
                 self.ctx.requests,
-                cfg.workload.num_requests,
+                len(level.trace) if level.trace is not None else cfg.workload.num_requests,
                 concurrency=level.concurrency,
                 rate=level.rate,
                 seed=seed,
                 time_limit_s=left,
+                arrivals=level.trace,  # the workload's arrival trace (run_levels runs it last)
             )
             counts = spec_counts(server.get("/metrics"), self.metrics_prefix) - before
-            if records is not None:
+            if records is not None and level.trace is None:
                 records[level.batch_key(max_batch_size)] = run.records
             return {**run.metrics, **counts.metrics()}
 
         try:
             self._warmup(endpoint, max_batch_size)
-            return run_levels(cfg, max_batch_size, run_level, startup_s=server.startup_s)
+            trace = getattr(self.ctx, "trace", None)  # Context.trace; a test's stand-in context may lack it
+            return run_levels(cfg, max_batch_size, run_level, startup_s=server.startup_s, trace=trace)
         except (LoadError, TimeoutError, OSError) as exc:
             server.check_alive(grace_s=3.0)  # a dead server explains the failure better, with its log
             self.close()  # a hung or broken server is not reused

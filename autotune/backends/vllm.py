@@ -98,6 +98,7 @@ class VllmBackend(HttpBackend):
     name = "vllm"
     metrics_prefix = "vllm"
     fixed_knobs = FIXED_KNOBS
+    serves_table = True  # num_speculative_tokens_per_batch_size, applied by vLLM's scheduler
     extra_body = (("return_token_ids", True),)
 
     def __init__(self, ctx: Context, python: Path | None = None) -> None:

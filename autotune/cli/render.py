@@ -151,6 +151,18 @@ def _schedule_text(e: ScheduleEntry | Mapping[str, Any]) -> str:
     return text + f" (speculation vs gamma 0: {describe_difference(estimate)})"
 
 
+def _table_lines(decision: Mapping[str, Any] | None) -> list[str]:
+    """The per-level choices and the table's verdict (profiles from before tables have none)."""
+    if decision is MISSING or not decision:
+        return []
+    levels = ", ".join(f"B={lv['batch_size']}: {lv['gamma']}" for lv in decision.get("levels", []))
+    verdict = "served live and chosen" if decision.get("won") else "served live, not chosen"
+    return [
+        f"per level   K chosen per load level: {levels or 'none'}",
+        f"table       {verdict if decision.get('served') else 'not served'}: {decision.get('reason', '')}",
+    ]
+
+
 def _profile(p: Profile | Mapping[str, Any]) -> Profile:
     """The typed profile; the stored JSON of one (with its ``id``) is read with :meth:`Profile.from_json`."""
     return p if isinstance(p, Profile) else Profile.from_json(p)
@@ -249,6 +261,7 @@ def render_tune(p: Profile | Mapping[str, Any]) -> str:
             if crossover
             else "; speculation pays at every measured batch size"
         ),
+        *_table_lines(p.table_decision),
         f"stored      profile #{pid} in {study['storage']}",
     ]
     if study.get("provisional"):

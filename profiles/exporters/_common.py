@@ -87,7 +87,7 @@ def comment_header(
     ]
     if usage:
         lines.append(f"# Usage: {usage}")
-    for note in notes:
+    for note in [*notes, *load_level_notes(inputs)]:
         lines += textwrap.wrap(
             note,
             width=100,
@@ -106,8 +106,13 @@ def sidecar_json(
     record = provenance(inputs, stack)
     record["speculation"] = speculation
     record.update({key: value for key, value in extra.items() if value is not None})
-    record["notes"] = list(notes)
+    record["notes"] = [*notes, *load_level_notes(inputs)]
     return json.dumps(record, indent=2, ensure_ascii=False) + "\n"
+
+
+def load_level_notes(inputs: ExportInputs) -> list[str]:
+    """The per-load-level decision every export carries: why a by-batch-size table is, or is not, in it."""
+    return [f"Load levels: {inputs.schedule_note}"] if inputs.schedule_note else []
 
 
 def json_lines(obj: dict[str, Any]) -> str:

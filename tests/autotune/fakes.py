@@ -26,6 +26,7 @@ class FakeBackend:
     name = "engine"
     fixed_knobs: dict[str, Any] = {}
     remeasure_order = "interleaved"
+    serves_table = True
 
     def __init__(self, ctx: Context, run: RunFn) -> None:
         self.cfg, self._run = ctx.cfg, run
@@ -78,10 +79,12 @@ def result_of(per_level: dict[int, dict[str, Any]], latency: str = "tpot_ms_p95"
 
 
 def synthetic_run(cfg, knobs: Knobs, seed: int) -> TrialResult:  # noqa: ARG001 - a backend run's signature
-    """Deterministic stand-in for a load run: speculation helps at B=1 and hurts at B=2."""
-    g, thr = knobs.gamma, knobs.confidence_threshold
+    """Deterministic stand-in for a load run: speculation helps at B=1 and hurts at B=2 (a table's K
+    follows the level)."""
+    thr = knobs.confidence_threshold
     per_level = {}
     for c in cfg.workload.concurrency:
+        g = knobs.gamma_at(c)
         tps = 100.0 * c + (10.0 * g if c == 1 else -10.0 * g) + thr
         per_level[c] = {
             "tokens_per_second": tps,

@@ -130,6 +130,32 @@ def test_trial_flags_are_the_exporters_flags(tmp_path, tiny_pair_dirs) -> None:
             assert config["method"] == {"model": "draft_model", "ngram": "ngram"}[params["drafter"]]
 
 
+def test_a_served_table_is_the_exported_table_byte_for_byte(tmp_path, tiny_pair_dirs) -> None:
+    """The per-level table served live and the profile's schedule that wins: one JSON, vLLM's ranges."""
+    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable})
+    fp = {"label": "CPU", "key": "k"}
+    knobs = Knobs.for_table("model", ((1, 5), (2, 0)), 2)
+    cmd = vllm_backend.serve_command(Path(sys.executable), cfg, vllm_backend.trial_inputs(cfg, fp, knobs))
+    served = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert served["num_speculative_tokens"] == 5
+    assert served["num_speculative_tokens_per_batch_size"] == [[1, 1, 5], [2, 2, 0]]
+    profile = {
+        "tool_version": "0",
+        "created_at": "2026-11-30T00:00:00+00:00",
+        "device": fp,
+        "pair": {"target": str(cfg.models.target), "draft": str(cfg.models.draft)},
+        "chosen": {"drafter": "model", "gamma": 5, "max_batch_size": 2},
+        "schedule": [{"batch_size": 1, "gamma": 5}, {"batch_size": 2, "gamma": 0}],
+        "table_decision": {"levels": [], "won": True, "reason": "table 1:5 2:0 vs ...: better at batch 2"},
+    }
+    exported = export(profile, "vllm")
+    assert ["vllm", *cmd[2 : cmd.index("--host")]] == __import__("shlex").split(exported.command)
+    assert json.loads(exported.text) == served
+    assert any(
+        "Load levels: served live, chosen: table 1:5 2:0" in n for n in json.loads(exported.sidecar)["notes"]
+    )
+
+
 def test_missing_vllm_python_is_a_one_line_config_error(tmp_path, tiny_pair_dirs, monkeypatch) -> None:
     monkeypatch.setenv("AUTOTUNE_VLLM_PYTHON", str(tmp_path / "nope" / "python"))
     with pytest.raises(Exception, match=r"backend.vllm.python: no vLLM python at .*nope/python"):

@@ -1,4 +1,4 @@
-"""Selection rules on synthetic points: Pareto front, SLO winner, knee, gamma-by-batch schedule."""
+"""Selection rules on synthetic points: Pareto front, SLO winner, knee, per-level choices, the table verdict."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import pytest
 from autotune.knobs import Knobs
 from autotune.selection import (
     Point,
-    batch_schedule,
     choose,
     choose_with_margin,
     knee_point,
     pareto_front,
+    per_level_choices,
+    table_of,
+    table_verdict,
 )
 
 _NAMES: dict[str, int] = {}
@@ -132,85 +134,97 @@ def test_choose_refuses_nothing() -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# batch_schedule
+# per-level choices and the table verdict (paired rounds per load level)
 
 
-def run(gamma: int, per_batch: dict[int, float]) -> Point:
-    return Point(knobs(gamma), 0.0, 0.0, per_batch=per_batch)
+def levels(k: Knobs, **rounds: tuple[float, ...]) -> Point:
+    """``k`` measured at load levels ``b1=(...)``, ``b16=(...)``: paired rounds of tokens/s per level."""
+    per = {int(name[1:]): tuple(r) for name, r in rounds.items()}
+    return Point(
+        k,
+        0.0,
+        0.0,
+        per_batch={b: sorted(r)[len(r) // 2] for b, r in per.items()},
+        per_batch_rounds=per,
+    )
 
 
-def test_schedule_speculation_wins_small_loses_large() -> None:
-    points = [
-        run(0, {1: 10, 2: 20, 4: 40, 8: 80}),
-        run(2, {1: 18, 2: 30, 4: 38, 8: 60}),
-        run(4, {1: 22, 2: 28, 4: 35, 8: 50}),
-    ]
-    schedule, crossover = batch_schedule(points, [1, 2, 4, 8])
-    assert [(e["batch_size"], e["gamma"]) for e in schedule] == [(1, 4), (2, 2), (4, 0), (8, 0)]
-    assert [e["tokens_per_second"] for e in schedule] == [22, 30, 40, 80]
-    assert [e["baseline_tokens_per_second"] for e in schedule] == [10, 20, 40, 80]
-    assert crossover == 4
+OFF = levels(Knobs("model", 0), b1=(83, 85, 84, 86), b4=(296, 300, 303, 298), b16=(461, 450, 455, 448))
+K2 = levels(Knobs("model", 2), b1=(143, 141, 145, 144), b4=(304, 300, 306, 303), b16=(428, 425, 431, 426))
+K5 = levels(Knobs("model", 5), b1=(207, 205, 210, 208), b4=(395, 390, 398, 393), b16=(474, 440, 470, 452))
 
 
-def test_schedule_all_zero_crosses_over_at_the_smallest_batch() -> None:
-    points = [run(0, {1: 10, 4: 40}), run(3, {1: 9, 4: 30})]
-    schedule, crossover = batch_schedule(points, [1, 4])
-    assert [e["gamma"] for e in schedule] == [0, 0]
-    assert crossover == 1
+def test_per_level_choices_take_the_fastest_k_where_it_is_significant() -> None:
+    choices = per_level_choices([OFF, K2, K5], [1, 4, 16], "model")
+    assert [(c.batch_size, c.gamma) for c in choices] == [(1, 5), (4, 5), (16, 0)]
+    assert table_of(choices) == ((1, 5), (4, 5), (16, 0))
+    # at 16, K=5's interval against no speculation straddles 1: the simpler configuration stays
+    assert "no significant difference" in choices[2].reason
 
 
-def test_schedule_speculation_pays_everywhere_no_crossover() -> None:
-    points = [run(0, {1: 10, 4: 40}), run(3, {1: 25, 4: 60})]
-    schedule, crossover = batch_schedule(points, [1, 4])
-    assert [e["gamma"] for e in schedule] == [3, 3]
-    assert crossover is None
+def test_per_level_choices_keep_the_smaller_k_inside_the_noise() -> None:
+    k3 = levels(Knobs("model", 3), b1=(144, 142, 145, 143))
+    k2 = levels(Knobs("model", 2), b1=(143, 144, 141, 145))
+    off = levels(Knobs("model", 0), b1=(83, 85, 84, 86))
+    (choice,) = per_level_choices([off, k2, k3], [1], "model")
+    assert choice.gamma == 2
 
 
-def test_schedule_crossover_is_where_it_stays_off() -> None:
-    """Speculation off at B=2 but on again at B=4: the crossover is after the last win."""
-    points = [run(0, {1: 10, 2: 20, 4: 40, 8: 80}), run(2, {1: 20, 2: 19, 4: 50, 8: 70})]
-    schedule, crossover = batch_schedule(points, [1, 2, 4, 8])
-    assert [e["gamma"] for e in schedule] == [2, 0, 2, 0]
-    assert crossover == 8
+def test_per_level_choices_use_constant_chains_of_one_drafter_only() -> None:
+    ngram = levels(Knobs("ngram", 4), b1=(400, 401, 402, 399))
+    heuristic = levels(Knobs("model", 6, gamma_policy="heuristic"), b1=(500, 501, 502, 499))
+    tree = levels(Knobs.for_tree((2, 1), 4), b1=(600, 601, 602, 599))
+    (choice,) = per_level_choices([OFF, K2, ngram, heuristic, tree], [1], "model")
+    assert choice.point.knobs == K2.knobs
 
 
-@pytest.mark.parametrize(("spec_tps", "expected_gamma"), [(101.9, 0), (102.0, 3), (102.1, 3)])
-def test_schedule_two_percent_rule(spec_tps, expected_gamma) -> None:
-    points = [run(0, {1: 100.0}), run(3, {1: spec_tps})]
-    schedule, _ = batch_schedule(points, [1])
-    assert schedule[0]["gamma"] == expected_gamma
-    assert schedule[0]["baseline_tokens_per_second"] == 100.0
+def test_a_level_without_paired_rounds_of_equal_length_gets_no_choice() -> None:
+    short = levels(Knobs("model", 2), b1=(143, 141))
+    assert per_level_choices([OFF, short], [1], "model") == []
+    assert per_level_choices([OFF, K2], [8], "model") == []
 
 
-def test_schedule_min_gain_is_configurable() -> None:
-    points = [run(0, {1: 100.0}), run(3, {1: 104.0})]
-    assert batch_schedule(points, [1], min_gain=1.05)[0][0]["gamma"] == 0
-    assert batch_schedule(points, [1], min_gain=1.0)[0][0]["gamma"] == 3
+def table_point(table: tuple[tuple[int, int], ...], **rounds: tuple[float, ...]) -> Point:
+    return levels(Knobs.for_table("model", table, 16), **rounds)
 
 
-def test_schedule_compares_against_the_best_baseline() -> None:
-    points = [run(0, {1: 100.0}), run(0, {1: 120.0}), run(2, {1: 115.0})]
-    schedule, _ = batch_schedule(points, [1])
-    assert schedule[0] == {
-        "batch_size": 1,
-        "gamma": 0,
-        "tokens_per_second": 120.0,
-        "baseline_tokens_per_second": 120.0,
-    }
+def test_a_table_level_with_the_constant_at_two_levels_and_better_at_one_wins() -> None:
+    k5 = levels(
+        Knobs("model", 5), b1=K5.per_batch_rounds[1], b4=K5.per_batch_rounds[4], b16=(430, 428, 433, 427)
+    )
+    table = table_point(
+        ((1, 5), (4, 5), (16, 0)), b1=(206, 207, 209, 208), b4=(394, 391, 397, 392), b16=(458, 452, 456, 450)
+    )
+    verdict = table_verdict(table, k5, OFF, [1, 4, 16])
+    assert verdict.won, verdict.reason
+    by_level = {lv["batch_size"]: lv for lv in verdict.per_level}
+    assert [by_level[b]["table_gamma"] for b in (1, 4, 16)] == [5, 5, 0]
+    assert [by_level[b]["significant_over_constant"] for b in (1, 4, 16)] == [False, False, True]
+    assert not any(lv["significantly_worse_than_constant"] for lv in verdict.per_level)
+    assert "better at batch 16" in verdict.reason and "not worse anywhere" in verdict.reason
 
 
-def test_schedule_without_a_baseline_takes_the_fastest_speculative() -> None:
-    points = [run(2, {1: 50.0}), run(5, {1: 70.0})]
-    schedule, crossover = batch_schedule(points, [1])
-    assert schedule[0]["gamma"] == 5 and schedule[0]["baseline_tokens_per_second"] is None
-    assert crossover is None
+def test_a_table_worse_at_any_level_loses_even_when_better_elsewhere() -> None:
+    table = table_point(
+        ((1, 5), (16, 0)), b1=(260, 262, 261, 263), b4=(350, 352, 351, 349), b16=(456, 452, 455, 450)
+    )
+    verdict = table_verdict(table, K5, OFF, [1, 4, 16])
+    assert not verdict.won
+    assert "worse at batch 4" in verdict.reason and "significantly worse" in verdict.reason
 
 
-def test_schedule_only_uses_points_measured_at_that_batch() -> None:
-    points = [run(0, {1: 10, 4: 40}), run(4, {1: 30})]  # gamma 4 never ran at B=4
-    schedule, crossover = batch_schedule(points, [1, 4])
-    assert [e["gamma"] for e in schedule] == [4, 0]
-    assert crossover == 4
+def test_a_table_inside_the_noise_everywhere_keeps_the_constant_and_says_so() -> None:
+    table = table_point(((1, 5), (16, 2)), b1=K5.per_batch_rounds[1], b4=K5.per_batch_rounds[4])
+    verdict = table_verdict(table, K5, OFF, [1, 4])
+    assert not verdict.won and "not significantly better at any load level" in verdict.reason
+    assert all(lv["ratio_over_constant"]["value"] == pytest.approx(1.0) for lv in verdict.per_level)
+
+
+def test_a_table_that_beats_the_constant_where_it_switches_speculation_off_wins() -> None:
+    k5 = levels(Knobs("model", 5), b1=(207, 205, 210, 208), b16=(400, 402, 398, 401))
+    table = table_point(((1, 5), (16, 0)), b1=(206, 206, 209, 207), b16=(455, 452, 457, 450))
+    verdict = table_verdict(table, k5, OFF, [1, 16])
+    assert verdict.won and "batch 16: significantly better" in verdict.reason
 
 
 # ------------------------------------------------------------------------------------------
@@ -284,16 +298,6 @@ def test_simplicity_orders_baseline_constant_threshold_gamma() -> None:
     assert sorted(ks, key=lambda k: k.simplicity) == [ks[4], ks[3], ks[2], ks[1], ks[0]]
 
 
-def test_schedule_uses_the_interval_rule_where_paired_repeats_exist() -> None:
-    noisy = [remeasured(0, AR), remeasured(3, [103.0, 99.0, 106.0, 98.0, 104.0])]
-    (entry,), crossover = batch_schedule(noisy, [1], min_gain=1.0)  # the point rule would take gamma 3
-    assert entry["gamma"] == 0 and entry["significant"] is False and crossover == 1
-    assert entry["ratio"]["n"] == 5 and entry["ratio"]["ci95"][0] < 1 < entry["ratio"]["ci95"][1]
-    clear = [remeasured(0, AR), remeasured(3, [150.0, 158.0, 147.0, 152.0, 149.0])]
-    (entry,), crossover = batch_schedule(clear, [1])
-    assert entry["gamma"] == 3 and entry["significant"] is True and crossover is None
-
-
 def test_a_steady_throughput_gain_is_not_blocked_by_noisy_p95_latency() -> None:
     # 1.3x tokens/s in every round; the p95 latency of a few requests jumps around
     ar = Point(knobs(0), 100, 10, rounds=((100, 10), (99, 9), (104, 11)))
@@ -306,23 +310,3 @@ def test_a_steady_throughput_gain_is_not_blocked_by_noisy_p95_latency() -> None:
     choice = choose_with_margin([ar, spec], has_slo=False)
     assert choice.point is spec, choice.reason
     assert "significantly better" in choice.reason
-
-
-def test_the_schedule_follows_the_chosen_gamma_where_the_fastest_is_not_separable_from_it() -> None:
-    """Chosen gamma 8 and the fastest gamma 5 within noise at B=1: the table says 8, like the choice."""
-    ar = remeasured(0, AR)
-    g5 = remeasured(5, [152.0, 149.0, 156.0, 150.0, 153.0])
-    g8 = remeasured(8, [150.0, 151.0, 153.0, 147.0, 152.0])
-    schedule, _ = batch_schedule([ar, g5, g8], [1])
-    assert schedule[0]["gamma"] == 5 and "kept_chosen" not in schedule[0]  # without a choice: the fastest
-    schedule, _ = batch_schedule([ar, g5, g8], [1], prefer=g8)
-    assert schedule[0]["gamma"] == 8 and schedule[0]["kept_chosen"] and schedule[0]["significant"]
-    assert schedule[0]["best_speculative_gamma"] == 5
-
-
-def test_a_significantly_faster_gamma_still_replaces_the_chosen_one_in_the_schedule() -> None:
-    ar = remeasured(0, AR)
-    g2 = remeasured(2, [120.0, 118.0, 121.0, 119.0, 122.0])
-    g5 = remeasured(5, [152.0, 149.0, 156.0, 150.0, 153.0])
-    schedule, _ = batch_schedule([ar, g2, g5], [1], prefer=g2)
-    assert schedule[0]["gamma"] == 5 and "kept_chosen" not in schedule[0]

@@ -61,6 +61,7 @@ def test_run_tune_end_to_end_stores_profile_and_writes_exports(tune_config, tmp_
         "selection",
         "schedule",
         "crossover_batch_size",
+        "table_decision",
         "metrics",
         "baseline",
         "trials",
@@ -202,14 +203,18 @@ def test_synthetic_schedule_turns_speculation_off_at_batch_two(tune_config) -> N
     by_batch = {e["batch_size"]: e["gamma"] for e in profile["schedule"]}
     assert by_batch[1] > 0 and by_batch[2] == 0
     assert profile["crossover_batch_size"] == 2
+    # the table was served live beside the best constant and won at batch 2, where it is off
+    decision = profile["table_decision"]
+    assert decision["served"] and decision["won"], decision["reason"]
+    assert [(lv["batch_size"], lv["gamma"]) for lv in decision["levels"]] == [(1, by_batch[1]), (2, 0)]
+    assert profile["chosen"]["gamma"] == by_batch[1] and "served live" in profile["selection"]["reason"]
     # the chosen point is compared with the best static-gamma configuration re-measured, not with its trial
     m = profile["metrics"]
     static = m["best_static"]
     assert static is not None and static["gamma"] > 0 and static["gamma_schedule"] == "constant"
     want = synthetic_run(cfg, Knobs.from_params(static), 0).tokens_per_second
     assert m["speedup_over_best_static"] == pytest.approx(m["tokens_per_second"] / want)
-    same = all(static[k] == profile["chosen"][k] for k in ("gamma", "confidence_threshold", "gamma_schedule"))
-    assert m["chosen_is_best_static"] == same
+    assert m["chosen_is_best_static"] is False  # the table was chosen over it
 
 
 def test_unrelated_study_with_a_similar_name_does_not_break_naming(tune_config) -> None:
@@ -293,11 +298,13 @@ def test_a_gain_inside_the_noise_keeps_speculation_off_and_says_why(tune_config)
 
     assert profile["chosen"]["gamma"] == 0
     assert "no significant difference (ratio " in profile["selection"]["reason"]
-    assert all(e["gamma"] == 0 and e["significant"] is False for e in profile["schedule"])
+    assert all(e["gamma"] == 0 and e["level_gamma"] == 0 for e in profile["schedule"])
+    assert profile["table_decision"]["served"] is False
+    assert "agree on K=0 at every load level" in profile["table_decision"]["reason"]
 
 
 def test_on_a_server_backend_a_configurations_repeats_run_back_to_back() -> None:
-    from autotune.decision import Finalists, remeasure
+    from autotune.decision import remeasure
 
     seen = []
 
@@ -309,7 +316,7 @@ def test_on_a_server_backend_a_configurations_repeats_run_back_to_back() -> None
     backend = FakeBackend(SimpleNamespace(cfg=cfg), run)
     backend.remeasure_order = "back-to-back per server"
     configs = [(Knobs("model", 0), None), (Knobs("model", 4), 1)]
-    out = remeasure(cfg, backend, Finalists([], None, configs[0][0], configs), lambda _: None)
+    out = remeasure(cfg, backend, configs, lambda _: None, "finalists")
     assert seen == [(0, 1), (0, 2), (0, 3), (4, 1), (4, 2), (4, 3)]
     assert out.order == "back-to-back per server" and [p.rounds for p in out.points][0] == ((10.0, 1.0),) * 3
 
