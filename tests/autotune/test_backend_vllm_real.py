@@ -135,3 +135,48 @@ def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output
     theirs = [rec.output_tokens for rec in run.records]
     assert all(-1 not in t for t in theirs)  # vLLM streamed token ids
     assert theirs == [list(t) for t in ours.tokens], json.dumps({"vllm": theirs, "engine": ours.tokens})
+
+
+def test_vllm_serves_a_two_entry_table_and_k_follows_the_load(tmp_path: Path) -> None:
+    """A by-batch-size table served as vLLM's own ``num_speculative_tokens_per_batch_size``: alone, a
+    request gets K=4 per draft; with 4 in flight, K=1. The per-position counters show it: positions
+    2-4 accept nothing at load 4 (no token is drafted there), and draft tokens per draft is 4 vs 1."""
+    from autotune import context
+    from autotune.backends.http_backend import spec_counts
+
+    raw = {
+        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},
+        "workload": {"prompts": str(DEMO_PROMPTS), "max_new_tokens": 24, "concurrency": [1, 4]},
+        "search": {"max_batch_size": [4]},
+        "backend": {
+            "name": "vllm",
+            "vllm": {"python": PYTHON, "args": ["--max-model-len", "512", "--no-enable-prefix-caching"]},
+        },
+    }
+    (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
+    cfg = load_config(tmp_path / "tune.yaml")
+    ctx = context.build(cfg)
+    backend = vllm_backend.VllmBackend(ctx)
+    knobs = Knobs.for_table("model", ((1, 4), (4, 1)), 4)
+    command = backend.command(knobs)
+    served = json.loads(command[command.index("--speculative-config") + 1])
+    assert served["num_speculative_tokens_per_batch_size"] == [[1, 1, 4], [2, 4, 1]]
+    counts = {}
+    try:
+        server = backend.server_for(command)
+        endpoint = backend.endpoint(server)
+        for load, n in ((1, 3), (4, 12)):
+            # every request with the same short budget, so the 4 in flight stay 4 until the tail
+            reqs = [Request(r.prompt_ids, 24, 0.0, id=i) for i, r in enumerate(ctx.requests[:n])]
+            before = spec_counts(server.get("/metrics"), "vllm")
+            run_http_load(endpoint, reqs, n, concurrency=load)
+            counts[load] = spec_counts(server.get("/metrics"), "vllm") - before
+    finally:
+        backend.close()
+    alone, loaded = counts[1], counts[4]
+    assert alone.draft_tokens == pytest.approx(4 * alone.drafts)  # K=4 at batch size 1
+    assert alone.accepted_per_pos[1] > 0  # position 2 is drafted and accepted at times
+    # under load most steps run 4 requests (K=1); the ramp-down tail may still draft 4
+    assert loaded.draft_tokens / loaded.drafts < 2.0, (loaded.draft_tokens, loaded.drafts)
+    share = sum(loaded.accepted_per_pos[1:]) / max(loaded.accepted, 1)
+    assert share < sum(alone.accepted_per_pos[1:]) / max(alone.accepted, 1)
