@@ -34,7 +34,7 @@ from autotune.knobs import CHAIN, Tree, parse_tree, tree_name
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import DRAFTERS
 from engine.loader import DTYPES as _DTYPE_ALIASES
-from engine.speculative import GAMMA_POLICIES  # constant / heuristic per-row gamma policy
+from engine.speculative import GAMMA_POLICIES, Request  # GAMMA_POLICIES: constant / heuristic per row
 from engine.tree import tree_depth
 from profiles.exporters import FORMATS as EXPORT_FORMATS
 
@@ -67,6 +67,7 @@ SLO_KEYS = LATENCIES + ("min_tokens_per_second",)
 DTYPES = tuple(dict.fromkeys(str(t).removeprefix("torch.") for t in _DTYPE_ALIASES.values()))
 DEFAULT_CACHE = Path("~/.cache/spec-autotune")
 BACKENDS = ("engine", "vllm", "llamacpp")  # backend.name: where a trial runs (autotune.backends)
+PHASES = "phases"  # workload.trace: the built-in low / burst / low trace (autotune.trace.phase_trace)
 
 
 @dataclass(frozen=True)
@@ -99,10 +100,13 @@ class ModelsConfig:
 
 @dataclass(frozen=True)
 class LoadLevel:
-    """One load level of the workload: closed-loop ``concurrency`` or an open-loop Poisson ``rate``."""
+    """One load level of the workload: closed-loop ``concurrency`` or an open-loop Poisson ``rate``;
+    or the workload's arrival trace (``trace``: ``(offset_s, Request)`` pairs, :mod:`autotune.trace`),
+    which :func:`autotune.backends.base.run_levels` runs after the levels and keeps apart from them."""
 
     concurrency: int | None = None
     rate: float | None = None
+    trace: tuple[tuple[float, Request], ...] | None = field(default=None, repr=False, compare=False)
 
     def batch_key(self, max_batch_size: int) -> int:
         """The batch size a level's metrics are keyed by: its concurrency, or the engine's rows under a rate."""
@@ -122,6 +126,7 @@ class WorkloadConfig:
     rate: float | None = None
     num_requests: int = 8
     truncate_prompts: bool = False
+    trace: Path | str | None = None  # null | "phases" (autotune.trace.phase_trace) | a JSONL trace file
 
     @property
     def load_levels(self) -> tuple[LoadLevel, ...]:
@@ -143,10 +148,17 @@ class WorkloadConfig:
         truncate = s.get("truncate_prompts", False)
         if not isinstance(truncate, bool):
             raise ConfigError(f"workload.truncate_prompts: must be true or false (got {truncate!r})")
+        trace = s.get("trace")
+        if trace is not None and trace != PHASES:
+            trace = s.path_("trace", base)
+            if trace is not None and not trace.is_file():
+                raise ConfigError(f"workload.trace: {s.raw['trace']} is not a file (resolved to {trace})")
         s.done()
         assert prompts is not None and max_new is not None and num_requests is not None
         assert temperature is not None and top_k is not None and top_p is not None
-        return cls(prompts, max_new, temperature, top_k, top_p, concurrency, rate, num_requests, truncate)
+        return cls(
+            prompts, max_new, temperature, top_k, top_p, concurrency, rate, num_requests, truncate, trace
+        )
 
 
 @dataclass(frozen=True)

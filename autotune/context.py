@@ -16,6 +16,7 @@ from autotune import hostnoise, profiler
 from autotune.config import TuneConfig, check_device
 from autotune.hardware import fingerprint
 from autotune.runner import Sampling, build_requests
+from autotune.trace import Arrival, load_trace
 from engine.errors import EngineInputError
 from engine.loader import ModelPair, load_pair
 from engine.speculative import Request, SpecConfig
@@ -38,6 +39,7 @@ class Context:
     pair_id: int
     pair_drafter: str  # how the pair is keyed in the store: "model" when a draft model is part of it
     compile_note: str = ""  # how the engine runs decode (compiled or eager, and why), for tune's log
+    trace: tuple[Arrival, ...] | None = None  # workload.trace as arrivals (autotune.trace)
 
     @property
     def device_key(self) -> str:
@@ -52,8 +54,8 @@ class Context:
 def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
     """Load the pair and workload, open the store, compile the engine, compute the identity hashes.
 
-    Everything a user can get wrong (folders, the workload, the storage URL) is checked before the
-    compile, which can take minutes; ``say`` hears that the compile starts."""
+    Everything a user can get wrong (folders, the workload and its arrival trace, the storage URL)
+    is checked before the compile, which can take minutes; ``say`` hears that the compile starts."""
     needs_draft = (
         "model" in cfg.search.drafter or "hybrid" in cfg.search.drafter
     )  # hybrid falls back to the draft model
@@ -78,6 +80,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
         where=str(cfg.workload.prompts),
         truncate=cfg.workload.truncate_prompts,
     )
+    trace = load_trace(cfg, pair.tokenizer, pair.target.config.max_position_embeddings, requests)
     store = Store(cfg.storage.url)
     compile_note = _compile(
         pair, cfg.models.compile, [SpecConfig.for_tree(t).tree_topk for t in cfg.search.tree_topk], say
@@ -122,6 +125,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
         pair_id,
         drafter,
         compile_note=compile_note,
+        trace=trace,
     )
 
 

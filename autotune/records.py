@@ -77,7 +77,9 @@ class TrialResult:
     ``tokens_per_second`` is generated tokens / wall time over all levels; ``latency_ms`` the
     chosen latency percentile at the worst level. ``per_level`` is keyed by batch size (the
     concurrency, or max_batch_size under an open-loop rate). ``startup_s``: a serving-stack
-    backend's server start-up, present only there.
+    backend's server start-up, present only there. ``trace``: the run of the workload's arrival
+    trace (``workload.trace``, :mod:`autotune.trace`) after the levels, None without one; it is no
+    batch-size level and no part of the two objectives.
     """
 
     tokens_per_second: float
@@ -85,22 +87,26 @@ class TrialResult:
     per_level: Mapping[int, LevelMetrics]
     startup_s: float | None = MISSING
     extra: Mapping[str, Any] = field(default_factory=dict)
+    trace: LevelMetrics | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TrialResult:
-        known = ("tokens_per_second", "latency_ms", "per_level", "startup_s")
+        known = ("tokens_per_second", "latency_ms", "per_level", "startup_s", "trace")
+        trace = data.get("trace")
         return cls(
             data["tokens_per_second"],
             data["latency_ms"],
             {b: LevelMetrics.from_json(lv) for b, lv in data["per_level"].items()},
             data.get("startup_s", MISSING),
             {k: v for k, v in data.items() if k not in known},
+            None if trace is None else LevelMetrics.from_json(trace),
         )
 
     @classmethod
     def median(cls, rounds: Sequence[TrialResult]) -> TrialResult:
-        """One result from repeated runs of a configuration: the median of every numeric metric, top level
-        and per level (a metric some round lacks, or a non-number, is taken from the first round)."""
+        """One result from repeated runs of a configuration: the median of every numeric metric, top level,
+        per level and of the trace runs (a metric some round lacks, or a non-number, is taken from the
+        first round)."""
 
         def med(values: list[Any]) -> Any:
             nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -113,12 +119,17 @@ class TrialResult:
         }
         startup = MISSING if first.startup_s is MISSING else med([r.startup_s for r in rounds])
         extra = {k: med([r.extra.get(k) for r in rounds]) for k in first.extra}
+        traces = [r.trace for r in rounds if r.trace is not None]
+        trace = (
+            LevelMetrics(**{k: med([getattr(t, k) for t in traces]) for k in LEVEL_KEYS}) if traces else None
+        )
         return cls(
             med([r.tokens_per_second for r in rounds]),
             med([r.latency_ms for r in rounds]),
             per_level,
             startup,
             extra,
+            trace,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -129,6 +140,8 @@ class TrialResult:
         }
         if self.startup_s is not MISSING:
             out["startup_s"] = self.startup_s
+        if self.trace is not None:  # absent without a trace: a stored result without one reads as before
+            out["trace"] = self.trace.to_json()
         return {**out, **self.extra}
 
 

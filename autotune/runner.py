@@ -7,7 +7,7 @@ autoregressive baseline under the same arrivals and prompts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tokenizers import Tokenizer
@@ -23,12 +23,15 @@ from engine.workload import WorkloadItem, fit_prompt_to_context
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """How requests arrive: closed loop (``concurrency``) or open loop (``rate`` req/s)."""
+    """How requests arrive: closed loop (``concurrency``), open loop (``rate`` req/s) or a replay of
+    ``arrivals`` (a trace, :mod:`autotune.trace`: ``(offset_s, Request)`` sorted by offset, each
+    request at its offset; ``num_requests`` and the run's ``requests`` are then not used)."""
 
     max_batch_size: int = 1
-    concurrency: int | None = None  # defaults to max_batch_size when rate is None
+    concurrency: int | None = None  # defaults to max_batch_size when rate and arrivals are None
     rate: float | None = None
     num_requests: int = 8
+    arrivals: tuple[tuple[float, Request], ...] | None = field(default=None, repr=False)
     duration_s: float | None = None
     max_prefill_tokens: int | None = None  # cap on one admission's prefill (requests x longest prompt)
 
@@ -93,15 +96,24 @@ def run_load(
     """
     if spec.gamma == 0:
         drafter = "none"
+    if load.arrivals is not None:  # a replay: the trace's own requests, each at its offset
+        requests = [r for _, r in load.arrivals]
     device = pair.target.lm_head.weight.device
     max_seq_len = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + spec.lookahead + 3
     eos = pair.target.config.eos_token_ids
     concurrency = (
-        load.concurrency if load.concurrency is not None or load.rate is not None else load.max_batch_size
+        load.concurrency
+        if load.concurrency is not None or load.rate is not None or load.arrivals is not None
+        else load.max_batch_size
     )
 
     def once(
-        reqs: list[Request], n: int, conc: int | None, rate: float | None, record: bool = False
+        reqs: list[Request],
+        n: int,
+        conc: int | None,
+        rate: float | None,
+        record: bool = False,
+        arrivals: tuple[tuple[float, Request], ...] | None = None,
     ) -> RunResult:
         generator = torch.Generator(device=device).manual_seed(seed)
         engine = SpecEngine(
@@ -115,7 +127,9 @@ def run_load(
         )
         if record:
             engine.enable_trace()
-        gen = LoadGenerator(reqs, n, concurrency=conc, rate=rate, duration_s=load.duration_s, seed=seed)
+        gen = LoadGenerator(
+            reqs, n, concurrency=conc, rate=rate, duration_s=load.duration_s, seed=seed, arrivals=arrivals
+        )
         result = Scheduler(engine, max_prefill_tokens=load.max_prefill_tokens).run(
             gen, time_limit_s=time_limit_s
         )
@@ -133,6 +147,8 @@ def run_load(
             for r in requests[: load.max_batch_size]
         ]
         once(short, len(short), load.max_batch_size, None)
+    if load.arrivals is not None:
+        return once(requests, len(load.arrivals), None, None, trace, load.arrivals)
     return once(requests, load.num_requests, concurrency, load.rate, trace)
 
 

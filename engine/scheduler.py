@@ -7,9 +7,11 @@ EOS or their budget, and records per-request arrival / first-token / finish time
 Load comes from a :class:`LoadGenerator`:
 
 - closed loop: ``concurrency`` requests in flight; a new one arrives as soon as one finishes;
-- open loop: Poisson arrivals at ``rate`` requests/s (seeded), independent of completions.
+- open loop: Poisson arrivals at ``rate`` requests/s (seeded), independent of completions;
+- replay: explicit ``arrivals``, a list of ``(offset_s, Request)`` (a trace, :mod:`autotune.trace`),
+  each request released at its offset, independent of completions.
 
-Either stops after ``num_requests`` requests or once ``duration_s`` has passed (arrivals stop;
+Each stops after ``num_requests`` requests or once ``duration_s`` has passed (arrivals stop;
 requests in flight finish). Same seed -> same arrival times and prompt order.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +49,12 @@ def poisson_arrivals(rate: float, n: int, seed: int) -> list[float]:
 
 @dataclass
 class LoadGenerator:
-    """Arrival process over a list of requests (cycled in order)."""
+    """Arrival process over a list of requests (cycled in order), or a replay of explicit arrivals.
+
+    With ``arrivals`` (``(offset_s, Request)`` pairs sorted by offset) the k-th request released is
+    the k-th arrival's, at its offset (``requests`` is not used; :meth:`replay` builds one); the
+    first ``num_requests`` arrivals are served (all of them when it is larger).
+    """
 
     requests: list[Request]
     num_requests: int
@@ -55,21 +62,40 @@ class LoadGenerator:
     rate: float | None = None  # open loop, requests per second
     duration_s: float | None = None
     seed: int = 0
+    arrivals: Sequence[tuple[float, Request]] | None = None  # replay: explicit times and requests
     _issued: int = field(default=0, init=False)
     _times: list[float] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
-        if (self.concurrency is None) == (self.rate is None):
-            raise EngineInputError("load: give exactly one of concurrency (closed loop) or rate (open loop)")
+        modes = (self.concurrency is not None) + (self.rate is not None) + (self.arrivals is not None)
+        if modes != 1:
+            raise EngineInputError(
+                "load: give exactly one of concurrency (closed loop), rate (open loop) or arrivals (replay)"
+            )
         if self.concurrency is not None and self.concurrency < 1:
             raise EngineInputError(f"concurrency: must be >= 1 (got {self.concurrency})")
         if self.rate is not None:
             if self.rate <= 0:
                 raise EngineInputError(f"rate: must be > 0 (got {self.rate})")
             self._times = poisson_arrivals(self.rate, self.num_requests, self.seed)
+        if self.arrivals is not None:
+            self._times = [float(t) for t, _ in self.arrivals]
+            if any(t < 0 for t in self._times) or self._times != sorted(self._times):
+                raise EngineInputError("arrivals: offsets must be >= 0 and sorted")
+            self.num_requests = min(self.num_requests, len(self._times))
+
+    @classmethod
+    def replay(
+        cls, arrivals: Sequence[tuple[float, Request]], duration_s: float | None = None
+    ) -> LoadGenerator:
+        """Every arrival of ``arrivals`` (``(offset_s, Request)``, sorted) at its offset."""
+        return cls([], len(arrivals), duration_s=duration_s, arrivals=arrivals)
 
     def _make(self, arrival: float) -> tuple[float, Request]:
-        base = self.requests[self._issued % len(self.requests)]
+        if self.arrivals is not None:
+            base = self.arrivals[self._issued][1]
+        else:
+            base = self.requests[self._issued % len(self.requests)]
         req = Request(
             base.prompt_ids, base.max_new_tokens, base.temperature, base.top_k, base.top_p, self._issued
         )
@@ -91,8 +117,8 @@ class LoadGenerator:
         return out
 
     def next_arrival(self, now: float) -> float | None:
-        """When the next open-loop request arrives (None when no more will)."""
-        if self.rate is None or not self._open(now):
+        """When the next open-loop or replayed request arrives (None when no more will)."""
+        if self.concurrency is not None or not self._open(now):
             return None
         return self._times[self._issued]
 

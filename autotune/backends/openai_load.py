@@ -2,10 +2,11 @@
 
 The same requests the engine runs (token ids, ``max_new_tokens``, temperature / top-k / top-p,
 seeded) are sent as a closed loop (``concurrency`` requests in flight; a new one is sent as soon
-as one finishes) or an open loop (Poisson arrivals at ``rate`` req/s, the same seeded arrival
-times as :class:`engine.scheduler.LoadGenerator`). Latencies are measured on the client:
+as one finishes), an open loop (Poisson arrivals at ``rate`` req/s, the same seeded arrival
+times as :class:`engine.scheduler.LoadGenerator`) or a replay of explicit ``arrivals`` (a trace,
+:mod:`autotune.trace`: each request sent at its offset). Latencies are measured on the client:
 
-- arrival: when the request is sent (closed loop) or its scheduled arrival (open loop);
+- arrival: when the request is sent (closed loop) or its scheduled arrival (open loop, replay);
 - first token: the first streamed chunk that carries text;
 - finish: the ``[DONE]`` event; the token count comes from the server's ``usage``.
 
@@ -20,7 +21,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -149,22 +150,33 @@ def run_http_load(
     time_limit_s: float | None = None,
     send: Callable[[Endpoint, Request, int, float], RequestRecord] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    arrivals: Sequence[tuple[float, Request]] | None = None,
 ) -> RunResult:
     """Drive the server with ``num_requests`` requests (cycled from ``requests``); records + metrics.
 
-    Exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop). The first failing
-    request stops the run and raises LoadError; ``time_limit_s`` bounds the whole run
-    (TimeoutError). ``send`` replaces the HTTP call (tests).
+    Exactly one of ``concurrency`` (closed loop), ``rate`` (open loop) and ``arrivals`` (replay:
+    ``(offset_s, Request)`` pairs sorted by offset, the first ``num_requests`` of them sent, each at
+    its offset; ``requests`` is not used). The first failing request stops the run and raises
+    LoadError; ``time_limit_s`` bounds the whole run (TimeoutError). ``send`` replaces the HTTP
+    call (tests).
     """
-    if (concurrency is None) == (rate is None):
-        raise ValueError("give exactly one of concurrency and rate")
+    if (concurrency is not None) + (rate is not None) + (arrivals is not None) != 1:
+        raise ValueError("give exactly one of concurrency, rate and arrivals")
     send = send or (lambda ep, r, s, a: stream_completion(ep, r, s, a, clock))
-    bases = [requests[k % len(requests)] for k in range(num_requests)]
+    offsets: list[float] | None
+    if arrivals is not None:
+        num_requests = min(num_requests, len(arrivals))
+        bases = [r for _, r in arrivals[:num_requests]]
+        offsets = [float(t) for t, _ in arrivals[:num_requests]]
+        if offsets != sorted(offsets) or any(t < 0 for t in offsets):
+            raise ValueError("arrivals: offsets must be >= 0 and sorted")
+    else:
+        bases = [requests[k % len(requests)] for k in range(num_requests)]
+        offsets = poisson_arrivals(rate, num_requests, seed) if rate is not None else None
     jobs = [
         Request(r.prompt_ids, r.max_new_tokens, r.temperature, r.top_k, r.top_p, k)
         for k, r in enumerate(bases)
     ]
-    arrivals = poisson_arrivals(rate, num_requests, seed) if rate is not None else None
     records: list[RequestRecord] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
@@ -197,9 +209,9 @@ def run_http_load(
         for th in threads:
             th.start()
     else:
-        assert arrivals is not None  # rate is given when concurrency is not (checked above)
+        assert offsets is not None  # rate or arrivals is given when concurrency is not (checked above)
         threads = []
-        for k, offset in enumerate(arrivals):
+        for k, offset in enumerate(offsets):
             delay = t0 + offset - clock()
             if delay > 0:
                 time.sleep(delay)

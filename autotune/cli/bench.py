@@ -65,6 +65,14 @@ from engine.speculative import GAMMA_POLICIES
     default=None,
     help="Open loop: Poisson arrivals per second (instead of --concurrency).",
 )
+@click.option(
+    "--trace",
+    default=None,
+    metavar="FILE|phases",
+    help="Replay an arrival trace instead of --concurrency/--rate: a JSONL file of "
+    '{"arrival_s": ..., "prompt": ... | "prompt_tokens": [...]} lines, or phases (low load, a burst '
+    "of 2x the batch size, low load; autotune.trace). --num-requests does not apply.",
+)
 @click.option("--num-requests", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option(
     "--duration",
@@ -109,6 +117,7 @@ def bench(
     batch_size,
     concurrency,
     rate,
+    trace,
     num_requests,
     duration,
     max_prefill_tokens,
@@ -125,10 +134,15 @@ def bench(
 ):
     """Speculative vs autoregressive decoding on the same engine, prompts and load."""
     from autotune.runner import LoadSpec, Sampling, build_requests, compare
+    from autotune.trace import phase_trace, read_trace
     from engine.loader import load_pair
     from engine.speculative import SpecConfig
     from engine.workload import load_workload
 
+    if trace is not None and (rate is not None or concurrency is not None):
+        raise click.UsageError("--trace replaces --concurrency and --rate: give one of them")
+    if trace not in (None, "phases") and not Path(trace).is_file():
+        raise click.BadParameter(f"{trace}: no such file (or phases)", param_hint="--trace")
     spec = SpecConfig(gamma=gamma, confidence_threshold=confidence_threshold, gamma_schedule=gamma_schedule)
     batch_size = batch_size or (concurrency if rate is None else None) or 1
     items = load_workload(prompts)
@@ -144,13 +158,22 @@ def bench(
         where=str(prompts),
         truncate=truncate_prompts,
     )
+    arrivals = None
+    if trace == "phases":
+        arrivals = tuple(phase_trace(requests, batch_size, seed))
+    elif trace is not None:
+        context = pair.target.config.max_position_embeddings
+        arrivals = tuple(read_trace(trace, pair.tokenizer, sampling, context, truncate_prompts))
+    if arrivals is not None:
+        num_requests = len(arrivals)
     load = LoadSpec(
         max_batch_size=batch_size,
-        concurrency=None if rate else (concurrency or batch_size),
+        concurrency=None if rate or arrivals else (concurrency or batch_size),
         rate=rate,
         num_requests=num_requests,
         duration_s=duration,
         max_prefill_tokens=max_prefill_tokens,
+        arrivals=arrivals,
     )
     result = compare(pair, requests, spec, drafter, load, seed)
     result.update(
