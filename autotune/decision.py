@@ -134,10 +134,10 @@ def remeasure(
     if order == "interleaved":
         for r in range(repeats):
             for i, (knobs, _) in enumerate(configs):
-                rounds[i].append(backend.run(knobs, seed + r))
+                rounds[i].append(backend.run(knobs, seed + r, with_trace=True))
     else:
         for i, (knobs, _) in enumerate(configs):
-            rounds[i].extend(backend.run(knobs, seed + r) for r in range(repeats))
+            rounds[i].extend(backend.run(knobs, seed + r, with_trace=True) for r in range(repeats))
     pairs: list[tuple[Point, TrialResult]] = []
     for (knobs, number), results in zip(configs, rounds, strict=True):
         result = TrialResult.median(results)
@@ -179,6 +179,7 @@ class TableContest:
     served: Remeasured | None
     verdict: TableVerdict | None
     note: str
+    trace: dict[str, float | None] = dataclasses.field(default_factory=dict)  # workload.trace tokens/s
 
     def to_json(self) -> dict[str, Any]:
         """The profile's ``table_decision``."""
@@ -196,6 +197,7 @@ class TableContest:
             "served": self.served is not None,
             "won": bool(self.verdict and self.verdict.won),
             "per_level": self.verdict.per_level if self.verdict else [],
+            **({"trace_tokens_per_second": self.trace} if self.trace else {}),
             "reason": self.note,
         }
 
@@ -317,7 +319,12 @@ def serve_table(
         served.find(knobs)[0], served.find(constant.knobs)[0], served.find(off.knobs)[0], cfg.batch_sizes
     )
     say(("table chosen: " if verdict.won else "table not chosen: ") + verdict.reason)
-    return TableContest(levels, table, knobs, served, verdict, verdict.reason)
+    trace = {
+        name: result.trace.tokens_per_second
+        for name, k in (("off", off.knobs), ("constant", constant.knobs), ("table", knobs))
+        if (result := served.find(k)[1]).trace is not None
+    }
+    return TableContest(levels, table, knobs, served, verdict, verdict.reason, trace)
 
 
 def _schedule(

@@ -65,8 +65,9 @@ class Backend(Protocol):
     def budget(self) -> TrialBudget:
         """The study's trial count and cap on this backend (from tune.yaml)."""
 
-    def run(self, knobs: Knobs, seed: int) -> TrialResult:
-        """One configuration at every load level of the workload."""
+    def run(self, knobs: Knobs, seed: int, with_trace: bool = False) -> TrialResult:
+        """One configuration at every load level of the workload; ``with_trace``: then the workload's
+        arrival trace (``workload.trace``; the re-measurement runs it, study trials do not)."""
 
     def describe(self) -> dict[str, Any]:
         """What measured a profile (the profile's ``backend``): name, and for a stack its version and flags."""
@@ -89,12 +90,12 @@ def run_levels(
     configured latency percentile at the worst level. ``budget.trial_timeout_s`` covers the whole
     trial, or :data:`TRIAL_CUT` where it is set and tighter: each level gets what is left of it,
     read from ``clock``; a level that runs out raises TimeoutError saying which limit and how many
-    levels were done. With ``workload.trace`` set, ``trace`` (its arrivals, ``Context.trace``) runs
-    last, as ``LoadLevel(trace=...)`` within what is left; its metrics are ``TrialResult.trace``,
-    in neither objective.
+    levels were done. ``trace`` (the arrivals of ``workload.trace``, ``Context.trace``; passed by the
+    re-measurement) runs last, as ``LoadLevel(trace=...)`` within what is left; its metrics are
+    ``TrialResult.trace``, in neither objective.
     """
-    if (cfg.workload.trace is None) != (trace is None):
-        raise ValueError("run_levels: pass the arrivals of workload.trace exactly when it is set")
+    if trace is not None and cfg.workload.trace is None:
+        raise ValueError("run_levels: arrivals given but workload.trace is not set")
     per_level: dict[int, LevelMetrics] = {}
     tokens = wall = 0.0
     levels = cfg.workload.load_levels

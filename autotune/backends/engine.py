@@ -40,7 +40,13 @@ class EngineBackend:
     def budget(self) -> TrialBudget:
         return TrialBudget(self.cfg.budget.n_trials, self.cfg.budget.timeout_s, "budget")
 
-    def run(self, knobs: Knobs, seed: int, clock: Callable[[], float] = time.perf_counter) -> TrialResult:
+    def run(
+        self,
+        knobs: Knobs,
+        seed: int,
+        with_trace: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> TrialResult:
         cfg, ctx = self.cfg, self.ctx
         spec = knobs.spec_config()
         ngram: _NgramWindow = (
@@ -61,7 +67,7 @@ class EngineBackend:
                 ctx.pair, ctx.requests, spec, knobs.drafter, load, seed, time_limit_s=left, **ngram
             ).metrics
 
-        trace = getattr(ctx, "trace", None)  # Context.trace; a test's stand-in context may lack it
+        trace = getattr(ctx, "trace", None) if with_trace else None  # a test's stand-in context may lack it
         return run_levels(cfg, knobs.max_batch_size, run_level, clock, trace=trace)
 
     def describe(self) -> dict[str, Any]:

@@ -134,14 +134,22 @@ class HttpBackend:
             self.cfg.backend.n_trials or self.default_trials, self.cfg.backend.timeout_s, "backend"
         )
 
-    def run(self, knobs: Knobs, seed: int) -> TrialResult:
+    def run(self, knobs: Knobs, seed: int, with_trace: bool = False) -> TrialResult:
         """One configuration at every load level in one server (started or reused)."""
-        return self.run_command(self.command(knobs), knobs.max_batch_size, seed)
+        if knobs.is_table and not self.serves_table:
+            raise ValueError(f"{self.name} serves no by-batch-size table ({knobs.label})")
+        return self.run_command(self.command(knobs), knobs.max_batch_size, seed, with_trace=with_trace)
 
     def run_command(
-        self, command: list[str], max_batch_size: int, seed: int, records: dict | None = None
+        self,
+        command: list[str],
+        max_batch_size: int,
+        seed: int,
+        records: dict | None = None,
+        with_trace: bool = False,
     ) -> TrialResult:
-        """The workload's load levels against the server of ``command``; ``records`` collects each level's requests."""
+        """The workload's load levels (and with ``with_trace`` its arrival trace) against the server of
+        ``command``; ``records`` collects each level's requests."""
         cfg = self.cfg
         server = self.server_for(command)
         endpoint = self.endpoint(server)
@@ -165,7 +173,7 @@ class HttpBackend:
 
         try:
             self._warmup(endpoint, max_batch_size)
-            trace = getattr(self.ctx, "trace", None)  # Context.trace; a test's stand-in context may lack it
+            trace = getattr(self.ctx, "trace", None) if with_trace else None  # stand-in contexts lack it
             return run_levels(cfg, max_batch_size, run_level, startup_s=server.startup_s, trace=trace)
         except (LoadError, TimeoutError, OSError) as exc:
             server.check_alive(grace_s=3.0)  # a dead server explains the failure better, with its log

@@ -280,8 +280,9 @@ def test_run_levels_runs_the_trace_after_the_levels_and_keeps_it_out_of_the_obje
     untraced = run_levels(plain, 4, fake_level([]))
     assert untraced.trace is None and "trace" not in untraced.to_json()
     assert (untraced.tokens_per_second, untraced.latency_ms) == (result.tokens_per_second, result.latency_ms)
-    with pytest.raises(ValueError, match="exactly when it is set"):
-        run_levels(CFG, 4, fake_level([]))
+    assert run_levels(CFG, 4, fake_level([])).trace is None  # study trials run without the trace
+    with pytest.raises(ValueError, match="workload.trace is not set"):
+        run_levels(plain, 4, fake_level([]), trace=TRACE)
 
 
 def test_the_trace_shares_the_trial_time_limit() -> None:
@@ -389,7 +390,8 @@ def test_an_engine_trial_runs_the_trace_from_the_context(tmp_path, tiny_pair_dir
     try:
         assert ctx.trace is not None and [t for t, _ in ctx.trace] == [0.0, 0.1]
         assert [r.max_new_tokens for _, r in ctx.trace] == [4, 3]  # workload.max_new_tokens by default
-        result = EngineBackend(ctx).run(Knobs("model", 2, max_batch_size=2), 0)
+        result = EngineBackend(ctx).run(Knobs("model", 2, max_batch_size=2), 0, with_trace=True)
+        assert EngineBackend(ctx).run(Knobs("model", 2, max_batch_size=2), 0).trace is None  # a study trial
     finally:
         ctx.store.close()
     assert sorted(result.per_level) == [1, 2]
