@@ -1,4 +1,4 @@
-"""Arrival traces: real traffic for a trial, replayed once after the workload's load levels.
+"""Arrival traces: real traffic for a re-measured run, replayed once after the workload's load levels.
 
 A trace is a list of arrivals ``(offset_s, Request)`` sorted by offset: each request is released
 (the engine, :class:`engine.scheduler.LoadGenerator`) or sent (a serving stack,
