@@ -45,11 +45,14 @@ Arrival = tuple[float, Request]
 TRACE_KEYS = ("arrival_s", "prompt", "prompt_tokens", "max_new_tokens", "temperature", "top_k", "top_p")
 CONTEXT_MARGIN = 20  # tokens the context keeps free past prompt + max_new_tokens (as runner.build_requests)
 
-# The built-in ``phases`` trace (phase_trace's defaults). On the demo pair on a 2-core CPU a request of
-# 48-64 new tokens takes 1-2 s alone, so 1 request/s keeps 1-2 in flight; the burst is twice the
-# largest concurrency, all at once; the whole trace (16 requests at concurrency 4) runs in ~15-25 s.
-PHASE_LOW_REQUESTS = 4  # requests in each low-load phase
-PHASE_LOW_RATE = 1.0  # Poisson arrivals per second in the low-load phases
+# The built-in ``phases`` trace (phase_trace's defaults). On the demo pair on a quiet 2-core CPU a
+# request of 64 new tokens takes ~0.5 s alone (125 tok/s at B=1, benchmarks/results/load_sweep.txt),
+# so 2 requests/s keep 1-2 in flight; the burst is twice the largest concurrency, all at once. At
+# concurrency 4: 20 requests arriving over ~9.5 s, ~11 s in all where the host keeps up (estimated
+# from load_sweep: 8 x 64 tokens at 236 tok/s drain in ~2.2 s, within the 4 s pause); measured 55 s
+# on a 2-core host whose cores other jobs held (load average 3-4).
+PHASE_LOW_REQUESTS = 6  # requests in each low-load phase
+PHASE_LOW_RATE = 2.0  # Poisson arrivals per second in the low-load phases
 PHASE_BURST_FACTOR = 2  # burst size = this x the largest load level's concurrency
 
 
@@ -178,7 +181,7 @@ def phase_trace(
     Example:
         >>> reqs = [Request([1, 2], 8), Request([3], 8)]
         >>> [round(t, 2) for t, _ in phase_trace(reqs, 2, low_requests=1, burst=3)]
-        [1.86, 2.86, 2.86, 2.86, 5.86]
+        [0.93, 1.43, 1.43, 1.43, 2.93]
     """
     if not requests:
         raise ValueError("phase_trace: no requests to cycle")

@@ -23,7 +23,13 @@ from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.records import LEVEL_KEYS, LevelMetrics, TrialResult
 from autotune.runner import LoadSpec, Sampling, run_load
-from autotune.trace import PHASE_BURST_FACTOR, phase_trace, read_trace
+from autotune.trace import (
+    PHASE_BURST_FACTOR,
+    PHASE_LOW_RATE,
+    PHASE_LOW_REQUESTS,
+    phase_trace,
+    read_trace,
+)
 from engine.errors import EngineInputError
 from engine.loader import load_pair
 from engine.scheduler import LoadGenerator, RequestRecord
@@ -151,10 +157,11 @@ def _phases(arrivals):
 def test_phase_trace_is_low_load_then_a_burst_past_the_largest_concurrency_then_low_load() -> None:
     arrivals = phase_trace(REQS, max_concurrency=4, seed=3)
     low1, burst, low2 = _phases(arrivals)
-    assert len(low1) == len(low2) == 4
+    assert len(low1) == len(low2) == PHASE_LOW_REQUESTS
     assert len(burst) == PHASE_BURST_FACTOR * 4 > 4  # more than the largest level keeps in flight
     assert low1 == sorted(low1) and low2 == sorted(low2) and max(low1) < burst[0] < min(low2)
-    assert min(low2) - burst[0] == pytest.approx(len(burst) / 1.0)  # time to drain at the low rate
+    assert burst[0] - low1[-1] == pytest.approx(1 / PHASE_LOW_RATE)
+    assert min(low2) - burst[0] == pytest.approx(len(burst) / PHASE_LOW_RATE)  # time to drain
     gaps = [b - a for a, b in zip([0.0, *low1], low1, strict=False)]
     assert len(set(gaps)) == len(gaps) and all(g > 0 for g in gaps)  # Poisson, not a fixed pace
     assert [r.prompt_ids for _, r in arrivals[:4]] == [[1, 2, 3], [4, 5], [6], [1, 2, 3]]  # cycled
