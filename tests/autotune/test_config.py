@@ -89,13 +89,14 @@ def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dir
         cfg.workload.top_k,
         cfg.workload.top_p,
     ) == (48, 0.0, 0, 1.0)
-    assert cfg.workload.concurrency == (1, 4) and cfg.workload.rate is None and cfg.batch_sizes == (1, 4)
-    assert cfg.workload.num_requests == 6 and cfg.workload.truncate_prompts is False
+    assert cfg.workload.concurrency == (1, 2, 4, 8, 16) and cfg.workload.rate is None
+    assert cfg.batch_sizes == (1, 2, 4, 8, 16)
+    assert cfg.workload.num_requests == 16 and cfg.workload.truncate_prompts is False
     assert cfg.search.drafter == ("model",)
     assert cfg.search.gamma == Range(0, 8) and not cfg.search.gamma.fixed
     assert cfg.search.confidence_threshold == Range(0.0, 0.5)
     assert cfg.search.gamma_schedule == ("constant", "heuristic")
-    assert cfg.search.max_batch_size == (4,)
+    assert cfg.search.max_batch_size == (16,)
     assert cfg.search.gamma_cap == "auto" and (cfg.search.ngram_min, cfg.search.ngram_max) == (2, 4)
     assert cfg.objectives.latency == "tpot_ms_p95" and cfg.objectives.slo == {}
     assert (
