@@ -53,6 +53,11 @@ class Drafter:
         empty = torch.zeros(b, 0, dtype=torch.long, device=tokens.device)
         return empty, None, torch.zeros(b, dtype=torch.long, device=tokens.device)
 
+    def catch_up(self, tokens: torch.Tensor, length: torch.Tensor, kv_len: int) -> None:
+        """A step that drafts nothing (a by-batch-size table's K = 0, engine.speculative): keep up
+        with the rows' tokens (``tokens`` (B, S), ``length`` (B,) as in :meth:`propose`), so the
+        next ``propose`` finds its state as after a drafting step. ``commit`` follows, as usual."""
+
     def commit(self, new_length: torch.Tensor) -> None:
         """Rows now hold ``new_length`` tokens (pending one included); roll back what was rejected."""
 
@@ -78,9 +83,10 @@ SOURCES = ("none", "ngram", "model")  # per-row draft sources a drafter may repo
 # accepts all g and adds a bonus token, the row grows to length + g + 1 and 2 are unseen (the
 # last proposal and the bonus); after any rejection, an early threshold stop or a cut at EOS
 # or budget, the row ends at or before the draft's horizon and 1 is unseen (commit() clamps
-# the draft's length to the row's committed tokens). So 2 bounds it, and the sync-free path
-# feeds a fixed width of 2 (padding writes past the row's length, which the next step
-# overwrites) instead of reading the maximum back from the device.
+# the draft's length to the row's committed tokens). A step that drafts nothing (a by-batch-size
+# table's K = 0) feeds the pending tokens (catch_up), so 1 is unseen after it too. So 2 bounds
+# it, and the sync-free path feeds a fixed width of 2 (padding writes past the row's length,
+# which the next step overwrites) instead of reading the maximum back from the device.
 PENDING_MAX = 2
 
 
@@ -178,12 +184,30 @@ class ModelDrafter(Drafter):
     def confidence(self, batch: int, width: int) -> torch.Tensor:
         return torch.stack(self._conf, 1)[:batch, :width]
 
-    def _root_logits(self, tokens: torch.Tensor, length: torch.Tensor, kv_len: int) -> torch.Tensor:
+    def catch_up(
+        self, tokens: torch.Tensor, length: torch.Tensor, kv_len: int, width: int | None = None
+    ) -> None:
+        """Feed the rows' pending tokens and nothing else (one draft forward, no proposal).
+
+        A step that drafts nothing still emits a token per row, so without this the rows would
+        run ahead of the draft cache by one token per such step, past the fixed
+        :data:`PENDING_MAX` the sync-free step feeds. After it the draft has seen every token
+        (``_fed`` = length): the commit that follows leaves 1 unseen (the new pending token), as
+        after a rejection. ``width``: as in :meth:`propose`.
+        """
+        self._root_logits(tokens, length, kv_len, width)
+        self._fed[: tokens.shape[0]] = length
+        self.forwards = 1
+
+    def _root_logits(
+        self, tokens: torch.Tensor, length: torch.Tensor, kv_len: int, width: int | None = None
+    ) -> torch.Tensor:
         """Feed the rows' pending tokens; the draft's logits after the last one (the tree's root):
         (B, 1, V)."""
         dlen = self.draft_len[: tokens.shape[0]]
-        n_pending = length - dlen  # (B,) 1..PENDING_MAX
-        width = PENDING_MAX if self.sync_free else int(n_pending.max())
+        n_pending = length - dlen  # (B,) 1..PENDING_MAX (or width)
+        if width is None:
+            width = PENDING_MAX if self.sync_free else int(n_pending.max())
         idx = (dlen[:, None] + torch.arange(width, device=tokens.device)[None, :]).clamp(
             max=tokens.shape[1] - 1
         )
@@ -447,6 +471,17 @@ class HybridDrafter(Drafter):
         self.model._fed[:b] = torch.where(use_ng, length, self.model._fed[:b])
         self._source = torch.where(use_ng, 1, torch.where(m_prop > 0, 2, 0))  # SOURCES indices
         return out, probs, n_prop
+
+    def catch_up(self, tokens: torch.Tensor, length: torch.Tensor, kv_len: int) -> None:
+        """The draft model reads every token it has not seen (reading the lags, as the lookup does:
+        after n-gram steps they may exceed what the model's sync-free width covers); every row's
+        source is "none"."""
+        b = tokens.shape[0]
+        lag = int((length - self.model.draft_len[:b]).max())
+        self.model.catch_up(tokens, length, kv_len, width=lag)
+        self.forwards = self.model.forwards
+        self._ran_model = False
+        self._source = torch.full((b,), SOURCES.index("none"), dtype=torch.long, device=tokens.device)
 
     def sources(self, batch: int) -> torch.Tensor | None:
         return None if self._source is None else self._source[:batch]

@@ -23,7 +23,11 @@ the default there keeps two cheap reads that size work to what is needed (the dr
 width, and stopping the draft loop once a confidence threshold has stopped every row). The
 n-gram drafter is host code by nature (like vLLM's): it reads the rows it matches.
 ``gamma = 0`` (or the ``none`` drafter) makes a step a plain autoregressive decode through the
-same code, so baseline and speculative runs share every line but the drafting.
+same code, so baseline and speculative runs share every line but the drafting. A by-batch-size
+table (``SpecConfig.batch_gammas``) sets each step's K from the number of running rows; a step
+whose K is 0 verifies the pending token alone (a plain decode), and the draft model reads the
+tokens emitted meanwhile (``Drafter.catch_up``: one draft forward over the pending tokens, no
+proposal), so its cache never lags more than a drafting step leaves it.
 
 A token tree (``SpecConfig.tree_topk``, engine.tree) replaces only the draft and verify of a
 step (:meth:`SpecEngine._tree_draft_verify`): the draft model drafts the tree depth by depth, the
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -74,6 +79,15 @@ class SpecConfig:
     then one top-k repeated at every depth, and each row verifies the ``tree_nodes`` drafted
     nodes its draft scores highest, expanding the ``topk`` best nodes of each depth. Its children
     are the draft's top-k, so it takes ``tree_sampling="topk"``.
+
+    ``batch_gammas`` is a by-batch-size K table (what vLLM serves as
+    ``num_speculative_tokens_per_batch_size``): tuned ``(batch_size, K)`` points, batch sizes
+    strictly increasing. A step with B running rows drafts the K of the smallest tuned batch size
+    >= B, above the largest the last point's K (:meth:`gamma_at`; the same ranges as the vLLM
+    export, profiles.exporters._common.batch_ranges), so speculation can shrink, down to none,
+    as the load grows. ``gamma`` is the table's largest K (the chain's length, which sizes the
+    cache's lookahead and the per-position stats). Chains only, with the constant schedule: the
+    table is the schedule.
     """
 
     gamma: int = 4
@@ -83,6 +97,7 @@ class SpecConfig:
     tree_topk: tuple[int, ...] = ()
     tree_sampling: str = "iid"
     tree_nodes: int = 0
+    batch_gammas: tuple[tuple[int, int], ...] = ()
 
     @property
     def tree(self) -> TreeShape | DynamicTree | None:
@@ -102,6 +117,11 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tree_topk", tuple(self.tree_topk))
+        object.__setattr__(
+            self,
+            "batch_gammas",
+            tuple(tuple(p) if isinstance(p, tuple | list) else (p,) for p in self.batch_gammas),
+        )
         if self.gamma < 0:
             raise EngineInputError(f"gamma: must be >= 0 (got {self.gamma})")
         if not 0.0 <= self.confidence_threshold <= 1.0:
@@ -118,6 +138,55 @@ class SpecConfig:
                 f"(got {self.gamma} > {self.max_gamma})"
             )
         self._check_tree()
+        self._check_batch_gammas()
+
+    def _check_batch_gammas(self) -> None:
+        table = self.batch_gammas
+        if not table:
+            return
+        shown = [list(p) for p in table]
+        for point in table:
+            if len(point) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in point):
+                raise EngineInputError(
+                    f"batch_gammas: each point is (batch_size, K), two ints (got {list(point)} in {shown})"
+                )
+        sizes = [size for size, _ in table]
+        if sizes[0] < 1 or any(a >= b for a, b in pairwise(sizes)):
+            raise EngineInputError(
+                f"batch_gammas: batch sizes must be >= 1 and strictly increasing (got {shown})"
+            )
+        if min(k for _, k in table) < 0:
+            raise EngineInputError(f"batch_gammas: every K must be >= 0 (got {shown})")
+        if self.gamma != max(k for _, k in table):
+            raise EngineInputError(
+                f"batch_gammas: gamma must be the table's largest K "
+                f"(got gamma {self.gamma}, largest K {max(k for _, k in table)} in {shown})"
+            )
+        if self.gamma_schedule != "constant":
+            raise EngineInputError(
+                f"batch_gammas: the table takes gamma_schedule 'constant' (got {self.gamma_schedule!r})"
+            )
+        if self.tree_topk:
+            raise EngineInputError(
+                f"batch_gammas: the table is for chains, not trees (got tree_topk {list(self.tree_topk)})"
+            )
+
+    def gamma_at(self, batch: int) -> int:
+        """The K a step drafts with ``batch`` running rows: the table's (``batch_gammas``), else gamma.
+
+        With a table, the K of the smallest tuned batch size >= ``batch``; above the largest, the
+        last point's K (the vLLM export's ranges: a batch size between two tuned ones takes the
+        K of the next larger one, the smaller K when K falls with load).
+
+        Example:
+            >>> config = SpecConfig(gamma=5, batch_gammas=((1, 5), (4, 3), (16, 0)))
+            >>> [config.gamma_at(b) for b in (1, 2, 4, 5, 16, 64)], SpecConfig(gamma=2).gamma_at(8)
+            ([5, 3, 3, 0, 0, 0], 2)
+        """
+        for size, k in self.batch_gammas:
+            if batch <= size:
+                return k
+        return self.batch_gammas[-1][1] if self.batch_gammas else self.gamma
 
     def _check_tree(self) -> None:
         if self.tree_sampling not in TREE_SAMPLING:
@@ -338,6 +407,9 @@ class SpecEngine:
         length = st.length[rows]
         sampling = st.sampling(rows)
         gmax = max(st.host_gamma[:b]) if self.speculate else 0
+        gammas = st.gamma[rows]
+        if self.config.batch_gammas and gmax > (k := self.config.gamma_at(b)):  # the table's K for b rows
+            gmax, gammas = k, gammas.clamp(max=k)
         width = self.tree.width if self.tree is not None else gmax  # slots written past length
         kv_len = min(max(st.host_len[:b]) + width + 2, self.max_seq_len)
         t0 = self._mark()
@@ -351,7 +423,7 @@ class SpecEngine:
                 drafts, draft_probs, n_prop = self.drafter.propose(
                     st.tokens[rows],
                     length,
-                    st.gamma[rows],
+                    gammas,
                     gmax,
                     self.config.confidence_threshold,
                     sampling,
@@ -360,6 +432,9 @@ class SpecEngine:
                 )
                 self.stats.draft_forwards += self.drafter.forwards
             else:
+                if self.speculate:  # the table's K is 0: draft nothing, but the draft reads the new tokens
+                    self.drafter.catch_up(st.tokens[rows], length, kv_len)
+                    self.stats.draft_forwards += self.drafter.forwards
                 drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
                 draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
             t1 = self._mark()
