@@ -1,0 +1,546 @@
+"""Shared body of the schedule benchmarks: K per load level, measured inside one serving stack.
+
+``schedule_vllm.py`` and ``schedule_llamacpp.py`` run configurations one after the other through a
+:class:`Plan`: each configuration gets a fresh server (the backend's launcher, the same host
+flags) and runs every load level of the workload ``repeats`` times back to back (round r with seed
+``budget.seed + r`` for every configuration, so rounds are paired across configurations as in
+``_transfer.measure_plan``). Every round's per-level metrics are kept (``per_level_rounds``), and
+the arrival trace's (``trace_rounds``) when the workload has one. A command already measured is
+not run twice (the row says ``same_as``), except no speculation, measured first and again last
+(the drift check).
+
+:func:`analyse` then adds, per row and load level, the median tokens/s with min-max over rounds,
+the median TPOT p95, and the paired per-level ratios (geometric mean over rounds, 95% interval)
+over no speculation and over the best constant at that level (the fastest median among no
+speculation and the grid there); per row, the traffic-weighted tokens/s of the sweep (generated
+tokens over wall time of all levels: ``TrialResult.tokens_per_second``), the trace's tokens/s and
+the goodput under the TPOT SLO. Goodput definition (one of the two the issue allows): per round,
+the generated tokens of the levels whose TPOT p95 meets ``--slo-tpot-ms`` over the wall time of
+*all* levels, so a level that misses the SLO contributes its time but not its tokens (SLO-meeting
+tokens per second of the whole sweep); the levels whose median TPOT p95 meets the SLO are listed
+next to it. :func:`report` writes the JSON atomically (machine paths made portable) and prints a
+table per level, one aggregate table and the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from _common import portable
+
+from autotune.backends.server import ServerError
+from autotune.knobs import Knobs
+from autotune.records import LEVEL_KEYS
+from autotune.selection import LevelChoice, Point, choose_with_margin, per_level_choices
+from autotune.stats import Estimate, paired_ratio
+from autotune.table import fmt, table
+
+ROOT = Path(__file__).resolve().parents[1]
+CONSTANT_KINDS = ("off", "constant")  # the rows the best constant (overall and per level) is taken from
+
+
+def arguments(doc: str, stack: str, grid_help: str) -> argparse.Namespace:
+    """The flags both schedule benchmarks take."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, default=ROOT / "tune.yaml")
+    p.add_argument("--repeats", type=int, default=3, help="rounds per configuration, back to back")
+    p.add_argument("--grid", default="1,2,3,5", help=grid_help)
+    p.add_argument(
+        "--slo-tpot-ms",
+        type=float,
+        default=50.0,
+        help="TPOT p95 SLO of the goodput column (ms)",
+    )
+    p.add_argument(
+        "--engine-profile",
+        metavar="ID",
+        type=int,
+        default=None,
+        help="profile id (default: newest engine-backend one)",
+    )
+    p.add_argument(
+        f"--{stack}-profile",
+        dest="stack_profile",
+        metavar="ID",
+        type=int,
+        default=None,
+        help=f"profile id (default: newest {stack}-backend one)",
+    )
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"schedule_{stack}.json")
+    args = p.parse_args()
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    return args
+
+
+def grid_values(text: str) -> list[int]:
+    """``"1,2,3,5"`` -> ``[1, 2, 3, 5]`` (K >= 1 each)."""
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or any(k < 1 for k in values):
+        sys.exit(f"error: --grid {text!r}: give K values >= 1, e.g. 1,2,3,5")
+    return values
+
+
+def k_at(schedule: Sequence[tuple[int, int]], batch: int) -> int:
+    """A by-batch-size schedule's K with ``batch`` running requests (the next tuned batch size up,
+    the last one's above it).
+
+    Example:
+        >>> [k_at(((1, 5), (4, 3), (16, 0)), b) for b in (1, 2, 8, 32)]
+        [5, 3, 0, 0]
+    """
+    points = sorted(schedule)
+    return next((g for b, g in points if b >= batch), points[-1][1])
+
+
+def _median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs))
+
+
+class Plan:
+    """Configurations measured one after the other; ``rows`` in the order run (see the module docstring)."""
+
+    def __init__(
+        self,
+        backend,
+        batch: int,
+        levels: Sequence[int],
+        repeats: int,
+        seed: int,
+        greedy: bool,
+        checkpoint=None,
+        host_flag: str = "--host",
+    ) -> None:
+        self.backend, self.batch, self.levels = backend, batch, list(levels)
+        self.repeats, self.seed, self.greedy, self.host_flag = repeats, seed, greedy, host_flag
+        self.checkpoint = checkpoint  # called with the rows after each configuration (partial JSON)
+        self.rows: list[dict] = []
+        self.knobs: dict[str, Knobs] = {}  # label -> knobs, where the row is a Knobs (not a profile)
+        self._by_command: dict[str, dict] = {}
+        self._base_outputs: dict | None = None
+
+    def run(
+        self,
+        label: str,
+        command: list[str],
+        kind: str,
+        knobs: Knobs | None = None,
+        k_per_level: dict[int, int] | None = None,
+    ) -> dict:
+        """Measure ``command`` in a fresh server (unless already measured); the row, appended to ``rows``.
+
+        ``kind``: ``off`` (no speculation, first), ``constant`` (the grid), ``table``, ``table-zero``,
+        ``profile``, ``alias`` (a row pointing at a measured one) or ``off-again`` (the drift check).
+        """
+        if knobs is not None:
+            self.knobs[label] = knobs
+            k_per_level = k_per_level or {
+                b: knobs.gamma_at(b) if knobs.speculates else 0 for b in self.levels
+            }
+        key = json.dumps(command)
+        if key in self._by_command and kind != "off-again":
+            prior = self._by_command[key]
+            row = {**prior, "config": label, "kind": kind, "same_as": prior["config"]}
+            self.rows.append(row)
+            print(f"{label}: same command as {prior['config']}, not run again", file=sys.stderr)
+            return row
+        self.backend.close()  # a fresh server for every configuration
+        end = command.index(self.host_flag) if self.host_flag in command else len(command)
+        row: dict[str, Any] = {
+            "config": label,
+            "kind": kind,
+            "knobs": knobs.label if knobs is not None else None,
+            "k_per_level": k_per_level,
+            "args": shlex.join(command[1:end]),
+        }
+        records: dict = {}
+        runs = []
+        try:
+            for r in range(self.repeats):
+                runs.append(
+                    self.backend.run_command(command, self.batch, self.seed + r, records if r == 0 else None)
+                )
+        except ServerError as exc:
+            print(f"{label}: failed: {exc}", file=sys.stderr)
+            row["error"] = str(exc)[:2000]
+            self.rows.append(row)
+            self._checkpoint()
+            return row
+        tps = [res.tokens_per_second for res in runs]
+        row.update(
+            startup_s=self.backend.server.startup_s if self.backend.server else None,
+            tokens_per_second_runs=tps,
+            latency_ms_runs=[res.latency_ms for res in runs],
+            per_level_rounds={
+                b: {k: [getattr(res.per_level[b], k) for res in runs] for k in LEVEL_KEYS}
+                for b in runs[0].per_level
+            },
+        )
+        traces = [getattr(res, "trace", None) for res in runs]  # workload.trace: run after the levels
+        if all(t is not None for t in traces):
+            row["trace_rounds"] = [t.to_json() for t in traces]
+        outputs = {b: [rec.output_tokens for rec in recs] for b, recs in records.items()}
+        has_ids = all(-1 not in out for recs in outputs.values() for out in recs)  # llama-server: no ids
+        if self._base_outputs is None and kind == "off":
+            self._base_outputs = outputs
+        elif self._base_outputs is not None and self.greedy and has_ids:
+            row["greedy_identical"] = outputs == self._base_outputs
+        self._by_command.setdefault(key, row)
+        self.rows.append(row)
+        trace = row.get("trace_rounds")
+        print(
+            f"{label}: {_median(tps):.1f} tok/s over the sweep ({min(tps):.1f}-{max(tps):.1f})"
+            + (f", trace {_median([t['tokens_per_second'] for t in trace]):.1f} tok/s" if trace else "")
+            + f", start-up {row['startup_s']:.1f} s",
+            file=sys.stderr,
+        )
+        self._checkpoint()
+        return row
+
+    def _checkpoint(self) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint(self.rows)
+
+    def ok(self, kinds: Sequence[str] | None = None) -> list[dict]:
+        """The measured rows (of ``kinds``)."""
+        return [r for r in self.rows if "error" not in r and (kinds is None or r["kind"] in kinds)]
+
+    def point(self, row: dict) -> Point:
+        """A measured row as a :class:`Point` with paired rounds per level (for the selection rules)."""
+        knobs = self.knobs.get(row["config"]) or Knobs("none", 0, max_batch_size=self.batch)
+        tps, lat = row["tokens_per_second_runs"], row["latency_ms_runs"]
+        levels = row["per_level_rounds"]
+        return Point(
+            knobs,
+            _median(tps),
+            _median(lat),
+            per_batch={b: _median(v["tokens_per_second"]) for b, v in levels.items()},
+            rounds=tuple(zip(tps, lat, strict=True)),
+            per_batch_rounds={b: tuple(v["tokens_per_second"]) for b, v in levels.items()},
+        )
+
+    def level_choices(self, drafter: str) -> list[LevelChoice]:
+        """The tool's per-level rule (:func:`autotune.selection.per_level_choices`) over no speculation
+        and the grid measured so far."""
+        points = [self.point(r) for r in self.ok(CONSTANT_KINDS)]
+        return per_level_choices(points, self.levels, drafter)
+
+    def constant_choice(self) -> tuple[str | None, str]:
+        """The tool's margin rule (:func:`autotune.selection.choose_with_margin`, on the sweep's
+        traffic-weighted tokens/s) over no speculation and the grid: ``(row label, reason)``."""
+        rows = self.ok(CONSTANT_KINDS)
+        if not rows:
+            return None, "nothing measured"
+        points = [self.point(r) for r in rows]
+        choice = choose_with_margin(points, has_slo=True)  # no SLO on these points: max tokens/s, by a margin
+        label = rows[next(i for i, p in enumerate(points) if p is choice.point)]["config"]
+        return label, choice.reason.removeprefix("highest throughput meeting every SLO").lstrip("; ")
+
+
+# analysis ------------------------------------------------------------------------------------------
+
+
+def _ratio(a: Sequence[float], b: Sequence[float]) -> Estimate | None:
+    if len(a) != len(b) or not a or any(x is None or x <= 0 for x in (*a, *b)):
+        return None
+    return paired_ratio(a, b)
+
+
+def ratio_text(r: dict | None) -> str | None:
+    """``1.23 (1.10-1.35)`` from an :meth:`Estimate.as_dict`; one round: ``1.23``."""
+    if r is None:
+        return None
+    low, high = r["ci95"]
+    return f"{r['value']:.2f}" if r["n"] < 2 else f"{r['value']:.2f} ({low:.2f}-{high:.2f})"
+
+
+def _goodput(levels: dict, slo: float) -> list[float]:
+    """Per round: tokens of the levels meeting the TPOT p95 SLO over the wall time of all levels."""
+    n = len(next(iter(levels.values()))["wall_s"])
+    out = []
+    for i in range(n):
+        tokens = sum(
+            lv["generated_tokens"][i]
+            for lv in levels.values()
+            if lv["tpot_ms_p95"][i] is not None and lv["tpot_ms_p95"][i] <= slo
+        )
+        out.append(tokens / sum(lv["wall_s"][i] for lv in levels.values()))
+    return out
+
+
+def _spread(xs: Sequence[float]) -> dict:
+    return {"median": _median(xs), "min": min(xs), "max": max(xs), "runs": list(xs)}
+
+
+def analyse(rows: list[dict], levels: Sequence[int], slo: float) -> dict:
+    """Per-level and aggregate figures of every measured row (in place, ``row["levels"]`` and
+    ``row["aggregate"]``); returns the references they were taken against."""
+    ok = [r for r in rows if "error" not in r]
+    base = next((r for r in ok if r["kind"] == "off"), None)
+    constants = [r for r in ok if r["kind"] in CONSTANT_KINDS]
+    if base is None or not constants:
+        return {"no_speculation": None, "best_constant": None, "best_constant_at": {}}
+
+    def level_tps(r: dict, b: int) -> list[float]:
+        return r["per_level_rounds"][b]["tokens_per_second"]
+
+    best_at = {b: max(constants, key=lambda r, b=b: _median(level_tps(r, b))) for b in levels}
+    best = max(constants, key=lambda r: _median(r["tokens_per_second_runs"]))
+    for r in ok:
+        r["levels"] = {}
+        for b in levels:
+            lv = r["per_level_rounds"][b]
+            tpot = [x for x in lv["tpot_ms_p95"] if x is not None]
+            over_off, over_best = (
+                _ratio(level_tps(r, b), level_tps(base, b)),
+                _ratio(level_tps(r, b), level_tps(best_at[b], b)),
+            )
+            r["levels"][b] = {
+                "k": (r.get("k_per_level") or {}).get(b),
+                "tokens_per_second": _spread(lv["tokens_per_second"]),
+                "tpot_ms_p95": _median(tpot) if tpot else None,
+                "meets_slo": bool(tpot) and _median(tpot) <= slo,
+                "over_no_speculation": over_off and over_off.as_dict(),
+                "over_best_constant_here": over_best and over_best.as_dict(),
+                "best_constant_here": best_at[b]["config"],
+            }
+        trace = r.get("trace_rounds")
+        over_off = _ratio(r["tokens_per_second_runs"], base["tokens_per_second_runs"])
+        over_best = _ratio(r["tokens_per_second_runs"], best["tokens_per_second_runs"])
+        worst_best = [lv["over_best_constant_here"] for lv in r["levels"].values()]
+        worst_off = [lv["over_no_speculation"] for lv in r["levels"].values()]
+        r["aggregate"] = {
+            "tokens_per_second": _spread(r["tokens_per_second_runs"]),
+            "trace_tokens_per_second": _spread([t["tokens_per_second"] for t in trace]) if trace else None,
+            "goodput_tokens_per_second": _spread(_goodput(r["per_level_rounds"], slo)),
+            "levels_meeting_slo": [b for b in levels if r["levels"][b]["meets_slo"]],
+            "over_no_speculation": over_off and over_off.as_dict(),
+            "over_best_constant": over_best and over_best.as_dict(),
+            "worst_level_over_best_constant_here": min(
+                (x for x in worst_best if x), key=lambda x: x["value"], default=None
+            ),
+            "worst_level_over_no_speculation": min(
+                (x for x in worst_off if x), key=lambda x: x["value"], default=None
+            ),
+        }
+    return {
+        "no_speculation": base["config"],
+        "best_constant": best["config"],
+        "best_constant_at": {b: best_at[b]["config"] for b in levels},
+    }
+
+
+def goals(row: dict | None) -> dict | None:
+    """The issue's per-level goals for one row: >= 0.97x the best constant at every level and >= 0.98x
+    no speculation (on the point ratio of each level's paired rounds)."""
+    if row is None or "aggregate" not in row:
+        return None
+    agg = row["aggregate"]
+    wb, wo = agg["worst_level_over_best_constant_here"], agg["worst_level_over_no_speculation"]
+    return {
+        "config": row["config"],
+        "worst_level_over_best_constant_here": wb and wb["value"],
+        "worst_level_over_no_speculation": wo and wo["value"],
+        "met": bool(wb and wo and wb["value"] >= 0.97 and wo["value"] >= 0.98),
+    }
+
+
+def drift(rows: list[dict]) -> dict | None:
+    """No speculation measured last over first (aggregate paired ratio)."""
+    first = next((r for r in rows if r["kind"] == "off" and "error" not in r), None)
+    last = next((r for r in rows if r["kind"] == "off-again" and "error" not in r), None)
+    if first is None or last is None:
+        return None
+    est = _ratio(last["tokens_per_second_runs"], first["tokens_per_second_runs"])
+    return est and est.as_dict()
+
+
+# output --------------------------------------------------------------------------------------------
+
+
+def write_json(out: Path, result: dict) -> None:
+    """Write ``result`` atomically, machine paths made portable (``<repo>``, ``~``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(portable(json.dumps(result, indent=2)) + "\n")
+    tmp.replace(out)
+
+
+def level_tables(rows: list[dict], levels: Sequence[int], concurrency: bool) -> str:
+    """One table per load level: rows = configurations."""
+    out = []
+    for b in levels:
+        ok = [r for r in rows if "levels" in r]
+        best = ok[0]["levels"][b]["best_constant_here"] if ok else "-"
+        what = f"concurrency {b}" if concurrency else f"open-loop rate, batch key {b}"
+        out.append(f"{what} (best constant here: {best})")
+        out.append(
+            table(
+                [
+                    "configuration",
+                    "K here",
+                    "tok/s (median)",
+                    "min-max",
+                    "TPOT p95 ms",
+                    "x no-spec (95% CI)",
+                    "x best constant here",
+                ],
+                [
+                    (
+                        r["config"],
+                        "error: " + r.get("error", "no reference row")[:60],
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                    )
+                    if "levels" not in r
+                    else (
+                        r["config"],
+                        r["levels"][b]["k"],
+                        r["levels"][b]["tokens_per_second"]["median"],
+                        f"{fmt(r['levels'][b]['tokens_per_second']['min'])}-"
+                        f"{fmt(r['levels'][b]['tokens_per_second']['max'])}",
+                        r["levels"][b]["tpot_ms_p95"],
+                        ratio_text(r["levels"][b]["over_no_speculation"]),
+                        ratio_text(r["levels"][b]["over_best_constant_here"]),
+                    )
+                    for r in rows
+                ],
+            )
+        )
+        out.append("")
+    return "\n".join(out)
+
+
+def aggregate_table(rows: list[dict], slo: float, best: str | None) -> str:
+    """One row per configuration: the sweep's traffic-weighted tokens/s, the trace's, the goodput."""
+    has_trace = any((r.get("aggregate") or {}).get("trace_tokens_per_second") for r in rows)
+    headers = [
+        "configuration",
+        "tok/s sweep",
+        "min-max",
+        *(["trace tok/s"] if has_trace else []),
+        f"goodput (TPOT p95 <= {slo:g} ms)",
+        "levels meeting SLO",
+        "x no-spec (95% CI)",
+        f"x best constant ({best})",
+        "worst level x best const there",
+        "worst level x no-spec",
+        "greedy = no-spec",
+        "start-up s",
+    ]
+    body = []
+    for r in rows:
+        if "aggregate" not in r:
+            body.append((r["config"], "error", *([None] * (len(headers) - 2))))
+            continue
+        a = r["aggregate"]
+        body.append(
+            (
+                r["config"],
+                a["tokens_per_second"]["median"],
+                f"{fmt(a['tokens_per_second']['min'])}-{fmt(a['tokens_per_second']['max'])}",
+                *(
+                    [a["trace_tokens_per_second"] and a["trace_tokens_per_second"]["median"]]
+                    if has_trace
+                    else []
+                ),
+                a["goodput_tokens_per_second"]["median"],
+                ",".join(map(str, a["levels_meeting_slo"])) or "none",
+                ratio_text(a["over_no_speculation"]),
+                ratio_text(a["over_best_constant"]),
+                ratio_text(a["worst_level_over_best_constant_here"]),
+                ratio_text(a["worst_level_over_no_speculation"]),
+                r.get("greedy_identical"),
+                r.get("startup_s"),
+            )
+        )
+    return table(headers, body)
+
+
+def summary_text(key: str, value: Any) -> str:
+    """One summary line: ratios as ``1.23 (1.10-1.35)``, floats to 3 decimals, the rest as JSON."""
+    if isinstance(value, dict) and "ci95" in value:
+        return f"{key}: {ratio_text(value)}"
+    if isinstance(value, float):
+        return f"{key}: {value:.3f}"
+    return f"{key}: {json.dumps(value) if isinstance(value, (dict, list)) else value}"
+
+
+def level_choice_text(choices: Sequence[LevelChoice]) -> str:
+    """``1: K=3, 4: K=0`` (each level's K by the tool's rule)."""
+    return ", ".join(f"{c.batch_size}: K={c.gamma}" for c in choices)
+
+
+def choices_json(choices: Sequence[LevelChoice]) -> list[dict]:
+    """The per-level choices for the JSON: level, K, median tokens/s there, the rule's reason."""
+    return [
+        {
+            "batch_size": c.batch_size,
+            "k": c.gamma,
+            "tokens_per_second": c.point.tokens_per_second,
+            "reason": c.reason,
+        }
+        for c in choices
+    ]
+
+
+def choice_lines(choices: Sequence[LevelChoice]) -> list[str]:
+    """One line per level: the K the tool's margin rule takes there and why."""
+    return [f"  {c.batch_size}: K={c.gamma}: {c.reason}" for c in choices]
+
+
+def common_summary(plan: Plan, refs: dict, choices: Sequence[LevelChoice]) -> dict:
+    """What both benchmarks report: the references, the per-level best K and why, the drift check."""
+    return {
+        "best_constant": refs["best_constant"],
+        "best_constant_at": refs["best_constant_at"],
+        "per_level_best_k": {c.batch_size: c.gamma for c in choices},
+        "drift_no_speculation_last_over_first": drift(plan.rows),
+    }
+
+
+def goal_lines(rows: list[dict], labels: Sequence[str | None]) -> tuple[list[dict], list[str]]:
+    """The per-level goals of the rows named ``labels`` (None and unmeasured ones skipped)."""
+    found, lines = [], []
+    for label in labels:
+        row = next((r for r in rows if r["config"] == label), None)
+        g = goals(row)
+        if g is None:
+            continue
+        found.append(g)
+        wb, wo, met = g["worst_level_over_best_constant_here"], g["worst_level_over_no_speculation"], g["met"]
+        lines.append(
+            f"  {label}: worst level {fmt(wb)}x the best constant there, {fmt(wo)}x no speculation "
+            f"-> {'met' if met else 'NOT met'}"
+        )
+    if lines:
+        lines.insert(0, "goal: at every level >= 0.97x the best constant there and >= 0.98x no speculation")
+    return found, lines
+
+
+def print_report(
+    header: str, result: dict, levels: Sequence[int], concurrency: bool, extra: list[str]
+) -> None:
+    """The per-level tables, the aggregate table, ``extra`` lines and the summary."""
+    rows = result["rows"]
+    print(f"\n{header}\n")
+    print(level_tables(rows, levels, concurrency))
+    print("aggregate over the sweep (traffic-weighted: generated tokens / wall time of all levels)")
+    print(aggregate_table(rows, result["slo_tpot_ms"], result["summary"].get("best_constant")))
+    print(
+        "goodput: per round, the tokens of the levels whose TPOT p95 meets the SLO over the wall time of "
+        "all levels (median of rounds)"
+    )
+    if extra:
+        print("\n" + "\n".join(extra))
+    print("\n" + "\n".join(summary_text(k, v) for k, v in result["summary"].items()))

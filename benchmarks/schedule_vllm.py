@@ -1,0 +1,243 @@
+"""Inside vLLM: K per load level (a by-batch-size table) against every constant K, across a load sweep.
+
+One run, one vLLM server per configuration (the vllm backend's launcher, the same host flags, a
+fresh server each), the workload of ``--config`` (default the bundled tune.yaml; for the issue a
+sweep config, e.g. ``workload.concurrency: [1, 2, 4, 8, 16]`` and ``search.max_batch_size:
+[16]``). Each configuration runs every load level ``--repeats`` times back to back in its server,
+round r with the same seed in every configuration (paired rounds), in this order:
+
+1. vLLM without speculation (measured again at the end: the drift check);
+2. a grid of constant K with the draft model (``--grid``, default 1,2,3,5);
+3. the table with K=0 at every batch size (``num_speculative_tokens`` 1,
+   ``num_speculative_tokens_per_batch_size [[1, max_num_seqs, 0]]``): what merely enabling the
+   table costs against no speculation (vLLM #49548);
+4. the table the tool's per-level rule makes from this run's grid (autotune.selection:
+   ``per_level_choices`` over no speculation and the grid, then ``table_of``), served live as
+   vLLM's ``num_speculative_tokens_per_batch_size``; not served, with a note, when every level
+   takes the same K (the per-level best K do not differ on this host: the table is a constant);
+5. the config exported by ``autotune tune --backend engine`` and the one chosen by
+   ``autotune tune --backend vllm`` (the newest profiles for this host and pair), when present.
+
+Printed: one table per load level (tokens/s median and min-max over rounds, TPOT p95, the paired
+ratio over no speculation and over the best constant at that level, with 95% intervals), then one
+aggregate row per configuration (traffic-weighted tokens/s of the sweep, the trace's tokens/s when
+the workload has ``workload.trace``, goodput under ``--slo-tpot-ms``, see ``benchmarks/_schedule.py``),
+and ``table_verdict(tuned table, best constant overall, no speculation)`` with its paired
+per-level ratios. The tool's served choice from this run is the tuned table where it wins that
+verdict, else the margin rule (``choose_with_margin`` on the sweep's tokens/s) over no speculation
+and the grid. JSON: ``benchmarks/results/schedule_vllm.json`` (every round of every level of
+every configuration; rewritten after each configuration, ``complete`` false until the end).
+
+Goals of the issue: at every level the tool's served choice >= 0.97x the best constant at that
+level and >= 0.98x no speculation; where the per-level best K differ, the tuned table's aggregate
+>= 1.05x the best single constant's. Usage::
+
+    python benchmarks/schedule_vllm.py [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
+[--slo-tpot-ms 50] [--out benchmarks/results/schedule_vllm.json]
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _schedule import (  # noqa: E402
+    Plan,
+    analyse,
+    arguments,
+    choice_lines,
+    choices_json,
+    common_summary,
+    goal_lines,
+    grid_values,
+    k_at,
+    level_choice_text,
+    print_report,
+    ratio_text,
+    write_json,
+)
+from _transfer import open_stack  # noqa: E402
+
+from autotune.backends.vllm import VllmBackend, serve_command, trial_inputs  # noqa: E402
+from autotune.knobs import Knobs, table_text  # noqa: E402
+from autotune.selection import table_of, table_verdict  # noqa: E402
+from profiles.profile import export_inputs  # noqa: E402
+from profiles.schema import Profile  # noqa: E402
+
+TABLE_KEY = "num_speculative_tokens_per_batch_size"
+
+
+def main() -> None:
+    args = arguments(__doc__, "vllm", "constant K values of the grid (draft model)")
+    grid = grid_values(args.grid)
+    cfg, ctx, backend, engine_prof, vllm_prof = open_stack(args, "vllm", VllmBackend)
+    batch = max(cfg.search.max_batch_size)
+    levels = list(cfg.batch_sizes)
+    w = cfg.workload
+    t0 = time.perf_counter()
+
+    def constant(k: int) -> Knobs:
+        return Knobs("model" if k else "none", k, max_batch_size=batch)
+
+    def command(knobs: Knobs) -> list[str]:
+        return serve_command(backend.python, cfg, trial_inputs(cfg, ctx.fingerprint, knobs))
+
+    result: dict = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "device": ctx.fingerprint["label"],
+        "config": str(args.config),
+        "vllm_version": None,
+        "workload": ctx.workload,
+        "trace": None if w.trace is None else str(w.trace),
+        "levels": levels,
+        "max_num_seqs": batch,
+        "repeats": args.repeats,
+        "grid": grid,
+        "slo_tpot_ms": args.slo_tpot_ms,
+        "engine_profile": engine_prof and {k: engine_prof[k] for k in ("id", "chosen", "schedule")},
+        "vllm_profile": vllm_prof and {k: vllm_prof[k] for k in ("id", "chosen", "schedule")},
+        "complete": False,
+        "rows": [],
+    }
+
+    def checkpoint(rows: list[dict]) -> None:
+        result.update(rows=rows, wall_s=time.perf_counter() - t0, vllm_version=backend.version)
+        write_json(args.out, result)
+
+    plan = Plan(backend, batch, levels, args.repeats, cfg.budget.seed, w.temperature == 0, checkpoint)
+    try:
+        plan.run("no speculation", command(constant(0)), "off", constant(0))
+        for k in grid:
+            plan.run(f"grid K={k}", command(constant(k)), "constant", constant(k))
+
+        zero = command(
+            constant(1)
+        )  # K=1 chain, its table replaced by K=0 everywhere (for_table would not serve it)
+        at = zero.index("--speculative-config") + 1
+        zero[at] = json.dumps({**json.loads(zero[at]), TABLE_KEY: [[1, batch, 0]]})
+        plan.run(
+            f"table 1-{batch}:0 (K=0 everywhere)", zero, "table-zero", k_per_level={b: 0 for b in levels}
+        )
+
+        choices = plan.level_choices("model")
+        tuned = table_of(choices)
+        table_label = None
+        if len(choices) < len(levels):
+            note = (
+                "not every load level has paired grid measurements (a configuration failed): no table served"
+            )
+        elif len({k for _, k in tuned}) == 1:
+            note = (
+                f"per-level best K do not differ on this host ({level_choice_text(choices)}): the table "
+                f"equals the constant K={tuned[0][1]}, not served"
+            )
+        else:
+            knobs = Knobs.for_table("model", tuned, batch)
+            table_label = f"tuned table {table_text(tuned)}"
+            note = f"per-level best K {level_choice_text(choices)}: served as {table_label}"
+            plan.run(table_label, command(knobs), "table", knobs)
+        print(f"note: {note}", file=sys.stderr)
+
+        profile_labels = []
+        for label, prof, how in (
+            ("engine-backend export", engine_prof, "autotune tune"),
+            ("vllm-backend choice", vllm_prof, "autotune tune --backend vllm"),
+        ):
+            if prof is None:
+                print(
+                    f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)",
+                    file=sys.stderr,
+                )
+                continue
+            inputs = export_inputs(Profile.from_json(prof))
+            ks = {b: 0 if inputs.drafter == "none" else k_at(inputs.schedule, b) for b in levels}
+            profile_labels.append(f"{label} (profile #{prof['id']})")
+            plan.run(
+                profile_labels[-1], serve_command(backend.python, cfg, inputs), "profile", k_per_level=ks
+            )
+        plan.run("no speculation (again, last)", command(constant(0)), "off-again", constant(0))
+    finally:
+        backend.close()
+
+    rows = plan.rows
+    refs = analyse(rows, levels, args.slo_tpot_ms)
+    summary = common_summary(plan, refs, choices)
+    summary["tuned_table"] = table_text(tuned) if table_label else None
+    summary["table_note"] = note
+    extra = ["per-level best K (the tool's margin rule over no speculation and the grid, this run):"]
+    extra += choice_lines(choices)
+    extra.append(f"table: {note}")
+
+    by_label = {r["config"]: r for r in rows if "aggregate" in r}
+    tab = by_label.get(table_label or "")
+    best, off = by_label.get(refs["best_constant"] or ""), by_label.get(refs["no_speculation"] or "")
+    verdict = None
+    if tab and best and off:
+        verdict = table_verdict(plan.point(tab), plan.point(best), plan.point(off), levels)
+        result["table_verdict"] = {
+            "won": verdict.won,
+            "reason": verdict.reason,
+            "per_level": verdict.per_level,
+        }
+        summary["table_won"] = verdict.won
+        summary["tuned_table_aggregate_over_best_constant"] = tab["aggregate"]["over_best_constant"]
+        extra.append(f"verdict: {verdict.reason}")
+        extra += [
+            f"  batch {lv['batch_size']}: table K={lv['table_gamma']} vs constant K={lv['constant_gamma']}: "
+            f"x constant {ratio_text(lv['ratio_over_constant'])}, "
+            f"x no-spec {ratio_text(lv['ratio_over_off'])}"
+            for lv in verdict.per_level
+        ]
+        extra.append(
+            "goal (per-level best K differ): tuned table's aggregate >= 1.05x the best constant's: "
+            f"{ratio_text(tab['aggregate']['over_best_constant'])}"
+        )
+    if verdict and verdict.won:
+        served, why = table_label, "the tuned table won table_verdict"
+    else:
+        served, why = plan.constant_choice()
+        why = "the margin rule over no speculation and the grid on the sweep's tokens/s: " + why
+    summary["served_by_rule"] = served
+    extra.append(f"served by the tool's rule from this run: {served} ({why})")
+    zero_row = next((r for r in rows if r["kind"] == "table-zero" and "aggregate" in r), None)
+    if zero_row:
+        summary["table_zero_over_no_speculation"] = zero_row["aggregate"]["over_no_speculation"]
+        extra.append(
+            "cost of enabling the table (K=0 everywhere over no speculation, per level): "
+            + ", ".join(f"{b}: {ratio_text(zero_row['levels'][b]['over_no_speculation'])}" for b in levels)
+        )
+    found, lines = goal_lines(rows, [table_label, served if served != table_label else None, *profile_labels])
+    summary["goals"] = found
+    extra += lines
+
+    result.update(
+        vllm_version=backend.version,
+        wall_s=time.perf_counter() - t0,
+        complete=True,
+        per_level_choices=choices_json(choices),
+        summary=summary,
+        rows=rows,
+    )
+    write_json(args.out, result)
+    print_report(
+        f"vLLM {backend.version} on {ctx.fingerprint['label']}; workload {w.prompts.name}, concurrency "
+        f"{list(w.concurrency)}, {w.num_requests} requests x {w.max_new_tokens} tokens per level"
+        + (f", trace {w.trace}" if w.trace is not None else "")
+        + f"; {args.repeats} rounds per server; --max-num-seqs {batch}",
+        result,
+        levels,
+        w.rate is None,
+        extra,
+    )
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
