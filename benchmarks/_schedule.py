@@ -165,7 +165,9 @@ class Plan:
         try:
             for r in range(self.repeats):
                 runs.append(
-                    self.backend.run_command(command, self.batch, self.seed + r, records if r == 0 else None)
+                    self.backend.run_command(
+                        command, self.batch, self.seed + r, records if r == 0 else None, with_trace=True
+                    )
                 )
         except ServerError as exc:
             print(f"{label}: failed: {exc}", file=sys.stderr)
