@@ -12,6 +12,7 @@ registered here, explicitly, so no command module imports this one:
 - ``init``: :mod:`autotune.cli.init`
 - ``profile``, ``tune``: :mod:`autotune.cli.tuning`
 - ``profiles list|show|delete``, ``export``, ``report``: :mod:`autotune.cli.profiles`
+- ``watch``: :mod:`autotune.cli.watch`
 
 Human output is rendered by :mod:`autotune.cli.render`; shared options live in
 :mod:`autotune.cli.options`.
@@ -24,7 +25,7 @@ import sys
 
 import click
 
-from autotune.cli import bench, init, profiles, tuning
+from autotune.cli import bench, init, profiles, tuning, watch
 from autotune.cli.render import _schedule_text, render_profile, render_tune
 from autotune.errors import USER_ERRORS
 
@@ -93,5 +94,6 @@ for _command in (
     profiles.profiles,
     profiles.export_cmd,
     profiles.report,
+    watch.watch,
 ):
     main.add_command(_command)

@@ -1,0 +1,186 @@
+"""``autotune watch``: follow a live server's /metrics and say when its stored profile no longer holds.
+
+The logic is :mod:`autotune.watch`; this module opens the store, picks the profile, takes the
+first scrape, wires the output (human lines or ``--json`` on stdout, warnings on stderr, the
+optional Prometheus endpoint) and turns Ctrl-C (or SIGTERM) into a clean exit 0. Usage errors (a
+bad URL, no profile, an unreadable profile, a port that cannot be bound) are one line and exit
+code 2 (the group's mapping).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from autotune.cli.options import CONFIG_OPTION, say_err
+from autotune.errors import ConfigError
+from profiles.errors import ProfileError
+from profiles.schema import Profile
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _store(config_path: Path, storage: str | None):
+    from profiles.store import DEFAULT_URL, Store
+
+    url = storage
+    if url is None:
+        if config_path.is_file():
+            from autotune.config import load_config
+
+            url = load_config(config_path).storage.url
+        else:
+            url = DEFAULT_URL
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        db = Path(url[len("sqlite:///") :])
+        if not db.is_file():
+            raise ProfileError(f"{db}: no profile database (run `autotune tune`, or pass --storage URL)")
+    return Store(url)
+
+
+def _pick_profile(store, profile_id: int | None, stack: str) -> tuple[Profile, str]:
+    """The profile to hold the server against, and a note on why it was picked."""
+    if profile_id is not None:
+        return store.load_profile(profile_id), "--profile"
+    rows = store.list_profiles()  # newest first
+    if not rows:
+        raise ProfileError("no profile in the store (run `autotune tune`, or pass --storage URL)")
+    same = [r for r in rows if r.get("backend") == stack]
+    if same:
+        return store.load_profile(same[0]["id"]), f"the newest tuned on {stack}"
+    row = rows[0]
+    return store.load_profile(
+        row["id"]
+    ), f"the newest (none was tuned on {stack}; this one on {row['backend']})"
+
+
+@click.command()
+@click.option("--url", required=True, help="The server's base URL, http://HOST:PORT (its /metrics is read).")
+@click.option(
+    "--backend",
+    "stack",
+    type=click.Choice(["vllm", "llamacpp"]),
+    default=None,
+    help="The serving stack (default: detected from the metric names' prefix).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=15.0,
+    show_default=True,
+    help="Seconds between scrapes (one window each).",
+)
+@click.option(
+    "--profile", "profile_id", type=int, default=None, help="Stored profile id (default: the newest)."
+)
+@CONFIG_OPTION
+@click.option(
+    "--storage", default=None, help="SQLAlchemy URL of the profile store (default: storage.url of --config)."
+)
+@click.option("--once", is_flag=True, help="One window, then exit 0 (fresh) or 1 (stale).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per window instead of a line.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve the watch's own Prometheus metrics on this port (0: any free one).",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address to bind the metrics to."
+)
+@click.option(
+    "--windows-to-stale",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Alarming windows in a row before the profile is called stale (and calm ones to clear it).",
+)
+@click.option(
+    "--margin",
+    type=click.FloatRange(min=1.0),
+    default=1.05,
+    show_default=True,
+    help="Predicted gain of the alternative K over the served one that raises an alarm.",
+)
+def watch(
+    url,
+    stack,
+    interval,
+    profile_id,
+    config_path,
+    storage,
+    once,
+    as_json,
+    metrics_port,
+    metrics_host,
+    windows_to_stale,
+    margin,
+):
+    """Follow a live vLLM or llama-server and say when the stored profile no longer holds.
+
+    Reads only GET /metrics, every --interval seconds. Per window: live acceptance per draft
+    position, the load, and the cost model's predicted tokens/s of the served K against every
+    other K (speculation off included). Stale after --windows-to-stale windows in a row whose
+    best alternative is predicted better by more than --margin, the interval's lower bound above 1.
+    """
+    from autotune import watch as w
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (a service manager's stop) ends the watch like Ctrl-C
+
+    target = w.metrics_url(url)
+    timeout = min(max(interval, 1.0), 10.0)
+    store = _store(config_path, storage)
+    try:
+        if profile_id is None and not store.list_profiles():
+            raise ProfileError("no profile in the store (run `autotune tune`, or pass --storage URL)")
+        state = w.Watch(lambda: w.fetch_metrics(target, timeout), stack, say_err)
+        staleness = w.Staleness(windows_to_stale=1 if once else windows_to_stale, margin=margin)
+        exporter = None
+        previous = signal.signal(signal.SIGTERM, stop) if _main_thread() else None
+        try:
+            first = state.scrape()
+            while first is None:
+                if once:
+                    raise ConfigError(f"--url: cannot read {target} (see the warning above)")
+                time.sleep(interval)
+                first = state.scrape()
+            state.baseline = first
+            prof, why = _pick_profile(store, profile_id, first.stack)
+            model = w.ProfileModel.from_profile(prof)
+            if model.backend != first.stack:
+                say_err(
+                    f"note: profile #{model.profile_id} was tuned on {model.backend}, this server is "
+                    f"{first.stack}: its acceptance and served K still apply, its step costs are the engine's"
+                )
+            if metrics_port is not None:
+                exporter = w.MetricsServer(metrics_host, metrics_port)
+                say_err(f"serving the watch's metrics on http://{metrics_host}:{exporter.port}/metrics")
+            say_err(
+                f"watching {target} ({first.stack}) against profile #{model.profile_id} ({why}), "
+                f"every {interval:g} s"
+            )
+
+            def emit(verdict: w.Verdict) -> None:
+                if as_json:
+                    click.echo(w.json_line(w.verdict_json(verdict, model, first.stack)))
+                else:
+                    click.echo(w.render_line(verdict, model))
+
+            return w.run(state, model, staleness, emit, interval, once=once, exporter=exporter)
+        except KeyboardInterrupt:
+            say_err("stopped")
+            return 0
+        finally:
+            if exporter is not None:
+                exporter.close()
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+    finally:
+        store.close()

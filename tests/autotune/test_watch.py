@@ -1,0 +1,500 @@
+"""``autotune watch``: scrape parsing of both stacks' recorded /metrics texts, windows from two scrapes,
+the staleness rule with hysteresis on synthetic windows, the watch's own metrics endpoint, and the
+CLI against a tiny in-process fake server (no vLLM, no llama-server).
+
+The recorded texts (tests/autotune/data/metrics_*.txt) are in each stack's exact exposition format:
+vLLM's rendered by the prometheus_client vLLM uses (label order, ``_total``/``_created``, ``NaN``),
+llama-server's as ``server_task_result_metrics::to_metrics`` writes them (C++ ``<<`` on a double:
+six significant digits, ``1.23457e+06``, ``nan``; the per-position series only once it has counts).
+"""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import json
+import math
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from autotune import watch as w
+from autotune.cli import main
+from autotune.stats import Estimate
+from profiles.schema import Profile
+from profiles.store import Store
+
+DATA = Path(__file__).parent / "data"
+ALPHA = 0.8  # the profile's conditional acceptance: per-position acceptance 0.8^i
+BATCHES = (1, 2, 4, 8)
+
+
+def recorded(name: str) -> str:
+    return (DATA / f"metrics_{name}.txt").read_text()
+
+
+def curves_json() -> dict[str, Any]:
+    """Synthetic step costs (as the profiler stores them: string keys): verify grows with rows x width."""
+    return {
+        "t_verify": {
+            str(b): {str(k): 0.020 * (1 + 0.15 * (b - 1)) + 0.0005 * b * (k - 1) for k in range(1, 8)}
+            for b in BATCHES
+        },
+        "t_draft": {str(b): 0.0025 * (1 + 0.1 * (b - 1)) for b in BATCHES},
+    }
+
+
+PROFILE: dict[str, Any] = {
+    "tool_version": "0.1.0",
+    "created_at": "2026-11-30T01:30:00+00:00",
+    "device": {"key": "ab12cd34ef56", "label": "CPU test", "kind": "cpu"},
+    "pair": {
+        "target": "/m/target",
+        "draft": "/m/draft",
+        "drafter": "model",
+        "target_hash": "t" * 64,
+        "draft_hash": "d" * 64,
+    },
+    "workload": {"hash": "w" * 64, "concurrency": [1, 2, 4]},
+    "chosen": {"drafter": "model", "gamma": 5, "confidence_threshold": 0.0, "max_batch_size": 4},
+    # under ALPHA and these curves K=5 is best at one row, K=4 from two rows on
+    "schedule": [{"batch_size": 1, "gamma": 5}, {"batch_size": 2, "gamma": 4}, {"batch_size": 4, "gamma": 4}],
+    "table_decision": {"levels": [{"batch_size": 1, "gamma": 5}, {"batch_size": 4, "gamma": 4}]},
+    "curves": curves_json(),
+    "acceptance": {"gamma_max": 6, "per_position_acceptance": [ALPHA**i for i in range(1, 7)]},
+    "backend": {"name": "vllm"},
+}
+
+
+def model(**changes: Any) -> w.ProfileModel:
+    return w.ProfileModel.from_profile(Profile.from_json({**copy.deepcopy(PROFILE), **changes, "id": 7}))
+
+
+def live_window(alpha: float, running: float = 1.0, drafts: int = 600, k: int = 5) -> w.Window:
+    """A 15 s window of ``drafts`` drafts of K tokens whose conditional acceptance is ``alpha``."""
+    per_pos = tuple(float(round(drafts * alpha**i)) for i in range(1, k + 1))
+    accepted = sum(per_pos)
+    return w.Window(15.0, drafts, drafts * k, accepted, per_pos, drafts + accepted, running, 0.0)
+
+
+# --- parsing -----------------------------------------------------------------------------------------
+
+
+def test_vllm_recorded_texts_parse_and_difference_into_a_window() -> None:
+    a = w.read_scrape(recorded("vllm_a"), at=100.0)
+    b = w.read_scrape(recorded("vllm_b"), at=115.0)
+    assert a.stack == "vllm" and a.counters["drafts"] == 12000 and a.counters["generated"] == 45000
+    assert a.per_pos == {0: 9600, 1: 7700, 2: 5500, 3: 3700, 4: 2500}
+    assert a.gauges["running"] == 3 and a.gauges["started"] == pytest.approx(1764500000.25)
+    win = w.window(a, b)
+    assert win.seconds == 15 and win.drafts == 600 and win.draft_tokens == 3000 and win.accepted == 726
+    assert win.per_position_acceptance == pytest.approx([0.62, 0.38, 0.14, 0.05, 0.02])
+    assert win.acceptance_rate == pytest.approx(0.242) and win.mean_accepted_length == pytest.approx(2.21)
+    assert win.tokens_per_second == pytest.approx(1326 / 15) and win.drafts_per_second == 40
+    assert win.running == 3 and win.waiting == 0.5 and win.mean_draft_length == 5 and not win.idle
+
+
+def test_llamacpp_recorded_texts_parse_and_difference_into_a_window() -> None:
+    a = w.read_scrape(recorded("llamacpp_a"), at=0.0)
+    b = w.read_scrape(recorded("llamacpp_b"), at=15.0)
+    assert a.stack == "llamacpp" and a.counters["generated"] == 18432 and a.counters["decodes"] == 9120
+    win = w.window(a, b)
+    assert win.drafts == 300 and win.draft_tokens == 1400 and win.accepted == 420
+    assert win.per_position_acceptance == pytest.approx([190 / 300, 120 / 300, 70 / 300, 0.1, 10 / 300])
+    assert win.tokens_per_second == 48
+    # mean busy slots per decode in the window (1500 / 600), from the since-start gauge x n_decode_total
+    assert win.running == pytest.approx(2.5, abs=1e-3)
+    assert win.waiting == 0.5  # requests_deferred 0 -> 1
+
+
+def test_llamacpp_six_significant_digits_and_speculation_off() -> None:
+    big = w.read_scrape(recorded("llamacpp_big"))
+    assert big.counters["generated"] == 1234570.0 and big.counters["drafts"] == 700001
+    off = w.read_scrape(recorded("llamacpp_nospec"))
+    assert off.counters["drafts"] == 0 and off.per_pos == {}  # no per-position series printed
+    assert "busy_per_decode" not in off.gauges and off.gauges["running"] == 2  # its nan is ignored
+    later = w.read_scrape(
+        recorded("llamacpp_nospec").replace("tokens_predicted_total 18432", "tokens_predicted_total 18900"),
+        at=15,
+    )
+    win = w.window(off, later)
+    assert win.drafts == 0 and win.per_position_acceptance == [] and win.running == 2 and win.generated == 468
+
+
+def test_nan_and_missing_series_are_absent_not_zero() -> None:
+    b = w.read_scrape(recorded("vllm_b"), at=0)
+    nan = w.read_scrape(recorded("vllm_nan"), at=15)  # speculation off, running gauge NaN
+    assert "running" not in nan.gauges and "drafts" not in nan.counters and nan.per_pos == {}
+    win = w.window(b, nan)
+    assert win.drafts is None and win.per_position_acceptance == [] and win.generated == 674
+    assert win.running == 3  # only the first scrape's gauge is known
+    no_pos = w.read_scrape(
+        "\n".join(line for line in recorded("vllm_b").splitlines() if "per_pos" not in line), at=30
+    )
+    assert w.window(b, no_pos).accepted_per_pos == ()  # a series gone: no per-position acceptance
+
+
+def test_counter_reset_and_restart_are_detected() -> None:
+    b = w.read_scrape(recorded("vllm_b"), at=0)
+    with pytest.raises(w.CounterReset, match="went down|process_start_time"):
+        w.window(b, w.read_scrape(recorded("vllm_restarted"), at=15))
+    # a restart whose counters already passed the old values: the start time still tells
+    grown = recorded("vllm_b").replace(
+        "process_start_time_seconds 1.76450000025e+09", "process_start_time_seconds 1.7645009e+09"
+    )
+    with pytest.raises(w.CounterReset, match="process_start_time_seconds"):
+        w.window(b, w.read_scrape(grown, at=15))
+    a = w.read_scrape(recorded("llamacpp_b"))
+    with pytest.raises(
+        w.CounterReset, match=r"llamacpp:spec_decode_num_drafts_total went down \(4900 -> 4600\)"
+    ):
+        w.window(a, w.read_scrape(recorded("llamacpp_a"), at=15))
+
+
+def test_unreadable_texts_are_metrics_errors() -> None:
+    for text in ("<html><body>502 Bad Gateway</body></html>", "", "up 1\nprocess_cpu_seconds_total 3"):
+        with pytest.raises(w.MetricsError):
+            w.read_scrape(text)
+    with pytest.raises(w.MetricsError, match="no llamacpp: metrics"):
+        w.read_scrape(recorded("vllm_a"), "llamacpp")
+
+
+def test_metrics_url_checks_the_url() -> None:
+    assert w.metrics_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/metrics"
+    for bad in ("127.0.0.1:8000", "ftp://h/", "http://", "http://h:99999"):
+        with pytest.raises(w.ConfigError, match="--url"):
+            w.metrics_url(bad)
+
+
+# --- the cost model and the rule ---------------------------------------------------------------------
+
+
+def test_profile_model_serves_the_tuned_k_and_predicts_it_best_on_the_profiles_own_acceptance() -> None:
+    m = model()
+    assert m.gamma_max == 6 and m.levels == (1, 2, 4) and m.level_choices == {1: 5, 4: 4}
+    assert [m.served_k("vllm", b) for b in (1, 1.4, 2, 3, 4, 9)] == [5, 5, 4, 4, 4, 4]
+    assert m.served_k("llamacpp", 4) == 5  # llama-server takes one K
+    for b in (1, 2, 4):
+        tps = [w.predicted_tps(m.curves, m.acceptance, k, b) for k in range(7)]
+        assert max(range(7), key=tps.__getitem__) == m.served_k("vllm", b)
+    a = w.assess(m, live_window(ALPHA), "vllm")
+    assert a.acceptance_source == "live" and a.served_k == 5 and a.gain < 1.0
+    assert a.acceptance[5] == pytest.approx(ALPHA**6, rel=0.02)  # position 6 extrapolated
+
+
+def test_a_load_switch_is_stale_where_the_profile_serves_the_wrong_k_there() -> None:
+    """At 8 rows the verify cost grows steeply with width: K=2 is best there. vLLM serves the
+    profile's table (K=2 at 8 rows): fresh; llama-server serves one K=5 everywhere: stale."""
+    curves = curves_json()
+    curves["t_verify"]["8"] = {str(k): 0.044 + 0.016 * (k - 1) for k in range(1, 8)}
+    schedule = [*PROFILE["schedule"], {"batch_size": 8, "gamma": 2}]
+    m = model(curves=curves, schedule=schedule)
+    tps = [w.predicted_tps(m.curves, m.acceptance, k, 8) for k in range(7)]
+    assert max(range(7), key=tps.__getitem__) == 2 and tps[2] / tps[5] > 1.1
+    for stack, stale in (("vllm", False), ("llamacpp", True)):
+        rule = w.Staleness(windows_to_stale=3)
+        quiet = [rule.update(w.assess(m, live_window(ALPHA, running=1), stack)) for _ in range(3)]
+        busy = [rule.update(w.assess(m, live_window(ALPHA, running=8), stack)) for _ in range(3)]
+        assert not any(v.stale for v in quiet) and busy[-1].stale == stale, stack
+    assert busy[-1].alternative == 2 and busy[-1].assessment.served_k == 5
+
+
+def test_the_server_running_fewer_positions_than_the_profiles_k_is_what_is_served() -> None:
+    a = w.assess(model(), live_window(ALPHA, k=3), "vllm")
+    assert a.served_k == 3 and a.served_from == "server" and a.observed_positions == 3
+    assert w.assess(model(), live_window(ALPHA), "vllm").served_from == "profile"
+
+
+def test_a_profile_without_curves_or_acceptance_is_one_line() -> None:
+    with pytest.raises(w.ProfileError, match="no 'curves'"):
+        w.ProfileModel.from_profile(Profile.from_json({k: v for k, v in PROFILE.items() if k != "curves"}))
+    with pytest.raises(w.ProfileError, match="per_position_acceptance"):
+        model(acceptance={"gamma_max": 6})
+
+
+def test_speculation_off_uses_the_profiles_acceptance() -> None:
+    a = w.assess(model(), w.Window(15.0, generated=900.0, running=2.0), "vllm")
+    assert a.acceptance_source == "profile" and a.served_k == 4 and not a.idle
+
+
+def verdicts(m: w.ProfileModel, alphas: list[float], n: int = 3) -> list[w.Verdict]:
+    rule = w.Staleness(windows_to_stale=n, margin=1.05)
+    return [rule.update(w.assess(m, live_window(x), "vllm")) for x in alphas]
+
+
+def test_steady_workload_never_alarms() -> None:
+    jitter = [0.0, 0.02, -0.015, 0.01, -0.02, 0.015, -0.01, 0.005] * 4
+    out = verdicts(model(), [ALPHA + j for j in jitter])
+    assert not any(v.alarm or v.stale for v in out)
+
+
+def test_a_sustained_acceptance_drop_is_stale_after_n_windows_and_clears_after_n() -> None:
+    m = model()
+    out = verdicts(m, [ALPHA] * 4 + [0.5, 0.52, 0.48, 0.5, 0.51] + [ALPHA] * 4)
+    stale = [v.stale for v in out]
+    assert stale == [False] * 4 + [False, False, True, True, True] + [True, True, False, False]
+    first = out[6]
+    assert first.changed and first.alternative == 2 and first.streak == 3 and first.gain.n == 3
+    assert first.gain.low > 1.0 and first.gain.value == pytest.approx(1.2, abs=0.05)
+    assert out[11].changed and not out[11].stale
+    line = w.render_line(first, m)
+    assert line.startswith("acceptance 0.")
+    assert "(profile 0.54) at ~1 request running: predicted K=2 1.2" in line
+    assert "over the served K=5 (95% CI 1." in line and line.endswith("for 3 windows: profile stale")
+    assert w.render_line(out[9], m).endswith("profile stale (fresh after 2 more calm windows)")
+    assert w.render_line(out[10], m).endswith("profile stale (fresh after 1 more calm window)")
+    assert w.render_line(out[5], m).endswith("fresh (2 of 3 windows to stale)")
+
+
+def test_a_single_outlier_window_raises_no_alarm_state() -> None:
+    out = verdicts(model(), [ALPHA, ALPHA, 0.4, ALPHA, ALPHA, 0.45, ALPHA])
+    assert [v.alarm for v in out] == [False, False, True, False, False, True, False]
+    assert not any(v.stale for v in out)
+
+
+def test_idle_windows_change_nothing() -> None:
+    m, rule = model(), w.Staleness(windows_to_stale=2)
+    rule.update(w.assess(m, live_window(0.5), "vllm"))
+    idle = rule.update(w.assess(m, w.Window(15.0, 0, 0, 0, (), 0, 0.0), "vllm"))
+    assert (
+        idle.idle and not idle.alarm and w.render_line(idle, m).startswith("idle: no tokens counted in 15 s")
+    )
+    assert rule.update(w.assess(m, live_window(0.5), "vllm")).stale  # the streak went on across the idle one
+
+
+def fake(gains: list[float]) -> list[w.Assessment]:
+    """Assessments whose K=1 is predicted ``gain`` x the served K=0."""
+    win = live_window(ALPHA)
+    return [w.Assessment(win, 1.0, 0, (0.5,), "live", 1, (100.0, 100.0 * g), 1, g) for g in gains]
+
+
+def test_an_alarm_streak_whose_interval_includes_one_is_not_stale() -> None:
+    rule = w.Staleness(windows_to_stale=3, margin=1.05)
+    out = [rule.update(a) for a in fake([1.06, 1.06, 1.9])]
+    assert all(v.alarm for v in out) and not out[-1].stale and out[-1].gain.low < 1.0
+    rule = w.Staleness(windows_to_stale=3, margin=1.05)
+    out = [rule.update(a) for a in fake([1.3, 1.32, 1.28])]
+    assert out[-1].stale and out[-1].gain.low > 1.0
+    assert w.streak_gain(fake([1.2, 1.2]))[1] == Estimate(
+        pytest.approx(1.2), pytest.approx(1.2), pytest.approx(1.2), 2
+    )
+
+
+def test_once_decides_on_the_single_window() -> None:
+    rule = w.Staleness(windows_to_stale=1, margin=1.05)
+    assert rule.update(fake([1.07])[0]).stale
+    assert not w.Staleness(windows_to_stale=1, margin=1.1).update(fake([1.07])[0]).stale
+
+
+def test_json_object_of_a_window() -> None:
+    m = model()
+    v = verdicts(m, [0.5] * 3)[-1]
+    obj = json.loads(w.json_line(w.verdict_json(v, m, "vllm")))
+    assert obj["stale"] and obj["alternative_k"] == 2 and obj["served_k"] == 5 and obj["profile_id"] == 7
+    assert obj["live_acceptance"][:2] == [0.5, 0.25] and obj["extrapolated_from_position"] == 6
+    assert obj["nearest_level"] == 1 and obj["level_choice_k"] == 5 and not obj["outside_tuned_levels"]
+    assert obj["gain_ci95"][0] > 1 and set(obj["predicted_tokens_per_second"]) == {str(k) for k in range(7)}
+
+
+# --- the metrics endpoint ----------------------------------------------------------------------------
+
+
+def test_metrics_text_and_endpoint() -> None:
+    m = model()
+    v = verdicts(m, [0.5] * 3)[-1]
+    text = w.metrics_text(v, "vllm", 3, 1, 0, 7)
+    assert 'autotune_live_acceptance{position="1"} 0.5\n' in text
+    assert 'autotune_live_acceptance{position="5"} 0.0316667\n' in text
+    assert "autotune_profile_stale 1\n" in text and "autotune_windows_total 3\n" in text
+    assert "# TYPE autotune_windows_total counter" in text and "autotune_scrape_errors_total 1\n" in text
+    assert 'autotune_watch_info{backend="vllm",profile="7"} 1' in text
+    gain = float(text.split("\nautotune_predicted_gain ")[1].split()[0])
+    assert gain == pytest.approx(v.gain.value, rel=1e-5)
+    server = w.MetricsServer("127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        assert (
+            "autotune_profile_stale 0" in urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+        )
+        server.update(text)
+        assert urllib.request.urlopen(url + "/metrics", timeout=5).read().decode() == text
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(url + "/other", timeout=5)
+    finally:
+        server.close()
+
+
+# --- the loop and the CLI against a fake server -------------------------------------------------------
+
+
+def vllm_text(alpha: float, step: int, running: int = 1) -> str:
+    """The recorded vLLM text with its counters at ``step`` x 600 drafts of K=5 at conditional ``alpha``."""
+    drafts = 600 * step
+    per_pos = [round(drafts * alpha**i) for i in range(1, 6)]
+    values = {
+        "vllm:spec_decode_num_drafts_total": drafts,
+        "vllm:spec_decode_num_draft_tokens_total": 5 * drafts,
+        "vllm:spec_decode_num_accepted_tokens_total": sum(per_pos),
+        "vllm:generation_tokens_total": drafts + sum(per_pos),
+        "vllm:num_requests_running": running,
+    }
+    out = []
+    for line in recorded("vllm_a").splitlines():
+        name = line.split("{", 1)[0]
+        if not line.startswith("#") and name in values:
+            line = f"{line.rsplit(' ', 1)[0]} {float(values[name])}"
+        elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+            pos = int(line.split('position="')[1].split('"')[0])
+            line = f"{line.rsplit(' ', 1)[0]} {float(per_pos[pos])}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+@pytest.fixture
+def fake_server() -> Iterator[tuple[str, Any]]:
+    """An http.server on 127.0.0.1 serving scripted /metrics texts in turn (the last one repeats);
+    ``serve(*texts)`` starts a new script."""
+    script: list[str] = []
+    served = {"n": 0}
+
+    def serve(*texts: str) -> None:
+        script[:] = texts
+        served["n"] = 0
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path != "/metrics" or not script:
+                self.send_error(404)
+                return
+            body = script[min(served["n"], len(script) - 1)].encode()
+            served["n"] += 1
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", serve
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def storage(tmp_path) -> str:
+    url = f"sqlite:///{tmp_path / 'autotune.db'}"
+    with Store(url) as store:
+        store.save_profile(copy.deepcopy(PROFILE))
+    return url
+
+
+def watch_cli(*args: str) -> Any:
+    return CliRunner().invoke(main, ["watch", *args])
+
+
+def test_once_exits_0_when_fresh_and_1_when_stale(fake_server, storage) -> None:
+    url, serve = fake_server
+    serve(vllm_text(ALPHA, 1), vllm_text(ALPHA, 2))
+    result = watch_cli("--url", url, "--storage", storage, "--once", "--interval", "0.2")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().endswith(": fresh") and "the served K=5" in result.stdout
+    serve(vllm_text(0.5, 1), vllm_text(0.5, 2))
+    result = watch_cli("--url", url, "--storage", storage, "--once", "--interval", "0.2")
+    assert result.exit_code == 1, result.output
+    line = result.stdout.strip()
+    assert line.startswith("acceptance 0.19 (profile 0.54) at ~1 request running: predicted K=2 1.2")
+    assert line.endswith("over the served K=5 for 1 window: profile stale")
+    assert "against profile #1 (the newest tuned on vllm)" in result.stderr
+    serve(vllm_text(0.5, 1), vllm_text(0.5, 2))
+    result = watch_cli("--url", url, "--storage", storage, "--once", "--interval", "0.2", "--json")
+    obj = json.loads(result.stdout)
+    assert result.exit_code == 1 and obj["stale"] and obj["alternative_k"] == 2 and obj["backend"] == "vllm"
+
+
+def test_usage_errors_are_one_line_and_exit_2(fake_server, storage, tmp_path) -> None:
+    url, serve = fake_server
+    serve(vllm_text(ALPHA, 1))
+    cases = [
+        (["--url", "localhost:8000", "--storage", storage], "--url: need http://HOST:PORT"),
+        (["--url", url, "--storage", f"sqlite:///{tmp_path / 'none.db'}"], "no profile database"),
+        (["--url", url, "--storage", "sqlite://"], "no profile in the store"),
+        (["--url", url, "--storage", storage, "--profile", "9"], "no profile with id 9"),
+        (["--url", url, "--storage", storage, "--backend", "sglang"], "Invalid value for '--backend'"),
+        (
+            ["--url", "http://127.0.0.1:9/", "--storage", storage, "--once", "--interval", "0.2"],
+            "cannot read",
+        ),
+    ]
+    for args, message in cases:
+        result = watch_cli(*args)
+        assert result.exit_code == 2, (args, result.output)
+        err = result.stderr.strip().splitlines()
+        assert err[-1].startswith("error: ") and message in err[-1] and "Traceback" not in result.output
+
+
+def test_the_loop_warns_and_goes_on_through_faults() -> None:
+    texts = iter(
+        [
+            vllm_text(ALPHA, 1),
+            "<html>502</html>",  # malformed: warning, no window
+            "<html>502</html>",  # the same failure again: counted, not warned again
+            vllm_text(ALPHA, 2),  # a window against the first scrape
+            vllm_text(ALPHA, 1).replace("1.76450000025e+09", "1.7645009e+09"),  # restarted
+            vllm_text(ALPHA, 2).replace("1.76450000025e+09", "1.7645009e+09"),
+        ]
+    )
+
+    def fetch() -> str:
+        return next(texts)
+
+    warnings: list[str] = []
+    clock = {"t": 0.0}
+    state = w.Watch(fetch, None, warnings.append, clock=lambda: clock["t"])
+    state.baseline = state.scrape()
+    out: list[w.Verdict] = []
+
+    def sleep(s: float) -> None:
+        clock["t"] += s
+
+    code = w.run(state, model(), w.Staleness(), out.append, 15.0, sleep=sleep, max_windows=2)
+    assert code == 0 and len(out) == 2 and state.windows == 2 and state.resets == 1
+    assert [x.split(" (")[0] for x in warnings] == [
+        "warning: scrape failed",
+        "note: scraping again after 2 failed scrapes",
+        "warning: counter reset, server restarted?",
+    ]
+    assert state.errors == 2 and out[0].assessment.window.seconds == 45  # failed ticks inside the window
+    assert not any(v.stale for v in out)
+
+
+def test_ctrl_c_exits_0_and_closes_the_metrics_server(fake_server, storage, monkeypatch) -> None:
+    url, serve = fake_server
+    serve(vllm_text(ALPHA, 1), vllm_text(ALPHA, 2))
+    closed = []
+    real_close = w.MetricsServer.close
+
+    def close(self: w.MetricsServer) -> None:
+        closed.append(self.port)
+        real_close(self)
+
+    def interrupted(*args: Any, **kwargs: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(w.MetricsServer, "close", close)
+    monkeypatch.setattr(w, "run", interrupted)
+    result = watch_cli("--url", url, "--storage", storage, "--metrics-port", "0")
+    assert result.exit_code == 0 and "stopped" in result.stderr and len(closed) == 1
+    assert "serving the watch's metrics on http://127.0.0.1:" in result.stderr
+    assert math.isfinite(closed[0])
