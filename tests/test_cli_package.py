@@ -28,7 +28,16 @@ def test_command_modules_never_import_the_group() -> None:
 
 
 def test_every_command_is_registered() -> None:
-    assert sorted(main.commands) == ["bench", "export", "init", "profile", "profiles", "report", "tune", "watch"]
+    assert sorted(main.commands) == [
+        "bench",
+        "export",
+        "init",
+        "profile",
+        "profiles",
+        "report",
+        "tune",
+        "watch",
+    ]
     profiles = main.commands["profiles"]
     assert isinstance(profiles, click.Group) and sorted(profiles.commands) == ["delete", "list", "show"]
 
