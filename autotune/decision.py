@@ -5,8 +5,9 @@ The study ranks configurations on single runs; what is chosen is decided on repe
 1. :func:`finalists`: the ``budget.remeasure_top`` fastest Pareto points, the AR baseline, the
    best static gamma (what a stack's constant K is) and the best static gamma of each load level;
 2. :func:`remeasure`: each run ``budget.repeats`` times on the backend, with paired seeds;
-3. :func:`decide`: the margin rule picks the configuration (a simpler one is kept unless the
-   interval of the paired ratio excludes 1); the same rule at each load level picks a K there
+3. :func:`decide`: the margin rule picks the configuration (one of a simpler structure is kept
+   unless the interval of the paired ratio excludes 1); at each load level the best constant stays
+   unless another K (or speculation off) is significantly faster there
    (:func:`autotune.selection.per_level_choices`). Where those K differ and the backend serves
    tables, the table they make is served live (:func:`serve_table`: the table, the best
    constant and no speculation re-measured together) and replaces the constant only when it is
@@ -291,7 +292,7 @@ def serve_table(
     drafter = constant.knobs.drafter if constant.knobs.gamma > 0 else chosen.knobs.drafter
     if best_static is not None and constant.knobs.gamma == 0:
         drafter = best_static.knobs.drafter
-    levels = per_level_choices(remeasured.points, cfg.batch_sizes, drafter)
+    levels = per_level_choices(remeasured.points, cfg.batch_sizes, drafter, constant.knobs)
     table = table_of(levels)
     per_level = ", ".join(f"{c.batch_size}: {c.gamma}" for c in levels)
 

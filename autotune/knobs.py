@@ -254,6 +254,21 @@ class Knobs:
         )
 
     @property
+    def structure(self) -> tuple[int, int, int, float]:
+        """:attr:`simplicity` without gamma: what the margin rule counts as simpler.
+
+        Choosing K=5 over K=3 adds nothing to what a stack is given (one number either way), so
+        the faster K of one structure wins on its measurement; no speculation, a per-row policy, a
+        table, a tree or a threshold is a different structure, which a winner must beat by a
+        margin (:func:`autotune.selection.choose_with_margin`).
+
+        Example:
+            >>> Knobs("model", 3).structure == Knobs("model", 5).structure, Knobs("model", 0).structure
+            (True, (0, 0, 0, 0.0))
+        """
+        return self.simplicity[:4]
+
+    @property
     def label(self) -> str:
         """The configuration in a few words, for selection reasons.
 

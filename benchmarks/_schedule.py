@@ -230,9 +230,15 @@ class Plan:
 
     def level_choices(self, drafter: str) -> list[LevelChoice]:
         """The tool's per-level rule (:func:`autotune.selection.per_level_choices`) over no speculation
-        and the grid measured so far."""
-        points = [self.point(r) for r in self.ok(CONSTANT_KINDS)]
-        return per_level_choices(points, self.levels, drafter)
+        and the grid measured so far, anchored on the constant the tool chooses over the sweep
+        (:meth:`constant_choice`)."""
+        rows = self.ok(CONSTANT_KINDS)
+        label, _ = self.constant_choice()
+        if label is None:
+            return []
+        points = [self.point(r) for r in rows]
+        anchor = next(p for r, p in zip(rows, points, strict=True) if r["config"] == label)
+        return per_level_choices(points, self.levels, drafter, anchor.knobs)
 
     def constant_choice(self) -> tuple[str | None, str]:
         """The tool's margin rule (:func:`autotune.selection.choose_with_margin`, on the sweep's
@@ -497,7 +503,7 @@ def choices_json(choices: Sequence[LevelChoice]) -> list[dict]:
 
 
 def choice_lines(choices: Sequence[LevelChoice]) -> list[str]:
-    """One line per level: the K the tool's margin rule takes there and why."""
+    """One line per level: the K the tool's per-level rule takes there and why."""
     return [f"  {c.batch_size}: K={c.gamma}: {c.reason}" for c in choices]
 
 

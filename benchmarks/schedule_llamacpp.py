@@ -13,16 +13,17 @@ this order:
 3. the n-max that maximises the traffic-weighted tokens/s of the sweep, chosen from the grid
    (a row pointing at that grid row, not run again): what one n-max can do for all levels (the
    tool's margin rule, ``choose_with_margin`` on the sweep's tokens/s, is printed beside it: it keeps
-   a simpler n-max unless the faster one is significantly faster);
+   speculation off unless an n-max is significantly faster, and takes the fastest n-max);
 4. the config exported by ``autotune tune --backend engine`` (through the llama.cpp exporter with
    the GGUF paths) and the one chosen by ``autotune tune --backend llamacpp`` (the newest profiles
    for this host and pair), when present.
 
-llama.cpp takes one n-max for every batch size (no table): the per-level best n-max (the tool's
-margin rule, ``autotune.selection.per_level_choices``, over no speculation and the grid) is
-printed as what a table would have held. Tables and JSON as in ``schedule_vllm.py``
-(``benchmarks/_schedule.py``): one table per load level, one aggregate row per configuration
-(traffic-weighted tokens/s, the trace's, goodput under ``--slo-tpot-ms``); JSON
+llama.cpp takes one n-max for every batch size (no table): the per-level n-max (the tool's
+per-level rule, ``autotune.selection.per_level_choices``: the sweep's constant unless another
+n-max, or none, is significantly faster at that level) is printed as what a table would have held.
+Tables and JSON as in ``schedule_vllm.py`` (``benchmarks/_schedule.py``): one table per load level,
+one aggregate row per configuration (traffic-weighted tokens/s, the trace's, goodput under
+``--slo-tpot-ms``); JSON
 ``benchmarks/results/schedule_llamacpp.json``.
 
 Goals of the issue: at every level the tool's served choice >= 0.97x the best constant at that
@@ -157,7 +158,8 @@ def main() -> None:
     summary["per_level_best_differ"] = differ
     extra = [
         line,
-        "per-level best n-max (the tool's margin rule over no speculation and the grid, this run):",
+        "per-level n-max (the tool's per-level rule: the sweep's constant unless another n-max is "
+        "significantly faster there, this run):",
     ]
     extra += [x.replace("K=", "n-max ") for x in choice_lines(choices)]
     margin, why = plan.constant_choice()

@@ -12,7 +12,8 @@ round r with the same seed in every configuration (paired rounds), in this order
    ``num_speculative_tokens_per_batch_size [[1, max_num_seqs, 0]]``): what merely enabling the
    table costs against no speculation (vLLM #49548);
 4. the table the tool's per-level rule makes from this run's grid (autotune.selection:
-   ``per_level_choices`` over no speculation and the grid, then ``table_of``), served live as
+   ``per_level_choices``, the margin rule's constant over the sweep unless another K, or none, is
+   significantly faster at a level, then ``table_of``), served live as
    vLLM's ``num_speculative_tokens_per_batch_size``; not served, with a note, when every level
    takes the same K (the per-level best K do not differ on this host: the table is a constant);
 5. the config exported by ``autotune tune --backend engine`` and the one chosen by
@@ -171,7 +172,10 @@ def main() -> None:
     summary = common_summary(plan, refs, choices)
     summary["tuned_table"] = table_text(tuned) if table_label else None
     summary["table_note"] = note
-    extra = ["per-level best K (the tool's margin rule over no speculation and the grid, this run):"]
+    extra = [
+        "per-level K (the tool's per-level rule: the sweep's constant unless another K is significantly "
+        "faster there, this run):"
+    ]
     extra += choice_lines(choices)
     extra.append(f"table: {note}")
 

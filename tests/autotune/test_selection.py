@@ -154,34 +154,51 @@ K2 = levels(Knobs("model", 2), b1=(143, 141, 145, 144), b4=(304, 300, 306, 303),
 K5 = levels(Knobs("model", 5), b1=(207, 205, 210, 208), b4=(395, 390, 398, 393), b16=(474, 440, 470, 452))
 
 
-def test_per_level_choices_take_the_fastest_k_where_it_is_significant() -> None:
-    choices = per_level_choices([OFF, K2, K5], [1, 4, 16], "model")
-    assert [(c.batch_size, c.gamma) for c in choices] == [(1, 5), (4, 5), (16, 0)]
-    assert table_of(choices) == ((1, 5), (4, 5), (16, 0))
-    # at 16, K=5's interval against no speculation straddles 1: the simpler configuration stays
-    assert "no significant difference" in choices[2].reason
+def test_per_level_choices_leave_the_constant_only_where_another_k_is_significantly_faster() -> None:
+    # anchored on K=5 (the sweep's constant): at 16, speculation off is faster but inside the noise
+    choices = per_level_choices([OFF, K2, K5], [1, 4, 16], "model", K5.knobs)
+    assert [(c.batch_size, c.gamma) for c in choices] == [(1, 5), (4, 5), (16, 5)]
+    assert all("is the fastest here" in c.reason for c in choices)
+    # anchored on no speculation at 16 only: K=5's gain there is inside the noise
+    (choice,) = per_level_choices([OFF, K2, K5], [16], "model", OFF.knobs)
+    assert choice.gamma == 0
+    assert "kept the constant gamma=0" in choice.reason and "no significant difference" in choice.reason
+    # anchored on K=2: K=5 is significantly faster at every level (at 16 no speculation is too, less so)
+    choices = per_level_choices([OFF, K2, K5], [1, 4, 16], "model", K2.knobs)
+    assert table_of(choices) == ((1, 5), (4, 5), (16, 5))
+    assert all("significantly better" in c.reason for c in choices)
 
 
-def test_per_level_choices_keep_the_smaller_k_inside_the_noise() -> None:
-    k3 = levels(Knobs("model", 3), b1=(144, 142, 145, 143))
-    k2 = levels(Knobs("model", 2), b1=(143, 144, 141, 145))
-    off = levels(Knobs("model", 0), b1=(83, 85, 84, 86))
-    (choice,) = per_level_choices([off, k2, k3], [1], "model")
-    assert choice.gamma == 2
+def test_per_level_choices_keep_the_constant_inside_the_noise_whichever_k_it_is() -> None:
+    """Noisy rounds give the constant at every level: a table departs from it only on evidence."""
+    k5 = levels(Knobs("model", 5), b1=(120, 152, 95), b4=(268, 355, 320))
+    k1 = levels(Knobs("model", 1), b1=(98, 87, 100), b4=(286, 248, 201))
+    off = levels(Knobs("model", 0), b1=(69, 76, 74), b4=(199, 224, 210))
+    assert [c.gamma for c in per_level_choices([off, k1, k5], [1, 4], "model", k5.knobs)] == [5, 5]
+    # the margin rule's old habit, the smaller K inside the noise, is gone: K=1 is no safer a table entry
+    assert [c.gamma for c in per_level_choices([off, k1, k5], [1, 4], "model", k1.knobs)] == [1, 1]
+
+
+def test_per_level_choices_take_the_fastest_of_the_significantly_faster() -> None:
+    k3 = levels(Knobs("model", 3), b1=(150, 152, 151, 153))
+    k4 = levels(Knobs("model", 4), b1=(160, 158, 161, 159))
+    (choice,) = per_level_choices([OFF, K2, k3, k4], [1], "model", OFF.knobs)
+    assert choice.gamma == 4 and "over the constant gamma=0" in choice.reason
 
 
 def test_per_level_choices_use_constant_chains_of_one_drafter_only() -> None:
     ngram = levels(Knobs("ngram", 4), b1=(400, 401, 402, 399))
     heuristic = levels(Knobs("model", 6, gamma_policy="heuristic"), b1=(500, 501, 502, 499))
     tree = levels(Knobs.for_tree((2, 1), 4), b1=(600, 601, 602, 599))
-    (choice,) = per_level_choices([OFF, K2, ngram, heuristic, tree], [1], "model")
+    (choice,) = per_level_choices([OFF, K2, ngram, heuristic, tree], [1], "model", OFF.knobs)
     assert choice.point.knobs == K2.knobs
 
 
-def test_a_level_without_paired_rounds_of_equal_length_gets_no_choice() -> None:
+def test_a_level_without_paired_rounds_of_equal_length_or_the_constant_gets_no_choice() -> None:
     short = levels(Knobs("model", 2), b1=(143, 141))
-    assert per_level_choices([OFF, short], [1], "model") == []
-    assert per_level_choices([OFF, K2], [8], "model") == []
+    assert per_level_choices([OFF, short], [1], "model", OFF.knobs) == []
+    assert per_level_choices([OFF, K2], [8], "model", OFF.knobs) == []
+    assert per_level_choices([OFF, K2], [1], "model", K5.knobs) == []  # the constant was not measured
 
 
 def table_point(table: tuple[tuple[int, int], ...], **rounds: tuple[float, ...]) -> Point:
@@ -280,6 +297,19 @@ def test_with_slos_only_feasible_simpler_points_block_and_nothing_feasible_is_un
     assert choose_with_margin([ar, g2], has_slo=True).point is g2
     both_bad = [remeasured(0, AR, violation=5.0), remeasured(2, AR, violation=1.0)]
     assert "closest" in choose_with_margin(both_bad, has_slo=True).reason
+
+
+def test_between_two_k_of_one_structure_the_faster_wins_without_a_margin() -> None:
+    """The sweep that retired the old habit: K=5 1.2x K=3 inside the noise, both far above AR."""
+    ar = remeasured(0, AR)
+    k2 = remeasured(2, [150.0, 120.0, 160.0, 140.0, 155.0])
+    k5 = remeasured(5, [185.0, 140.0, 190.0, 170.0, 186.0])
+    choice = choose_with_margin([ar, k2, k5], has_slo=True)
+    assert choice.point is k5, choice.reason
+    assert "over gamma=0 (no speculation): significantly better" in choice.reason
+    # a threshold is another structure: it must beat the plain chain by a margin
+    thr = remeasured(5, [192.0, 137.0, 188.0, 175.0, 184.0], confidence_threshold=0.3)
+    assert choose_with_margin([ar, k5, thr], has_slo=True).point is k5
 
 
 def test_without_rounds_the_margin_rule_is_the_point_rule() -> None:
