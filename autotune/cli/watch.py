@@ -60,6 +60,31 @@ def _pick_profile(store, profile_id: int | None, stack: str) -> tuple[Profile, s
     ), f"the newest (none was tuned on {stack}; this one on {row['backend']})"
 
 
+def _retune(cfg, prompts: Path, stack: str, verdict, model) -> int:
+    """One re-tune for a stale profile (:func:`autotune.retune.retune`); a failure is a warning line
+    and the watch goes on. Returns the new profile's id (0 when it failed)."""
+    from autotune.errors import USER_ERRORS
+    from autotune.retune import retune
+
+    say_err(
+        f"profile #{model.profile_id} stale: predicted K={verdict.alternative} "
+        f"{verdict.gain.value:.2f}x over the served K={verdict.assessment.served_k}"
+    )
+    try:
+        profile = retune(cfg, prompts, stack, verdict.assessment.batch, say_err)
+    except USER_ERRORS as exc:
+        say_err(f"warning: re-tune failed: {exc}; the watch goes on")
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the watch must outlive a failed re-tune
+        say_err(f"warning: re-tune failed ({type(exc).__name__}: {exc}); the watch goes on")
+        return 0
+    say_err(
+        f"restart the server with the new flags, then watch it with --profile {profile.get('id')} "
+        "(this watch keeps the old profile: the server still serves it)"
+    )
+    return int(profile.get("id") or 0)
+
+
 @click.command()
 @click.option("--url", required=True, help="The server's base URL, http://HOST:PORT (its /metrics is read).")
 @click.option(
@@ -108,6 +133,14 @@ def _pick_profile(store, profile_id: int | None, stack: str) -> tuple[Profile, s
     show_default=True,
     help="Predicted gain of the alternative K over the served one that raises an alarm.",
 )
+@click.option(
+    "--retune",
+    "retune_prompts",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="When the profile turns stale, run `autotune tune` once on this JSONL of recent prompts, "
+    "the live load and the watched stack (--config's other keys), store it and print the new flags.",
+)
 def watch(
     url,
     stack,
@@ -121,6 +154,7 @@ def watch(
     metrics_host,
     windows_to_stale,
     margin,
+    retune_prompts,
 ):
     """Follow a live vLLM or llama-server and say when the stored profile no longer holds.
 
@@ -134,6 +168,15 @@ def watch(
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (a service manager's stop) ends the watch like Ctrl-C
 
+    retune_cfg = None
+    if retune_prompts is not None:
+        from autotune.config import load_config
+
+        if not retune_prompts.is_file():
+            raise ConfigError(f"--retune: {retune_prompts} does not exist (a JSONL of recent prompts)")
+        if not config_path.is_file():
+            raise ConfigError(f"--retune: {config_path} does not exist (the tune.yaml a re-tune starts from)")
+        retune_cfg = load_config(config_path)
     target = w.metrics_url(url)
     timeout = min(max(interval, 1.0), 10.0)
     store = _store(config_path, storage)
@@ -167,11 +210,15 @@ def watch(
                 f"every {interval:g} s"
             )
 
+            retuned: list[int] = []
+
             def emit(verdict: w.Verdict) -> None:
                 if as_json:
                     click.echo(w.json_line(w.verdict_json(verdict, model, first.stack)))
                 else:
                     click.echo(w.render_line(verdict, model))
+                if retune_cfg is not None and verdict.stale and verdict.changed and not retuned:
+                    retuned.append(_retune(retune_cfg, retune_prompts, first.stack, verdict, model))
 
             return w.run(state, model, staleness, emit, interval, once=once, exporter=exporter)
         except KeyboardInterrupt:

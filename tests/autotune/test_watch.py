@@ -498,3 +498,96 @@ def test_ctrl_c_exits_0_and_closes_the_metrics_server(fake_server, storage, monk
     assert result.exit_code == 0 and "stopped" in result.stderr and len(closed) == 1
     assert "serving the watch's metrics on http://127.0.0.1:" in result.stderr
     assert math.isfinite(closed[0])
+
+
+# ------------------------------------------------------------------------------------------
+# --retune: one re-tune when the profile turns stale (autotune.retune)
+
+
+def test_live_levels_bracket_the_live_load() -> None:
+    from autotune.retune import live_levels
+
+    assert [live_levels(b, 16) for b in (0.2, 1.0, 1.5, 2.0, 5.9, 16.0, 40.0)] == [
+        (1,),
+        (1,),
+        (1, 2),
+        (2,),
+        (4, 8),
+        (16,),
+        (16,),
+    ]
+    assert live_levels(12.0, 12) == (8, 12)  # capped at the largest max_batch_size
+
+
+def test_retune_config_changes_prompts_load_and_backend_only(tmp_path) -> None:
+    from autotune.config import load_config
+    from autotune.retune import retune_config
+
+    prompts = tmp_path / "recent.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    cfg = load_config(Path(__file__).resolve().parents[2] / "tune.yaml")
+    new = retune_config(cfg, prompts, "vllm", 3.2)
+    assert new.workload.prompts == prompts.resolve()
+    assert new.workload.concurrency == (2, 4) and new.backend.name == "vllm"
+    assert new.search == cfg.search and new.budget == cfg.budget and new.storage == cfg.storage
+
+
+def test_a_stale_profile_is_retuned_once_and_the_new_flags_printed(
+    fake_server, storage, tmp_path, monkeypatch
+) -> None:
+    import autotune.tune
+
+    calls: list[Any] = []
+
+    def fake_run_tune(cfg: Any, say: Any = print, **kwargs: Any) -> dict:
+        calls.append(cfg)
+        say("(the study would run here)")
+        new = copy.deepcopy(PROFILE)
+        new["chosen"] = {**new["chosen"], "gamma": 2}
+        new["schedule"] = [{**e, "gamma": 2} for e in new["schedule"]]
+        return {**new, "id": 2, "exports": []}
+
+    monkeypatch.setattr(autotune.tune, "run_tune", fake_run_tune)
+    prompts = tmp_path / "recent.jsonl"
+    prompts.write_text('{"prompt": "The weather today"}\n')
+    config = Path(__file__).resolve().parents[2] / "tune.yaml"
+    url, serve = fake_server
+    base = ["--url", url, "--storage", storage, "--once", "--interval", "0.2", "--config", str(config)]
+    serve(vllm_text(0.5, 1), vllm_text(0.5, 2))  # stale
+    result = watch_cli(*base, "--retune", str(prompts))
+    assert result.exit_code == 1, result.output
+    assert len(calls) == 1
+    assert calls[0].backend.name == "vllm" and calls[0].workload.concurrency == (1,)
+    assert calls[0].workload.prompts == prompts.resolve()
+    err = result.stderr
+    assert "profile #1 stale: predicted K=2" in err and "re-tuning on vllm" in err
+    assert "re-tuned: profile #2 stored" in err
+    launch = next(line for line in err.splitlines() if line.startswith("new vllm launch: "))
+    assert launch.startswith("new vllm launch: vllm serve /m/target --speculative-config ")
+    assert '"num_speculative_tokens": 2}' in launch  # the new profile's K, not the stale one's 5
+    assert "restart the server with the new flags" in err
+    serve(vllm_text(ALPHA, 1), vllm_text(ALPHA, 2))  # fresh: no re-tune
+    assert watch_cli(*base, "--retune", str(prompts)).exit_code == 0 and len(calls) == 1
+
+
+def test_a_failing_retune_is_a_warning_and_a_missing_prompts_file_a_usage_error(
+    fake_server, storage, tmp_path, monkeypatch
+) -> None:
+    import autotune.tune
+    from autotune.errors import ConfigError
+
+    def failing(cfg: Any, **kwargs: Any) -> dict:
+        raise ConfigError("models.target: /gone does not exist")
+
+    monkeypatch.setattr(autotune.tune, "run_tune", failing)
+    prompts = tmp_path / "recent.jsonl"
+    prompts.write_text('{"prompt": "x"}\n')
+    config = Path(__file__).resolve().parents[2] / "tune.yaml"
+    url, serve = fake_server
+    base = ["--url", url, "--storage", storage, "--once", "--interval", "0.2", "--config", str(config)]
+    serve(vllm_text(0.5, 1), vllm_text(0.5, 2))
+    result = watch_cli(*base, "--retune", str(prompts))
+    assert result.exit_code == 1, result.output
+    assert "warning: re-tune failed: models.target: /gone does not exist; the watch goes on" in result.stderr
+    result = watch_cli(*base, "--retune", str(tmp_path / "none.jsonl"))
+    assert result.exit_code == 2 and result.stderr.strip().splitlines()[-1].startswith("error: --retune: ")
