@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -39,7 +40,7 @@ from autotune.backends.server import ServerError
 from autotune.knobs import Knobs
 from autotune.records import LEVEL_KEYS
 from autotune.selection import LevelChoice, Point, choose_with_margin, per_level_choices
-from autotune.stats import Estimate, paired_ratio
+from autotune.stats import Estimate, paired_ratio, t975
 from autotune.table import fmt, table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -505,6 +506,66 @@ def choices_json(choices: Sequence[LevelChoice]) -> list[dict]:
 def choice_lines(choices: Sequence[LevelChoice]) -> list[str]:
     """One line per level: the K the tool's per-level rule takes there and why."""
     return [f"  {c.batch_size}: K={c.gamma}: {c.reason}" for c in choices]
+
+
+def noise_by_level(rows: list[dict], levels: Sequence[int], requests: int, target: float = 0.05) -> dict:
+    """How many requests per level the measured noise asks for.
+
+    Per level: the round-to-round coefficient of variation of tokens/s (median over the measured
+    configurations), the 95% half-width of a paired ratio it gives with this run's rounds (two
+    independent configurations: CV x sqrt 2, t interval over the rounds), and the requests per
+    level that would bring that half-width to ``target`` with as many rounds (the CV taken to fall
+    as 1/sqrt(requests): a level's tokens/s is a mean over its requests), or the rounds that would
+    with as many requests (None past 60).
+
+    Example:
+        >>> rows = [{"per_level_rounds": {1: {"tokens_per_second": [100.0, 110.0, 90.0]}}}]
+        >>> n = noise_by_level(rows, [1], 32)[1]
+        >>> round(n["cv"], 3), n["requests_for_target"] > 32
+        (0.1, True)
+    """
+    out = {}
+    for b in levels:
+        cvs, counts = [], []
+        for r in rows:
+            x = r.get("per_level_rounds", {}).get(b, {}).get("tokens_per_second") or []
+            if len(x) >= 2 and statistics.mean(x) > 0:
+                cvs.append(statistics.stdev(x) / statistics.mean(x))
+                counts.append(len(x))
+        if not cvs:
+            continue
+        n = min(
+            len(r["per_level_rounds"][b]["tokens_per_second"])
+            for r in rows
+            if b in r.get("per_level_rounds", {})
+        )
+        cv = statistics.median(cvs)
+        half = t975(n - 1) * cv * math.sqrt(2.0) / math.sqrt(n)
+        out[b] = {
+            "cv": cv,
+            "rounds": n,
+            "ratio_half_width_95": half,
+            "requests_for_target": math.ceil(requests * (half / target) ** 2),
+            "rounds_for_target": next(
+                (m for m in range(2, 61) if t975(m - 1) * cv * math.sqrt(2.0 / m) <= target), None
+            ),
+            "target_half_width": target,
+        }
+    return out
+
+
+def noise_lines(noise: dict, requests: int) -> list[str]:
+    """The report's lines for :func:`noise_by_level`."""
+    lines = [
+        f"noise per level ({requests} requests per level; round-to-round CV of tokens/s, median of configs):"
+    ]
+    for b, n in noise.items():
+        lines.append(
+            f"  {b}: CV {n['cv']:.1%}, paired-ratio 95% half-width ~{n['ratio_half_width_95']:.1%} over "
+            f"{n['rounds']} rounds; +-{n['target_half_width']:.0%} needs ~{n['requests_for_target']} "
+            f"requests per level, or {n['rounds_for_target'] or '> 60'} rounds of {requests}"
+        )
+    return lines
 
 
 def common_summary(plan: Plan, refs: dict, choices: Sequence[LevelChoice]) -> dict:

@@ -56,6 +56,8 @@ from _schedule import (  # noqa: E402
     goal_lines,
     grid_values,
     level_choice_text,
+    noise_by_level,
+    noise_lines,
     print_report,
     write_json,
 )
@@ -171,6 +173,8 @@ def main() -> None:
     found, lines = goal_lines(rows, [sweep_label, None if margin == sweep_of else margin, *profile_labels])
     summary["goals"] = found
     extra += lines
+    summary["noise"] = noise_by_level(rows, levels, w.num_requests)
+    extra += noise_lines(summary["noise"], w.num_requests)
 
     result.update(
         llama_server_version=backend.version,

@@ -60,6 +60,8 @@ from _schedule import (  # noqa: E402
     grid_values,
     k_at,
     level_choice_text,
+    noise_by_level,
+    noise_lines,
     print_report,
     ratio_text,
     write_json,
@@ -220,6 +222,8 @@ def main() -> None:
     found, lines = goal_lines(rows, [table_label, served if served != table_label else None, *profile_labels])
     summary["goals"] = found
     extra += lines
+    summary["noise"] = noise_by_level(rows, levels, w.num_requests)
+    extra += noise_lines(summary["noise"], w.num_requests)
 
     result.update(
         vllm_version=backend.version,
