@@ -1,13 +1,14 @@
 """Drafters: who proposes the tokens the target verifies.
 
-One small interface, three implementations:
+One small interface, its implementations:
 
 - :class:`ModelDrafter`: a small draft model with its own KV cache (the classic pairing);
 - :class:`NgramDrafter`: prompt lookup, no model (vLLM's ``ngram`` method): find the latest
   earlier occurrence of the row's last n tokens and propose what followed it;
 - :class:`NoDrafter`: proposes nothing, so every step is a plain autoregressive decode;
 - :class:`HybridDrafter`: per row and step, the n-gram proposal when the prompt-lookup match
-  is long enough, else the draft model's (which the confidence threshold may cut to nothing).
+  is long enough, else the draft model's (which the confidence threshold may cut to nothing);
+- ``Eagle3Drafter`` (engine.eagle3): an EAGLE-3 head fed with the target's hidden states.
 
 Rows are packed in slots ``0..B-1``; the engine owns the token buffer and the per-row lengths
 and tells the drafter when rows are prefilled, committed or moved.
@@ -31,12 +32,28 @@ class Drafter:
     record_confidence = False  # keep per-position confidence even when no threshold needs it
     sync_free = False  # set by the engine: size work by bounds, never by reading device values
     forwards = 0  # draft model forwards of the last ``propose``
+    # target layers whose hidden states the drafter reads (engine.eagle3); () = none, the target's
+    # forward then computes nothing extra and ``prefill`` gets ``hidden=None``
+    target_layers: tuple[int, ...] = ()
 
     def reset(self, slots: int, max_seq_len: int) -> None:
         """(Re)allocate per-slot state for ``slots`` rows of up to ``max_seq_len`` tokens."""
 
-    def prefill(self, slot0: int, prompts: torch.Tensor, prompt_lens: torch.Tensor, kv_len: int) -> None:
-        """Rows slot0..slot0+m-1 start with ``prompts`` (m, P), right-padded to ``prompt_lens``."""
+    def prefill(
+        self,
+        slot0: int,
+        prompts: torch.Tensor,
+        prompt_lens: torch.Tensor,
+        kv_len: int,
+        hidden: torch.Tensor | None = None,
+    ) -> None:
+        """Rows slot0..slot0+m-1 start with ``prompts`` (m, P), right-padded to ``prompt_lens``;
+        ``hidden`` (m, P, D): the target's states of :attr:`target_layers` at those positions."""
+
+    def observe(self, hidden: torch.Tensor) -> None:
+        """The verify pass's target states of :attr:`target_layers`, (B, 1 + G, D) at positions
+        ``length - 1 ..`` (only :attr:`target_layers` drafters get it); ``commit`` follows and
+        says how many of them were accepted."""
 
     def propose(
         self,
@@ -116,7 +133,14 @@ class ModelDrafter(Drafter):
         self.draft_len = torch.zeros(slots, dtype=torch.long, device=device)
         self._fed = torch.zeros(slots, dtype=torch.long, device=device)
 
-    def prefill(self, slot0: int, prompts: torch.Tensor, prompt_lens: torch.Tensor, kv_len: int) -> None:
+    def prefill(
+        self,
+        slot0: int,
+        prompts: torch.Tensor,
+        prompt_lens: torch.Tensor,
+        kv_len: int,
+        hidden: torch.Tensor | None = None,
+    ) -> None:
         m = prompts.shape[0]
         start = torch.zeros(m, dtype=torch.long, device=prompts.device)
         self.model(prompts, cache=self.cache, start=start, kv_len=kv_len, slot0=slot0)
@@ -427,7 +451,14 @@ class HybridDrafter(Drafter):
     def reset(self, slots: int, max_seq_len: int) -> None:
         self.model.reset(slots, max_seq_len)
 
-    def prefill(self, slot0: int, prompts: torch.Tensor, prompt_lens: torch.Tensor, kv_len: int) -> None:
+    def prefill(
+        self,
+        slot0: int,
+        prompts: torch.Tensor,
+        prompt_lens: torch.Tensor,
+        kv_len: int,
+        hidden: torch.Tensor | None = None,
+    ) -> None:
         self.model.prefill(slot0, prompts, prompt_lens, kv_len)
 
     def propose(

@@ -13,20 +13,26 @@ from typing import Any
 import torch
 
 from engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, NoDrafter
+from engine.eagle3 import Eagle3Drafter
 from engine.errors import EngineInputError
 from engine.loader import ModelPair
 from engine.scheduler import LoadGenerator, Scheduler
 from engine.speculative import Request, SpecConfig, SpecEngine
 from engine.workload import fit_prompt_to_context
 
-DRAFTERS = ("model", "ngram", "hybrid", "none")
+DRAFTERS = ("model", "ngram", "hybrid", "eagle3", "none")
 
 
 def make_drafter(kind: str, pair: ModelPair, ngram_min: int = 2, ngram_max: int = 4) -> Drafter:
-    """Build the drafter named ``kind`` ("model", "ngram", "hybrid" or "none") for ``pair``.
+    """Build the drafter named ``kind`` ("model", "ngram", "hybrid", "eagle3" or "none") for ``pair``.
 
     ``hybrid`` uses the n-gram proposal when the prompt-lookup match is at least ``ngram_min``
-    tokens long, else the draft model (engine.drafters.HybridDrafter)."""
+    tokens long, else the draft model (engine.drafters.HybridDrafter). ``eagle3`` drafts with
+    the pair's EAGLE-3 head (``load_pair(eagle3=folder)``, engine.eagle3)."""
+    if kind == "eagle3":
+        if pair.eagle3 is None:
+            raise EngineInputError("drafter 'eagle3' needs an EAGLE-3 head folder")
+        return Eagle3Drafter(pair.eagle3)
     if kind in ("model", "hybrid"):
         if pair.draft is None:
             raise EngineInputError(f"drafter {kind!r} needs a draft model folder")

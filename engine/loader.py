@@ -7,20 +7,22 @@ folder is read.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
+from engine.checkpoint import load_state_dict
 from engine.config import ModelConfig, rope_inv_freq
 from engine.errors import EngineInputError
 from engine.model import Transformer
+
+if TYPE_CHECKING:
+    from engine.eagle3 import Eagle3Head
 
 DTYPES = {
     "float32": torch.float32,
@@ -61,34 +63,6 @@ def resolve_device(name: str) -> torch.device:
             f"device: {name!r} requested but torch sees {torch.cuda.device_count()} CUDA device(s)"
         )
     return dev
-
-
-def _checkpoint_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise EngineInputError(f"{index}: not a valid safetensors index ({exc})") from None
-        return [folder / name for name in sorted(set(weight_map.values()))]
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise EngineInputError(
-            f"{folder}: no *.safetensors weights (pickled .bin checkpoints are not loaded)"
-        )
-    return files
-
-
-def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    state: dict[str, torch.Tensor] = {}
-    for path in _checkpoint_files(folder):
-        if not path.is_file():
-            raise EngineInputError(f"{path}: listed in the index but missing")
-        try:
-            state.update(load_file(str(path)))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise EngineInputError(f"{path}: corrupt safetensors file ({str(exc).splitlines()[0]})") from None
-    return state
 
 
 def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> Transformer:
@@ -146,7 +120,7 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
 
 @dataclass
 class ModelPair:
-    """A target, an optional draft model and the shared tokenizer."""
+    """A target, an optional draft model, an optional EAGLE-3 head and the shared tokenizer."""
 
     target: Transformer
     draft: Transformer | None
@@ -154,11 +128,13 @@ class ModelPair:
     target_path: Path
     draft_path: Path | None
     compile_s: float | None = None  # seconds spent compiling decode (None: eager)
+    eagle3: Eagle3Head | None = None  # the ``eagle3`` drafter's head (engine.eagle3)
 
     def compile_decode(self, trees: Sequence[Sequence[int]] = ()) -> float:
         """Compile both models' decode/verify forward (:meth:`Transformer.compile_decode`; ``trees``:
         the tree shapes whose forward is warmed too); records and returns the seconds it took."""
-        self.compile_s = self.target.compile_decode(trees=trees)
+        layers = self.eagle3.config.layer_ids if self.eagle3 is not None else ()
+        self.compile_s = self.target.compile_decode(trees=trees, hidden_layers=layers)
         if self.draft is not None:
             self.compile_s += self.draft.compile_decode(trees=trees)
         return self.compile_s
@@ -179,8 +155,10 @@ def load_pair(
     fuse: bool = True,
     compile: bool = False,
     trees: Sequence[Sequence[int]] = (),
+    eagle3: str | Path | None = None,
 ) -> ModelPair:
     """Load a target (and draft) folder for inference; refuse a draft whose vocabulary differs.
+    ``eagle3``: an EAGLE-3 head folder for the ``eagle3`` drafter (engine.eagle3.load_eagle3).
 
     ``fuse`` (default) merges each layer's q/k/v and gate/up projections into one matmul each
     (:meth:`Transformer.fuse`): same function, fewer kernels. ``compile`` compiles both models'
@@ -203,6 +181,10 @@ def load_pair(
     tok_path = Path(target) / "tokenizer.json"
     tokenizer = load_tokenizer(target) if tok_path.is_file() else None
     pair = ModelPair(tgt, drf, tokenizer, Path(target), Path(draft) if draft is not None else None)
+    if eagle3 is not None:
+        from engine.eagle3 import load_eagle3  # engine.eagle3 imports this module
+
+        pair.eagle3 = load_eagle3(eagle3, tgt)
     if compile:
         pair.compile_decode(trees)
     return pair

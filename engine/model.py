@@ -207,6 +207,21 @@ class Backbone(nn.Module):
 _COMPILED_FORWARD: dict[
     str | None, Callable[..., torch.Tensor]
 ] = {}  # mode -> torch.compile(Transformer.forward)
+_COMPILED_HIDDEN: dict[
+    tuple[str | None, tuple[bool, ...]], Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+] = {}  # (mode, layer mask) -> the compiled chain forward that also returns those layers' hidden states
+
+
+def _forward_with(take: tuple[bool, ...]) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+    """A chain forward returning the hidden states ``take`` marks, a constant to torch.compile (a
+    tuple of ints would not be: with dynamic shapes dynamo turns its entries into symbols)."""
+
+    def run(
+        model: Transformer, tokens: torch.Tensor, cache: KVCache, start: torch.Tensor, kv_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return model._forward(tokens, cache, start, kv_len, 0, None, take)
+
+    return run
 
 
 class Transformer(nn.Module):
@@ -238,7 +253,12 @@ class Transformer(nn.Module):
             layer.mlp.fuse()
         return self
 
-    def compile_decode(self, mode: str | None = None, trees: Sequence[Sequence[int]] = ()) -> float:
+    def compile_decode(
+        self,
+        mode: str | None = None,
+        trees: Sequence[Sequence[int]] = (),
+        hidden_layers: tuple[int, ...] = (),
+    ) -> float:
         """Compile :meth:`decode` with ``torch.compile`` (inductor) and warm it up; returns seconds.
 
         Shapes are dynamic (batch, width, kv length and cache size are symbols), so one study
@@ -254,7 +274,8 @@ class Transformer(nn.Module):
         explicit attention pattern: another graph) for the widths those trees feed: always more
         than one token (the verify pass), one token only when a tree starts with top-k 1 (its first
         draft level is a single node). A run that drafts trees thus keeps compile time out of its
-        timings too; a tree not warmed compiles on its first forward.
+        timings too; a tree not warmed compiles on its first forward. ``hidden_layers`` (an EAGLE-3
+        head's aux layer ids, engine.eagle3) also compiles and warms :meth:`decode_hidden` for them.
         """
         import torch._dynamo
         import torch.fx.experimental._config as fx_config
@@ -283,6 +304,8 @@ class Transformer(nn.Module):
                     keys = torch.arange(4 + t, device=device)[None, :].expand(b, -1)
                     attn = ExplicitAttention(pos, keys, keys[:, None, :] <= pos[:, :, None])
                 self.decode(tokens, self.new_cache(slots, 16), start, 4 + t, attn)
+                if hidden_layers and attn is None:
+                    self.decode_hidden(tokens, self.new_cache(slots, 16), start, 4 + t, hidden_layers)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - t0
@@ -314,6 +337,24 @@ class Transformer(nn.Module):
                 self, tokens.clone(), cache=cache, start=start.clone(), kv_len=kv_len, attn=attn
             )
 
+    def decode_hidden(
+        self, tokens: torch.Tensor, cache: KVCache, start: torch.Tensor, kv_len: int, layers: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`decode` of a chain that also returns the hidden states of ``layers`` (ascending,
+        distinct; :meth:`forward_hidden`): (B, T, V) logits, (B, T, len(layers) * C). The verify
+        pass of a drafter fed the target's hidden states (engine.eagle3); compiled like
+        :meth:`decode`, one graph per ``layers``."""
+        if not self.compiled:
+            logits, hidden = self.forward_hidden(tokens, cache, start, kv_len, 0, None, layers)
+        else:
+            key = (self._compile_mode, self._layer_mask(layers))
+            if key not in _COMPILED_HIDDEN:
+                _COMPILED_HIDDEN[key] = torch.compile(_forward_with(key[1]), dynamic=True, mode=key[0])
+            with torch.inference_mode():
+                logits, hidden = _COMPILED_HIDDEN[key](self, tokens.clone(), cache, start.clone(), kv_len)
+        assert hidden is not None, "decode_hidden needs at least one layer"
+        return logits, hidden
+
     def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
         cfg = self.config
         w = self.lm_head.weight
@@ -337,6 +378,41 @@ class Transformer(nn.Module):
         slot0: int = 0,
         attn: ExplicitAttention | None = None,
     ) -> torch.Tensor:  # (B, T, V) logits
+        logits, _ = self._forward(tokens, cache, start, kv_len, slot0, attn, ())
+        return logits
+
+    def forward_hidden(
+        self,
+        tokens: torch.Tensor,  # (B, T) int64
+        cache: KVCache | None = None,
+        start: torch.Tensor | None = None,
+        kv_len: int = 0,
+        slot0: int = 0,
+        attn: ExplicitAttention | None = None,
+        layers: tuple[int, ...] = (),  # hidden-state layer ids to return, ascending
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (B, T, V) logits, (B, T, len(layers) * C) or None
+        """:meth:`forward`, plus the hidden states of ``layers`` concatenated in that order.
+
+        Layer id i is the residual stream entering decoder layer i: 0 the embeddings, L (the layer
+        count) the last layer's output before the final norm; vLLM's aux hidden states (EAGLE-3,
+        engine.eagle3). Without ``layers`` the second value is None and nothing extra is computed.
+        """
+        return self._forward(tokens, cache, start, kv_len, slot0, attn, self._layer_mask(layers))
+
+    def _layer_mask(self, layers: tuple[int, ...]) -> tuple[bool, ...]:
+        """Per layer id 0..L, whether ``layers`` holds it; () for no layers."""
+        return tuple(i in layers for i in range(self.config.num_hidden_layers + 1)) if layers else ()
+
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None,
+        start: torch.Tensor | None,
+        kv_len: int,
+        slot0: int,
+        attn: ExplicitAttention | None,
+        take: tuple[bool, ...],  # _layer_mask
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, t = tokens.shape
         offs = torch.arange(t, device=tokens.device)
         if cache is None:
@@ -353,10 +429,13 @@ class Transformer(nn.Module):
             masks = self._masks(positions, t if cache is None else kv_len, cache is not None)
         else:
             masks = self._explicit_masks(attn)
-        for layer in self.model.layers:
+        aux = [x] if take and take[0] else []
+        for i, layer in enumerate(self.model.layers, 1):
             x = layer(x, cos, sin, cache, positions, kv_len, slot0, masks)
+            if take and take[i]:
+                aux.append(x)
         logits: torch.Tensor = self.lm_head(self.model.norm(x))
-        return logits
+        return logits, (torch.cat(aux, -1) if take else None)
 
     def _masks(
         self, positions: torch.Tensor, kv_len: int, cached: bool

@@ -34,6 +34,11 @@ step (:meth:`SpecEngine._tree_draft_verify`): the draft model drafts the tree de
 target verifies every node of every row in one forward under the tree mask, the accepted path
 is compacted into place in both caches and handed back as a chain block, so emission, EOS and
 budget cuts, rollback and retirement are the chain's code. Chains never build a tree.
+
+A drafter that reads the target's hidden states (``Drafter.target_layers``: EAGLE-3,
+engine.eagle3) gets them from the prefill (``prefill(..., hidden)``) and from each verify pass
+(``observe``, before ``commit`` says how many of the verified positions were accepted); for every
+other drafter the target computes exactly what it did before.
 """
 
 from __future__ import annotations
@@ -304,6 +309,7 @@ class SpecEngine:
         self.max_row_gamma = config.max_row_gamma
         self.speculate = config.gamma > 0 and drafter.name != "none"
         self.lookahead = config.lookahead
+        self.hidden_layers = drafter.target_layers if self.speculate else ()  # target states it reads
         shape = config.tree if self.speculate else None
         if shape is not None and not isinstance(drafter, ModelDrafter):
             raise EngineInputError(f"tree_topk: a tree needs the 'model' drafter (got {drafter.name!r})")
@@ -364,11 +370,13 @@ class SpecEngine:
         rows = slice(n0, n0 + m)
         self.state.admit(rows, requests, self.config.gamma)
         start = torch.zeros(m, dtype=torch.long, device=dev)
-        logits = self.target(prompts, cache=self.cache, start=start, kv_len=width, slot0=n0)  # (m, P, V)
+        logits, hidden = self.target.forward_hidden(
+            prompts, self.cache, start, width, n0, None, self.hidden_layers
+        )  # (m, P, V); (m, P, D) or None
         logits = logits.gather(1, (plen - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))  # (m, 1, V)
         first = sample(self.state.sampling(rows).probs(logits)[:, 0], self.generator)  # (m,)
         if self.speculate:
-            self.drafter.prefill(n0, prompts, plen, width)
+            self.drafter.prefill(n0, prompts, plen, width, hidden)
         self.state.start(rows, requests, prompts, plen, first, self.eos)  # admission reads the device anyway
         self.n += m
 
@@ -441,7 +449,13 @@ class SpecEngine:
             g = drafts.shape[1]
             pending = st.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
             verify_in = torch.cat([pending, drafts], 1)  # (B, 1 + G)
-            logits = self.target.decode(verify_in, self.cache, length - 1, kv_len)
+            if self.hidden_layers:  # the drafter reads the verified positions' states (engine.eagle3)
+                logits, hidden = self.target.decode_hidden(
+                    verify_in, self.cache, length - 1, kv_len, self.hidden_layers
+                )
+                self.drafter.observe(hidden)
+            else:
+                logits = self.target.decode(verify_in, self.cache, length - 1, kv_len)
             target_probs = sampling.probs(logits)  # (B, 1 + G, V)
             n_acc, nxt = accept(drafts, draft_probs, target_probs, n_prop, self.generator)
         # Emitted block: accepted drafts, then the recovered/bonus token; cut at EOS and budget.
