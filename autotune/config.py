@@ -79,11 +79,13 @@ class ModelsConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "float32"
     compile: str = "auto"  # auto | true | false: torch.compile the decode/verify forward
+    eagle3: Path | None = None  # an EAGLE-3 head folder (engine.eagle3), needed by the eagle3 drafter
 
     @classmethod
     def read(cls, s: Section, base: Path) -> ModelsConfig:
         target = s.path_("target", base, default=None, demo=DEMO_TARGET)
         draft = s.path_("draft", base, allow_none=True, demo=DEMO_DRAFT)
+        eagle3 = s.path_("eagle3", base, allow_none=True)
         device = s.get("device", "auto")
         if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
             raise ConfigError(f"models.device: must be auto, cpu or cuda[:N] (got {device!r})")
@@ -94,7 +96,12 @@ class ModelsConfig:
         s.done()
         assert target is not None
         return cls(
-            target, draft, device, dtype, {True: "true", False: "false"}.get(compile_mode, compile_mode)
+            target,
+            draft,
+            device,
+            dtype,
+            {True: "true", False: "false"}.get(compile_mode, compile_mode),
+            eagle3,
         )
 
 
@@ -406,6 +413,16 @@ class TuneConfig:
         return any(self.search.tree_topk)
 
     @property
+    def draft_folder(self) -> Path | None:
+        """The folder that drafts besides the target, by which the pair is keyed in the store: the
+        draft model when ``model`` (or ``hybrid``) is searched, the EAGLE-3 head when ``eagle3`` is
+        (the two are not searched together), else None (n-gram lookup needs no folder)."""
+        drafters = self.search.drafter
+        if "model" in drafters or "hybrid" in drafters:
+            return self.models.draft
+        return self.models.eagle3 if "eagle3" in drafters else None
+
+    @property
     def batch_sizes(self) -> tuple[int, ...]:
         """Batch sizes the load puts on the engine: one per concurrency level."""
         w = self.workload
@@ -440,6 +457,17 @@ def _check_across_sections(cfg: TuneConfig) -> None:
     search = cfg.search
     if "model" in search.drafter and cfg.models.draft is None:
         raise ConfigError("models.draft: required when search.drafter includes 'model'")
+    if "eagle3" in search.drafter:
+        if cfg.models.eagle3 is None:
+            raise ConfigError(
+                "models.eagle3: required when search.drafter includes 'eagle3' (an EAGLE-3 head folder: "
+                "config.json + safetensors as vLLM loads them, docs/eagle3.md)"
+            )
+        if "model" in search.drafter or "hybrid" in search.drafter:
+            raise ConfigError(
+                "search.drafter: 'eagle3' is searched without 'model' and 'hybrid' (the profiler measures "
+                f"one drafter's cost; tune the draft model in another study) (got {list(search.drafter)})"
+            )
     if "hybrid" in search.drafter and "model" not in search.drafter:
         # autotune.context loads the draft model only when 'model' is searched
         raise ConfigError(
@@ -481,6 +509,11 @@ def _check_backend(cfg: TuneConfig) -> None:
         raise ConfigError(
             f"search.drafter: the {name} backend has no 'hybrid' drafter (no per-row switch "
             f"between n-grams and the draft model); drop it (got {list(cfg.search.drafter)})"
+        )
+    if "eagle3" in cfg.search.drafter:
+        raise ConfigError(
+            f"search.drafter: the {name} backend does not run the 'eagle3' drafter yet (the engine "
+            f"does: --backend engine); drop it (got {list(cfg.search.drafter)})"
         )
 
 

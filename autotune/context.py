@@ -37,7 +37,7 @@ class Context:
     workload: dict
     workload_hash: str
     pair_id: int
-    pair_drafter: str  # how the pair is keyed in the store: "model" when a draft model is part of it
+    pair_drafter: str  # how the pair is keyed in the store: "model" with a draft model, "eagle3" with a head
     compile_note: str = ""  # how the engine runs decode (compiled or eager, and why), for tune's log
     trace: tuple[Arrival, ...] | None = None  # workload.trace as arrivals (autotune.trace)
 
@@ -59,12 +59,14 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
     needs_draft = (
         "model" in cfg.search.drafter or "hybrid" in cfg.search.drafter
     )  # hybrid falls back to the draft model
+    needs_head = "eagle3" in cfg.search.drafter  # never with the draft model (config rule)
     check_device(cfg)
     pair = load_pair(
         cfg.models.target,
         cfg.models.draft if needs_draft else None,
         dtype=cfg.models.dtype,
         device=cfg.models.device,
+        eagle3=cfg.models.eagle3 if needs_head else None,
     )
     if pair.tokenizer is None:
         raise EngineInputError(f"{cfg.models.target}: no tokenizer.json")
@@ -88,7 +90,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
     device = str(pair.target.lm_head.weight.device)
     fp = fingerprint(device, cfg.models.dtype)
     target_hash = hash_folder(cfg.models.target)
-    draft_hash = hash_folder(cfg.models.draft) if needs_draft and cfg.models.draft is not None else None
+    draft_hash = hash_folder(cfg.draft_folder) if cfg.draft_folder is not None else None
     workload = {
         "prompts": str(cfg.workload.prompts),
         "prompts_sha256": hash_json([i.__dict__ for i in items]),
@@ -104,10 +106,10 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
     if pair.target.compiled:  # compiled timings are another measurement (eager keeps its old key)
         workload["engine"] = "compiled"
     store.upsert_device(fp)
-    drafter = "model" if needs_draft else cfg.search.drafter[0]
+    drafter = "model" if needs_draft else "eagle3" if needs_head else cfg.search.drafter[0]
     pair_id = store.upsert_pair(
         str(cfg.models.target),
-        str(cfg.models.draft) if needs_draft else None,
+        str(cfg.draft_folder) if cfg.draft_folder is not None else None,
         drafter,
         target_hash,
         draft_hash,

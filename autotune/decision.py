@@ -492,7 +492,7 @@ def build_profile(
         device=ctx.fingerprint,
         pair={
             "target": str(cfg.models.target),
-            "draft": str(cfg.models.draft) if ctx.draft_hash else None,
+            "draft": str(cfg.draft_folder) if ctx.draft_hash else None,  # the draft model or EAGLE-3 head
             "drafter": ctx.pair_drafter,
             "target_hash": ctx.target_hash,
             "draft_hash": ctx.draft_hash,

@@ -4,7 +4,8 @@
 
 - ``fingerprint`` and ``ceilings``: device identity, theoretical and measured roofline;
 - ``curves``: ``t_verify[B][k]`` (a target forward of B rows x k tokens over a cache filled
-  to the workload's typical context) and ``t_draft[B]`` (one batched draft forward), for B in
+  to the workload's typical context) and ``t_draft[B]`` (one batched draft forward: the draft
+  model's, or an EAGLE-3 head's one-token step), for B in
   powers of two up to the largest batch size, k = 1 .. gamma_max + 1 (and, when token trees are
   searched, up to the largest tree's nodes + 1: ``extend_for_trees``);
 - ``knee_curve``: T(n) for verify passes of n = B*k tokens in powers of two, and ``knee_tokens``;
@@ -33,6 +34,7 @@ from autotune.costmodel import TREE_RANK_CAP, Curves, StepSample, per_position_a
 from autotune.hardware import fingerprint
 from autotune.runner import LoadSpec, run_load
 from autotune.timing import measure_stable, time_fn
+from engine.eagle3 import Eagle3Head
 from engine.loader import ModelPair
 from engine.metrics import draft_cost_ratio, verification_efficiency
 from engine.model import Transformer
@@ -76,6 +78,28 @@ def _forward_timer(
     def run() -> object:
         with torch.inference_mode():
             return model.decode(tokens, cache, start, context + k)
+
+    return run
+
+
+def _head_timer(head: Eagle3Head, batch: int, context: int, device: torch.device) -> Callable[[], object]:
+    """One EAGLE-3 head forward of (batch, 1) new tokens after ``context`` (a draft step's cost: the
+    head runs once per drafted token, fed its own previous hidden state)."""
+    cache = head.new_cache(batch, context + 2)
+    c = head.config.layer
+    gen = torch.Generator().manual_seed(0)
+    dtype = head.fc.weight.dtype
+    with torch.inference_mode():
+        prefix = torch.randint(0, c.vocab_size, (batch, context), generator=gen).to(device)
+        hidden = torch.randn(batch, context, c.hidden_size, generator=gen).to(device, dtype)
+        head(prefix, hidden, cache, torch.zeros(batch, dtype=torch.long, device=device), context)
+    tokens = torch.randint(0, c.vocab_size, (batch, 1), generator=gen).to(device)
+    step_hidden = torch.randn(batch, 1, c.hidden_size, generator=gen).to(device, dtype)
+    start = torch.full((batch,), context, dtype=torch.long, device=device)
+
+    def run() -> object:
+        with torch.inference_mode():
+            return head(tokens, step_hidden, cache, start, context + 1)
 
     return run
 
@@ -142,11 +166,15 @@ def measure_curves(
                 cost_samples[b][k] = m["samples"]
             if m["noisy"]:
                 noisy.append(f"verify B={b} k={k}")
-        if pair.draft is not None:
-            m = measure_stable(
-                _forward_timer(pair.draft, b, 1, context, device), device, warmup=2, repeats=repeats
-            )
-            t_draft[b] = m["median"]
+        draft_step = (
+            _forward_timer(pair.draft, b, 1, context, device)
+            if pair.draft is not None
+            else _head_timer(pair.eagle3, b, context, device)
+            if pair.eagle3 is not None
+            else None
+        )
+        if draft_step is not None:
+            t_draft[b] = measure_stable(draft_step, device, warmup=2, repeats=repeats)["median"]
         if progress:
             progress(f"verify/draft curves B={b}")
     knee_curve: dict[int, float] = {}
@@ -205,8 +233,9 @@ def measure_overhead(pair: ModelPair, requests: list[Request], curves: dict, see
         load = LoadSpec(max_batch_size=b, num_requests=2 * b)
         run = run_load(pair, short, SpecConfig(gamma=0), "none", load, seed)
         curves["overhead"][b] = max(run.metrics["verify_step_ms"] / 1e3 - t_verify[b][1], 0.0)
-        if pair.draft is not None and b in t_draft:
-            run = run_load(pair, short, SpecConfig(gamma=2), "model", load, seed)
+        if b in t_draft and (pair.draft is not None or pair.eagle3 is not None):
+            kind = "model" if pair.draft is not None else "eagle3"
+            run = run_load(pair, short, SpecConfig(gamma=2), kind, load, seed)
             curves["draft_overhead"][b] = max(run.metrics["draft_forward_ms"] / 1e3 - t_draft[b], 0.0)
 
 

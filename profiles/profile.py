@@ -127,10 +127,11 @@ def export_inputs(
     header: dict[str, Any] = {k: getattr(profile, k) for k in _HEADER if getattr(profile, k) is not MISSING}
     target = target_model or get(header, "pair.target", str)
     draft = draft_model or get(header, "pair.draft", str, default=None, nullable=True)
-    if drafter == "model" and draft is None:
+    if drafter in ("model", "eagle3") and draft is None:
+        what = "the EAGLE-3 head folder" if drafter == "eagle3" else "the draft model"
         raise ProfileError(
             f"profile: missing key 'pair.draft' (the chosen drafter is {chosen.drafter!r}; "
-            "pass --draft-model to name it)"
+            f"pass --draft-model to name {what})"
         )
     tool_version = get(header, "tool_version", str)
     created_at = get(header, "created_at", str)
@@ -144,7 +145,7 @@ def export_inputs(
         device_label=device_label,
         device_key=device_key,
         target=target,
-        draft=draft if drafter == "model" else None,
+        draft=draft if drafter in ("model", "eagle3") else None,  # eagle3: the head folder
         drafter=drafter,
         gamma=gamma,
         confidence_threshold=threshold,

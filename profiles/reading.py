@@ -27,7 +27,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 # Copies of the engine's enumerations (engine.generate.DRAFTERS, engine.speculative.GAMMA_POLICIES):
 # profiles never imports engine; tests/test_enumerations.py checks that the copies match.
-DRAFTERS = ("model", "ngram", "hybrid", "none")
+DRAFTERS = ("model", "ngram", "hybrid", "eagle3", "none")
 GAMMA_POLICIES = ("constant", "heuristic")  # the per-row gamma policies
 
 

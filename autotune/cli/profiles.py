@@ -44,7 +44,7 @@ def _resolve(store, ref: str, config_path: Path) -> Profile:
     cfg = load_config(config_path)
     check_device(cfg)  # a device this host lacks is one line, not fingerprint's RuntimeError
     fp = fingerprint(cfg.models.device, cfg.models.dtype)
-    draft_hash = hash_folder(cfg.models.draft) if "model" in cfg.search.drafter and cfg.models.draft else None
+    draft_hash = hash_folder(cfg.draft_folder) if cfg.draft_folder is not None else None
     found = store.current_profile(fp["key"], hash_folder(cfg.models.target), draft_hash)
     if found is None:
         raise ProfileError(

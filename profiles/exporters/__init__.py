@@ -41,6 +41,9 @@ VALIDATORS: dict[str, Callable[[Any], None]] = {
     "llamacpp": llamacpp.validate,
 }
 _EXECUTABLE = (".sh",)
+# The formats that write an 'eagle3' (EAGLE-3 head) profile; the others refuse it in one line rather
+# than export the head as something it is not. vLLM: method eagle3 (docs/eagle3.md).
+EAGLE3_FORMATS = ("vllm", "yaml")
 
 
 def export(
@@ -76,6 +79,11 @@ def export(
             raise ProfileError(f"profile must be a mapping, got {type(profile).__name__}")
         profile = Profile.from_json(profile)
     inputs = export_inputs(profile, target_model, draft_model)
+    if inputs.drafter == "eagle3" and fmt not in EAGLE3_FORMATS:
+        raise ProfileError(
+            f"{fmt} export: the chosen drafter is 'eagle3' (an EAGLE-3 head), which this exporter does "
+            f"not write yet (exported to: {', '.join(EAGLE3_FORMATS)})"
+        )
     if fmt == "yaml":
         return profile_yaml.export(profile, inputs, target_model, draft_model)
     return _STACK_EXPORTERS[fmt](inputs)

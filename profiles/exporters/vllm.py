@@ -1,7 +1,8 @@
 """vLLM: the JSON object for ``vllm serve --speculative-config``.
 
-``method`` is ``draft_model`` (with ``model`` = the draft folder) or ``ngram`` (vLLM fills
-``model`` itself); ``num_speculative_tokens`` is the schedule's largest gamma; the schedule
+``method`` is ``draft_model`` (with ``model`` = the draft folder), ``eagle3`` (with ``model`` =
+the EAGLE-3 head folder, docs/eagle3.md) or ``ngram`` (vLLM fills ``model`` itself);
+``num_speculative_tokens`` is the schedule's largest gamma; the schedule
 becomes ``num_speculative_tokens_per_batch_size`` = ``[[lo, hi, k], ...]`` (inclusive ranges
 from batch size 1, k = 0 turns speculation off for that range). vLLM keeps the last range's
 k for batch sizes above the last range. A schedule with one gamma everywhere needs no table.
@@ -178,6 +179,8 @@ def validate(config: Mapping[str, Any] | None) -> None:
         raise fail("vllm", f"unknown method {method!r}")
     if method == "draft_model" and (not isinstance(model, str) or not model):
         raise fail("vllm", "method draft_model needs 'model' (the draft model path)")
+    if method == "eagle3" and (not isinstance(model, str) or not model):
+        raise fail("vllm", "method eagle3 needs 'model' (the EAGLE-3 head folder)")
     lookup_min, lookup_max = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
     for name, value in (("prompt_lookup_min", lookup_min), ("prompt_lookup_max", lookup_max)):
         if value is not None and (not is_int(value) or value < 1):
@@ -218,6 +221,8 @@ def speculative_config(inputs: ExportInputs) -> dict[str, Any] | None:
     config: dict[str, Any] = {}
     if inputs.drafter == "model":
         config.update(method="draft_model", model=inputs.draft)
+    elif inputs.drafter == "eagle3":  # the head folder as vLLM's llama_eagle3.py loads it (docs/eagle3.md)
+        config.update(method="eagle3", model=inputs.draft)
     else:
         config.update(
             method="ngram",

@@ -90,7 +90,10 @@ def test_a_newer_schema_is_refused(profile) -> None:
     ("chosen", "message"),
     [
         ({"gamma": 4}, "missing key 'chosen.drafter'"),
-        ({"drafter": "eagle", "gamma": 4}, "'chosen.drafter' must be one of model, ngram, hybrid, none"),
+        (
+            {"drafter": "eagle", "gamma": 4},
+            "'chosen.drafter' must be one of model, ngram, hybrid, eagle3, none",
+        ),
         ({"drafter": "model", "gamma": -1}, "'chosen.gamma' must be >= 0"),
         (
             {"drafter": "model", "gamma": 1, "confidence_threshold": 1.5},

@@ -1,0 +1,105 @@
+"""The eagle3 drafter through the tuner: tune.yaml -> context -> profiler -> study -> profile -> exports.
+
+A random EAGLE-3 head for the tiny target, written in vLLM's layout (tests/engine/test_eagle3.py
+makes and checks heads; here one is only carried through). The profiler runs for real on it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from autotune.config import load_config
+from autotune.errors import ConfigError
+from autotune.tune import run_tune
+from engine.loader import load_pair
+from profiles.errors import ProfileError
+from profiles.exporters import EAGLE3_FORMATS, FORMATS, export
+from profiles.store import Store
+from tests.autotune.conftest import write_config
+from tests.engine.test_eagle3 import head_config, random_head, write_vllm_folder
+
+
+@pytest.fixture(scope="module")
+def head_dir(tiny_pair_dirs, tmp_path_factory):
+    target = load_pair(tiny_pair_dirs[0], None).target
+    c = target.config
+    raw = head_config(c, c.vocab_size, ids=[0, 1, c.num_hidden_layers])
+    head = random_head(target, raw, None, seed=0, std=0.05)
+    return write_vllm_folder(tmp_path_factory.mktemp("head") / "eagle3", raw, head)
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "def add(a, b):\\n"}\n{"prompt": "for i in range(10):\\n"}\n')
+    return path
+
+
+def eagle3_config(tmp_path, tiny_pair_dirs, prompts, head_dir, **overrides):
+    over = {"models": {"eagle3": str(head_dir)}, "search": {"drafter": ["eagle3"]}, **overrides}
+    return load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "a.db", **over))
+
+
+def test_a_tune_of_the_eagle3_drafter_profiles_the_head_and_keys_the_pair_by_it(
+    tmp_path, tiny_pair_dirs, prompts, head_dir
+) -> None:
+    cfg = eagle3_config(tmp_path, tiny_pair_dirs, prompts, head_dir)
+    assert cfg.draft_folder == head_dir
+    profile = run_tune(cfg, say=lambda line: None)
+    assert profile["pair"]["drafter"] == "eagle3" and profile["pair"]["draft"] == str(head_dir)
+    assert profile["pair"]["draft_hash"]
+    assert set(profile["curves"]["t_draft"]) == set(profile["curves"]["t_verify"])  # the head was timed
+    assert all(t > 0 for t in profile["curves"]["t_draft"].values())
+    assert profile["acceptance"]["drafter"] == "eagle3"
+    assert profile["chosen"]["drafter"] in ("eagle3", "none")
+    drafters = {t["params"]["drafter"] for t in profile["trials"] if "params" in t}
+    assert drafters <= {"eagle3"}
+    with Store(cfg.storage.url) as store:
+        assert store.get_profile(profile["id"])["pair"] == profile["pair"]
+
+
+def test_an_eagle3_profile_exports_to_vllm_as_method_eagle3_and_is_refused_elsewhere(head_dir) -> None:
+    profile = {
+        "tool_version": "0.1.0",
+        "created_at": "2026-12-01T00:00:00+00:00",
+        "device": {"key": "k", "label": "CPU"},
+        "pair": {"target": "/m/t", "draft": str(head_dir), "drafter": "eagle3"},
+        "chosen": {"drafter": "eagle3", "gamma": 3},
+        "schedule": [{"batch_size": 1, "gamma": 3}, {"batch_size": 4, "gamma": 1}],
+    }
+    out = export(profile, "vllm")
+    assert '"method": "eagle3"' in out.text and f'"model": "{head_dir}"' in out.text
+    assert '"num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 4, 1]]' in out.text.replace("\n", "")
+    assert export(profile, "yaml").text
+    for fmt in sorted(set(FORMATS) - set(EAGLE3_FORMATS)):
+        with pytest.raises(ProfileError, match=rf"^{fmt} export: the chosen drafter is 'eagle3'"):
+            export(profile, fmt)
+    off = copy.deepcopy(profile)  # a stack of one K reads chosen.gamma, not the schedule: refused too
+    off["schedule"] = [{"batch_size": 1, "gamma": 0}]
+    with pytest.raises(ProfileError, match="^sglang export: the chosen drafter is 'eagle3'"):
+        export(off, "sglang")
+    missing = copy.deepcopy(profile)
+    missing["pair"]["draft"] = None
+    with pytest.raises(ProfileError, match="missing key 'pair.draft'.*EAGLE-3 head folder"):
+        export(missing, "vllm")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"models": {"eagle3": None}}, "models.eagle3: required when search.drafter includes 'eagle3'"),
+        ({"search": {"drafter": ["eagle3", "model"]}}, "search.drafter: 'eagle3' is searched without"),
+        ({"backend": {"name": "vllm"}}, "the vllm backend does not run the 'eagle3' drafter yet"),
+        ({"search": {"drafter": ["eagle3"], "tree_topk": ["2,1"]}}, "a tree needs the 'model' drafter"),
+    ],
+)
+def test_eagle3_config_mistakes_are_one_line(
+    tmp_path, tiny_pair_dirs, prompts, head_dir, overrides, message
+) -> None:
+    over = {"models": {"eagle3": str(head_dir)}, "search": {"drafter": ["eagle3"]}}
+    for section, values in overrides.items():
+        over[section] = {**over.get(section, {}), **values}
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "a.db", **over))
