@@ -28,6 +28,13 @@ from engine.speculative import GAMMA_POLICIES
     show_default="demo draft",
     help="Draft model folder (for --drafter model).",
 )
+@click.option(
+    "--eagle3",
+    "eagle3",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="EAGLE-3 head folder (for --drafter eagle3; vLLM's format, docs/eagle3.md).",
+)
 @click.option("--drafter", type=click.Choice(DRAFTERS), default="model", show_default=True)
 @click.option(
     "--gamma",
@@ -110,6 +117,7 @@ from engine.speculative import GAMMA_POLICIES
 def bench(
     target,
     draft,
+    eagle3,
     drafter,
     gamma,
     confidence_threshold,
@@ -146,7 +154,15 @@ def bench(
     spec = SpecConfig(gamma=gamma, confidence_threshold=confidence_threshold, gamma_schedule=gamma_schedule)
     batch_size = batch_size or (concurrency if rate is None else None) or 1
     items = load_workload(prompts)
-    pair = load_pair(target, draft if drafter == "model" else None, dtype=dtype, device=device)
+    if drafter == "eagle3" and eagle3 is None:
+        raise click.UsageError("--drafter eagle3 needs --eagle3 HEAD_FOLDER")
+    pair = load_pair(
+        target,
+        draft if drafter in ("model", "hybrid") else None,
+        dtype=dtype,
+        device=device,
+        eagle3=eagle3 if drafter == "eagle3" else None,
+    )
     if pair.tokenizer is None:
         raise click.BadParameter(f"{target}: no tokenizer.json", param_hint="--target")
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p)

@@ -103,3 +103,20 @@ def test_eagle3_config_mistakes_are_one_line(
         over[section] = {**over.get(section, {}), **values}
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "a.db", **over))
+
+
+def test_bench_runs_the_eagle3_drafter_and_matches_the_target(tiny_pair_dirs, prompts, head_dir) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+
+    base = ["bench", "--target", str(tiny_pair_dirs[0]), "--drafter", "eagle3", "--gamma", "2"]
+    base += ["--num-requests", "2", "--max-new-tokens", "6", "--prompts", str(prompts), "--device", "cpu"]
+    result = CliRunner().invoke(main, [*base, "--eagle3", str(head_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["drafter"] == "eagle3" and out["greedy_match"] is True, out
+    result = CliRunner().invoke(main, base)
+    assert result.exit_code == 2 and "--drafter eagle3 needs --eagle3 HEAD_FOLDER" in result.output
