@@ -75,7 +75,21 @@ def arguments(doc: str, stack: str, grid_help: str) -> argparse.Namespace:
         help=f"profile id (default: newest {stack}-backend one)",
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"schedule_{stack}.json")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="reuse the configurations an earlier (interrupted) run of this benchmark measured, by label",
+    )
+    p.add_argument(
+        "--measured-only",
+        action="store_true",
+        help="with --resume: measure nothing new, report what the JSON holds (a partial run)",
+    )
     args = p.parse_args()
+    if args.measured_only and args.resume is None:
+        p.error("--measured-only needs --resume JSON")
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
     return args
@@ -126,6 +140,21 @@ class Plan:
         self.knobs: dict[str, Knobs] = {}  # label -> knobs, where the row is a Knobs (not a profile)
         self._by_command: dict[str, dict] = {}
         self._base_outputs: dict | None = None
+        self.previous: dict[str, dict] = {}  # label -> row of an earlier run (resume), see :meth:`resume`
+        self.measure_new = True
+        self.skipped: list[str] = []  # labels --measured-only did not measure
+
+    def resume(self, path: Path, measure_new: bool = True) -> None:
+        """Take the measured rows of an earlier run's JSON (``path``) instead of measuring them again;
+        with ``measure_new`` False, configurations it lacks are skipped (a report of a partial run)."""
+        data = json.loads(path.read_text())
+        for row in data.get("rows", []):
+            if "error" in row or "per_level_rounds" not in row:
+                continue
+            row["per_level_rounds"] = {int(b): v for b, v in row["per_level_rounds"].items()}
+            row["k_per_level"] = {int(b): k for b, k in (row.get("k_per_level") or {}).items()}
+            self.previous[row["config"]] = row
+        self.measure_new = measure_new
 
     def run(
         self,
@@ -146,6 +175,17 @@ class Plan:
                 b: knobs.gamma_at(b) if knobs.speculates else 0 for b in self.levels
             }
         key = json.dumps(command)
+        if label in self.previous:
+            row = self.previous[label]
+            self.rows.append(row)
+            self._by_command.setdefault(key, row)
+            print(f"{label}: measured in the resumed run, not run again", file=sys.stderr)
+            self._checkpoint()
+            return row
+        if not self.measure_new:
+            print(f"{label}: not in the resumed run, skipped (--measured-only)", file=sys.stderr)
+            self.skipped.append(label)
+            return {"config": label, "kind": kind, "error": "not measured (--measured-only)"}
         if key in self._by_command and kind != "off-again":
             prior = self._by_command[key]
             row = {**prior, "config": label, "kind": kind, "same_as": prior["config"]}

@@ -31,11 +31,12 @@ level and >= 0.98x no speculation (where the per-level best n-max differ, one n-
 every level's best: the table goal of 1.05x is vLLM's). Usage::
 
     python benchmarks/schedule_llamacpp.py [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
-[--slo-tpot-ms 50] [--out benchmarks/results/schedule_llamacpp.json]
+[--slo-tpot-ms 50] [--out benchmarks/results/schedule_llamacpp.json] [--resume JSON [--measured-only]]
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import statistics
 import sys
@@ -106,6 +107,16 @@ def main() -> None:
         write_json(args.out, result)
 
     plan = Plan(backend, batch, levels, args.repeats, cfg.budget.seed, w.temperature == 0, checkpoint)
+    if args.resume is not None:  # the rows (and the host they were measured on) of an earlier run
+        plan.resume(args.resume, measure_new=not args.measured_only)
+        earlier = json.loads(args.resume.read_text())
+        result.update(
+            device=earlier.get("device", result["device"]),
+            llama_server_version=earlier.get("llama_server_version", result["llama_server_version"]),
+            resumed_from=str(args.resume),
+        )
+        if earlier.get("device") != ctx.fingerprint["label"]:
+            print(f"note: the resumed rows were measured on {earlier.get('device')}", file=sys.stderr)
     try:
         plan.run("no speculation", backend.command(constant(0)), "off", constant(0))
         grid_rows = {
@@ -177,16 +188,18 @@ def main() -> None:
     extra += noise_lines(summary["noise"], w.num_requests)
 
     result.update(
-        llama_server_version=backend.version,
+        llama_server_version=backend.version or result["llama_server_version"],
         wall_s=time.perf_counter() - t0,
-        complete=True,
+        complete=not plan.skipped,
+        skipped=plan.skipped,
         per_level_choices=choices_json(choices),
         summary=summary,
         rows=rows,
     )
     write_json(args.out, result)
     print_report(
-        f"llama-server {backend.version} on {ctx.fingerprint['label']}, -t {cfg.backend.llamacpp.threads}; "
+        f"llama-server {result['llama_server_version']} on {result['device']}, "
+        f"-t {cfg.backend.llamacpp.threads}; "
         f"workload {w.prompts.name}, concurrency {list(w.concurrency)}, {w.num_requests} requests x "
         f"{w.max_new_tokens} tokens per level"
         + (f", trace {w.trace}" if w.trace is not None else "")

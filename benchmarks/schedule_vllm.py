@@ -34,7 +34,7 @@ level and >= 0.98x no speculation; where the per-level best K differ, the tuned 
 >= 1.05x the best single constant's. Usage::
 
     python benchmarks/schedule_vllm.py [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
-[--slo-tpot-ms 50] [--out benchmarks/results/schedule_vllm.json]
+[--slo-tpot-ms 50] [--out benchmarks/results/schedule_vllm.json] [--resume JSON [--measured-only]]
 """
 
 from __future__ import annotations
@@ -111,10 +111,22 @@ def main() -> None:
     }
 
     def checkpoint(rows: list[dict]) -> None:
-        result.update(rows=rows, wall_s=time.perf_counter() - t0, vllm_version=backend.version)
+        result.update(
+            rows=rows, wall_s=time.perf_counter() - t0, vllm_version=backend.version or result["vllm_version"]
+        )
         write_json(args.out, result)
 
     plan = Plan(backend, batch, levels, args.repeats, cfg.budget.seed, w.temperature == 0, checkpoint)
+    if args.resume is not None:  # the rows (and the host they were measured on) of an earlier run
+        plan.resume(args.resume, measure_new=not args.measured_only)
+        earlier = json.loads(args.resume.read_text())
+        result.update(
+            device=earlier.get("device", result["device"]),
+            vllm_version=earlier.get("vllm_version"),
+            resumed_from=str(args.resume),
+        )
+        if earlier.get("device") != ctx.fingerprint["label"]:
+            print(f"note: the resumed rows were measured on {earlier.get('device')}", file=sys.stderr)
     try:
         plan.run("no speculation", command(constant(0)), "off", constant(0))
         for k in grid:
@@ -145,7 +157,8 @@ def main() -> None:
             knobs = Knobs.for_table("model", tuned, batch)
             table_label = f"tuned table {table_text(tuned)}"
             note = f"per-level best K {level_choice_text(choices)}: served as {table_label}"
-            plan.run(table_label, command(knobs), "table", knobs)
+            if "error" in plan.run(table_label, command(knobs), "table", knobs):
+                note += " (not measured: the run failed or stopped before it)"
         print(f"note: {note}", file=sys.stderr)
 
         profile_labels = []
@@ -226,16 +239,17 @@ def main() -> None:
     extra += noise_lines(summary["noise"], w.num_requests)
 
     result.update(
-        vllm_version=backend.version,
+        vllm_version=backend.version or result["vllm_version"],
         wall_s=time.perf_counter() - t0,
-        complete=True,
+        complete=not plan.skipped,
+        skipped=plan.skipped,
         per_level_choices=choices_json(choices),
         summary=summary,
         rows=rows,
     )
     write_json(args.out, result)
     print_report(
-        f"vLLM {backend.version} on {ctx.fingerprint['label']}; workload {w.prompts.name}, concurrency "
+        f"vLLM {result['vllm_version']} on {result['device']}; workload {w.prompts.name}, concurrency "
         f"{list(w.concurrency)}, {w.num_requests} requests x {w.max_new_tokens} tokens per level"
         + (f", trace {w.trace}" if w.trace is not None else "")
         + f"; {args.repeats} rounds per server; --max-num-seqs {batch}",
