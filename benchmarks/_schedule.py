@@ -388,16 +388,25 @@ def analyse(rows: list[dict], levels: Sequence[int], slo: float) -> dict:
 
 def goals(row: dict | None) -> dict | None:
     """The issue's per-level goals for one row: >= 0.97x the best constant at every level and >= 0.98x
-    no speculation (on the point ratio of each level's paired rounds)."""
+    no speculation. ``met``: on the point ratio of each level's paired rounds (the worst level);
+    ``not_refuted``: no level's 95% interval lies wholly below the bar (what the noise can show)."""
     if row is None or "aggregate" not in row:
         return None
     agg = row["aggregate"]
     wb, wo = agg["worst_level_over_best_constant_here"], agg["worst_level_over_no_speculation"]
+    levels = row.get("levels", {}).values()
+
+    def below(key: str, bar: float) -> bool:
+        return any(lv[key] is not None and lv[key]["ci95"][1] < bar for lv in levels)
+
     return {
         "config": row["config"],
         "worst_level_over_best_constant_here": wb and wb["value"],
         "worst_level_over_no_speculation": wo and wo["value"],
         "met": bool(wb and wo and wb["value"] >= 0.97 and wo["value"] >= 0.98),
+        "not_refuted": bool(wb and wo)
+        and not below("over_best_constant_here", 0.97)
+        and not below("over_no_speculation", 0.98),
     }
 
 
@@ -630,7 +639,8 @@ def goal_lines(rows: list[dict], labels: Sequence[str | None]) -> tuple[list[dic
         wb, wo, met = g["worst_level_over_best_constant_here"], g["worst_level_over_no_speculation"], g["met"]
         lines.append(
             f"  {label}: worst level {fmt(wb)}x the best constant there, {fmt(wo)}x no speculation "
-            f"-> {'met' if met else 'NOT met'}"
+            f"-> {'met' if met else 'NOT met'} on the point ratios; "
+            + ("no level's interval lies below a bar" if g["not_refuted"] else "a level's interval is below")
         )
     if lines:
         lines.insert(0, "goal: at every level >= 0.97x the best constant there and >= 0.98x no speculation")
