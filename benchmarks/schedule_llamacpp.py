@@ -167,7 +167,7 @@ def main() -> None:
     per_level = level_choice_text(choices).replace("K=", "n-max ")
     line = f"llama.cpp takes one n-max; per-level best would be {per_level}"
     if not differ:
-        line += " (the per-level best n-max do not differ on this host: one n-max is each level's best)"
+        line += " (the per-level rule keeps one n-max: no other is significantly faster at any level)"
     summary["per_level_best_differ"] = differ
     extra = [
         line,

@@ -15,7 +15,8 @@ round r with the same seed in every configuration (paired rounds), in this order
    ``per_level_choices``, the margin rule's constant over the sweep unless another K, or none, is
    significantly faster at a level, then ``table_of``), served live as
    vLLM's ``num_speculative_tokens_per_batch_size``; not served, with a note, when every level
-   takes the same K (the per-level best K do not differ on this host: the table is a constant);
+   takes the same K (no other K is significantly faster at any level of this host: the table is a
+   constant);
 5. the config exported by ``autotune tune --backend engine`` and the one chosen by
    ``autotune tune --backend vllm`` (the newest profiles for this host and pair), when present.
 
@@ -150,7 +151,8 @@ def main() -> None:
             )
         elif len({k for _, k in tuned}) == 1:
             note = (
-                f"per-level best K do not differ on this host ({level_choice_text(choices)}): the table "
+                f"the per-level rule keeps one K ({level_choice_text(choices)}): no other K is significantly "
+                "faster at any level of this host, so the table "
                 f"equals the constant K={tuned[0][1]}, not served"
             )
         else:
