@@ -133,8 +133,11 @@ class ModelPair:
     def compile_decode(self, trees: Sequence[Sequence[int]] = ()) -> float:
         """Compile both models' decode/verify forward (:meth:`Transformer.compile_decode`; ``trees``:
         the tree shapes whose forward is warmed too); records and returns the seconds it took."""
-        layers = self.eagle3.config.layer_ids if self.eagle3 is not None else ()
-        self.compile_s = self.target.compile_decode(trees=trees, hidden_layers=layers)
+        if self.eagle3 is not None:  # the head's aux layers get their hidden-state graph warmed too
+            layers = self.eagle3.config.layer_ids
+            self.compile_s = self.target.compile_decode(trees=trees, hidden_layers=layers)
+        else:
+            self.compile_s = self.target.compile_decode(trees=trees)
         if self.draft is not None:
             self.compile_s += self.draft.compile_decode(trees=trees)
         return self.compile_s
