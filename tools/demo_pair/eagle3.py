@@ -5,7 +5,7 @@ Run::
     python -m tools.demo_pair.eagle3 [--pair engine/demo/pair] [--out engine/demo/pair/eagle3]
         [--budget-minutes 15] [--seed 0] [--steps N] [--train-prompts N] [--val-prompts N] [--threads 2]
 
-A smoke run (a couple of minutes): ``--steps 3 --train-prompts 4 --val-prompts 4 --out /tmp/eagle3``.
+A smoke run (a couple of minutes): ``--steps 3 --train-prompts 4 --val-prompts 4 --out eagle3-smoke``.
 
 Offline, CPU-only, seeded. The steps:
 
