@@ -35,6 +35,9 @@ LEVEL_KEYS = (
     "generated_tokens",
     "wall_s",
 )
+PER_POSITION = "per_position_acceptance"
+"""A level's per-position acceptance (a list; a serving stack's counters, the engine's stats): kept
+next to :data:`LEVEL_KEYS` and stored only where measured, so results without it read as before."""
 
 
 @dataclass(frozen=True)
@@ -56,18 +59,28 @@ class LevelMetrics:
     requests_per_second: float | None = None
     generated_tokens: int | None = None
     wall_s: float | None = None
+    # unconditional acceptance of draft position i, i = 0.. (docs/metrics.md; None: not measured)
+    per_position_acceptance: tuple[float | None, ...] | None = None
 
     @classmethod
     def from_metrics(cls, metrics: Mapping[str, Any]) -> LevelMetrics:
-        """The level keys of a run's metrics (absent ones None); other metrics are not kept."""
-        return cls(**{k: metrics.get(k) for k in LEVEL_KEYS})
+        """The level keys of a run's metrics (absent ones None) and its per-position acceptance; other
+        metrics are not kept."""
+        ppa = metrics.get(PER_POSITION)
+        return cls(
+            **{k: metrics.get(k) for k in LEVEL_KEYS},
+            per_position_acceptance=tuple(ppa) if isinstance(ppa, (list, tuple)) and ppa else None,
+        )
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LevelMetrics:
         return cls.from_metrics(data)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in LEVEL_KEYS}
+        out = {k: getattr(self, k) for k in LEVEL_KEYS}
+        if self.per_position_acceptance is not None:
+            out[PER_POSITION] = list(self.per_position_acceptance)
+        return out
 
 
 @dataclass(frozen=True)
@@ -114,7 +127,12 @@ class TrialResult:
 
         first = rounds[0]
         per_level = {
-            b: LevelMetrics(**{k: med([getattr(r.per_level[b], k) for r in rounds]) for k in LEVEL_KEYS})
+            b: LevelMetrics(
+                **{k: med([getattr(r.per_level[b], k) for r in rounds]) for k in LEVEL_KEYS},
+                per_position_acceptance=first.per_level[
+                    b
+                ].per_position_acceptance,  # greedy: the same each round
+            )
             for b in first.per_level
         }
         startup = MISSING if first.startup_s is MISSING else med([r.startup_s for r in rounds])

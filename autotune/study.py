@@ -29,12 +29,13 @@ from typing import Any, Protocol
 import optuna
 import torch
 
+from autotune import stackcost
 from autotune.config import TuneConfig
 from autotune.context import Context
 from autotune.costmodel import best_gamma, best_tree, tree_rank_samples
 from autotune.disturbance import Expectation, TrialGuard
 from autotune.knobs import Knobs, Tree, parse_tree, tree_name
-from autotune.records import Measurement, TrialResult
+from autotune.records import LevelMetrics, Measurement, TrialResult
 from autotune.selection import Point
 from engine.tree import tree_depth
 from profiles.schema import MISSING
@@ -237,7 +238,7 @@ def slo_violations(cfg: TuneConfig, result: TrialResult) -> dict[str, float]:
 def point_from_trial(trial: optuna.trial.FrozenTrial) -> Point:
     """A finished trial as a selection point (its params: the stored ones, Optuna's suggestions on top)."""
     attrs = trial.user_attrs
-    knobs = Knobs.from_params({**attrs.get("params", {}), **trial.params})
+    knobs = trial_knobs(trial)
     per_batch = {int(b): lv["tokens_per_second"] for b, lv in attrs.get("per_level", {}).items()}
     violation = sum(max(v, 0.0) for v in trial.constraints.values()) if trial.constraints else 0.0
     assert trial.values is not None  # finished() keeps complete trials only
@@ -331,6 +332,70 @@ def warm_starts(
             seen.add(key)
             out.append((label, clipped))
     return out
+
+
+def trial_knobs(trial: optuna.trial.FrozenTrial) -> Knobs:
+    """The knobs a trial ran (its stored params over Optuna's suggested ones)."""
+    return Knobs.from_params({**trial.user_attrs.get("params", {}), **trial.params})
+
+
+def measured_chains(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[Knobs, dict[int, LevelMetrics]]]:
+    """Each finished trial's knobs and per-level metrics (batch size -> :class:`LevelMetrics`)."""
+    return [
+        (
+            trial_knobs(t),
+            {int(b): LevelMetrics.from_json(lv) for b, lv in t.user_attrs.get("per_level", {}).items()},
+        )
+        for t in trials
+    ]
+
+
+def fit_stack_cost(trials: list[optuna.trial.FrozenTrial]) -> stackcost.StackCost | None:
+    """The stack cost of the best measured drafter (by its fastest constant chain), from these trials;
+    None without no speculation and one constant chain measured."""
+    runs = measured_chains(trials)
+    chains = [(k, t) for (k, _), t in zip(runs, trials, strict=True) if k.speculates and k.is_static_chain]
+    if not chains:
+        return None
+    drafter = max(chains, key=lambda c: c[1].values[0] if c[1].values else 0.0)[0].drafter
+    return stackcost.calibrate(stackcost.observations(runs, drafter), drafter)
+
+
+def stack_planner(space: Space, say: Callable[[str], None]) -> Callable[[optuna.Study, Any], None]:
+    """An Optuna callback for a backend that plans by cost (``Backend.plans_by_cost``): once the warm
+    starts have run, fit the stack cost (:mod:`autotune.stackcost`) from the finished trials, enqueue
+    the first level's predicted best K not yet served, and stop the study once every level's predicted
+    best has been served (a failed K is not served again). Until the fit exists, TPE goes on."""
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:  # noqa: ARG001
+        if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return  # warm starts still queued
+        cost = fit_stack_cost(finished(study))
+        if cost is None:
+            return
+        tried = {
+            trial_knobs(t).gamma if trial_knobs(t).speculates else 0
+            for t in study.get_trials(deepcopy=False)
+            if t.state.is_finished()
+            and (not trial_knobs(t).speculates or trial_knobs(t).drafter == cost.drafter)
+        }
+        k, best = stackcost.next_k(cost, range(space.gamma_low, space.gamma_high + 1), tried)
+        plan = ", ".join(f"{b}:{g}" for b, g in best.items())
+        if k is None:
+            say(
+                f"  stack cost ({cost.fit} fit, K measured {list(cost.measured_k)}): predicted best K per level "
+                f"{plan}, every one served: the study stops"
+            )
+            study.stop()
+            return
+        knobs = Knobs(cost.drafter, k, 0.0, "constant", max(space.max_batch_sizes))
+        study.enqueue_trial(space.clip(knobs), user_attrs={"warm_start": f"stack cost: predicted best K={k}"})
+        say(
+            f"  stack cost ({cost.fit} fit, K measured {list(cost.measured_k)}): predicted best K per level "
+            f"{plan}; serving K={k} next"
+        )
+
+    return callback
 
 
 def open_study(ctx: Context, name: str, resume: bool) -> optuna.Study:

@@ -18,12 +18,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 import torch
 
 from autotune import context as ctx_mod
-from autotune import disturbance, hostnoise
+from autotune import disturbance, hostnoise, stackcost
 from autotune import study as study_mod
 from autotune.backends import Backend, open_backend
 from autotune.config import DEFAULT_CACHE, TuneConfig
@@ -32,7 +33,7 @@ from autotune.errors import BusyHostError, ConfigError
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
 from profiles.exporters import export, write_export
-from profiles.schema import Profile
+from profiles.schema import MISSING, Profile
 from profiles.store import redact_url
 
 Say = Callable[[str], None]
@@ -225,6 +226,7 @@ def _run_study(
                 timeout=budget.timeout_s,
                 catch=(Exception,),
                 gc_after_trial=False,
+                callbacks=[study_mod.stack_planner(space, say)] if backend.plans_by_cost else None,
             )
     except KeyboardInterrupt:
         n = len(study_mod.finished(study))
@@ -322,12 +324,30 @@ def _store(
         },
         host_noise={"busy": any(n["busy"] for n in noises), "before": noise_before, "after": noise_after},
         backend=backend.describe(),
+        stack_cost=stack_cost_section(run.study, backend.name),
     )
     profile = json.loads(json.dumps(typed.to_json()))
     profile_id = ctx.store.save_profile(profile)
     profile["id"] = profile_id
     say(f"profile #{profile_id} stored in {redact_url(ctx.cfg.storage.url)}")
     return profile
+
+
+def stack_cost_section(study: optuna.Study, backend: str) -> Any:
+    """``profile["stack_cost"]``: the fit of the study's trials (autotune.stackcost), its residuals per
+    measured (level, K) and how many trials (server starts, on a stack) the study ran; MISSING
+    without a fit."""
+    trials = study_mod.finished(study)
+    cost = study_mod.fit_stack_cost(trials)
+    if cost is None:
+        return MISSING
+    obs = stackcost.observations(study_mod.measured_chains(trials), cost.drafter)
+    return {
+        "backend": backend,
+        **cost.to_json(),
+        "predicted_vs_measured": stackcost.predicted_vs_measured(cost, obs),
+        "trials": sum(t.state.is_finished() for t in study.get_trials(deepcopy=False)),
+    }
 
 
 def _n_finished(study: optuna.Study) -> int:

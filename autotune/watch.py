@@ -9,7 +9,8 @@ pure function of two scrapes and a stored profile, so the rule is tested on synt
    missing series are absent, not zero).
 2. :func:`window`: two scrapes -> one :class:`Window` of counter differences (a counter that went
    down, or a changed process start time, raises :class:`CounterReset`: the server restarted).
-3. :func:`assess`: a window against a :class:`ProfileModel` (the profile's cost curves, its
+3. :func:`assess`: a window against a :class:`ProfileModel` (the profile's cost curves, or for
+   the stack that measured the profile its fitted stack cost, ``profile["stack_cost"]``; its
    per-position acceptance, what it serves at each batch size) -> the predicted tokens/s of every
    K at the live load and acceptance, the served K and the best alternative.
 4. :class:`Staleness`: the hysteresis over windows -> a :class:`Verdict` (fresh or stale).
@@ -35,6 +36,7 @@ from typing import Any
 from autotune.backends.prometheus import Samples, parse_text
 from autotune.costmodel import Curves, expected_tokens
 from autotune.errors import ConfigError
+from autotune.stackcost import StackCost
 from autotune.stats import Estimate, paired_ratio
 from profiles.errors import ProfileError
 from profiles.profile import export_inputs
@@ -312,6 +314,8 @@ class ProfileModel:
     levels: tuple[int, ...] = ()  # the workload's tuned load levels (concurrency)
     level_choices: Mapping[int, int] = field(default_factory=dict)  # table_decision: batch size -> K
     backend: str = "engine"  # what measured the profile
+    # the stack's own step costs (profile["stack_cost"], autotune.stackcost): used for that stack
+    stack_cost: StackCost | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile) -> ProfileModel:
@@ -337,6 +341,14 @@ class ProfileModel:
             if isinstance(c, Mapping) and "batch_size" in c and "gamma" in c
         }
         backend = profile.backend if isinstance(profile.backend, Mapping) else {}
+        stack_cost = None
+        if isinstance(profile.stack_cost, Mapping):
+            try:
+                stack_cost = StackCost.from_json(profile.stack_cost)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProfileError(
+                    f"{where}: unreadable 'stack_cost' ({type(exc).__name__}: {exc})"
+                ) from None
         return cls(
             profile_id=pid,
             curves=curves,
@@ -347,6 +359,7 @@ class ProfileModel:
             levels=tuple(int(c) for c in workload.get("concurrency", []) or []),
             level_choices=choices,
             backend=str(backend.get("name", "engine")),
+            stack_cost=stack_cost,
         )
 
     @property
@@ -427,6 +440,7 @@ class Assessment:
     alternative: int  # the best K other than the served one
     gain: float  # tps[alternative] / tps[served_k]
     served_from: str = "profile"  # "server": the server's counted positions overrode the profile's K
+    costs: str = "engine"  # "stack": the profile's stack cost fit for this stack; "engine": its curves
 
     @property
     def idle(self) -> bool:
@@ -454,11 +468,18 @@ def assess(model: ProfileModel, win: Window, stack: str) -> Assessment:
         acceptance, source, observed = extend_acceptance(live, top), "live", len(live)
     else:
         acceptance, source, observed = extend_acceptance(model.acceptance, top), "profile", 0
-    tps = tuple(predicted_tps(model.curves, acceptance, k, batch) for k in range(top + 1))
+    stack_cost = model.stack_cost if model.stack_cost is not None and model.backend == stack else None
+    if stack_cost is not None:  # the stack's own step costs at the live load (autotune.stackcost)
+        tps = tuple(stack_cost.predict_at_load(batch, k, acceptance) for k in range(top + 1))
+    else:
+        tps = tuple(predicted_tps(model.curves, acceptance, k, batch) for k in range(top + 1))
     others = [k for k in range(top + 1) if k != served]
     alternative = max(others, key=lambda k: (tps[k], -k))
     gain = tps[alternative] / tps[served]
-    return Assessment(win, batch, served, acceptance, source, observed, tps, alternative, gain, served_from)
+    costs = "stack" if stack_cost is not None else "engine"
+    return Assessment(
+        win, batch, served, acceptance, source, observed, tps, alternative, gain, served_from, costs
+    )
 
 
 # --- staleness ---------------------------------------------------------------------------------------
@@ -625,6 +646,7 @@ def verdict_json(v: Verdict, model: ProfileModel, stack: str) -> dict[str, Any]:
         "served_k": a.served_k,
         "served_k_from": a.served_from,
         "predicted_tokens_per_second": {str(k): round(t, 3) for k, t in enumerate(a.tps)},
+        "predicted_with": a.costs,
         "extrapolated_from_position": a.observed_positions + 1 if a.acceptance_source == "live" else None,
         "alternative_k": v.alternative,
         "predicted_gain": round(v.gain.value, 4),

@@ -38,7 +38,7 @@ from _common import portable
 
 from autotune.backends.server import ServerError
 from autotune.knobs import Knobs
-from autotune.records import LEVEL_KEYS
+from autotune.records import LEVEL_KEYS, PER_POSITION
 from autotune.selection import LevelChoice, Point, choose_with_margin, per_level_choices
 from autotune.stats import Estimate, paired_ratio, t975
 from autotune.table import fmt, table
@@ -222,7 +222,7 @@ class Plan:
             tokens_per_second_runs=tps,
             latency_ms_runs=[res.latency_ms for res in runs],
             per_level_rounds={
-                b: {k: [getattr(res.per_level[b], k) for res in runs] for k in LEVEL_KEYS}
+                b: {k: [getattr(res.per_level[b], k) for res in runs] for k in (*LEVEL_KEYS, PER_POSITION)}
                 for b in runs[0].per_level
             },
         )

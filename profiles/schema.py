@@ -336,6 +336,7 @@ _PROFILE_KEYS = (
     "predicted_vs_measured",
     "host_noise",
     "backend",
+    "stack_cost",
     "id",
     "exports",
 )
@@ -377,6 +378,8 @@ class Profile:
     predicted_vs_measured: Sequence[Mapping[str, Any]] = MISSING
     host_noise: Mapping[str, Any] = MISSING
     backend: Mapping[str, Any] = MISSING
+    # the backend's step costs per (load level, K) fitted apart from acceptance (autotune.stackcost)
+    stack_cost: Mapping[str, Any] = MISSING
     id: int = MISSING  # the store's id, once stored
     exports: Sequence[str] = MISSING  # paths written by `autotune tune`
     extra: Mapping[str, Any] = field(default_factory=dict)

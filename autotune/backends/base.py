@@ -61,6 +61,9 @@ class Backend(Protocol):
     fixed_knobs: Mapping[str, Any]  # knobs the backend cannot express, and the value they are fixed at
     remeasure_order: str  # "interleaved" (A B C A B C) or "back-to-back per server"
     serves_table: bool  # runs a by-batch-size K table (Knobs.table) as one configuration
+    # after the warm starts, serve only the K its fitted step costs predict best at some level, then
+    # stop (autotune.stackcost; for a stack whose every trial is a minutes-long server start)
+    plans_by_cost: bool
 
     def budget(self) -> TrialBudget:
         """The study's trial count and cap on this backend (from tune.yaml)."""

@@ -32,6 +32,7 @@ class EngineBackend:
     fixed_knobs: Mapping[str, Any] = {}
     remeasure_order = "interleaved"
     serves_table = True  # SpecConfig.batch_gammas: K follows the running rows at every step
+    plans_by_cost = False  # trials take seconds: the study searches every knob
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx

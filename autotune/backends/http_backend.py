@@ -79,6 +79,7 @@ class HttpBackend:
 
     remeasure_order = "back-to-back per server"  # alternating configurations would restart a server each run
     serves_table = False  # a stack that takes a by-batch-size K table says so (vLLM)
+    plans_by_cost = False  # a stack whose server starts take minutes says so (vLLM)
 
     def __init__(self, ctx: Context, log_dir: Path) -> None:
         self.ctx = ctx

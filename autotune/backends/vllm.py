@@ -99,6 +99,7 @@ class VllmBackend(HttpBackend):
     metrics_prefix = "vllm"
     fixed_knobs = FIXED_KNOBS
     serves_table = True  # num_speculative_tokens_per_batch_size, applied by vLLM's scheduler
+    plans_by_cost = True  # ~2 min per server start here: serve the K the stack cost fit predicts best
     extra_body = (("return_token_ids", True),)
 
     def __init__(self, ctx: Context, python: Path | None = None) -> None:

@@ -27,6 +27,7 @@ class FakeBackend:
     fixed_knobs: dict[str, Any] = {}
     remeasure_order = "interleaved"
     serves_table = True
+    plans_by_cost = False
 
     def __init__(self, ctx: Context, run: RunFn) -> None:
         self.cfg, self._run = ctx.cfg, run

@@ -23,7 +23,7 @@ from autotune.backends.llamacpp import LlamacppBackend, server_command
 from autotune.config import load_config
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
-from autotune.records import LEVEL_KEYS
+from autotune.records import LEVEL_KEYS, PER_POSITION
 from profiles.exporters import export
 
 FAKE = Path(__file__).with_name("fake_openai_server.py")
@@ -106,7 +106,7 @@ def test_a_trial_against_the_fake_llama_server(tmp_path, tiny_pair_dirs) -> None
     finally:
         backend.close()
         ctx.store.close()
-    assert set(result["per_level"]) == {1, 2} and set(result["per_level"][2]) == set(LEVEL_KEYS)
+    assert set(result["per_level"]) == {1, 2} and set(result["per_level"][2]) == {*LEVEL_KEYS, PER_POSITION}
     assert result["per_level"][1]["acceptance_rate"] == pytest.approx(0.5)  # llamacpp:spec_decode_* counters
     assert backend.describe()["gguf"]["prompts_tokenized_identically"] == 2
 

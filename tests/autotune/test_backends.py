@@ -349,9 +349,10 @@ def test_a_run_returns_the_engine_result_shape_and_reuses_an_identical_server(
         assert backend.server.proc.pid != pid and _gone(pid)
     finally:
         backend.close()
-    from autotune.records import LEVEL_KEYS
+    from autotune.records import LEVEL_KEYS, PER_POSITION
 
-    assert set(first["per_level"]) == {1, 2} and set(first["per_level"][1]) == set(LEVEL_KEYS)
+    assert set(first["per_level"]) == {1, 2} and set(first["per_level"][1]) == {*LEVEL_KEYS, PER_POSITION}
+    assert len(first["per_level"][1][PER_POSITION]) == 2  # vLLM's per-position counters, K=2
     assert first["per_level"][2]["acceptance_rate"] == pytest.approx(0.5)
     assert first["tokens_per_second"] > 0 and first["startup_s"] > 0
     assert Path(fake_vllm["FAKE_VERSION_FILE"]).read_text() == "9.9.9+cpu"  # the launcher's version patch

@@ -76,6 +76,7 @@ def test_run_tune_end_to_end_stores_profile_and_writes_exports(tune_config, tmp_
         "predicted_vs_measured",
         "host_noise",
         "backend",
+        "stack_cost",  # the trials' constant chains and no speculation fit a step cost (autotune.stackcost)
         "id",
         "exports",
     ]

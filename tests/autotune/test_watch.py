@@ -211,6 +211,33 @@ def test_the_server_running_fewer_positions_than_the_profiles_k_is_what_is_serve
     assert w.assess(model(), live_window(ALPHA), "vllm").served_from == "profile"
 
 
+def test_the_stack_that_measured_the_profile_is_predicted_with_its_own_fitted_costs() -> None:
+    """``profile["stack_cost"]`` (autotune.stackcost) replaces the engine curves for the stack that
+    measured it: here its per-token cost at 4 requests makes K=1 the best there, which the engine
+    curves would not say; llama-server (another stack) keeps the curves."""
+    from autotune.stackcost import LevelCost, StackCost
+
+    fit = StackCost(
+        "model",
+        {1: LevelCost(0.02, 0.002, 0.002, 1.0), 4: LevelCost(0.03, 0.002, 0.02, 4.0)},
+        tuple(ALPHA**i for i in range(1, 7)),
+        (0, 2, 6),
+        "linear",
+    )
+    m = model(stack_cost=fit.to_json())
+    assert m.stack_cost is not None and m.stack_cost.levels.keys() == {1, 4}
+    a = w.assess(m, live_window(ALPHA, running=4), "vllm")
+    assert a.costs == "stack"
+    assert a.tps[1] == pytest.approx(fit.predict_at_load(4, 1, a.acceptance))
+    assert max(range(len(a.tps)), key=a.tps.__getitem__) == 1 and a.alternative == 1 and a.gain > 1
+    other = w.assess(m, live_window(ALPHA, running=4), "llamacpp")
+    assert other.costs == "engine" and other.tps[1] == pytest.approx(
+        w.predicted_tps(m.curves, other.acceptance, 1, 4)
+    )
+    with pytest.raises(w.ProfileError, match="unreadable 'stack_cost'"):
+        model(stack_cost={"levels": {}})
+
+
 def test_a_profile_without_curves_or_acceptance_is_one_line() -> None:
     with pytest.raises(w.ProfileError, match="no 'curves'"):
         w.ProfileModel.from_profile(Profile.from_json({k: v for k, v in PROFILE.items() if k != "curves"}))

@@ -1,0 +1,290 @@
+"""Stack cost: a serving stack's step time per (load level, K), measured apart from acceptance.
+
+Acceptance is a property of the pair and the prompts (greedy outputs are the same in every stack);
+the step cost is the stack's. One server trial gives both at every load level: the per-position
+acceptance from the stack's own Prometheus counters, and the time one request's step takes,
+
+    row_step(b, K) = m * L / T     (m requests in flight, L tokens per row-step, T tokens/s)
+
+which, with L = 1 + accepted / drafts, is free of acceptance. From the row-step time without
+speculation and at a few K, each level's cost is fitted as
+
+    step(b, K) = decode(b) + [K > 0] * fixed(b) + K * per_token(b)
+
+(``fixed``: the speculative step's own work, K-independent; ``per_token``: one more draft forward
+and one more verify position, least squares over the measured K), and every (level, K) is
+predicted from the acceptance:
+
+    tokens/s(b, K) = m(b) * L(K) / step(b, K),     L(K) = 1 + sum_{i < K} p_i
+
+``p_i`` is the unconditional per-position acceptance from the counters of the largest measured K
+(beyond it, a geometric tail at its last conditional rate). An in-stack study therefore serves only
+the K the fit predicts best at some level (:func:`next_k`, refitted after every server), and the
+watch service predicts under live acceptance and load with the stack's own costs
+(``profile["stack_cost"]``, :meth:`StackCost.to_json`).
+
+Why not a synthetic acceptance: vLLM 0.32's ``rejection_sample_method: synthetic`` fixes
+acceptance so cost could be timed alone, but vLLM-CPU refuses it (its CPU rejection kernels assert
+``not SYNTHETIC_MODE``: vllm/utils/cpu_triton_utils.py); the counters make it unnecessary.
+Pure Python, no torch: tested on synthetic costs with known answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.knobs import Knobs
+from autotune.records import LevelMetrics
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured constant K (0 = no speculation) at every load level of a server trial."""
+
+    k: int
+    per_level: Mapping[int, LevelMetrics]
+
+
+@dataclass(frozen=True)
+class LevelCost:
+    """One load level's fitted row-step cost in seconds, and its mean requests in flight."""
+
+    decode_s: float
+    fixed_s: float
+    per_token_s: float
+    in_flight: float
+
+    def step_s(self, k: int) -> float:
+        return self.decode_s + (self.fixed_s + k * self.per_token_s if k > 0 else 0.0)
+
+
+@dataclass(frozen=True)
+class StackCost:
+    """A stack's fitted step costs per load level plus the pair's per-position acceptance."""
+
+    drafter: str
+    levels: Mapping[int, LevelCost]
+    acceptance: tuple[float, ...]  # unconditional per-position acceptance p_0, p_1, ...
+    measured_k: tuple[int, ...]
+    fit: str  # "linear" (>= 2 speculative K per level) or "proportional" (one K: fixed cost taken as 0)
+
+    def expected_tokens(self, k: int, acceptance: Sequence[float] | None = None) -> float:
+        """L(K) = 1 + sum of the first K per-position acceptances (geometric tail past the measured ones)."""
+        return 1.0 + sum(extend(acceptance if acceptance is not None else self.acceptance, k)[:k])
+
+    def tokens_per_second(self, level: int, k: int, acceptance: Sequence[float] | None = None) -> float:
+        """Predicted tokens/s at a measured load level (``acceptance``: e.g. a live one instead)."""
+        c = self.levels[level]
+        return c.in_flight * self.expected_tokens(k, acceptance) / c.step_s(k)
+
+    def at_load(self, in_flight: float) -> LevelCost:
+        """The cost at any load: linear between the measured levels (by requests in flight), clamped at the ends."""
+        pts = sorted(self.levels.values(), key=lambda c: c.in_flight)
+        if in_flight <= pts[0].in_flight or len(pts) == 1:
+            c = pts[0] if in_flight <= pts[0].in_flight else pts[-1]
+        elif in_flight >= pts[-1].in_flight:
+            c = pts[-1]
+        else:
+            hi = next(i for i, p in enumerate(pts) if p.in_flight >= in_flight)
+            a, b = pts[hi - 1], pts[hi]
+            w = (in_flight - a.in_flight) / (b.in_flight - a.in_flight) if b.in_flight > a.in_flight else 0.0
+            mix = lambda x, y: x + w * (y - x)  # noqa: E731
+            c = LevelCost(
+                mix(a.decode_s, b.decode_s), mix(a.fixed_s, b.fixed_s), mix(a.per_token_s, b.per_token_s), 0.0
+            )
+        return LevelCost(c.decode_s, c.fixed_s, c.per_token_s, in_flight)
+
+    def predict_at_load(self, in_flight: float, k: int, acceptance: Sequence[float] | None = None) -> float:
+        c = self.at_load(in_flight)
+        return in_flight * self.expected_tokens(k, acceptance) / c.step_s(k)
+
+    def best_k(self, level: int, ks: Iterable[int]) -> int:
+        """The K with the highest predicted tokens/s at ``level`` (ties to the smaller K)."""
+        return max(sorted(set(ks)), key=lambda k: (self.tokens_per_second(level, k), -k))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "drafter": self.drafter,
+            "fit": self.fit,
+            "measured_k": list(self.measured_k),
+            "acceptance": [round(p, 6) for p in self.acceptance],
+            "levels": {
+                str(b): {
+                    "decode_ms": 1e3 * c.decode_s,
+                    "fixed_ms": 1e3 * c.fixed_s,
+                    "per_token_ms": 1e3 * c.per_token_s,
+                    "in_flight": c.in_flight,
+                }
+                for b, c in sorted(self.levels.items())
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StackCost:
+        return cls(
+            str(data["drafter"]),
+            {
+                int(b): LevelCost(
+                    lv["decode_ms"] / 1e3,
+                    lv["fixed_ms"] / 1e3,
+                    lv["per_token_ms"] / 1e3,
+                    float(lv["in_flight"]),
+                )
+                for b, lv in data["levels"].items()
+            },
+            tuple(float(p) for p in data["acceptance"]),
+            tuple(int(k) for k in data["measured_k"]),
+            str(data["fit"]),
+        )
+
+
+def extend(acceptance: Sequence[float], n: int) -> list[float]:
+    """The first ``n`` per-position acceptances; past the measured ones a geometric tail at the last
+    conditional rate p_last / p_before (1 measured position: that rate is p_0 itself).
+
+    Example:
+        >>> [round(p, 3) for p in extend([0.8, 0.6], 4)]
+        [0.8, 0.6, 0.45, 0.338]
+    """
+    out = [min(max(float(p), 0.0), 1.0) for p in acceptance[:n]]
+    if len(out) >= n or not out:
+        return out + [0.0] * (n - len(out))
+    rate = out[-1] / out[-2] if len(out) >= 2 and out[-2] > 0 else out[0]
+    rate = min(max(rate, 0.0), 1.0)
+    while len(out) < n:
+        out.append(out[-1] * rate)
+    return out
+
+
+def row_step_s(level: int, metrics: LevelMetrics, k: int) -> float | None:
+    """m * L / T: seconds per step of one request at this level (None when the level lacks tokens/s or L)."""
+    tps = metrics.tokens_per_second
+    if not tps:
+        return None
+    length = 1.0 if k == 0 else metrics.mean_acceptance_length
+    if length is None:
+        return None
+    return in_flight(level, metrics) * length / tps
+
+
+def in_flight(level: int, metrics: LevelMetrics) -> float:
+    """Requests in flight at a level: the client's measured mean, else the level's concurrency."""
+    return float(metrics.mean_batch_size or level)
+
+
+def acceptance_of(observations: Sequence[Observation]) -> tuple[float, ...]:
+    """Per-position acceptance from the counters of the largest measured K (mean over its levels);
+    without counters, the positions implied by each K's mean accepted length (L(K) - L(K') spread
+    evenly over the positions between two measured K)."""
+    spec = sorted((o for o in observations if o.k > 0), key=lambda o: o.k)
+    if not spec:
+        return ()
+    top = spec[-1]
+    rows = [
+        [float(p) for p in lv.per_position_acceptance[: top.k] if p is not None]
+        for lv in top.per_level.values()
+        if lv.per_position_acceptance and None not in lv.per_position_acceptance[: top.k]
+    ]
+    if rows:
+        n = min(len(r) for r in rows)
+        return tuple(sum(r[i] for r in rows) / len(rows) for i in range(min(n, top.k)))
+    out: list[float] = []
+    prev_k, prev_len = 0, 1.0
+    for o in spec:
+        lens = [lv.mean_acceptance_length for lv in o.per_level.values() if lv.mean_acceptance_length]
+        if not lens or o.k <= prev_k:
+            continue
+        length = sum(lens) / len(lens)
+        out += [max(length - prev_len, 0.0) / (o.k - prev_k)] * (o.k - prev_k)
+        prev_k, prev_len = o.k, length
+    return tuple(out)
+
+
+def calibrate(observations: Sequence[Observation], drafter: str) -> StackCost | None:
+    """Fit every level's cost from no speculation and the measured K; None without both."""
+    by_k: dict[int, Observation] = {}
+    for o in observations:
+        by_k.setdefault(o.k, o)  # the first measurement of a K (a study measures each once)
+    if 0 not in by_k or len(by_k) < 2:
+        return None
+    levels: dict[int, LevelCost] = {}
+    spec_ks = sorted(k for k in by_k if k > 0)
+    for level in sorted(by_k[0].per_level):
+        decode = row_step_s(level, by_k[0].per_level[level], 0)
+        pts = [
+            (k, s)
+            for k in spec_ks
+            if level in by_k[k].per_level
+            and (s := row_step_s(level, by_k[k].per_level[level], k)) is not None
+        ]
+        if decode is None or not pts:
+            continue
+        fixed, per_token = _line(decode, pts)
+        flights = [in_flight(level, by_k[k].per_level[level]) for k in by_k if level in by_k[k].per_level]
+        levels[level] = LevelCost(decode, fixed, per_token, sum(flights) / len(flights))
+    if not levels:
+        return None
+    return StackCost(
+        drafter,
+        levels,
+        acceptance_of(list(by_k.values())),
+        tuple(sorted(by_k)),
+        "linear" if len(spec_ks) >= 2 else "proportional",
+    )
+
+
+def _line(decode: float, pts: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """(fixed, per_token) of step(K) = decode + fixed + K * per_token through the speculative points:
+    least squares with two or more (per_token >= 0), all of the extra cost per token with one."""
+    if len(pts) == 1:
+        k, s = pts[0]
+        return 0.0, max(s - decode, 0.0) / k
+    n = len(pts)
+    mk = sum(k for k, _ in pts) / n
+    ms = sum(s for _, s in pts) / n
+    var = sum((k - mk) ** 2 for k, _ in pts)
+    slope = max(sum((k - mk) * (s - ms) for k, s in pts) / var, 0.0)
+    return ms - slope * mk - decode, slope
+
+
+def next_k(cost: StackCost, ks: Iterable[int], measured: Iterable[int]) -> tuple[int | None, dict[int, int]]:
+    """The K an in-stack study should serve next: the first level's predicted best K not yet measured
+    (None: every level's predicted best is measured), and the predicted best per level."""
+    ks, done = sorted(set(ks)), set(measured)
+    best = {level: cost.best_k(level, ks) for level in sorted(cost.levels)}
+    todo = [k for k in best.values() if k not in done]
+    return (todo[0] if todo else None), best
+
+
+def observations(
+    trials: Iterable[tuple[Knobs, Mapping[int, LevelMetrics]]], drafter: str
+) -> list[Observation]:
+    """Constant chains of ``drafter`` (and no speculation) among measured trials, as observations."""
+    out = []
+    for knobs, per_level in trials:
+        if not knobs.speculates:
+            out.append(Observation(0, per_level))
+        elif knobs.drafter == drafter and knobs.is_static_chain and not knobs.is_table:
+            out.append(Observation(knobs.gamma, per_level))
+    return out
+
+
+def predicted_vs_measured(cost: StackCost, obs: Sequence[Observation]) -> list[dict[str, Any]]:
+    """Per measured (level, K): predicted and measured tokens/s and their ratio (the fit's residuals)."""
+    rows = []
+    for o in sorted(obs, key=lambda o: o.k):
+        for level, lv in sorted(o.per_level.items()):
+            if level in cost.levels and lv.tokens_per_second:
+                pred = cost.tokens_per_second(level, o.k)
+                rows.append(
+                    {
+                        "level": level,
+                        "k": o.k,
+                        "predicted_tokens_per_second": pred,
+                        "measured_tokens_per_second": lv.tokens_per_second,
+                        "ratio": pred / lv.tokens_per_second,
+                    }
+                )
+    return rows

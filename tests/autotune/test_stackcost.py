@@ -1,0 +1,193 @@
+"""The stack cost fit (autotune.stackcost) on synthetic stacks with known costs, and the study that plans by it.
+
+A synthetic stack: at level b the row-step takes decode(b) + [K > 0] fixed(b) + K per_token(b)
+seconds and accepts the pair's per-position acceptance, so tokens/s = b L(K) / step. The fit must
+recover those costs from a few K, predict every other K exactly, and the study on a backend that
+plans by cost must serve the warm starts, then only the predicted best K, and stop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune import stackcost
+from autotune.knobs import Knobs
+from autotune.records import LevelMetrics
+from autotune.stackcost import Observation, calibrate, extend, next_k
+from autotune.tune import run_tune
+from tests.autotune.fakes import FakeBackend, result_of
+
+ACCEPT = (0.9, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1)
+# level -> (decode, fixed, per_token) seconds: per-token cost grows with the batch (compute-bound)
+COSTS = {1: (0.010, 0.002, 0.001), 4: (0.012, 0.001, 0.007), 16: (0.020, 0.008, 0.020)}
+
+
+def true_tps(level: int, k: int) -> float:
+    d, f, t = COSTS[level]
+    return level * (1 + sum(ACCEPT[:k])) / (d + (f + k * t if k else 0.0))
+
+
+def observed(k: int, counters: bool = True) -> Observation:
+    per_level = {
+        b: LevelMetrics(
+            tokens_per_second=true_tps(b, k),
+            mean_acceptance_length=1 + sum(ACCEPT[:k]) if k else None,
+            per_position_acceptance=tuple(ACCEPT[:k]) if k and counters else None,
+            mean_batch_size=float(b),
+        )
+        for b in COSTS
+    }
+    return Observation(k, per_level)
+
+
+def test_three_servers_recover_every_levels_costs_and_predict_every_k() -> None:
+    cost = calibrate([observed(0), observed(2), observed(8)], "model")
+    assert cost is not None and cost.fit == "linear" and cost.measured_k == (0, 2, 8)
+    for b, (d, f, t) in COSTS.items():
+        c = cost.levels[b]
+        assert (c.decode_s, c.fixed_s, c.per_token_s) == pytest.approx((d, f, t))
+    for b in COSTS:
+        for k in range(9):
+            assert cost.tokens_per_second(b, k) == pytest.approx(true_tps(b, k)), (b, k)
+        assert cost.best_k(b, range(9)) == max(range(9), key=lambda k: true_tps(b, k))
+
+
+def test_the_best_k_moves_with_load_in_the_synthetic_stack() -> None:
+    best = {b: max(range(9), key=lambda k: true_tps(b, k)) for b in COSTS}
+    assert best[1] > best[4] > best[16] == 0  # the test stack is one where a table pays
+
+
+def test_one_speculative_k_is_a_proportional_fit_and_says_so() -> None:
+    cost = calibrate([observed(0), observed(4)], "model")
+    assert cost is not None and cost.fit == "proportional"
+    for b, (_, f, t) in COSTS.items():
+        assert cost.levels[b].fixed_s == 0.0
+        assert cost.levels[b].per_token_s == pytest.approx((f + 4 * t) / 4)
+        assert cost.tokens_per_second(b, 4) == pytest.approx(true_tps(b, 4))
+
+
+def test_no_fit_without_no_speculation_or_without_a_speculative_k() -> None:
+    assert calibrate([observed(2), observed(5)], "model") is None
+    assert calibrate([observed(0)], "model") is None
+
+
+def test_next_k_serves_the_first_unmeasured_predicted_best_then_stops() -> None:
+    cost = calibrate([observed(0), observed(2), observed(8)], "model")
+    assert cost is not None
+    truth = {b: max(range(9), key=lambda k: true_tps(b, k)) for b in COSTS}
+    k, best = next_k(cost, range(9), {0, 2, 8})
+    assert best == truth
+    assert k == next(g for g in truth.values() if g not in {0, 2, 8})
+    assert next_k(cost, range(9), {0, 2, 8, *truth.values()})[0] is None
+
+
+def test_acceptance_comes_from_the_largest_k_counters_with_a_geometric_tail() -> None:
+    cost = calibrate([observed(0), observed(2), observed(4)], "model")
+    assert cost is not None
+    assert cost.acceptance == pytest.approx(ACCEPT[:4])
+    tail = extend(cost.acceptance, 6)
+    assert tail[4] == pytest.approx(0.3 * 0.3 / 0.4) and tail[5] == pytest.approx(tail[4] * 0.3 / 0.4)
+
+
+def test_without_counters_the_mean_accepted_lengths_spread_over_their_positions() -> None:
+    cost = calibrate([observed(0, False), observed(2, False), observed(4, False)], "model")
+    assert cost is not None
+    assert cost.acceptance == pytest.approx((0.7, 0.7, 0.35, 0.35))
+    assert cost.expected_tokens(4) == pytest.approx(1 + sum(ACCEPT[:4]))
+
+
+def test_live_acceptance_and_any_load_are_predicted_from_the_stored_fit() -> None:
+    cost = calibrate([observed(0), observed(2), observed(8)], "model")
+    assert cost is not None
+    back = stackcost.StackCost.from_json(cost.to_json())
+    assert back.measured_k == cost.measured_k and back.fit == cost.fit
+    assert back.tokens_per_second(4, 3) == pytest.approx(cost.tokens_per_second(4, 3))
+    low = [p / 2 for p in ACCEPT]
+    d, f, t = COSTS[4]
+    assert back.tokens_per_second(4, 3, low) == pytest.approx(4 * (1 + sum(low[:3])) / (d + f + 3 * t))
+    mid = back.at_load(2.5)  # halfway between the levels with 1 and 4 in flight
+    assert mid.decode_s == pytest.approx(0.010 + 0.5 * 0.002) and mid.in_flight == 2.5
+    assert back.at_load(64).per_token_s == pytest.approx(0.020)  # clamped past the largest level
+
+
+def test_predicted_vs_measured_are_the_fits_residuals() -> None:
+    obs = [observed(0), observed(2), observed(8)]
+    cost = calibrate(obs, "model")
+    assert cost is not None
+    rows = stackcost.predicted_vs_measured(cost, obs)
+    assert len(rows) == 3 * len(COSTS) and all(math.isclose(r["ratio"], 1.0) for r in rows)
+
+
+def test_observations_keep_no_speculation_and_the_drafters_constant_chains() -> None:
+    lv = {1: LevelMetrics(tokens_per_second=1.0)}
+    runs = [
+        (Knobs("model", 0), lv),
+        (Knobs("model", 3), lv),
+        (Knobs("ngram", 3), lv),
+        (Knobs("model", 3, 0.2), lv),  # a threshold is no stack K
+        (Knobs.for_table("model", ((1, 3), (4, 0)), 4), lv),
+    ]
+    assert [o.k for o in stackcost.observations(runs, "model")] == [0, 3]
+
+
+def synthetic_stack(cfg, knobs: Knobs, seed: int):  # noqa: ARG001 - a backend run's signature
+    """A backend run on the synthetic stack at the workload's concurrency levels (mapped onto COSTS)."""
+    per_level = {}
+    for c, b in zip(cfg.workload.concurrency, sorted(COSTS), strict=True):
+        k = knobs.gamma_at(c) if knobs.speculates else 0
+        tps = true_tps(b, k) * c / b
+        per_level[c] = {
+            "tokens_per_second": tps,
+            "tpot_ms_p95": 1e3 / tps * c,
+            "mean_acceptance_length": 1 + sum(ACCEPT[:k]) if k else None,
+            "per_position_acceptance": list(ACCEPT[:k]) if k else None,
+            "mean_batch_size": float(c),
+            "generated_tokens": 48 * c,
+            "wall_s": 48 * c / tps,
+        }
+    return result_of(per_level)
+
+
+class PlanningBackend(FakeBackend):
+    name = "vllm"
+    remeasure_order = "back-to-back per server"
+    plans_by_cost = True
+
+
+def test_a_study_that_plans_by_cost_serves_only_the_predicted_best_k_and_stops(tune_config) -> None:
+    cfg = tune_config(
+        workload={"concurrency": [1, 2, 3], "num_requests": 3},
+        search={
+            "gamma": {"low": 0, "high": 2},  # the tiny pair's profile measured gamma <= 2
+            "confidence_threshold": 0.0,
+            "gamma_schedule": "constant",
+            "max_batch_size": [3],
+            "gamma_cap": "off",
+        },
+        budget={"n_trials": 12, "repeats": 1},
+        export={"formats": ["yaml"]},
+    )
+    backends: list[PlanningBackend] = []
+
+    def backend_for(ctx):
+        backends.append(PlanningBackend(ctx, synthetic_stack))
+        return backends[0]
+
+    lines: list[str] = []
+    profile = run_tune(cfg, say=lines.append, backend_for=backend_for)
+
+    stored = profile["stack_cost"]
+    levels = zip((1, 2, 3), sorted(COSTS), strict=True)
+    truth = {c: max(range(3), key=lambda k: true_tps(b, k)) for c, b in levels}
+    assert sorted(truth.values()) == [0, 1, 2]  # a different K is best at each level
+    served = {r["k"] for r in stored["predicted_vs_measured"]}
+    assert set(truth.values()) <= served  # every level's true best was served live
+    assert stored["trials"] < cfg.budget.n_trials  # the planner stopped the study early
+    assert any("every one served: the study stops" in line for line in lines)
+    assert all(math.isclose(r["ratio"], 1.0, rel_tol=1e-6) for r in stored["predicted_vs_measured"])
+    assert profile["table_decision"]["table"] == [[c, k] for c, k in truth.items()]  # served and won
+    assert {int(b): c["per_token_ms"] for b, c in stored["levels"].items()} == pytest.approx(
+        {c: 1e3 * COSTS[b][2] for c, b in zip((1, 2, 3), sorted(COSTS), strict=True)}
+    )
