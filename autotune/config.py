@@ -31,7 +31,7 @@ import yaml
 from autotune.config_reader import DEMO, Range, Section
 from autotune.errors import ConfigError
 from autotune.knobs import CHAIN, Tree, parse_tree, tree_name
-from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
+from engine.demo import DEMO_DRAFT, DEMO_EAGLE3, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import DRAFTERS
 from engine.loader import DTYPES as _DTYPE_ALIASES
 from engine.speculative import GAMMA_POLICIES, Request  # GAMMA_POLICIES: constant / heuristic per row
@@ -85,7 +85,7 @@ class ModelsConfig:
     def read(cls, s: Section, base: Path) -> ModelsConfig:
         target = s.path_("target", base, default=None, demo=DEMO_TARGET)
         draft = s.path_("draft", base, allow_none=True, demo=DEMO_DRAFT)
-        eagle3 = s.path_("eagle3", base, allow_none=True)
+        eagle3 = s.path_("eagle3", base, allow_none=True, demo=DEMO_EAGLE3)
         device = s.get("device", "auto")
         if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
             raise ConfigError(f"models.device: must be auto, cpu or cuda[:N] (got {device!r})")

@@ -274,6 +274,7 @@ class TrialGuard:
         threads = hostnoise.threads_for(self.last, self.study_threads)
         if threads != self.study_threads:
             torch.set_num_threads(threads)
+        self.backend.prepare(knobs)  # a server's start-up is not the run (its workers come and go)
         token = TRIAL_CUT.set(None if expected is None else expected.cut())
         self.watch.mark()
         result: TrialResult | None = None

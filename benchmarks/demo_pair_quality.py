@@ -1,5 +1,8 @@
 """The demo pair's quality bar: acceptance and speedup at gamma 4, B=1, on the held-out prompts.
 
+Per drafter (``--drafters``, default the draft model; ``ngram`` and ``eagle3``, the demo target's
+EAGLE-3 head in ``engine/demo/eagle3`` or ``--eagle3``, beside it), the same figures.
+
 The figures ``autotune bench --json`` reports (``autotune.runner.compare``: a speculative run and
 the same engine's autoregressive run on the same requests, closed loop, one row), measured on
 every held-out prompt by default rather than the first few, in two modes:
@@ -19,10 +22,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import _common
 
 from autotune.runner import LoadSpec, compare
+from engine.demo import DEMO_EAGLE3
+from engine.eagle3 import load_eagle3
+from engine.errors import EngineInputError
 from engine.generate import generate
 from engine.speculative import SpecConfig
 
@@ -36,18 +43,29 @@ def main() -> None:
     p = _common.parser(__doc__.split("\n\n")[0], num_prompts=0)
     p.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
     p.add_argument("--modes", default="greedy,t1", help="greedy and/or t1 (default both)")
+    p.add_argument("--drafters", default="model", help="model, ngram and/or eagle3 (default model)")
+    p.add_argument("--eagle3", type=Path, default=DEMO_EAGLE3, help="EAGLE-3 head folder (drafter eagle3)")
+    p.add_argument("--name", default=NAME, help=f"result file name (default {NAME})")
     args = p.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     if not modes or any(m not in TEMPERATURE for m in modes) or args.gamma < 1:
         _common.fail("--modes takes greedy and/or t1, --gamma must be >= 1")
-    bench = _common.start(NAME, args)
+    if not drafters or any(d not in ("model", "ngram", "eagle3") for d in drafters):
+        _common.fail(f"--drafters takes model, ngram and/or eagle3 (got {args.drafters!r})")
+    bench = _common.start(args.name, args)
     pair, requests = _common.load(bench)
+    if "eagle3" in drafters:
+        try:
+            pair.eagle3 = load_eagle3(args.eagle3, pair.target)
+        except (EngineInputError, OSError) as exc:
+            _common.fail(f"--eagle3: {exc}")
     load = LoadSpec(max_batch_size=1, concurrency=1, num_requests=len(requests))
     results, rows = {}, []
-    for mode in modes:
+    for mode, drafter in [(m, d) for d in drafters for m in modes]:
         reqs = [dataclasses.replace(r, temperature=TEMPERATURE[mode]) for r in requests]
-        print(f"{mode}: {len(reqs)} prompts, gamma {args.gamma}, B=1 ...", flush=True)
-        m = compare(pair, reqs, SpecConfig(gamma=args.gamma), "model", load, args.seed)
+        print(f"{drafter}, {mode}: {len(reqs)} prompts, gamma {args.gamma}, B=1 ...", flush=True)
+        m = compare(pair, reqs, SpecConfig(gamma=args.gamma), drafter, load, args.seed)
         keep = (
             "acceptance_rate",
             "per_position_acceptance",
@@ -62,16 +80,19 @@ def main() -> None:
             "baseline_verify_step_ms",
             "greedy_match",
         )
-        results[mode] = {k: m.get(k) for k in keep} | {
-            "bars": {k: {"bar": v, "met": bool(m[k] >= v)} for k, v in BARS[mode].items()}
+        key = mode if drafter == "model" else f"{drafter}_{mode}"  # the draft model's keys as before
+        results[key] = {k: m.get(k) for k in keep} | {
+            "drafter": drafter,
+            "bars": {k: {"bar": v, "met": bool(m[k] >= v)} for k, v in BARS[mode].items()},
         }
         ratio = m.get("draft_cost_ratio")
-        results[mode]["bars"]["draft_cost_ratio"] = {"bar": 0.2, "met": ratio is not None and ratio <= 0.2}
+        results[key]["bars"]["draft_cost_ratio"] = {"bar": 0.2, "met": ratio is not None and ratio <= 0.2}
         rows.append(
             (
+                drafter,
                 mode,
                 m["acceptance_rate"],
-                ", ".join(f"{a:.2f}" for a in m["per_position_acceptance"]),
+                ", ".join("-" if a is None else f"{a:.2f}" for a in m["per_position_acceptance"]),
                 m["mean_acceptance_length"],
                 m["speedup"],
                 ratio,
@@ -84,6 +105,7 @@ def main() -> None:
         f"demo pair, gamma {args.gamma}, B=1, {len(requests)} held-out prompts, "
         f"up to {args.max_new_tokens} new tokens",
         [
+            "drafter",
             "mode",
             "acceptance",
             "per position",
@@ -96,12 +118,11 @@ def main() -> None:
         ],
         rows,
     )
-    for mode in modes:
+    for key, res in list(results.items()):
         bars = ", ".join(
-            f"{k} {'met' if v['met'] else 'MISSED'} (bar {v['bar']})"
-            for k, v in results[mode]["bars"].items()
+            f"{k} {'met' if v['met'] else 'MISSED'} (bar {v['bar']})" for k, v in res["bars"].items()
         )
-        print(f"{mode}: {bars}")
+        print(f"{key}: {bars}")
 
     tok = pair.tokenizer
     picks = [requests[i * len(requests) // SAMPLES] for i in range(SAMPLES)]

@@ -68,6 +68,10 @@ class Backend(Protocol):
     def budget(self) -> TrialBudget:
         """The study's trial count and cap on this backend (from tune.yaml)."""
 
+    def prepare(self, knobs: Knobs) -> None:
+        """Start (or reuse) what a run of ``knobs`` needs, before the host is read for the run: a
+        server's start-up (its compile workers come and go) is no part of the run's disturbance reading."""
+
     def run(self, knobs: Knobs, seed: int, with_trace: bool = False) -> TrialResult:
         """One configuration at every load level of the workload; ``with_trace``: then the workload's
         arrival trace (``workload.trace``; the re-measurement runs it, study trials do not)."""

@@ -41,6 +41,9 @@ class EngineBackend:
     def budget(self) -> TrialBudget:
         return TrialBudget(self.cfg.budget.n_trials, self.cfg.budget.timeout_s, "budget")
 
+    def prepare(self, knobs: Knobs) -> None:
+        """Nothing to start: the pair is loaded."""
+
     def run(
         self,
         knobs: Knobs,

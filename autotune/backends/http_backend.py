@@ -135,6 +135,12 @@ class HttpBackend:
             self.cfg.backend.n_trials or self.default_trials, self.cfg.backend.timeout_s, "backend"
         )
 
+    def prepare(self, knobs: Knobs) -> None:
+        """Start the server of ``knobs`` (or keep the live one with the same flags)."""
+        if knobs.is_table and not self.serves_table:
+            raise ValueError(f"{self.name} serves no by-batch-size table ({knobs.label})")
+        self.server_for(self.command(knobs))
+
     def run(self, knobs: Knobs, seed: int, with_trace: bool = False) -> TrialResult:
         """One configuration at every load level in one server (started or reused)."""
         if knobs.is_table and not self.serves_table:

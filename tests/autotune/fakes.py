@@ -37,6 +37,9 @@ class FakeBackend:
     def budget(self) -> TrialBudget:
         return TrialBudget(self.cfg.budget.n_trials, self.cfg.budget.timeout_s, "budget")
 
+    def prepare(self, knobs: Knobs) -> None:
+        pass
+
     def run(self, knobs: Knobs, seed: int, with_trace: bool = False) -> TrialResult:  # noqa: ARG002
         self.ran.append(knobs)
         return self._run(self.cfg, knobs, seed)

@@ -14,7 +14,7 @@ from autotune.knobs import Knobs
 from autotune.tune import run_tune
 from profiles.store import Store
 from tests.autotune.conftest import N_TRIALS
-from tests.autotune.fakes import ScriptedHost, backend_of, synthetic_run
+from tests.autotune.fakes import FakeBackend, ScriptedHost, backend_of, synthetic_run
 
 COMPLETE, FAIL, PRUNED = (
     optuna.trial.TrialState.COMPLETE,
@@ -144,6 +144,31 @@ def test_a_quiet_study_runs_each_trial_once_and_records_its_host(tune_config, mo
         assert "disturbed" not in t.user_attrs and t.user_attrs["torch_threads"] == threads
         assert t.user_attrs["host"]["others_cpu_share"] == 0.0
     assert not any("disturbed" in line or "pruned" in line for line in lines)
+
+
+def test_a_servers_start_up_is_outside_the_runs_host_reading(tune_config, monkeypatch) -> None:
+    """The backend's ``prepare`` (a server backend: start the server; its compile workers exit and
+    their CPU time would read as another process's) runs before the reading opens, every run."""
+    events: list[str] = []
+
+    class Host(ScriptedHost):
+        def mark(self) -> None:
+            events.append("mark")
+
+    class Starting(FakeBackend):
+        def prepare(self, knobs: Knobs) -> None:
+            events.append("prepare")
+
+    scripted(monkeypatch, Host())
+    run = recording([])
+
+    def logged(cfg, knobs, seed):
+        events.append("run")
+        return run(cfg, knobs, seed)
+
+    run_tune(tune_config(), say=lambda _: None, backend_for=lambda ctx: Starting(ctx, logged))
+    study = events[: 3 * N_TRIALS]
+    assert study == ["prepare", "mark", "run"] * N_TRIALS
 
 
 def test_threads_follow_the_free_cores_per_run_and_are_restored(tune_config, monkeypatch, torch_threads):

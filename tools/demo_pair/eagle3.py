@@ -2,7 +2,7 @@
 
 Run::
 
-    python -m tools.demo_pair.eagle3 [--pair engine/demo/pair] [--out engine/demo/pair/eagle3]
+    python -m tools.demo_pair.eagle3 [--pair engine/demo/pair] [--out engine/demo/eagle3]
         [--budget-minutes 15] [--seed 0] [--steps N] [--train-prompts N] [--val-prompts N] [--threads 2]
 
 A smoke run (a couple of minutes): ``--steps 3 --train-prompts 4 --val-prompts 4 --out eagle3-smoke``.
@@ -447,7 +447,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Train an EAGLE-3 head for the demo target on its own continuations (CPU)."
     )
     p.add_argument("--pair", type=Path, default=Path("engine/demo/pair"), help="pair folder holding target/")
-    p.add_argument("--out", type=Path, default=None, help="head folder (default: <pair>/eagle3)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="head folder (default: eagle3/ beside the pair folder)"
+    )
     p.add_argument("--budget-minutes", type=float, default=15.0, help="wall-clock budget for the whole run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="fixed optimizer steps (default: fit the budget)")
@@ -481,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     splits = train.collect_corpus(root)
     train.log(f"corpus {root}: " + ", ".join(f"{k} {len(v)} files" for k, v in splits.items()))
     try:
-        run(args.pair, args.out or args.pair / "eagle3", splits, cfg, args.steps)
+        run(args.pair, args.out or args.pair.parent / "eagle3", splits, cfg, args.steps)
     except GreedyCheckFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
