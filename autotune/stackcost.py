@@ -248,13 +248,29 @@ def _line(decode: float, pts: Sequence[tuple[int, float]]) -> tuple[float, float
     return ms - slope * mk - decode, slope
 
 
-def next_k(cost: StackCost, ks: Iterable[int], measured: Iterable[int]) -> tuple[int | None, dict[int, int]]:
-    """The K an in-stack study should serve next: the first level's predicted best K not yet measured
-    (None: every level's predicted best is measured), and the predicted best per level."""
+SERVE_MARGIN = 0.03
+"""An unserved K is worth a server start only where it is predicted this much faster than every
+served K at some level (the in-stack goal's 3%): below it, the fit cannot tell them apart from
+its own error, and chasing its noise costs minutes per start."""
+
+
+def next_k(
+    cost: StackCost, ks: Iterable[int], measured: Iterable[int], margin: float = SERVE_MARGIN
+) -> tuple[int | None, dict[int, int]]:
+    """The K an in-stack study should serve next: of the levels whose predicted best K is not yet
+    measured and is predicted more than ``margin`` faster than the best measured K there, the one
+    where it gains most (None: no such level), and the predicted best per level."""
     ks, done = sorted(set(ks)), set(measured)
     best = {level: cost.best_k(level, ks) for level in sorted(cost.levels)}
-    todo = [k for k in best.values() if k not in done]
-    return (todo[0] if todo else None), best
+    gains: dict[int, float] = {}
+    for level, k in best.items():
+        if k in done or not done:
+            continue
+        served = max(cost.tokens_per_second(level, m) for m in done)
+        gain = cost.tokens_per_second(level, k) / served
+        if gain > 1 + margin:
+            gains[k] = max(gains.get(k, 0.0), gain)
+    return (max(gains, key=lambda k: (gains[k], -k)) if gains else None), best
 
 
 def observations(

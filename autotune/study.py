@@ -364,8 +364,9 @@ def fit_stack_cost(trials: list[optuna.trial.FrozenTrial]) -> stackcost.StackCos
 def stack_planner(space: Space, say: Callable[[str], None]) -> Callable[[optuna.Study, Any], None]:
     """An Optuna callback for a backend that plans by cost (``Backend.plans_by_cost``): once the warm
     starts have run, fit the stack cost (:mod:`autotune.stackcost`) from the finished trials, enqueue
-    the first level's predicted best K not yet served, and stop the study once every level's predicted
-    best has been served (a failed K is not served again). Until the fit exists, TPE goes on."""
+    the unserved K predicted most faster than every served K at some level (:func:`stackcost.next_k`:
+    by more than ``SERVE_MARGIN``), and stop the study once there is none (a failed K is not served
+    again). Until the fit exists, TPE goes on."""
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:  # noqa: ARG001
         if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
@@ -384,7 +385,8 @@ def stack_planner(space: Space, say: Callable[[str], None]) -> Callable[[optuna.
         if k is None:
             say(
                 f"  stack cost ({cost.fit} fit, K measured {list(cost.measured_k)}): predicted best K per level "
-                f"{plan}, every one served: the study stops"
+                f"{plan}; no unserved K predicted > {stackcost.SERVE_MARGIN:.0%} faster than the served ones "
+                "at any level: the study stops"
             )
             study.stop()
             return

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import ModelConfig
-from engine.eagle3 import ARCHITECTURES, Eagle3Config, Eagle3Head, load_eagle3, save_eagle3
+from engine.eagle3 import Eagle3Config, Eagle3Head, load_eagle3, save_eagle3
 from engine.generate import generate
 from engine.loader import load_model, load_pair, load_tokenizer
 from engine.model import Attention, Transformer, rotate_half
@@ -114,25 +114,12 @@ class HeadTrainConfig:
 
 
 def head_config(c: ModelConfig) -> Eagle3Config:
-    """One Llama layer of the target's shape, full vocabulary, vLLM's default aux layer ids."""
-    raw = {
-        "architectures": [ARCHITECTURES[0]],
-        "model_type": "llama",
-        "vocab_size": c.vocab_size,
-        "draft_vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "target_hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": 1,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": c.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "max_position_embeddings": c.max_position_embeddings,
-        "tie_word_embeddings": False,
-    }
+    """One Llama layer of the target's shape, full vocabulary, vLLM's default aux layer ids: the
+    config.json :meth:`Eagle3Config.to_dict` writes, without ``eagle_config`` (so the reader takes
+    vLLM's default layer ids), read back through the reader every head folder passes."""
+    layer = replace(c, num_hidden_layers=1, tie_word_embeddings=False, model_type="llama")
+    raw = Eagle3Config(layer, (), c.hidden_size, c.vocab_size).to_dict()
+    del raw["eagle_config"]
     return Eagle3Config.from_dict(raw, c, "the trainer's head config")
 
 
