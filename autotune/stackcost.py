@@ -236,16 +236,22 @@ def calibrate(observations: Sequence[Observation], drafter: str) -> StackCost | 
 
 def _line(decode: float, pts: Sequence[tuple[int, float]]) -> tuple[float, float]:
     """(fixed, per_token) of step(K) = decode + fixed + K * per_token through the speculative points:
-    least squares with two or more (per_token >= 0), all of the extra cost per token with one."""
+    least squares with two or more, both >= 0 (a negative one, which noise can give, is taken as 0
+    and the other refitted); all of the extra cost per token with one point."""
+    extra = [(k, s - decode) for k, s in pts]
+    through_zero = max(sum(k * e for k, e in extra) / sum(k * k for k, _ in extra), 0.0)
     if len(pts) == 1:
-        k, s = pts[0]
-        return 0.0, max(s - decode, 0.0) / k
+        return 0.0, through_zero
     n = len(pts)
-    mk = sum(k for k, _ in pts) / n
-    ms = sum(s for _, s in pts) / n
-    var = sum((k - mk) ** 2 for k, _ in pts)
-    slope = max(sum((k - mk) * (s - ms) for k, s in pts) / var, 0.0)
-    return ms - slope * mk - decode, slope
+    mk = sum(k for k, _ in extra) / n
+    me = sum(e for _, e in extra) / n
+    var = sum((k - mk) ** 2 for k, _ in extra)
+    slope = sum((k - mk) * (e - me) for k, e in extra) / var
+    if slope < 0:  # no cost per token: the mean extra cost is fixed
+        return max(me, 0.0), 0.0
+    if me - slope * mk < 0:  # no fixed cost: the slope through decode
+        return 0.0, through_zero
+    return me - slope * mk, slope
 
 
 SERVE_MARGIN = 0.03

@@ -68,6 +68,25 @@ def test_one_speculative_k_is_a_proportional_fit_and_says_so() -> None:
         assert cost.tokens_per_second(b, 4) == pytest.approx(true_tps(b, 4))
 
 
+def test_noise_that_implies_a_negative_cost_fits_zero_there() -> None:
+    """Two K whose row-steps say the fixed cost is negative (measured here at concurrency 8: -11 ms):
+    the fit takes it as 0 and the cost per token through the decode step."""
+
+    def obs(k: int, step: float) -> Observation:
+        length = 1 + sum(ACCEPT[:k]) if k else 1.0
+        per_level = {1: LevelMetrics(tokens_per_second=length / step, mean_acceptance_length=length)}
+        return Observation(k, per_level)
+
+    cost = calibrate([obs(0, 0.010), obs(2, 0.011), obs(6, 0.019)], "model")  # line: fixed -0.0015
+    assert cost is not None
+    c = cost.levels[1]
+    assert c.fixed_s == 0.0
+    assert c.per_token_s == pytest.approx((2 * 0.001 + 6 * 0.009) / (2 * 2 + 6 * 6))
+    flat = calibrate([obs(0, 0.010), obs(2, 0.016), obs(6, 0.014)], "model")  # slope < 0
+    assert flat is not None and flat.levels[1].per_token_s == 0.0
+    assert flat.levels[1].fixed_s == pytest.approx(0.005)
+
+
 def test_no_fit_without_no_speculation_or_without_a_speculative_k() -> None:
     assert calibrate([observed(2), observed(5)], "model") is None
     assert calibrate([observed(0)], "model") is None
