@@ -423,6 +423,16 @@ def drift(rows: list[dict]) -> dict | None:
 # output --------------------------------------------------------------------------------------------
 
 
+def identity(ctx, config: Path) -> dict:
+    """What every stack benchmark's JSON opens with: the command line, the host, the config, the workload."""
+    return {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "device": ctx.fingerprint["label"],
+        "config": str(config),
+        "workload": ctx.workload,
+    }
+
+
 def write_json(out: Path, result: dict) -> None:
     """Write ``result`` atomically, machine paths made portable (``<repo>``, ``~``)."""
     out.parent.mkdir(parents=True, exist_ok=True)

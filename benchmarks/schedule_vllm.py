@@ -41,7 +41,6 @@ level and >= 0.98x no speculation; where the per-level best K differ, the tuned 
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -59,6 +58,7 @@ from _schedule import (  # noqa: E402
     common_summary,
     goal_lines,
     grid_values,
+    identity,
     k_at,
     level_choice_text,
     noise_by_level,
@@ -94,11 +94,8 @@ def main() -> None:
         return serve_command(backend.python, cfg, trial_inputs(cfg, ctx.fingerprint, knobs))
 
     result: dict = {
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "device": ctx.fingerprint["label"],
-        "config": str(args.config),
+        **identity(ctx, args.config),
         "vllm_version": None,
-        "workload": ctx.workload,
         "trace": None if w.trace is None else str(w.trace),
         "levels": levels,
         "max_num_seqs": batch,

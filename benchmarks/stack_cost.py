@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 import time
@@ -42,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _schedule import Plan, grid_values, write_json  # noqa: E402
+from _schedule import Plan, grid_values, identity, write_json  # noqa: E402
 
 from autotune import stackcost  # noqa: E402
 from autotune.records import LevelMetrics  # noqa: E402
@@ -275,11 +274,8 @@ def measure(args: argparse.Namespace, t0: float) -> dict:
     batch = max(cfg.search.max_batch_size)
     levels = list(cfg.batch_sizes)
     result: dict = {
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "device": ctx.fingerprint["label"],
-        "config": str(args.config),
+        **identity(ctx, args.config),
         "vllm_version": None,
-        "workload": ctx.workload,
         "levels": levels,
         "max_num_seqs": batch,
         "repeats": args.repeats,
