@@ -151,7 +151,7 @@ def extend(acceptance: Sequence[float], n: int) -> list[float]:
 
     Example:
         >>> [round(p, 3) for p in extend([0.8, 0.6], 4)]
-        [0.8, 0.6, 0.45, 0.338]
+        [0.8, 0.6, 0.45, 0.337]
     """
     out = [min(max(float(p), 0.0), 1.0) for p in acceptance[:n]]
     if len(out) >= n or not out:
