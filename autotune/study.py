@@ -374,12 +374,8 @@ def stack_planner(space: Space, say: Callable[[str], None]) -> Callable[[optuna.
         cost = fit_stack_cost(finished(study))
         if cost is None:
             return
-        tried = {
-            trial_knobs(t).gamma if trial_knobs(t).speculates else 0
-            for t in study.get_trials(deepcopy=False)
-            if t.state.is_finished()
-            and (not trial_knobs(t).speculates or trial_knobs(t).drafter == cost.drafter)
-        }
+        ran = [trial_knobs(t) for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+        tried = {k.gamma if k.speculates else 0 for k in ran if not k.speculates or k.drafter == cost.drafter}
         k, best = stackcost.next_k(cost, range(space.gamma_low, space.gamma_high + 1), tried)
         plan = ", ".join(f"{b}:{g}" for b, g in best.items())
         if k is None:
