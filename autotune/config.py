@@ -494,9 +494,9 @@ def _check_across_sections(cfg: TuneConfig) -> None:
 
 
 def _check_backend(cfg: TuneConfig) -> None:
-    """A serving stack runs chains of the model, ngram or no drafter. A token tree trial would run there
-    as a chain of the tree's depth, a hybrid one as an n-gram without its window, each under its own
-    name: refused in one line before anything loads."""
+    """A serving stack runs chains of the model, eagle3, ngram or no drafter. A token tree trial
+    would run there as a chain of the tree's depth, a hybrid one as an n-gram without its window,
+    each under its own name: refused in one line before anything loads."""
     name = cfg.backend.name
     if name == "engine":
         return
@@ -509,11 +509,6 @@ def _check_backend(cfg: TuneConfig) -> None:
         raise ConfigError(
             f"search.drafter: the {name} backend has no 'hybrid' drafter (no per-row switch "
             f"between n-grams and the draft model); drop it (got {list(cfg.search.drafter)})"
-        )
-    if "eagle3" in cfg.search.drafter:
-        raise ConfigError(
-            f"search.drafter: the {name} backend does not run the 'eagle3' drafter yet (the engine "
-            f"does: --backend engine); drop it (got {list(cfg.search.drafter)})"
         )
 
 

@@ -6,12 +6,16 @@ The conversion runs llama.cpp's own ``convert_hf_to_gguf.py`` (from the source t
 unrecognised BPE pre-tokenizer to ``backend.llamacpp.pre_tokenizer``). Files land in
 ``<home>/gguf/<folder name>-<hash>.gguf``; the hash covers the folder's files and the
 pre-tokenizer mapping, so an edited model or mapping converts again. A failed conversion leaves
-no file behind and raises a one-line ConfigError naming the folder.
+no file behind and raises a one-line ConfigError naming the folder. An EAGLE-3 head converts
+against its target (:func:`ensure_head`).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from autotune.backends.server import log_tail
@@ -34,17 +38,53 @@ def converter(lc: LlamacppConfig) -> tuple[Path, Path]:
     return python, source
 
 
-def gguf_path(folder: Path, lc: LlamacppConfig) -> Path:
-    """Where the GGUF file of ``folder`` is cached."""
-    key = hash_json({"folder": hash_folder(folder), "pre_tokenizer": lc.pre_tokenizer})[:12]
+def gguf_path(folder: Path, lc: LlamacppConfig, target: Path | None = None) -> Path:
+    """Where the GGUF file of ``folder`` is cached (a head's key covers its target too)."""
+    parts = {"folder": hash_folder(folder), "pre_tokenizer": lc.pre_tokenizer}
+    if target is not None:
+        parts["target"] = hash_folder(target)
+    key = hash_json(parts)[:12]
     return Path(lc.home).expanduser() / "gguf" / f"{Path(folder).name}-{key}.gguf"
 
 
 def ensure(folder: Path, lc: LlamacppConfig, where: str) -> Path:
     """The cached GGUF file of ``folder``, converting it first when needed."""
     out = gguf_path(folder, lc)
+    return out if out.is_file() else _convert(folder, out, lc, where, [])
+
+
+def ensure_head(head: Path, target: Path, layer_ids: Sequence[int], n_layers: int, lc: LlamacppConfig) -> Path:
+    """The cached GGUF file of an EAGLE-3 head (``--spec-type draft-eagle3 -md``), converted with
+    ``--target-model-dir target``.
+
+    llama.cpp fuses exactly three target layers and captures each one's *input* (``layer_ids`` as
+    vLLM and the engine read them, ascending; id ``n_layers``, the last layer's output, is not
+    captured there): another head is refused in one line. The converter reads the ids from the
+    config's top level only, so it converts a staged copy whose config.json carries them there.
+    """
+    ids = list(layer_ids)
+    if len(ids) != 3 or max(ids) >= n_layers:
+        raise ConfigError(
+            f"models.eagle3: {head}: llama.cpp's draft-eagle3 fuses exactly 3 target layers below the "
+            f"target's {n_layers} (layer inputs; got eagle_aux_hidden_state_layer_ids {ids})"
+        )
+    out = gguf_path(head, lc, target)
     if out.is_file():
         return out
+    with tempfile.TemporaryDirectory(prefix="eagle3-") as tmp:
+        stage = Path(tmp) / head.name
+        stage.mkdir()
+        for file in head.iterdir():
+            if file.is_file() and file.name != "config.json":
+                (stage / file.name).symlink_to(file.resolve())
+        config = json.loads((head / "config.json").read_text())
+        (stage / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": ids}))
+        return _convert(stage, out, lc, "models.eagle3", ["--target-model-dir", str(target)], shown=head)
+
+
+def _convert(
+    folder: Path, out: Path, lc: LlamacppConfig, where: str, extra: list[str], shown: Path | None = None
+) -> Path:
     python, source = converter(lc)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -54,9 +94,13 @@ def ensure(folder: Path, lc: LlamacppConfig, where: str) -> Path:
         command.append(lc.pre_tokenizer)
     try:
         with open(log, "wb") as fh:
-            code = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, timeout=1800).returncode
+            code = subprocess.run(
+                command + extra, stdout=fh, stderr=subprocess.STDOUT, timeout=1800
+            ).returncode
         if code != 0 or not tmp.is_file():
-            raise ConfigError(f"{where}: llama.cpp's converter failed on {folder}: {log_tail(log, 4, 600)}")
+            raise ConfigError(
+                f"{where}: llama.cpp's converter failed on {shown or folder}: {log_tail(log, 4, 600)}"
+            )
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)

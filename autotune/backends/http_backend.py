@@ -55,7 +55,7 @@ def trial_inputs(
         device_label=fingerprint.get("label", ""),
         device_key=fingerprint.get("key", ""),
         target=target or str(cfg.models.target),
-        draft=(draft or str(cfg.models.draft)) if drafter == "model" and cfg.models.draft else None,
+        draft=_draft_folder(cfg, drafter, draft),
         drafter=drafter,
         gamma=gamma,
         confidence_threshold=knobs.confidence_threshold,
@@ -65,6 +65,16 @@ def trial_inputs(
         schedule=knobs.table if knobs.table and gamma else ((max(cfg.batch_sizes), gamma),),
         max_batch_size=knobs.max_batch_size,
     )
+
+
+def _draft_folder(cfg: TuneConfig, drafter: str, draft: str | None) -> str | None:
+    """The folder a stack drafts with: the draft model (or ``draft``, its stack-specific file), the
+    EAGLE-3 head for ``eagle3`` (vLLM loads the head folder as the tuner does), none for n-grams."""
+    if drafter == "model" and cfg.models.draft:
+        return draft or str(cfg.models.draft)
+    if drafter == "eagle3" and cfg.models.eagle3:
+        return draft or str(cfg.models.eagle3)
+    return None
 
 
 class HttpBackend:

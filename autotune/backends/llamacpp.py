@@ -4,7 +4,8 @@ Knobs -> flags, through the llama.cpp exporter's own :func:`profiles.exporters.l
 (what is tuned is what is exported): gamma -> ``--spec-draft-n-max`` (gamma 0 or drafter
 ``none``: no ``--spec-*`` flags), confidence_threshold -> ``--spec-draft-p-min`` (the same
 meaning: stop drafting when the draft's top probability falls below it), drafter
-``model``/``ngram`` -> ``--spec-type draft-simple -md DRAFT`` / ``ngram-simple``,
+``model``/``eagle3``/``ngram`` -> ``--spec-type draft-simple -md DRAFT`` / ``draft-eagle3 -md
+HEAD`` (the head's GGUF, :func:`autotune.backends.gguf.ensure_head`) / ``ngram-simple``,
 max_batch_size -> ``-np``. llama.cpp has no adaptive per-row gamma, so ``gamma_schedule`` is
 fixed at ``constant``; threads (``-t``) are fixed by ``backend.llamacpp.threads``.
 
@@ -88,14 +89,21 @@ class LlamacppBackend(HttpBackend):
         self.binary = server_binary(lc)
         self.startup_timeout_s = lc.startup_timeout_s
         self.target_gguf = gguf.ensure(self.cfg.models.target, lc, "models.target")
-        self.draft_gguf = (
-            gguf.ensure(self.cfg.models.draft, lc, "models.draft")
-            if "model" in self.cfg.search.drafter and self.cfg.models.draft
-            else None
-        )
+        self.draft_gguf = self._draft_gguf(ctx, lc)
         self.context = int(ctx.pair.target.config.max_position_embeddings)
         self.version = self._version()
         self.tokens_checked = self.check_tokenizer()
+
+    def _draft_gguf(self, ctx: Context, lc: LlamacppConfig) -> Path | None:
+        """The GGUF that drafts: the draft model's, or the EAGLE-3 head's (converted against the target)."""
+        models, drafters = self.cfg.models, self.cfg.search.drafter
+        if "model" in drafters and models.draft:
+            return gguf.ensure(models.draft, lc, "models.draft")
+        if "eagle3" in drafters and models.eagle3 and ctx.pair.eagle3 is not None:
+            layers = ctx.pair.eagle3.config.layer_ids
+            n_layers = ctx.pair.target.config.num_hidden_layers
+            return gguf.ensure_head(models.eagle3, models.target, layers, n_layers, lc)
+        return None
 
     def inputs(self, knobs: Knobs) -> ExportInputs:
         return trial_inputs(

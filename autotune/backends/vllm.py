@@ -2,8 +2,9 @@
 
 Knobs -> flags, through the vLLM exporter's own :func:`profiles.exporters.vllm.serve_args`
 (what is tuned is byte-for-byte what is exported): gamma -> ``num_speculative_tokens`` (gamma 0
-or drafter ``none``: no ``--speculative-config``), drafter ``model``/``ngram`` -> method
-``draft_model``/``ngram``, max_batch_size -> ``--max-num-seqs``. vLLM has no draft-confidence
+or drafter ``none``: no ``--speculative-config``), drafter ``model``/``eagle3``/``ngram`` -> method
+``draft_model``/``eagle3``/``ngram`` (``model`` = the draft folder or ``models.eagle3``, the head
+folder vLLM's llama_eagle3 loads as the engine does, docs/eagle3.md), max_batch_size -> ``--max-num-seqs``. vLLM has no draft-confidence
 cutoff and no adaptive per-row gamma, so ``confidence_threshold`` is fixed at 0 and
 ``gamma_schedule`` at ``constant`` (``fixed_knobs``; ``autotune tune`` says so).
 

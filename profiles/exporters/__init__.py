@@ -42,8 +42,9 @@ VALIDATORS: dict[str, Callable[[Any], None]] = {
 }
 _EXECUTABLE = (".sh",)
 # The formats that write an 'eagle3' (EAGLE-3 head) profile; the others refuse it in one line rather
-# than export the head as something it is not. vLLM: method eagle3 (docs/eagle3.md).
-EAGLE3_FORMATS = ("vllm", "yaml")
+# than export the head as something it is not. vLLM: method eagle3; llama.cpp: --spec-type
+# draft-eagle3 with the head's GGUF (docs/eagle3.md).
+EAGLE3_FORMATS = ("vllm", "llamacpp", "yaml")
 
 
 def export(

@@ -2,7 +2,9 @@
 
 A draft model: ``--spec-type draft-simple -md DRAFT --spec-draft-n-max gamma
 --spec-draft-n-min 0 --spec-draft-p-min threshold`` (p-min is the draft-confidence cutoff, the
-same meaning as the profile's confidence_threshold). The n-gram drafter: ``--spec-type
+same meaning as the profile's confidence_threshold). An EAGLE-3 head: the same flags with
+``--spec-type draft-eagle3`` and ``-md HEAD.gguf`` (the head converted with
+``convert_hf_to_gguf.py --target-model-dir TARGET``; docs/eagle3.md). The n-gram drafter: ``--spec-type
 ngram-simple --spec-ngram-simple-size-n prompt_lookup_min --spec-ngram-simple-size-m gamma``.
 The removed ``--draft``/``--draft-max``/``--draft-min`` flags stop llama-server at start-up
 and are never written. llama.cpp loads GGUF files: pass ``--target-model``/``--draft-model``
@@ -116,8 +118,9 @@ def validate(args: Mapping[str, Any]) -> None:
     p_min = args.get("--spec-draft-p-min")
     if p_min is not None and (not is_number(p_min) or not 0.0 <= p_min <= 1.0):
         raise fail("llamacpp", f"--spec-draft-p-min must be in [0, 1], got {p_min!r}")
-    if "draft-simple" in types and not args.get("-md"):
-        raise fail("llamacpp", "--spec-type draft-simple needs -md (the draft model)")
+    for kind, what in (("draft-simple", "the draft model"), ("draft-eagle3", "the EAGLE-3 head's GGUF")):
+        if kind in types and not args.get("-md"):
+            raise fail("llamacpp", f"--spec-type {kind} needs -md ({what})")
 
 
 def server_args(inputs: ExportInputs) -> dict[str, Any]:
@@ -137,10 +140,10 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
         args["-np"] = inputs.max_batch_size
     if inputs.drafter == "none" or inputs.gamma == 0:
         return args
-    if inputs.drafter == "model":
+    if inputs.drafter in ("model", "eagle3"):
         args.update(
             {
-                "--spec-type": "draft-simple",
+                "--spec-type": "draft-simple" if inputs.drafter == "model" else "draft-eagle3",
                 "-md": inputs.draft,
                 "--spec-draft-n-max": inputs.gamma,
                 "--spec-draft-n-min": 0,

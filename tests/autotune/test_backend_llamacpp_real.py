@@ -18,12 +18,13 @@ import yaml
 
 from autotune import context
 from autotune.backends import llamacpp
+from autotune.backends.http_backend import spec_counts
 from autotune.backends.openai_load import run_http_load
 from autotune.config import LlamacppConfig, load_config
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.tune import run_tune
-from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
+from engine.demo import DEMO_DRAFT, DEMO_EAGLE3, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import generate
 from engine.speculative import Request, SpecConfig
 
@@ -77,14 +78,26 @@ def test_two_trial_study_in_real_llama_servers(tmp_path: Path) -> None:
     assert ".gguf" in script and "-np 2" in script  # runnable: GGUF paths, the tuned slots
 
 
-def test_llama_server_speculative_greedy_output_equals_the_engines(tmp_path: Path) -> None:
-    cfg = load_config(_config(tmp_path))
+@pytest.mark.parametrize("drafter", ["model", "eagle3"])
+def test_llama_server_speculative_greedy_output_equals_the_engines(tmp_path: Path, drafter: str) -> None:
+    """llama-server's speculative greedy output, with the demo draft model (draft-simple) or the demo
+    EAGLE-3 head (draft-eagle3, its GGUF converted against the target), equals the engine's."""
+    extra = {}
+    if drafter == "eagle3":
+        models = {"target": str(DEMO_TARGET), "eagle3": str(DEMO_EAGLE3), "device": "cpu", "compile": False}
+        search = {"drafter": ["eagle3"], "gamma": {"low": 0, "high": 4}, "max_batch_size": [2], "gamma_cap": "off"}
+        extra = {"models": models, "search": search}
+    cfg = load_config(_config(tmp_path, **extra))
     ctx = context.build(cfg)
     backend = llamacpp.LlamacppBackend(ctx)
     requests = ctx.requests[:4]
+    command = backend.command(Knobs(drafter, 3, 0.0, max_batch_size=2))
+    assert command[command.index("--spec-type") + 1] == {"model": "draft-simple", "eagle3": "draft-eagle3"}[drafter]
     try:
-        server = backend.server_for(backend.command(Knobs("model", 3, 0.0, max_batch_size=2)))
+        server = backend.server_for(command)
+        before = spec_counts(server.get("/metrics"), "llamacpp")
         run = run_http_load(backend.endpoint(server), requests, len(requests), concurrency=2)
+        counts = spec_counts(server.get("/metrics"), "llamacpp") - before
         theirs = []
         for r in requests:  # the OpenAI stream carries text only; the native endpoint returns the ids
             body = json.dumps(
@@ -114,3 +127,4 @@ def test_llama_server_speculative_greedy_output_equals_the_engines(tmp_path: Pat
     )
     assert [len(r.output_tokens) for r in run.records] == [len(t) for t in ours.tokens]
     assert theirs == [list(t) for t in ours.tokens]
+    assert counts.drafts > 0 and counts.accepted > 0  # it speculated, and the drafts were accepted

@@ -16,11 +16,12 @@ import pytest
 import yaml
 
 from autotune.backends import vllm as vllm_backend
+from autotune.backends.http_backend import spec_counts
 from autotune.backends.openai_load import run_http_load
 from autotune.config import load_config
 from autotune.knobs import Knobs
 from autotune.tune import run_tune
-from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
+from engine.demo import DEMO_DRAFT, DEMO_EAGLE3, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import generate
 from engine.speculative import Request, SpecConfig
 
@@ -97,9 +98,18 @@ def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]  # vLLM's own parser accepts it
 
 
-def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output(tmp_path: Path) -> None:
+@pytest.mark.parametrize("drafter", ["model", "eagle3"])
+def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output(
+    tmp_path: Path, drafter: str
+) -> None:
+    """vLLM's speculative greedy output, with the demo draft model or the demo EAGLE-3 head (served as
+    ``method: eagle3`` from the folder the engine loads), equals the engine's autoregressive output."""
+    models = {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False}
+    if drafter == "eagle3":
+        models = {**models, "draft": None, "eagle3": str(DEMO_EAGLE3)}
     raw = {
-        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},
+        "models": models,
+        "search": {"drafter": [drafter]},
         "workload": {
             "prompts": str(DEMO_PROMPTS),
             "max_new_tokens": 24,
@@ -118,10 +128,12 @@ def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output
     ctx = context.build(cfg)
     requests = ctx.requests[:4]
     backend = vllm_backend.VllmBackend(ctx)
-    inputs = vllm_backend.trial_inputs(cfg, ctx.fingerprint, Knobs("model", 3, max_batch_size=2))
+    inputs = vllm_backend.trial_inputs(cfg, ctx.fingerprint, Knobs(drafter, 3, max_batch_size=2))
     try:
         server = backend.server_for(vllm_backend.serve_command(backend.python, cfg, inputs))
+        before = spec_counts(server.get("/metrics"), "vllm")
         run = run_http_load(backend.endpoint(server), requests, len(requests), concurrency=2)
+        counts = spec_counts(server.get("/metrics"), "vllm") - before
     finally:
         backend.close()
     ours = generate(
@@ -135,6 +147,8 @@ def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output
     theirs = [rec.output_tokens for rec in run.records]
     assert all(-1 not in t for t in theirs)  # vLLM streamed token ids
     assert theirs == [list(t) for t in ours.tokens], json.dumps({"vllm": theirs, "engine": ours.tokens})
+    assert counts.drafts > 0 and counts.draft_tokens == 3 * counts.drafts  # it speculated, K=3
+    assert counts.accepted > 0  # and the drafter's tokens were accepted (a trained drafter)
 
 
 def test_vllm_serves_a_two_entry_table_and_k_follows_the_load(tmp_path: Path) -> None:
@@ -142,7 +156,6 @@ def test_vllm_serves_a_two_entry_table_and_k_follows_the_load(tmp_path: Path) ->
     request gets K=4 per draft; with 4 in flight, K=1. The per-position counters show it: positions
     2-4 accept nothing at load 4 (no token is drafted there), and draft tokens per draft is 4 vs 1."""
     from autotune import context
-    from autotune.backends.http_backend import spec_counts
 
     raw = {
         "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},

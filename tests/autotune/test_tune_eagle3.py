@@ -60,7 +60,7 @@ def test_a_tune_of_the_eagle3_drafter_profiles_the_head_and_keys_the_pair_by_it(
         assert store.get_profile(profile["id"])["pair"] == profile["pair"]
 
 
-def test_an_eagle3_profile_exports_to_vllm_as_method_eagle3_and_is_refused_elsewhere(head_dir) -> None:
+def test_an_eagle3_profile_exports_to_vllm_and_llamacpp_and_is_refused_elsewhere(head_dir) -> None:
     profile = {
         "tool_version": "0.1.0",
         "created_at": "2026-12-01T00:00:00+00:00",
@@ -73,6 +73,9 @@ def test_an_eagle3_profile_exports_to_vllm_as_method_eagle3_and_is_refused_elsew
     assert '"method": "eagle3"' in out.text and f'"model": "{head_dir}"' in out.text
     assert '"num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 4, 1]]' in out.text.replace("\n", "")
     assert export(profile, "yaml").text
+    gguf = {**profile, "pair": {**profile["pair"], "target": "/g/t.gguf", "draft": "/g/head.gguf"}}
+    script = export(gguf, "llamacpp").command
+    assert "--spec-type draft-eagle3 -md /g/head.gguf --spec-draft-n-max 3 --spec-draft-n-min 0" in script
     for fmt in sorted(set(FORMATS) - set(EAGLE3_FORMATS)):
         with pytest.raises(ProfileError, match=rf"^{fmt} export: the chosen drafter is 'eagle3'"):
             export(profile, fmt)
@@ -86,12 +89,46 @@ def test_an_eagle3_profile_exports_to_vllm_as_method_eagle3_and_is_refused_elsew
         export(missing, "vllm")
 
 
+def test_the_vllm_backend_serves_the_head_as_the_vllm_export_says(
+    tmp_path, tiny_pair_dirs, prompts, head_dir
+) -> None:
+    """A vLLM trial of the eagle3 drafter serves ``method: eagle3`` with the head folder, byte for byte
+    the flags the vllm export of the same choice writes."""
+    import json
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from autotune.backends import vllm as vllm_backend
+    from autotune.knobs import Knobs
+
+    cfg = eagle3_config(
+        tmp_path, tiny_pair_dirs, prompts, head_dir, backend={"name": "vllm", "vllm": {"python": sys.executable}}
+    )
+    fp = {"label": "CPU", "key": "k"}
+    knobs = Knobs("eagle3", 3, max_batch_size=2)
+    cmd = vllm_backend.serve_command(Path(sys.executable), cfg, vllm_backend.trial_inputs(cfg, fp, knobs))
+    served = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert served["method"] == "eagle3" and served["model"] == str(head_dir)
+    assert served["num_speculative_tokens"] == 3
+    profile = {
+        "tool_version": "0",
+        "created_at": "2026-12-01T00:00:00+00:00",
+        "device": fp,
+        "pair": {"target": str(cfg.models.target), "draft": str(head_dir), "drafter": "eagle3"},
+        "chosen": {"drafter": "eagle3", "gamma": 3, "max_batch_size": 2},
+        "schedule": [{"batch_size": 2, "gamma": 3}],
+    }
+    assert ["vllm", *cmd[2 : cmd.index("--host")]] == shlex.split(export(profile, "vllm").command)
+    off = vllm_backend.trial_inputs(cfg, fp, Knobs("none", 0, max_batch_size=2))
+    assert "--speculative-config" not in vllm_backend.serve_command(Path(sys.executable), cfg, off)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         ({"models": {"eagle3": None}}, "models.eagle3: required when search.drafter includes 'eagle3'"),
         ({"search": {"drafter": ["eagle3", "model"]}}, "search.drafter: 'eagle3' is searched without"),
-        ({"backend": {"name": "vllm"}}, "the vllm backend does not run the 'eagle3' drafter yet"),
         ({"search": {"drafter": ["eagle3"], "tree_topk": ["2,1"]}}, "a tree needs the 'model' drafter"),
     ],
 )
