@@ -53,7 +53,9 @@ def ensure(folder: Path, lc: LlamacppConfig, where: str) -> Path:
     return out if out.is_file() else _convert(folder, out, lc, where, [])
 
 
-def ensure_head(head: Path, target: Path, layer_ids: Sequence[int], n_layers: int, lc: LlamacppConfig) -> Path:
+def ensure_head(
+    head: Path, target: Path, layer_ids: Sequence[int], n_layers: int, lc: LlamacppConfig
+) -> Path:
     """The cached GGUF file of an EAGLE-3 head (``--spec-type draft-eagle3 -md``), converted with
     ``--target-model-dir target``.
 

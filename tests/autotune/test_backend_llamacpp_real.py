@@ -85,14 +85,22 @@ def test_llama_server_speculative_greedy_output_equals_the_engines(tmp_path: Pat
     extra = {}
     if drafter == "eagle3":
         models = {"target": str(DEMO_TARGET), "eagle3": str(DEMO_EAGLE3), "device": "cpu", "compile": False}
-        search = {"drafter": ["eagle3"], "gamma": {"low": 0, "high": 4}, "max_batch_size": [2], "gamma_cap": "off"}
+        search = {
+            "drafter": ["eagle3"],
+            "gamma": {"low": 0, "high": 4},
+            "max_batch_size": [2],
+            "gamma_cap": "off",
+        }
         extra = {"models": models, "search": search}
     cfg = load_config(_config(tmp_path, **extra))
     ctx = context.build(cfg)
     backend = llamacpp.LlamacppBackend(ctx)
     requests = ctx.requests[:4]
     command = backend.command(Knobs(drafter, 3, 0.0, max_batch_size=2))
-    assert command[command.index("--spec-type") + 1] == {"model": "draft-simple", "eagle3": "draft-eagle3"}[drafter]
+    assert (
+        command[command.index("--spec-type") + 1]
+        == {"model": "draft-simple", "eagle3": "draft-eagle3"}[drafter]
+    )
     try:
         server = backend.server_for(command)
         before = spec_counts(server.get("/metrics"), "llamacpp")

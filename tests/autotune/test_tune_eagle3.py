@@ -103,7 +103,11 @@ def test_the_vllm_backend_serves_the_head_as_the_vllm_export_says(
     from autotune.knobs import Knobs
 
     cfg = eagle3_config(
-        tmp_path, tiny_pair_dirs, prompts, head_dir, backend={"name": "vllm", "vllm": {"python": sys.executable}}
+        tmp_path,
+        tiny_pair_dirs,
+        prompts,
+        head_dir,
+        backend={"name": "vllm", "vllm": {"python": sys.executable}},
     )
     fp = {"label": "CPU", "key": "k"}
     knobs = Knobs("eagle3", 3, max_batch_size=2)
