@@ -12,9 +12,10 @@ Two kinds of evidence, recorded together in ``profile["host_noise"]``:
   (NVML: ``nvmlDeviceGetUtilizationRates``, ``nvmlDeviceGetComputeRunningProcesses``): another
   process computing on the GPU makes the host busy (:data:`GPU_BUSY` utilisation before we start).
 
-The host counts as busy when the CV exceeds :data:`CV_BUSY` or other processes used more than
-:data:`OTHERS_BUSY` of the cores during the window. Where ``/proc`` is missing (not Linux),
-only the CV is used. The same /proc readers (:class:`CpuSample`) read the host around every study
+The host counts as busy when other processes used more than :data:`OTHERS_BUSY` of the cores
+during the window (steal time included: another VM on the same host counts) or another process
+computes on a GPU. The CV is recorded and printed beside it; only where ``/proc`` is missing (not
+Linux) does a CV above :data:`CV_BUSY` make the host busy (:func:`verdict` says why). The same /proc readers (:class:`CpuSample`) read the host around every study
 trial (:mod:`autotune.disturbance`) and before a compile (:func:`others_now`).
 """
 
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 CV_BUSY = 0.10
-"""Coefficient of variation of the reference workload above which the host counts as busy."""
+"""Coefficient of variation of the reference workload above which a host without /proc counts as busy."""
 OTHERS_BUSY = 0.25
 """Share of all cores used by other processes above which the host counts as busy."""
 GPU_BUSY = 0.10
@@ -188,18 +189,28 @@ def others_share(busy_delta: int, total_delta: int, self_delta: int) -> float:
 
 
 def verdict(cv: float, others: float | None, gpus: list[dict] | None = None) -> tuple[bool, list[str]]:
-    """(busy, reasons) from the reference CV, other processes' CPU share and GPU activity.
+    """(busy, reasons) from other processes' CPU share and GPU activity; from the reference CV only
+    where /proc gives no CPU share (``others`` None).
+
+    Busy means another process held a core (or the GPU) during the window: that is what slows and
+    skews a trial. The reference CV alone is no evidence of it: on a quiet 2-core VM it read 29-31%
+    in every quiet run of ``benchmarks/noise_robustness.py`` (sub-millisecond timings jitter with
+    every interrupt), so it is recorded (``cv``) and printed, not a verdict, where /proc is read.
 
     Example:
         >>> verdict(0.02, 0.05)
         (False, [])
+        >>> verdict(0.18, 0.05)  # a jittery reference on a host nobody else uses
+        (False, [])
         >>> verdict(0.18, 0.60)
-        (True, ['reference workload CV 18% > 10%', 'other processes used 60% of the CPU > 25%'])
+        (True, ['other processes used 60% of the CPU > 25%'])
+        >>> verdict(0.18, None)  # no /proc: the CV is all there is
+        (True, ['reference workload CV 18% > 10%'])
         >>> verdict(0.02, 0.05, [{"index": 0, "utilization": 0.9, "other_processes": 1}])
         (True, ['GPU 0 90% utilised by 1 other process(es)'])
     """
     reasons = []
-    if cv > CV_BUSY:
+    if others is None and cv > CV_BUSY:
         reasons.append(f"reference workload CV {cv:.0%} > {CV_BUSY:.0%}")
     if others is not None and others > OTHERS_BUSY:
         reasons.append(f"other processes used {others:.0%} of the CPU > {OTHERS_BUSY:.0%}")

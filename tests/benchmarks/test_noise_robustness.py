@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -149,7 +151,7 @@ def test_tiny_run_writes_the_json_and_leaves_no_hog(
         ]
     )
 
-    assert len(started) == 2 and all(p.poll() is not None for p in started)  # busy's, then midstudy's
+    assert len(started) == 2 and not any(noise_robustness._alive(pid) for pid in started)  # busy's, then midstudy's
     stored = json.loads(out.read_text())
     assert [len(stored["runs"][c]) for c in ("quiet", "busy", "midstudy")] == [1, 1, 1]
     assert stored["summary"] == json.loads(json.dumps(result["summary"]))
@@ -167,3 +169,22 @@ def test_conditions_must_be_known(capsys) -> None:
     assert (
         capsys.readouterr().err == "error: --conditions: unknown 'loud' (choose from quiet, busy, midstudy)\n"
     )
+
+
+def test_a_hog_is_no_child_of_the_tune_so_the_disturbance_reading_sees_it() -> None:
+    """The tune counts its own descendants' CPU as its work: a hog started as this process's child
+    was invisible by construction. start_hog detaches it (re-parented away) and stop_hog ends it."""
+    from autotune import hostnoise
+
+    hog = noise_robustness.start_hog(1, 30.0, spin_up_s=0.5)
+    try:
+        assert all(noise_robustness._alive(pid) for pid in hog)
+        with open(f"/proc/{hog[0]}/stat") as fh:
+            assert int(fh.read().rsplit(")", 1)[1].split()[1]) != os.getpid()  # not our child
+        start = hostnoise.CpuSample.read()
+        time.sleep(1.0)
+        seen = hostnoise.CpuSample.read().since(start)
+        assert seen["others_cpu_share"] * seen["cpus"] > 0.5  # more than half a core: another's
+    finally:
+        noise_robustness.stop_hog(hog)
+    assert not any(noise_robustness._alive(pid) for pid in hog)
