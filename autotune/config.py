@@ -307,6 +307,10 @@ class VllmConfig:
     env: tuple[tuple[str, str], ...] = (("VLLM_CPU_KVCACHE_SPACE", "2"),)
     startup_timeout_s: float = 900.0
     cache_dir: Path = DEFAULT_CACHE / "vllm-cache"
+    # servers kept alive, idle, for the configurations served again (the re-measurement then
+    # interleaves them with no restart); None: 3 on a CPU host, 1 where the device is a GPU (one
+    # server claims most of its memory)
+    keep_servers: int | None = None
 
     @classmethod
     def read(cls, v: Section, base: Path) -> VllmConfig:
@@ -321,9 +325,10 @@ class VllmConfig:
             raise ConfigError(f"{v.key('env')}: must be a mapping of variable names to values (got {env!r})")
         timeout = v.num("startup_timeout_s", default.startup_timeout_s, lo=0.0, open_lo=True)
         cache = v.path_("cache_dir", base, default=str(default.cache_dir), must_exist=False)
+        keep = v.int("keep_servers", None, lo=1, allow_none=True)
         v.done()
         assert timeout is not None and cache is not None
-        return cls(python, args, tuple((k, str(x)) for k, x in env.items()), timeout, cache)
+        return cls(python, args, tuple((k, str(x)) for k, x in env.items()), timeout, cache, keep)
 
 
 @dataclass(frozen=True)

@@ -51,11 +51,13 @@ class Context:
         return next((d for d in self.cfg.search.drafter if d != "none"), "none")
 
 
-def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
+def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: bool = False) -> Context:
     """Load the pair and workload, open the store, compile the engine, compute the identity hashes.
 
     Everything a user can get wrong (folders, the workload and its arrival trace, the storage URL)
-    is checked before the compile, which can take minutes; ``say`` hears that the compile starts."""
+    is checked before the compile, which can take minutes; ``say`` hears that the compile starts.
+    With a serving-stack backend the engine only profiles: when the store already holds its
+    profile of this workload (and ``reprofile`` is off), it is not compiled at all."""
     needs_draft = (
         "model" in cfg.search.drafter or "hybrid" in cfg.search.drafter
     )  # hybrid falls back to the draft model
@@ -84,9 +86,6 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
     )
     trace = load_trace(cfg, pair.tokenizer, pair.target.config.max_position_embeddings, requests)
     store = Store(cfg.storage.url)
-    compile_note = _compile(
-        pair, cfg.models.compile, [SpecConfig.for_tree(t).tree_topk for t in cfg.search.tree_topk], say
-    )
     device = str(pair.target.lm_head.weight.device)
     fp = fingerprint(device, cfg.models.dtype)
     target_hash = hash_folder(cfg.models.target)
@@ -103,8 +102,6 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
         "num_requests": cfg.workload.num_requests,
         "dtype": cfg.models.dtype,
     }
-    if pair.target.compiled:  # compiled timings are another measurement (eager keeps its old key)
-        workload["engine"] = "compiled"
     store.upsert_device(fp)
     drafter = "model" if needs_draft else "eagle3" if needs_head else cfg.search.drafter[0]
     pair_id = store.upsert_pair(
@@ -114,6 +111,20 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
         target_hash,
         draft_hash,
     )
+    stored = _stored_engine(cfg, store, fp["key"], pair_id, workload) if not reprofile else None
+    if stored is not None:  # a serving stack runs the trials; the engine's profile is in the store
+        compile_note = (
+            f"engine: not compiled (the {cfg.backend.name} backend runs every trial; the engine's "
+            f"profile of this workload, measured {stored}, is reused from the store)"
+        )
+        if stored == "compiled":
+            workload["engine"] = "compiled"
+    else:
+        compile_note = _compile(
+            pair, cfg.models.compile, [SpecConfig.for_tree(t).tree_topk for t in cfg.search.tree_topk], say
+        )
+        if pair.target.compiled:  # compiled timings are another measurement (eager keeps its old key)
+            workload["engine"] = "compiled"
     return Context(
         cfg,
         pair,
@@ -129,6 +140,17 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None) -> Context:
         compile_note=compile_note,
         trace=trace,
     )
+
+
+def _stored_engine(cfg: TuneConfig, store: Store, device_key: str, pair_id: int, workload: dict) -> str | None:
+    """With a serving-stack backend and ``models.compile: auto``, how the stored engine profile of
+    this workload was measured ("compiled" or "eager", the compiled one first), else None."""
+    if cfg.backend.name == "engine" or cfg.models.compile != "auto":
+        return None
+    for engine, key in (("compiled", {**workload, "engine": "compiled"}), ("eager", workload)):
+        if store.latest_measurement(device_key, pair_id, hash_json(key), "profiler") is not None:
+            return engine
+    return None
 
 
 COMPILE_SLOWER = 1.05

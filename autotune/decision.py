@@ -120,12 +120,12 @@ def remeasure(
     """Run each configuration ``budget.repeats`` times on ``backend``; round r uses seed + 1 + r for
     all, so rounds are paired.
 
-    Interleaved (A B C A B C ...) where the backend allows it, so drift hits every configuration
-    alike; on a serving stack a configuration's repeats run back to back in its server
-    (alternating would restart a server every run). ``what`` names the configurations for the
-    progress line.
+    Interleaved (A B C A B C ...) where the backend allows it (the engine; a serving stack that
+    keeps every configuration's server alive), so drift hits every configuration alike; else a
+    configuration's repeats run back to back in its server (alternating would restart a server
+    every run). ``what`` names the configurations for the progress line.
     """
-    repeats, order = cfg.budget.repeats, backend.remeasure_order
+    repeats, order = cfg.budget.repeats, backend.remeasure_order(len(configs))
     say(
         f"{what}: {len(configs)} configurations x {repeats} repeats"
         + (" (interleaved)" if order == "interleaved" else " (back to back in each configuration's server)")

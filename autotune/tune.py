@@ -103,7 +103,7 @@ def run_tune(
     ``profile["host_noise"]``; with ``strict`` a busy host raises :class:`BusyHostError` and no
     profile is stored. See docs/architecture.md (data flow of ``autotune tune``).
     """
-    ctx = ctx_mod.build(cfg, say)
+    ctx = ctx_mod.build(cfg, say, reprofile)
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
     say(ctx.compile_note)
     noise_before = _host_noise(say, strict, "before tuning")

@@ -59,7 +59,6 @@ class Backend(Protocol):
 
     name: str
     fixed_knobs: Mapping[str, Any]  # knobs the backend cannot express, and the value they are fixed at
-    remeasure_order: str  # "interleaved" (A B C A B C) or "back-to-back per server"
     serves_table: bool  # runs a by-batch-size K table (Knobs.table) as one configuration
     # after the warm starts, serve only the K its fitted step costs predict best at some level, then
     # stop (autotune.stackcost; for a stack whose every trial is a minutes-long server start)
@@ -67,6 +66,10 @@ class Backend(Protocol):
 
     def budget(self) -> TrialBudget:
         """The study's trial count and cap on this backend (from tune.yaml)."""
+
+    def remeasure_order(self, n_configs: int) -> str:
+        """How ``n_configs`` configurations are re-measured here: "interleaved" (A B C A B C) or
+        "back-to-back per server" (where alternating would restart a server every run)."""
 
     def prepare(self, knobs: Knobs) -> None:
         """Start (or reuse) what a run of ``knobs`` needs, before the host is read for the run: a

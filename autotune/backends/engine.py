@@ -30,13 +30,15 @@ class EngineBackend:
 
     name = "engine"
     fixed_knobs: Mapping[str, Any] = {}
-    remeasure_order = "interleaved"
     serves_table = True  # SpecConfig.batch_gammas: K follows the running rows at every step
     plans_by_cost = False  # trials take seconds: the study searches every knob
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.cfg = ctx.cfg
+
+    def remeasure_order(self, n_configs: int) -> str:  # noqa: ARG002
+        return "interleaved"  # in process: alternating costs nothing
 
     def budget(self) -> TrialBudget:
         return TrialBudget(self.cfg.budget.n_trials, self.cfg.budget.timeout_s, "budget")

@@ -87,7 +87,7 @@ class HttpBackend:
     extra_body: tuple[tuple[str, object], ...] = ()
     startup_timeout_s = 600.0
 
-    remeasure_order = "back-to-back per server"  # alternating configurations would restart a server each run
+    keep_servers = 1  # servers kept alive between runs (the current one and idle ones, newest kept)
     serves_table = False  # a stack that takes a by-batch-size K table says so (vLLM)
     plans_by_cost = False  # a stack whose server starts take minutes says so (vLLM)
 
@@ -98,6 +98,7 @@ class HttpBackend:
         self.server: ServerProcess | None = None
         self.startups: list[float] = []
         self._command: list[str] | None = None
+        self._idle: list[tuple[list[str], ServerProcess]] = []  # kept alive, oldest first
         self._starts = 0
 
     # what a stack supplies --------------------------------------------------------------------
@@ -115,11 +116,30 @@ class HttpBackend:
         """Called once per new server, after it is healthy (e.g. to read the stack's version)."""
 
     # shared -----------------------------------------------------------------------------------
+    def remeasure_order(self, n_configs: int) -> str:
+        """Interleaved when every configuration's server stays alive, else back to back in each
+        configuration's server (alternating would restart a server every run)."""
+        return "interleaved" if n_configs <= self.keep_servers else "back-to-back per server"
+
     def server_for(self, command: list[str]) -> ServerProcess:
-        """The running server for ``command``: the live one when its flags are identical, else a new one."""
+        """The running server for ``command``: the current or a kept idle one when its flags are
+        identical, else a new one. The current server is kept idle (up to ``keep_servers`` alive in
+        all, the oldest stopped first, before the new one starts)."""
         if self.server is not None and self.server.alive() and self._command == command:
             return self.server
-        self.close()
+        if self.server is not None and self._command is not None and self.server.alive():
+            self._idle.append((self._command, self.server))
+            self.server, self._command = None, None
+        self.drop_current()  # a dead one
+        kept = next((i for i, (cmd, srv) in enumerate(self._idle) if cmd == command and srv.alive()), None)
+        if kept is not None:
+            self._command, self.server = self._idle.pop(kept)
+            return self.server
+        for _, srv in [x for x in self._idle if not x[1].alive()]:
+            srv.stop()
+        self._idle = [x for x in self._idle if x[1].alive()]
+        while self._idle and len(self._idle) >= self.keep_servers:
+            self._idle.pop(0)[1].stop()
         self._starts += 1
         log = self.log_dir / f"{self.name}-{os.getpid()}-{self._starts}.log"
         self.server = ServerProcess(command, log, env=self.env(), startup_timeout_s=self.startup_timeout_s)
@@ -131,10 +151,16 @@ class HttpBackend:
         return self.server
 
     def close(self) -> None:
-        """Stop the running server, if any."""
+        """Stop every server: the running one and the idle ones."""
+        self.drop_current()
+        while self._idle:
+            self._idle.pop()[1].stop()
+
+    def drop_current(self) -> None:
+        """Stop the running server (a broken one is never kept or reused)."""
         if self.server is not None:
             self.server.stop()
-        self.server = None
+        self.server, self._command = None, None
 
     def endpoint(self, server: ServerProcess) -> Endpoint:
         return Endpoint(server.base_url, self.model_name(), extra_body=self.extra_body)
@@ -194,7 +220,7 @@ class HttpBackend:
             return run_levels(cfg, max_batch_size, run_level, startup_s=server.startup_s, trace=trace)
         except (LoadError, TimeoutError, OSError) as exc:
             server.check_alive(grace_s=3.0)  # a dead server explains the failure better, with its log
-            self.close()  # a hung or broken server is not reused
+            self.drop_current()  # a hung or broken server is not reused
             raise ServerError(f"{self.name} trial failed: {exc}") from None
 
     def _warmup(self, endpoint: Endpoint, max_batch_size: int) -> None:

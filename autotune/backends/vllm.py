@@ -12,8 +12,9 @@ Host flags are added to the exporter's: ``--host 127.0.0.1 --port <free>``, ``--
 ``models.dtype`` and ``backend.vllm.args``. The server runs through
 :mod:`autotune.backends.vllm_launcher` in vLLM's own venv (``backend.vllm.python``), in its own
 process group, with ``VLLM_CACHE_ROOT`` on ``backend.vllm.cache_dir`` so compiled artifacts
-survive restarts. One server serves every load level of a trial and is reused by the next
-evaluation when its flags are identical; start-up time is recorded apart from the trial.
+survive restarts. One server serves every load level of a trial; up to ``keep_servers`` stay
+alive so a configuration served again (the re-measured finalists) needs no new start; start-up
+time is recorded apart from the trial.
 
 Per level: TTFT/TPOT/e2e and tokens/s on the client (:mod:`autotune.backends.openai_load`),
 acceptance from the difference of two scrapes of ``/metrics``
@@ -93,6 +94,14 @@ def spec_counts(metrics_text: str) -> SpecCounts:
     return _spec_counts(metrics_text, "vllm")
 
 
+def keep_servers(configured: int | None, fingerprint: Mapping[str, Any]) -> int:
+    """``backend.vllm.keep_servers``, else 3 on a CPU host and 1 where the device is a GPU (a vLLM
+    server claims most of a GPU's memory: two cannot be up at once)."""
+    if configured is not None:
+        return configured
+    return 1 if fingerprint.get("kind", "cpu") != "cpu" else 3
+
+
 class VllmBackend(HttpBackend):
     """Runs trials in real vLLM servers (see the module docstring)."""
 
@@ -108,6 +117,7 @@ class VllmBackend(HttpBackend):
         super().__init__(ctx, self.cache_dir / "logs")
         self.python = python or resolve_python(self.cfg.backend.vllm.python)
         self.startup_timeout_s = self.cfg.backend.vllm.startup_timeout_s
+        self.keep_servers = keep_servers(self.cfg.backend.vllm.keep_servers, ctx.fingerprint)
         self.version: str | None = None
 
     def command(self, knobs: Knobs) -> list[str]:

@@ -335,7 +335,7 @@ def test_a_run_returns_the_engine_result_shape_and_reuses_an_identical_server(
     cfg = _cfg(
         tmp_path,
         tiny_pair_dirs,
-        vllm={"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")},
+        vllm={"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c"), "keep_servers": 1},
     )
     ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
     backend = vllm_backend.VllmBackend(ctx)
@@ -357,6 +357,43 @@ def test_a_run_returns_the_engine_result_shape_and_reuses_an_identical_server(
     assert first["tokens_per_second"] > 0 and first["startup_s"] > 0
     assert Path(fake_vllm["FAKE_VERSION_FILE"]).read_text() == "9.9.9+cpu"  # the launcher's version patch
     assert backend.describe()["version"] == "0.0.0-fake" and len(backend.describe()["startup_s"]) == 2
+
+
+def test_kept_servers_serve_a_configuration_again_without_a_start_and_the_oldest_goes_first(
+    tmp_path, tiny_pair_dirs, fake_vllm
+) -> None:
+    """keep_servers 2: A, B, A again (A's server, no new start), C (B, the oldest idle, is stopped
+    before C starts; A stays up); close stops them all. Two finalists interleave, three do not."""
+    cfg = _cfg(
+        tmp_path,
+        tiny_pair_dirs,
+        vllm={"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c"), "keep_servers": 2},
+    )
+    ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
+    backend = vllm_backend.VllmBackend(ctx)
+    a, b, c = (Knobs("model", g, max_batch_size=2) for g in (1, 2, 3))
+    assert backend.keep_servers == 2
+    assert backend.remeasure_order(2) == "interleaved" and backend.remeasure_order(3) == "back-to-back per server"
+    try:
+        backend.run(a, 0)
+        pid_a = backend.server.proc.pid
+        backend.run(b, 0)
+        pid_b = backend.server.proc.pid
+        assert pid_b != pid_a and backend._idle[0][1].alive()  # A kept, idle
+        backend.run(a, 1)
+        assert backend.server.proc.pid == pid_a and len(backend.startups) == 2  # A again: no start
+        backend.run(c, 0)
+        assert _gone(pid_b) and backend._idle[0][1].proc.pid == pid_a  # B went first, A stays up
+        assert len(backend.startups) == 3
+    finally:
+        backend.close()
+    assert _gone(pid_a) and not backend._idle and backend.server is None
+
+
+def test_keep_servers_defaults_to_three_on_a_cpu_host_and_one_on_a_gpu() -> None:
+    assert vllm_backend.keep_servers(None, {"kind": "cpu"}) == 3
+    assert vllm_backend.keep_servers(None, {"kind": "cuda"}) == 1
+    assert vllm_backend.keep_servers(2, {"kind": "cuda"}) == 2
 
 
 # The child installs Python's own SIGINT handler first: a shell that starts the test runner in the

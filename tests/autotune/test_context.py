@@ -167,3 +167,32 @@ def test_the_compile_comparison_runs_on_the_free_cores(tiny_pair_dirs, monkeypat
     note = _compile(load_pair(*tiny_pair_dirs), "true")
     assert threads == [1] and torch.get_num_threads() == 2
     assert "decode 0.70x eager's time here (timed on 1 of 2 threads: other processes held a core)" in note
+
+
+@pytest.mark.parametrize("stored", ["compiled", "eager"])
+def test_a_stack_backend_does_not_compile_the_engine_when_its_profile_is_stored(
+    tmp_path, tiny_pair_dirs, monkeypatch, stored
+):
+    """With --backend vllm|llamacpp the engine only profiles: a stored profile of this workload (the
+    compiled one first) is reused without compiling (minutes saved), under the key it was stored
+    with; --reprofile compiles as before."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
+    path = write_config(
+        tmp_path, tiny_pair_dirs, prompts, tmp_path / "db.sqlite", models={"compile": "auto"}, backend={"name": "vllm"}
+    )
+    cfg = load_config(path)
+    compiles = []
+    monkeypatch.setattr(context, "_compile", lambda *a, **k: compiles.append(1) or "engine: eager (stub)")
+    first = context.build(cfg)  # nothing stored: the compile decision runs
+    assert compiles == [1]
+    workload = {**first.workload, **({"engine": "compiled"} if stored == "compiled" else {})}
+    from profiles.hashing import hash_json
+
+    first.store.save_measurement(first.device_key, first.pair_id, hash_json(workload), "profiler", {"x": 1})
+    again = context.build(cfg)
+    assert compiles == [1] and not again.pair.target.compiled
+    assert again.compile_note.startswith("engine: not compiled (the vllm backend runs every trial")
+    assert again.workload_hash == hash_json(workload) and f"measured {stored}" in again.compile_note
+    context.build(cfg, reprofile=True)
+    assert compiles == [1, 1]

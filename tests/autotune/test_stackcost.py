@@ -175,7 +175,7 @@ def synthetic_stack(cfg, knobs: Knobs, seed: int):  # noqa: ARG001 - a backend r
 
 class PlanningBackend(FakeBackend):
     name = "vllm"
-    remeasure_order = "back-to-back per server"
+    order = "back-to-back per server"
     plans_by_cost = True
 
 

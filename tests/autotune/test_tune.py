@@ -315,7 +315,7 @@ def test_on_a_server_backend_a_configurations_repeats_run_back_to_back() -> None
 
     cfg = SimpleNamespace(budget=SimpleNamespace(seed=0, repeats=3), objectives=SimpleNamespace(slo={}))
     backend = FakeBackend(SimpleNamespace(cfg=cfg), run)
-    backend.remeasure_order = "back-to-back per server"
+    backend.order = "back-to-back per server"
     configs = [(Knobs("model", 0), None), (Knobs("model", 4), 1)]
     out = remeasure(cfg, backend, configs, lambda _: None, "finalists")
     assert seen == [(0, 1), (0, 2), (0, 3), (4, 1), (4, 2), (4, 3)]
