@@ -130,12 +130,19 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def load(bench: Bench, dtype: str | None = None, draft: bool = True) -> tuple[ModelPair, list[Request]]:
-    """The pair (on ``--device`` in ``dtype``, default ``--dtype``) and the benchmark's requests."""
+def load(
+    bench: Bench, dtype: str | None = None, draft: bool = True, eagle3: Path | None = None
+) -> tuple[ModelPair, list[Request]]:
+    """The pair (on ``--device`` in ``dtype``, default ``--dtype``; with ``eagle3``, that EAGLE-3
+    head too) and the benchmark's requests."""
     args = bench.args
     try:
         pair = load_pair(
-            args.target, args.draft if draft else None, dtype=dtype or args.dtype, device=args.device
+            args.target,
+            args.draft if draft else None,
+            dtype=dtype or args.dtype,
+            device=args.device,
+            eagle3=eagle3,
         )
         if pair.tokenizer is None:
             fail(f"{args.target}: no tokenizer.json")

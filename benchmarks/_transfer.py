@@ -126,6 +126,10 @@ def measure_plan(
             "max": max(tps),
             "acceptance_rate": runs[-1]["per_level"][first_level]["acceptance_rate"],
             "per_level": runs[-1]["per_level"],
+            "per_level_runs": {  # tokens/s of every round at each level (paired ratios per level)
+                str(b): [run["per_level"][b]["tokens_per_second"] for run in runs]
+                for b in runs[-1]["per_level"]
+            },
             "outputs": [r.output_tokens for r in records[first_level]],
         }
         measured.setdefault(key, entry)

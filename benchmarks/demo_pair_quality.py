@@ -28,8 +28,6 @@ import _common
 
 from autotune.runner import LoadSpec, compare
 from engine.demo import DEMO_EAGLE3
-from engine.eagle3 import load_eagle3
-from engine.errors import EngineInputError
 from engine.generate import generate
 from engine.speculative import SpecConfig
 
@@ -54,12 +52,7 @@ def main() -> None:
     if not drafters or any(d not in ("model", "ngram", "eagle3") for d in drafters):
         _common.fail(f"--drafters takes model, ngram and/or eagle3 (got {args.drafters!r})")
     bench = _common.start(args.name, args)
-    pair, requests = _common.load(bench)
-    if "eagle3" in drafters:
-        try:
-            pair.eagle3 = load_eagle3(args.eagle3, pair.target)
-        except (EngineInputError, OSError) as exc:
-            _common.fail(f"--eagle3: {exc}")
+    pair, requests = _common.load(bench, eagle3=args.eagle3 if "eagle3" in drafters else None)
     load = LoadSpec(max_batch_size=1, concurrency=1, num_requests=len(requests))
     results, rows = {}, []
     for mode, drafter in [(m, d) for d in drafters for m in modes]:
