@@ -142,7 +142,9 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
     )
 
 
-def _stored_engine(cfg: TuneConfig, store: Store, device_key: str, pair_id: int, workload: dict) -> str | None:
+def _stored_engine(
+    cfg: TuneConfig, store: Store, device_key: str, pair_id: int, workload: dict
+) -> str | None:
     """With a serving-stack backend and ``models.compile: auto``, how the stored engine profile of
     this workload was measured ("compiled" or "eager", the compiled one first), else None."""
     if cfg.backend.name == "engine" or cfg.models.compile != "auto":

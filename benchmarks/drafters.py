@@ -49,6 +49,14 @@ def _ratio_text(a: list[float], b: list[float]) -> str:
     return paired_ratio(a, b).text(unit="x")
 
 
+def _x_text(row: dict, level: str) -> str:
+    """A vLLM row's x no speculation at ``level``: value (95% CI)."""
+    if "over_no_speculation" not in row:
+        return "-"
+    x = row["over_no_speculation"][level]
+    return f"{x['value']:.2f} ({x['ci95'][0]:.2f}-{x['ci95'][1]:.2f})"
+
+
 def engine_part(pair, requests, drafters, grid, levels, rounds, seed) -> dict:
     """Every (drafter, gamma, load) ``rounds`` times, interleaved; rows and each drafter's best gamma."""
     configs = [(d, g, c) for c in levels for d in drafters for g in grid]
@@ -245,13 +253,15 @@ def main() -> None:
     for key, b in engine["best"].items():
         x = b["over_no_speculation"]
         print(
-            f"best {key}: gamma {b['gamma']}, {x['value']:.2f}x, accepted length {b['mean_acceptance_length']:.2f}"
+            f"best {key}: gamma {b['gamma']}, {x['value']:.2f}x, "
+            f"accepted length {b['mean_acceptance_length']:.2f}"
         )
     for c, g in results["engine_goals"].items():
         cost = g["draft_cost_head_over_model"]
         print(
             f"goal at load {c}: head accepted length {g['accepted_length_head_over_model']:.2f}x the draft "
-            f"model's, draft cost {'-' if cost is None else f'{cost:.2f}'}x: {'met' if g['goal_met'] else 'NOT met'}"
+            f"model's, draft cost {'-' if cost is None else f'{cost:.2f}'}x: "
+            + ("met" if g["goal_met"] else "NOT met")
         )
     if args.vllm:
         vllm = vllm_part(args, args.concurrency)
@@ -274,12 +284,7 @@ def main() -> None:
                         statistics.median(r["per_level_runs"][b]) if "error" not in r else "failed"
                         for b in levels
                     ),
-                    *(
-                        "-"
-                        if "over_no_speculation" not in r
-                        else f"{r['over_no_speculation'][b]['value']:.2f} ({r['over_no_speculation'][b]['ci95'][0]:.2f}-{r['over_no_speculation'][b]['ci95'][1]:.2f})"
-                        for b in levels
-                    ),
+                    *(_x_text(r, b) for b in levels),
                     r.get("acceptance_rate"),
                     r.get("greedy_identical", "-"),
                 )
@@ -289,7 +294,8 @@ def main() -> None:
         for b, x in vllm["best_eagle3_over_best_model"].items():
             lo, hi = x["ci95"]
             print(
-                f"vLLM c={b}: best EAGLE-3 ({x['eagle3']}) / best draft model ({x['model']}) = {x['value']:.2f}x (95% CI {lo:.2f}-{hi:.2f})"
+                f"vLLM c={b}: best EAGLE-3 ({x['eagle3']}) / best draft model ({x['model']}) = "
+                f"{x['value']:.2f}x (95% CI {lo:.2f}-{hi:.2f})"
             )
     _common.write_json(bench, results)
 

@@ -116,41 +116,6 @@ def stop_hog(hog: list[int]) -> None:
                 pass
 
 
-def host_checks(cfg, k: int) -> dict:
-    """The before/after host check alone (:func:`autotune.hostnoise.measure`), ``k`` times right
-    after compiling the engine (the tune's own order: compile, then the check) on the host as it
-    is, then ``k`` times beside one busy-loop process. Goal: quiet every time without it, busy every
-    time with it."""
-    from autotune import context
-
-    t0 = time.perf_counter()
-    ctx = context.build(cfg.with_overrides({"models.compile": True, "storage.url": "sqlite://"}))
-    compile_s = time.perf_counter() - t0
-    readings: dict[str, list[dict]] = {"quiet": [], "one busy process": []}
-    for condition, rows in readings.items():
-        hog = start_hog(1, 600.0) if condition != "quiet" else []
-        try:
-            for _ in range(k):
-                m = hostnoise.measure()
-                rows.append(
-                    {key: m[key] for key in ("cv", "others_cpu_share", "loadavg_1m", "busy", "reasons")}
-                )
-                time.sleep(1.0)
-        finally:
-            stop_hog(hog)
-    ctx.store.close()
-    quiet_ok = sum(not r["busy"] for r in readings["quiet"])
-    busy_ok = sum(r["busy"] for r in readings["one busy process"])
-    return {
-        "compile_s": compile_s,
-        "compile_note": ctx.compile_note,
-        "readings": readings,
-        "quiet_read_quiet": quiet_ok,
-        "busy_read_busy": busy_ok,
-        "goal_met": quiet_ok == k and busy_ok == k,
-    }
-
-
 def run_once(cfg, folder: Path, hog_s: float | None = None) -> dict:
     """One ``autotune tune`` in its own database (fresh profile); the facts the summary needs.
 
@@ -389,14 +354,6 @@ def main(argv: list[str] | None = None) -> dict:
         "start for half the quiet runs' median study time; default: all three)",
     )
     ap.add_argument(
-        "--host-checks",
-        type=int,
-        default=0,
-        metavar="K",
-        help="only the host check, K times quiet right after a compile and K times beside one busy "
-        "process (no tune runs; its own JSON, noise_host_checks.json beside --out)",
-    )
-    ap.add_argument(
         "--resume", type=Path, default=None, metavar="DIR", help="the runs folder of an earlier invocation"
     )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "noise_robustness.json")
@@ -425,36 +382,6 @@ def main(argv: list[str] | None = None) -> dict:
             "budget.repeats": args.repeats or cfg.budget.repeats,
         }
     )
-    if args.host_checks:
-        checks = host_checks(cfg, args.host_checks)
-        print(
-            table(
-                ["condition", "check", "others' CPU", "reference CV", "load", "verdict"],
-                [
-                    (
-                        c,
-                        i + 1,
-                        f"{r['others_cpu_share']:.0%}",
-                        f"{r['cv']:.1%}",
-                        r["loadavg_1m"],
-                        "busy" if r["busy"] else "quiet",
-                    )
-                    for c, rows in checks["readings"].items()
-                    for i, r in enumerate(rows)
-                ],
-            )
-        )
-        print(
-            f"\n{checks['compile_note']}\nquiet read quiet {checks['quiet_read_quiet']}/{args.host_checks}, "
-            f"busy read busy {checks['busy_read_busy']}/{args.host_checks}: goal {'met' if checks['goal_met'] else 'NOT met'}"
-        )
-        out = args.out.with_name("noise_host_checks.json")
-        out.write_text(
-            portable(json.dumps({"command": shlex.join([sys.executable, *sys.argv]), **checks}, indent=2))
-            + "\n"
-        )
-        print(f"wrote {out}")
-        return checks
     tmp = args.resume or Path(tempfile.mkdtemp(prefix="noise_robustness_"))
     print(f"runs in {tmp} (--resume {tmp} keeps the finished ones)", flush=True)
     started = time.perf_counter()

@@ -335,7 +335,12 @@ def test_a_run_returns_the_engine_result_shape_and_reuses_an_identical_server(
     cfg = _cfg(
         tmp_path,
         tiny_pair_dirs,
-        vllm={"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c"), "keep_servers": 1},
+        vllm={
+            "python": sys.executable,
+            "env": fake_vllm,
+            "cache_dir": str(tmp_path / "c"),
+            "keep_servers": 1,
+        },
     )
     ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
     backend = vllm_backend.VllmBackend(ctx)
@@ -367,13 +372,21 @@ def test_kept_servers_serve_a_configuration_again_without_a_start_and_the_oldest
     cfg = _cfg(
         tmp_path,
         tiny_pair_dirs,
-        vllm={"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c"), "keep_servers": 2},
+        vllm={
+            "python": sys.executable,
+            "env": fake_vllm,
+            "cache_dir": str(tmp_path / "c"),
+            "keep_servers": 2,
+        },
     )
     ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
     backend = vllm_backend.VllmBackend(ctx)
     a, b, c = (Knobs("model", g, max_batch_size=2) for g in (1, 2, 3))
     assert backend.keep_servers == 2
-    assert backend.remeasure_order(2) == "interleaved" and backend.remeasure_order(3) == "back-to-back per server"
+    assert (
+        backend.remeasure_order(2) == "interleaved"
+        and backend.remeasure_order(3) == "back-to-back per server"
+    )
     try:
         backend.run(a, 0)
         pid_a = backend.server.proc.pid

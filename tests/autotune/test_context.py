@@ -179,7 +179,12 @@ def test_a_stack_backend_does_not_compile_the_engine_when_its_profile_is_stored(
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
     path = write_config(
-        tmp_path, tiny_pair_dirs, prompts, tmp_path / "db.sqlite", models={"compile": "auto"}, backend={"name": "vllm"}
+        tmp_path,
+        tiny_pair_dirs,
+        prompts,
+        tmp_path / "db.sqlite",
+        models={"compile": "auto"},
+        backend={"name": "vllm"},
     )
     cfg = load_config(path)
     compiles = []

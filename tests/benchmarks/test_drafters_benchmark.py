@@ -18,7 +18,9 @@ import drafters  # noqa: E402
 def test_engine_part_runs_every_drafter_exactly_and_picks_each_ones_best_gamma(tiny_pair_dirs) -> None:
     pair = load_pair(*tiny_pair_dirs)
     c = pair.target.config
-    pair.eagle3 = random_head(pair.target, head_config(c, c.vocab_size, ids=[0, 1, c.num_hidden_layers]), None, 0, 0.05)
+    pair.eagle3 = random_head(
+        pair.target, head_config(c, c.vocab_size, ids=[0, 1, c.num_hidden_layers]), None, 0, 0.05
+    )
     requests = [Request([1 + i, 2, 3, 4, 1, 2, 3], 8, 0.0, id=i) for i in range(3)]
     out = drafters.engine_part(pair, requests, list(drafters.DRAFTERS), [1, 3], [1, 2], rounds=2, seed=0)
     assert len(out["rows"]) == len(drafters.DRAFTERS) * 2 * 2

@@ -151,7 +151,9 @@ def test_tiny_run_writes_the_json_and_leaves_no_hog(
         ]
     )
 
-    assert len(started) == 2 and not any(noise_robustness._alive(pid) for pid in started)  # busy's, then midstudy's
+    assert len(started) == 2 and not any(
+        noise_robustness._alive(pid) for pid in started
+    )  # busy's, then midstudy's
     stored = json.loads(out.read_text())
     assert [len(stored["runs"][c]) for c in ("quiet", "busy", "midstudy")] == [1, 1, 1]
     assert stored["summary"] == json.loads(json.dumps(result["summary"]))
