@@ -125,7 +125,9 @@ def test_trees_and_hybrid_with_a_serving_stack_backend_exit_2_before_anything_ru
     import autotune.context as ctx_mod
     from autotune.cli import main
 
-    monkeypatch.setattr(ctx_mod, "build", lambda cfg, say=None: pytest.fail("loaded models before refusing"))
+    monkeypatch.setattr(
+        ctx_mod, "build", lambda cfg, say=None, reprofile=False: pytest.fail("loaded models before refusing")
+    )
     path = tmp_path / "tune.yaml"
     path.write_text(json.dumps(_raw(tmp_path, tree_topk=["chain", "2x3/4"])))
     result = CliRunner().invoke(main, ["tune", "--config", str(path), "--backend", backend])
@@ -139,7 +141,9 @@ def test_trees_and_hybrid_with_a_serving_stack_backend_exit_2_before_anything_ru
     path.write_text(
         json.dumps(_raw(tmp_path, tree_topk=["chain"], drafter=["model", "ngram"]))
     )  # what stacks take
-    monkeypatch.setattr(ctx_mod, "build", lambda cfg, say=None: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(
+        ctx_mod, "build", lambda cfg, say=None, reprofile=False: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
     assert CliRunner().invoke(main, ["tune", "--config", str(path), "--backend", backend]).exit_code == 130
 
 
