@@ -266,7 +266,7 @@ def test_compile_flag_overrides_models_compile(
 
     seen = []
 
-    def stop(cfg, say=None):  # noqa: ARG001 - the config the command would build its engine from
+    def stop(cfg, say=None, reprofile=False):  # noqa: ARG001 - the config the command would build its engine from
         seen.append(cfg.models.compile)
         raise KeyboardInterrupt
 
