@@ -329,21 +329,18 @@ def test_a_server_that_dies_mid_run_fails_the_trial_with_its_log(tmp_path, tiny_
     assert backend.server is None
 
 
+def _fake_vllm_backend(tmp_path, tiny_pair_dirs, fake_vllm, keep_servers: int) -> vllm_backend.VllmBackend:
+    """A vllm backend on the fake vLLM, two requests, ``keep_servers`` servers kept alive."""
+    vllm = {"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")}
+    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={**vllm, "keep_servers": keep_servers})
+    ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
+    return vllm_backend.VllmBackend(ctx)
+
+
 def test_a_run_returns_the_engine_result_shape_and_reuses_an_identical_server(
     tmp_path, tiny_pair_dirs, fake_vllm
 ) -> None:
-    cfg = _cfg(
-        tmp_path,
-        tiny_pair_dirs,
-        vllm={
-            "python": sys.executable,
-            "env": fake_vllm,
-            "cache_dir": str(tmp_path / "c"),
-            "keep_servers": 1,
-        },
-    )
-    ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
-    backend = vllm_backend.VllmBackend(ctx)
+    backend = _fake_vllm_backend(tmp_path, tiny_pair_dirs, fake_vllm, keep_servers=1)
     knobs = Knobs("model", 2, max_batch_size=2)
     try:
         first = backend.run(knobs, 0).to_json()
@@ -369,18 +366,7 @@ def test_kept_servers_serve_a_configuration_again_without_a_start_and_the_oldest
 ) -> None:
     """keep_servers 2: A, B, A again (A's server, no new start), C (B, the oldest idle, is stopped
     before C starts; A stays up); close stops them all. Two finalists interleave, three do not."""
-    cfg = _cfg(
-        tmp_path,
-        tiny_pair_dirs,
-        vllm={
-            "python": sys.executable,
-            "env": fake_vllm,
-            "cache_dir": str(tmp_path / "c"),
-            "keep_servers": 2,
-        },
-    )
-    ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
-    backend = vllm_backend.VllmBackend(ctx)
+    backend = _fake_vllm_backend(tmp_path, tiny_pair_dirs, fake_vllm, keep_servers=2)
     a, b, c = (Knobs("model", g, max_batch_size=2) for g in (1, 2, 3))
     assert backend.keep_servers == 2
     assert (
