@@ -1,0 +1,475 @@
+"""Real-server proof of ``autotune watch``: does it stay quiet on a steady workload, and say "stale"
+when the traffic changes?
+
+One run against one stack (``--stack vllm`` or ``llamacpp``), the demo pair, and the newest profile
+that stack's tune stored for this host and pair (``--profile ID`` to pick one). The server is
+started with the profile's own exported flags (what a user would run), and ``autotune watch --json``
+follows it as a separate process (exactly the command a user runs), while this script drives the
+load through phases, each a closed loop at one concurrency:
+
+1. **steady**: the workload's code prompts at the lowest tuned concurrency, ``--steady-min``
+   minutes (default 10): every stale verdict here is a false alarm;
+2. **prose**: prose prompts (``--prose``, default ``benchmarks/configs/prose_prompts.jsonl``: 65
+   paragraphs of the GPL-3, GFDL-1.3, MPL-2.0, Apache-2.0 and CC0 texts; the demo pair was trained on
+   Python code), same concurrency, ``--switch-min`` minutes: acceptance drops; the detection delay
+   is the time from the switch to the first stale window;
+3. **code-again**: back to the steady workload: the profile should turn fresh again;
+4. **saturation**: the code prompts at the largest tuned concurrency: stale only where the profile's
+   own by-load decision says another K is better there.
+
+``--phases`` picks and orders them; ``sampled`` (the code prompts at temperature 1 instead of the
+workload's greedy decoding, the same concurrency as steady) is a second way to move acceptance.
+
+Then, for each phase that turned stale, the named alternative is **measured**: the phase's workload
+against the served configuration and against the alternative K, ``--confirm-rounds`` interleaved
+rounds (both servers kept alive), as a paired ratio with its 95% interval beside the watch's
+predicted gain.
+
+Printed: one row per phase (its tokens/s, windows, alarms, stale windows, delay, the named
+alternative with predicted and measured gain), and the watch's lines as they came. JSON:
+``benchmarks/results/watch_drift_<stack>.json`` (every window the watch printed, with the phase it
+fell in; rewritten after each phase, ``complete`` false until the end). Usage::
+
+    python benchmarks/watch_drift.py --stack vllm [--config tune.yaml] [--profile ID] \
+[--steady-min 10] [--switch-min 3] [--interval 15] [--windows-to-stale 3] [--confirm-rounds 3]
+
+A re-tune on the prose prompts (``autotune watch --retune``) is not run here: on vLLM-CPU it is a
+whole ``autotune tune --backend vllm`` (about 20 minutes on a 2-core host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _schedule import identity, write_json  # noqa: E402
+from _transfer import newest_profile  # noqa: E402
+
+from autotune import context  # noqa: E402
+from autotune.backends.openai_load import Endpoint, run_http_load  # noqa: E402
+from autotune.config import load_config  # noqa: E402
+from autotune.errors import USER_ERRORS  # noqa: E402
+from autotune.knobs import Knobs  # noqa: E402
+from autotune.runner import Sampling, build_requests  # noqa: E402
+from autotune.stats import paired_ratio  # noqa: E402
+from autotune.table import table  # noqa: E402
+from engine.workload import load_workload  # noqa: E402
+from profiles.profile import export_inputs  # noqa: E402
+from profiles.schema import Profile  # noqa: E402
+
+PROSE = ROOT / "benchmarks" / "configs" / "prose_prompts.jsonl"
+
+
+def arguments() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stack", choices=("vllm", "llamacpp"), required=True)
+    p.add_argument("--config", type=Path, default=ROOT / "tune.yaml")
+    p.add_argument("--profile", type=int, default=None, help="profile id (default: the stack's newest)")
+    p.add_argument("--storage", default=None, help="SQLAlchemy URL (default: the config's storage.url)")
+    p.add_argument("--prose", type=Path, default=PROSE)
+    p.add_argument("--steady-min", type=float, default=10.0)
+    p.add_argument("--switch-min", type=float, default=3.0)
+    p.add_argument("--interval", type=float, default=15.0, help="the watch's --interval")
+    p.add_argument("--windows-to-stale", type=int, default=3)
+    p.add_argument(
+        "--low", type=int, default=None, help="concurrency of phases 1-3 (default: the lowest level)"
+    )
+    p.add_argument(
+        "--high", type=int, default=None, help="concurrency of phase 4 (default: the largest level)"
+    )
+    p.add_argument(
+        "--phases",
+        type=lambda text: [x.strip() for x in text.split(",") if x.strip()],
+        default=["steady", "prose", "code-again", "saturation"],
+        help="phases in order (steady, prose, sampled: the code prompts at temperature 1, code-again, "
+        "saturation); default steady,prose,code-again,saturation",
+    )
+    p.add_argument("--confirm-rounds", type=int, default=3)
+    p.add_argument("--confirm-requests", type=int, default=None, help="per round (default: 8 x concurrency)")
+    p.add_argument("--out", type=Path, default=None)
+    return p.parse_args()
+
+
+class WatchProcess:
+    """``autotune watch --json`` as a subprocess; each line kept with the time it arrived."""
+
+    def __init__(self, url: str, stack: str, profile_id: int, storage: str, args, log: Path) -> None:
+        self.command = [
+            sys.executable,
+            "-m",
+            "autotune",
+            "watch",
+            "--url",
+            url,
+            "--backend",
+            stack,
+            "--json",
+            "--profile",
+            str(profile_id),
+            "--storage",
+            storage,
+            "--interval",
+            f"{args.interval:g}",
+            "--windows-to-stale",
+            str(args.windows_to_stale),
+        ]
+        self.windows: list[dict] = []
+        self._err = log.open("w")
+        self.proc = subprocess.Popen(
+            self.command, stdout=subprocess.PIPE, stderr=self._err, text=True, cwd=ROOT
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            obj["received_s"] = time.time()
+            self.windows.append(obj)
+            print("  watch: " + summary_line(obj), file=sys.stderr)
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        try:
+            rc = self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._reader.join(5)
+        self._err.close()
+        return rc
+
+
+def summary_line(w: dict) -> str:
+    if w.get("idle"):
+        return f"idle window ({w.get('window_s')} s)"
+    gain = w.get("predicted_gain")
+    ci = w.get("gain_ci95")
+    return (
+        f"acceptance {_f(w.get('acceptance_rate'), '.2f')} "
+        f"(profile {_f(w.get('profile_acceptance_rate'), '.2f')}) "
+        f"at ~{_f(w.get('requests_running'), '.1f')} running, served K={w.get('served_k')}: "
+        f"K={w.get('alternative_k')} {_f(gain, '.2f')}x"
+        + (f" (CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+        + (" alarm" if w.get("alarm") else "")
+        + (" STALE" if w.get("stale") else " fresh")
+    )
+
+
+def drive(endpoint: Endpoint, requests: list, concurrency: int, seconds: float, seed: int) -> dict:
+    """Closed-loop load at ``concurrency`` for about ``seconds``: batches of 8 x concurrency requests
+    (each batch starts at the next prompts), so the drain between batches is a small part."""
+    t0, tokens, done, batch_no = time.time(), 0, 0, 0
+    per_batch = max(8 * concurrency, 8)
+    while time.time() - t0 < seconds:
+        off = (batch_no * per_batch) % len(requests)
+        run = run_http_load(
+            endpoint,
+            requests[off:] + requests[:off],
+            per_batch,
+            concurrency=concurrency,
+            seed=seed + batch_no,
+            time_limit_s=900,
+        )
+        tokens += sum(len(r.output_tokens) for r in run.records)
+        done += len(run.records)
+        batch_no += 1
+    t1 = time.time()
+    return {
+        "start_s": t0,
+        "end_s": t1,
+        "requests": done,
+        "tokens": tokens,
+        "tokens_per_second": tokens / (t1 - t0),
+    }
+
+
+def phase_windows(windows: list[dict], phase: dict) -> list[dict]:
+    """The windows whose middle falls inside the phase."""
+    out = []
+    for w in windows:
+        mid = w["received_s"] - (w.get("window_s") or 0.0) / 2
+        if phase["start_s"] <= mid < phase["end_s"]:
+            out.append(w)
+    return out
+
+
+def judge(phase: dict, windows: list[dict]) -> dict:
+    """What the watch said during a phase."""
+    live = [w for w in windows if not w.get("idle")]
+    stale = [w for w in windows if w.get("stale")]
+    first = next((w for w in windows if w.get("stale")), None)
+    out = {
+        "windows": len(windows),
+        "idle_windows": len(windows) - len(live),
+        "alarm_windows": sum(bool(w.get("alarm")) for w in windows),
+        "stale_windows": len(stale),
+        "stale_at_end": bool(windows and windows[-1].get("stale")),
+        "acceptance_rate": _mean([w.get("acceptance_rate") for w in live]),
+        "requests_running": _mean([w.get("requests_running") for w in live]),
+        "served_k": statistics.mode([w["served_k"] for w in live]) if live else None,
+        "level_choice_k": live[-1].get("level_choice_k") if live else None,
+        "first_stale": None,
+    }
+    if first is not None:
+        out["first_stale"] = {
+            "after_s": round(first["received_s"] - phase["start_s"], 1),
+            "window": windows.index(first) + 1,
+            "alternative_k": first["alternative_k"],
+            "predicted_gain": first["predicted_gain"],
+            "gain_ci95": first.get("gain_ci95"),
+            "predicted_with": first.get("predicted_with"),
+        }
+    fresh_again = next(
+        (
+            i + 1
+            for i, w in enumerate(windows)
+            if not w.get("stale") and any(x.get("stale") for x in windows[:i])
+        ),
+        None,
+    )
+    out["fresh_again_window"] = fresh_again
+    return out
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def confirm(
+    backend, served: list[str], alternative: list[str], requests, concurrency, n, rounds, seed
+) -> dict:
+    """The phase's workload on the served configuration and on the alternative, interleaved rounds."""
+    tps: dict[str, list[float]] = {"served": [], "alternative": []}
+    for r in range(rounds):
+        for name, command in (("served", served), ("alternative", alternative)):
+            server = backend.server_for(command)
+            endpoint = backend.endpoint(server)
+            run = run_http_load(
+                endpoint, requests, n, concurrency=concurrency, seed=seed + r, time_limit_s=900
+            )
+            tps[name].append(run.metrics["tokens_per_second"])
+            print(f"  confirm round {r + 1} {name}: {tps[name][-1]:.1f} tok/s", file=sys.stderr)
+    ratio = paired_ratio(tps["alternative"], tps["served"])
+    return {
+        "tokens_per_second": tps,
+        "measured_gain": ratio.as_dict(),
+        "measured_gain_text": ratio.text(unit="x"),
+    }
+
+
+def main() -> None:
+    args = arguments()
+    try:
+        cfg = load_config(args.config)
+        overrides = {"backend.name": args.stack}
+        if args.storage:
+            overrides["storage.url"] = args.storage
+        cfg = cfg.with_overrides(overrides)
+        ctx = context.build(cfg)  # a stack backend with a stored engine profile: no engine compile
+        if args.stack == "vllm":
+            from autotune.backends.vllm import VllmBackend, serve_command
+
+            backend = VllmBackend(ctx)
+        else:
+            from autotune.backends.llamacpp import LlamacppBackend, server_command
+
+            backend = LlamacppBackend(ctx)
+        prof = newest_profile(ctx, args.stack, args.profile)
+        if prof is None:
+            raise SystemExit(
+                f"error: no {args.stack} profile for this host and pair in {cfg.storage.url} "
+                f"(run `autotune tune --backend {args.stack}`, or pass --profile ID)"
+            )
+        w = cfg.workload
+        sampling = Sampling(w.max_new_tokens, w.temperature, w.top_k, w.top_p)
+        context_len = ctx.pair.target.config.max_position_embeddings
+        prose = build_requests(
+            load_workload(args.prose),
+            ctx.pair.tokenizer,
+            sampling,
+            context_len,
+            str(args.prose),
+            truncate=True,
+        )
+    except USER_ERRORS as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        sys.exit(2)
+    code = ctx.requests
+    levels = sorted(cfg.batch_sizes)
+    low = args.low or levels[0]
+    high = args.high or levels[-1]
+    batch = max(cfg.search.max_batch_size)
+    profile = Profile.from_json(prof)
+    if args.stack == "vllm":
+        served = serve_command(backend.python, cfg, export_inputs(profile))
+    else:
+        inputs = export_inputs(
+            profile, str(backend.target_gguf), str(backend.draft_gguf) if backend.draft_gguf else None
+        )
+        served = server_command(backend.binary, cfg, inputs, backend.context)
+    drafter = prof["chosen"].get("drafter", "model")
+    if drafter == "none":
+        drafter = "model"
+
+    def command_for_k(k: int) -> list[str]:
+        return backend.command(Knobs(drafter if k else "none", k, 0.0, max_batch_size=batch))
+
+    out = args.out or ROOT / "benchmarks" / "results" / f"watch_drift_{args.stack}.json"
+    log_dir = Path(tempfile.mkdtemp(prefix="watch_drift_"))  # the watch's stderr, copied into the JSON
+    result: dict = {
+        **identity(ctx, args.config),
+        "stack": args.stack,
+        "profile": {k: prof.get(k) for k in ("id", "chosen", "schedule", "table_decision")},
+        "served_args": served[1:],
+        "interval_s": args.interval,
+        "windows_to_stale": args.windows_to_stale,
+        "phases": [],
+        "complete": False,
+    }
+    sampled = [dataclasses.replace(r, temperature=1.0) for r in code]  # the same prompts, sampled at T=1
+    phases = {
+        "steady": (code, low, args.steady_min),
+        "prose": (prose, low, args.switch_min),
+        "sampled": (sampled, low, args.switch_min),
+        "code-again": (code, low, args.switch_min),
+        "saturation": (code, high, args.switch_min),
+    }
+    unknown = [name for name in args.phases if name not in phases]
+    if unknown:
+        print(
+            f"error: --phases: unknown {', '.join(unknown)} (choose from {', '.join(phases)})",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    plan = [(name, *phases[name]) for name in args.phases]
+    watcher = None
+    t_start = time.time()
+    try:
+        server = backend.server_for(served)
+        endpoint = backend.endpoint(server)
+        result["startup_s"] = server.startup_s
+        run_http_load(
+            endpoint, code, max(high, 4), concurrency=max(high, 4), seed=0, time_limit_s=600
+        )  # warm-up
+        watcher = WatchProcess(
+            server.base_url, args.stack, prof["id"], cfg.storage.url, args, log_dir / "watch.stderr"
+        )
+        result["watch_command"] = watcher.command
+        time.sleep(args.interval * 1.5)  # the watch's first scrape is the baseline
+        for name, reqs, conc, minutes in plan:
+            print(f"phase {name}: concurrency {conc}, {minutes:g} min", file=sys.stderr)
+            measured = drive(endpoint, reqs, conc, minutes * 60, cfg.budget.seed)
+            result["phases"].append({"phase": name, "concurrency": conc, "minutes": minutes, **measured})
+            result["windows"] = watcher.windows
+            write_json(out, result)
+        time.sleep(args.interval)  # the last phase's last window
+        result["watch_rc"] = watcher.stop()
+        result["watch_stderr"] = (log_dir / "watch.stderr").read_text().splitlines()
+        result["windows"] = watcher.windows
+        watcher = None
+        for phase in result["phases"]:
+            phase.update(judge(phase, phase_windows(result["windows"], phase)))
+        write_json(out, result)
+        for phase in result["phases"]:
+            first = phase["first_stale"]
+            if first is None or first["alternative_k"] is None:
+                continue
+            reqs = phases[phase["phase"]][0]
+            n = args.confirm_requests or max(8 * phase["concurrency"], 8)
+            print(
+                f"confirming {phase['phase']}: K={first['alternative_k']} vs the served flags",
+                file=sys.stderr,
+            )
+            phase["confirm"] = confirm(
+                backend,
+                served,
+                command_for_k(first["alternative_k"]),
+                reqs,
+                phase["concurrency"],
+                n,
+                args.confirm_rounds,
+                cfg.budget.seed,
+            )
+            write_json(out, result)
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        backend.close()
+    result["wall_s"] = time.time() - t_start
+    result["complete"] = True
+    write_json(out, result)
+    report(result)
+    print(f"\nwrote {out}")
+
+
+def report(result: dict) -> None:
+    rows = []
+    for p in result["phases"]:
+        first = p.get("first_stale") or {}
+        conf = p.get("confirm")
+        ci = first.get("gain_ci95")
+        rows.append(
+            [
+                p["phase"],
+                p["concurrency"],
+                f"{p['tokens_per_second']:.1f}",
+                _f(p.get("acceptance_rate"), ".2f"),
+                _f(p.get("requests_running"), ".1f"),
+                p.get("windows"),
+                p.get("alarm_windows"),
+                p.get("stale_windows"),
+                f"{first['after_s']:.0f} s (window {first['window']})" if first else "-",
+                f"K={first['alternative_k']}" if first else "-",
+                (f"{first['predicted_gain']:.2f}x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else ""))
+                if first
+                else "-",
+                conf["measured_gain_text"] if conf else "-",
+            ]
+        )
+    print(
+        table(
+            [
+                "phase",
+                "conc.",
+                "tok/s",
+                "acceptance",
+                "running",
+                "windows",
+                "alarms",
+                "stale",
+                "first stale",
+                "named",
+                "predicted gain",
+                "measured gain",
+            ],
+            rows,
+        )
+    )
+    prof = result["profile"]
+    print(f"\nprofile #{prof['id']}: chosen {prof['chosen']}, served {' '.join(result['served_args'])}")
+
+
+if __name__ == "__main__":
+    main()
