@@ -42,9 +42,10 @@ VALIDATORS: dict[str, Callable[[Any], None]] = {
 }
 _EXECUTABLE = (".sh",)
 # The formats that write an 'eagle3' (EAGLE-3 head) profile; the others refuse it in one line rather
-# than export the head as something it is not. vLLM: method eagle3; llama.cpp: --spec-type
-# draft-eagle3 with the head's GGUF (docs/eagle3.md).
-EAGLE3_FORMATS = ("vllm", "llamacpp", "yaml")
+# than export the head as something it is not. vLLM: method eagle3; SGLang: EAGLE3; TensorRT-LLM:
+# decoding_type Eagle3; llama.cpp: --spec-type draft-eagle3 with the head's GGUF (docs/eagle3.md).
+# TGI and transformers' assisted generation serve no EAGLE-3 head.
+EAGLE3_FORMATS = ("vllm", "sglang", "trtllm", "llamacpp", "yaml")
 
 
 def export(

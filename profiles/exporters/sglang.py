@@ -19,6 +19,12 @@ the largest per-depth top-k and ``--speculative-num-draft-tokens`` = the tree's 
 the candidates) + 1; a note says that the shape is SGLang's selection, not the static one measured.
 A dynamic tree ("KxD/N") is that selection itself, so it maps one to one: num-steps D,
 eagle-topk K, num-draft-tokens N + 1.
+
+An EAGLE-3 head (drafter ``eagle3``) runs as ``EAGLE3`` with ``--speculative-draft-model-path`` = the
+head folder (the format vLLM loads, docs/eagle3.md: SGLang's ``llama_eagle3.py`` registers the same
+``LlamaForCausalLMEagle3`` architecture and its model runner reads the same
+``eagle_config.eagle_aux_hidden_state_layer_ids``), as a chain: num-steps gamma, topk 1,
+num-draft-tokens gamma + 1 (the same forced relation as STANDALONE's chain).
 """
 
 from __future__ import annotations
@@ -101,8 +107,8 @@ def validate(args: Mapping[str, Any]) -> None:
     steps, topk = args.get("--speculative-num-steps"), args.get("--speculative-eagle-topk")
     draft_tokens = args.get("--speculative-num-draft-tokens")
     if algorithm in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"):
-        if algorithm == "STANDALONE" and not args.get("--speculative-draft-model-path"):
-            raise fail("sglang", "STANDALONE needs --speculative-draft-model-path")
+        if algorithm in ("STANDALONE", "EAGLE3") and not args.get("--speculative-draft-model-path"):
+            raise fail("sglang", f"{algorithm} needs --speculative-draft-model-path")
         if steps is None and (topk is not None or draft_tokens is not None):
             raise fail(
                 "sglang",
@@ -193,10 +199,10 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
                 "--speculative-num-draft-tokens": draft_tokens,
             }
         )
-    elif inputs.drafter == "model":
+    elif inputs.drafter in ("model", "eagle3"):
         args.update(
             {
-                "--speculative-algorithm": "STANDALONE",
+                "--speculative-algorithm": "STANDALONE" if inputs.drafter == "model" else "EAGLE3",
                 "--speculative-draft-model-path": inputs.draft,
                 "--speculative-num-steps": gamma,
                 "--speculative-eagle-topk": 1,
@@ -231,10 +237,16 @@ def export(inputs: ExportInputs) -> Exported:
             )
         else:
             notes.append(one_length_note(inputs, "SGLang"))
-        if inputs.drafter == "model" and inputs.confidence_threshold > 0 and not inputs.tree_topk:
+        if inputs.drafter in ("model", "eagle3") and inputs.confidence_threshold > 0 and not inputs.tree_topk:
             notes.append(
                 f"SGLang has no draft-confidence early stop; confidence_threshold "
                 f"{inputs.confidence_threshold} is not exported."
+            )
+        if inputs.drafter == "eagle3":
+            notes.append(
+                "EAGLE3: the head folder is loaded as LlamaForCausalLMEagle3 with the target's hidden states "
+                "of its eagle_config.eagle_aux_hidden_state_layer_ids; SGLang caps --max-running-requests at "
+                "48 for the EAGLE family when it is not set."
             )
         if inputs.drafter == "ngram":
             notes.append(

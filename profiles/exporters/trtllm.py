@@ -1,7 +1,8 @@
 """TensorRT-LLM: the LLM-API options YAML for ``trtllm-serve --extra_llm_api_options FILE``.
 
 ``speculative_config`` holds ``decoding_type`` (``Draft_Target`` with ``speculative_model``,
-or ``NGram`` with ``max_matching_ngram_size``), ``max_draft_len`` and ``draft_len_schedule``
+``Eagle3`` with ``speculative_model`` = the EAGLE-3 head folder, or ``NGram`` with
+``max_matching_ngram_size``), ``max_draft_len`` and ``draft_len_schedule``
 = ``{batch-size threshold: draft length}``: batch sizes up to and including a key (and above
 the previous key) use its value, batch sizes above the largest key get 0.
 
@@ -15,16 +16,26 @@ Target version: the "up to key" lookup of NVIDIA/TensorRT-LLM at 0004396720054fd
 documented meaning; the standalone ``get_draft_len_for_batch_size`` under tensorrt_llm/_torch/speculative/,
 ``bisect_left``). Older releases whose ``Drafter.get_draft_len_for_batch_size`` uses ``bisect_right``
 ("from key on") read the same file as another schedule and are not targeted (docs/stacks/trtllm.md).
+
+EAGLE-3 (``Eagle3DecodingConfig``, ``decoding_type: Eagle3``, llm_args.py at the same commit): a
+linear chain (no ``eagle_choices``, no dynamic tree), so ``max_total_draft_tokens`` is
+``max_draft_len``; one-model EAGLE-3 (the only mode left) takes a dynamic draft length, so the
+schedule is written as for a draft model. ``eagle3_layers_to_capture`` is written from the head's
+``eagle_config.eagle_aux_hidden_state_layer_ids`` when its config.json is readable here: without the
+key TensorRT-LLM captures {1, L/2 - 1, L - 4} of an L-layer target, not the layers the head was
+trained on (a note says so when the folder cannot be read).
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from profiles.errors import ProfileError
 from profiles.exporters._common import (
     Exported,
     StackTarget,
@@ -34,6 +45,7 @@ from profiles.exporters._common import (
     is_int,
     is_number,
     off_reason,
+    read_json_file,
     schedule_text,
     substitution_notes,
 )
@@ -65,6 +77,9 @@ BASE_KEYS = frozenset(
 )
 TYPE_KEYS = {
     "Draft_Target": frozenset(),
+    "Eagle3": frozenset(
+        {"eagle3_layers_to_capture", "eagle3_one_model", "eagle_choices", "use_dynamic_tree"}
+    ),
     "NGram": frozenset({"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"}),
 }
 
@@ -121,10 +136,17 @@ def validate(options: Mapping[str, Any]) -> None:
     max_draft_len = config.get("max_draft_len")
     if not is_int(max_draft_len) or max_draft_len <= 0:
         raise fail("trtllm", f"{decoding_type} needs max_draft_len > 0, got {max_draft_len!r}")
-    if decoding_type == "Draft_Target" and not (
+    if decoding_type in ("Draft_Target", "Eagle3") and not (
         config.get("speculative_model") or config.get("speculative_model_dir")
     ):
-        raise fail("trtllm", "Draft_Target needs speculative_model")
+        raise fail("trtllm", f"{decoding_type} needs speculative_model")
+    layers = config.get("eagle3_layers_to_capture")
+    if layers is not None and (
+        not isinstance(layers, list) or not layers or not all(is_int(x) and x >= 0 for x in layers)
+    ):
+        raise fail("trtllm", f"eagle3_layers_to_capture must be a list of layer ids >= 0, got {layers!r}")
+    if config.get("eagle_choices") is not None and config.get("use_dynamic_tree"):
+        raise fail("trtllm", "eagle_choices and use_dynamic_tree are mutually exclusive")
     size = config.get("max_matching_ngram_size")
     if size is not None and (not is_int(size) or size < 1):
         raise fail("trtllm", f"max_matching_ngram_size must be a positive integer, got {size!r}")
@@ -165,6 +187,21 @@ def draft_len_schedule(schedule: tuple[tuple[int, int], ...]) -> tuple[int, dict
     return max_draft_len, table, notes
 
 
+def head_layer_ids(folder: str | None) -> list[int] | None:
+    """The target layers an EAGLE-3 head reads (its config.json's
+    ``eagle_config.eagle_aux_hidden_state_layer_ids``), None when the folder or key is not readable here."""
+    if not folder:
+        return None
+    try:
+        config = read_json_file(Path(folder) / "config.json")
+    except ProfileError:
+        return None
+    ids = ((config or {}).get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if isinstance(ids, list) and ids and all(is_int(x) and x >= 0 for x in ids):
+        return [int(x) for x in ids]
+    return None
+
+
 def extra_options(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
     """The options mapping (``{}`` when speculation is off) and the notes that explain it."""
     if inputs.schedule_max == 0:
@@ -182,6 +219,18 @@ def extra_options(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
         config.update(
             decoding_type="Draft_Target", max_draft_len=max_draft_len, speculative_model=inputs.draft
         )
+    elif inputs.drafter == "eagle3":
+        config.update(decoding_type="Eagle3", max_draft_len=max_draft_len, speculative_model=inputs.draft)
+        layers = head_layer_ids(inputs.draft)
+        if layers is not None:
+            config["eagle3_layers_to_capture"] = layers
+        else:
+            notes.append(
+                f"{inputs.draft}/config.json could not be read here: set eagle3_layers_to_capture to the "
+                "head's "
+                "eagle_config.eagle_aux_hidden_state_layer_ids (TensorRT-LLM's default {1, L/2-1, L-4} of an "
+                "L-layer target is not what the head was trained on)."
+            )
     else:
         config.update(
             decoding_type="NGram",
@@ -196,9 +245,9 @@ def extra_options(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
         "draft_len_schedule only in modes that support a dynamic draft length; elsewhere max_draft_len "
         "holds at every batch size.",
     )
-    if inputs.drafter == "model" and inputs.confidence_threshold > 0:
+    if inputs.drafter in ("model", "eagle3") and inputs.confidence_threshold > 0:
         notes.append(
-            f"Draft_Target has no draft-confidence cutoff; confidence_threshold "
+            f"{config['decoding_type']} has no draft-confidence cutoff; confidence_threshold "
             f"{inputs.confidence_threshold} is not exported."
         )
     notes += substitution_notes(inputs, "TensorRT-LLM's Draft_Target")

@@ -278,6 +278,14 @@ def export(inputs: ExportInputs) -> Exported:
                 f"{last} vLLM keeps the last range's k "
                 f"({config['num_speculative_tokens_per_batch_size'][-1][2]})."
             )
+            ranges = config["num_speculative_tokens_per_batch_size"]
+            if inputs.drafter != "ngram" and any(k == 0 for *_, k in ranges):
+                notes.append(
+                    "A range at k 0 drafts no token but still runs the drafter's forward every step (vLLM "
+                    "keeps its KV cache in sync: llm_base_proposer.py, propose), so it costs more than no "
+                    "speculation there; only a table measured in vLLM (autotune tune --backend vllm) "
+                    "includes that cost."
+                )
         else:
             notes.append(
                 f"Gamma {config['num_speculative_tokens']} at every tuned batch size "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import yaml
 
 from autotune.config import load_config
 from autotune.errors import ConfigError
@@ -60,7 +61,9 @@ def test_a_tune_of_the_eagle3_drafter_profiles_the_head_and_keys_the_pair_by_it(
         assert store.get_profile(profile["id"])["pair"] == profile["pair"]
 
 
-def test_an_eagle3_profile_exports_to_vllm_and_llamacpp_and_is_refused_elsewhere(head_dir) -> None:
+def test_an_eagle3_profile_exports_to_every_stack_that_serves_a_head_and_is_refused_elsewhere(
+    head_dir, tiny_pair_dirs
+) -> None:
     profile = {
         "tool_version": "0.1.0",
         "created_at": "2026-12-01T00:00:00+00:00",
@@ -76,13 +79,33 @@ def test_an_eagle3_profile_exports_to_vllm_and_llamacpp_and_is_refused_elsewhere
     gguf = {**profile, "pair": {**profile["pair"], "target": "/g/t.gguf", "draft": "/g/head.gguf"}}
     script = export(gguf, "llamacpp").command
     assert "--spec-type draft-eagle3 -md /g/head.gguf --spec-draft-n-max 3 --spec-draft-n-min 0" in script
+    sglang = export(profile, "sglang").command
+    assert (
+        f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {head_dir} --speculative-num-steps 3 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+    ) in sglang
+    trt = yaml.safe_load(export(profile, "trtllm").text)["speculative_config"]
+    n_layers = load_pair(tiny_pair_dirs[0], None).target.config.num_hidden_layers
+    assert trt == {
+        "decoding_type": "Eagle3",
+        "max_draft_len": 3,
+        "speculative_model": str(head_dir),
+        "eagle3_layers_to_capture": [0, 1, n_layers],  # the head's eagle_config ids, read from its folder
+        "draft_len_schedule": {1: 3, 4: 1},
+    }
+    elsewhere = copy.deepcopy(profile)  # a head folder not on this machine: no layer ids, and a note
+    elsewhere["pair"]["draft"] = "/not/here/eagle3"
+    away = export(elsewhere, "trtllm")
+    assert "eagle3_layers_to_capture" not in yaml.safe_load(away.text)["speculative_config"]
+    assert any("set eagle3_layers_to_capture" in note for note in away.notes)
+    assert sorted(set(FORMATS) - set(EAGLE3_FORMATS)) == ["hf", "tgi"]
     for fmt in sorted(set(FORMATS) - set(EAGLE3_FORMATS)):
         with pytest.raises(ProfileError, match=rf"^{fmt} export: the chosen drafter is 'eagle3'"):
             export(profile, fmt)
     off = copy.deepcopy(profile)  # a stack of one K reads chosen.gamma, not the schedule: refused too
     off["schedule"] = [{"batch_size": 1, "gamma": 0}]
-    with pytest.raises(ProfileError, match="^sglang export: the chosen drafter is 'eagle3'"):
-        export(off, "sglang")
+    with pytest.raises(ProfileError, match="^tgi export: the chosen drafter is 'eagle3'"):
+        export(off, "tgi")
     missing = copy.deepcopy(profile)
     missing["pair"]["draft"] = None
     with pytest.raises(ProfileError, match="missing key 'pair.draft'.*EAGLE-3 head folder"):
