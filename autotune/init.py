@@ -3,7 +3,9 @@
 The bundled ``tune.yaml`` is the one place the keys are documented: ``init`` copies its text,
 comments included, and replaces only the values of models.target, models.draft and
 workload.prompts (absolute paths, or ``demo`` for the bundled demo pair and prompts), so the
-written file works from any folder. In a source checkout (or an editable install) the bundled
+written file works from any folder, and (unless ``--sweep bundled``) the load sweep:
+workload.concurrency, workload.num_requests and search.max_batch_size, sized on this host by
+:func:`size_sweep` (one request up to where the target's decode throughput stops growing). In a source checkout (or an editable install) the bundled
 file is the repository's ``tune.yaml``; a wheel installs the same file as
 ``<prefix>/share/spec-autotune/tune.yaml``.
 """
@@ -12,17 +14,32 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sysconfig
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import yaml
 
 from autotune.config import DEMO, parse
 from autotune.errors import ConfigError
+from engine.demo import DEMO_TARGET
 
 REPO_TUNE_YAML = Path(__file__).resolve().parents[1] / "tune.yaml"
 SHARE = Path("share") / "spec-autotune" / "tune.yaml"
-FIELDS = (("models", "target"), ("models", "draft"), ("workload", "prompts"))
+FIELDS = (
+    ("models", "target"),
+    ("models", "draft"),
+    ("workload", "prompts"),
+    ("workload", "concurrency"),
+    ("workload", "num_requests"),
+    ("search", "max_batch_size"),
+)
+PATH_KEYS = frozenset({"target", "draft", "prompts"})  # written as YAML scalars; the others as YAML text
+SATURATION_GAIN = 1.15  # a doubling of the batch that adds less decode throughput than this: saturated
+MAX_SWEEP_BATCH = 256
 
 
 def bundled_tune_yaml() -> str:
@@ -52,7 +69,9 @@ def yaml_scalar(value: str) -> str:
 
 
 def render(template: str, values: dict[str, str]) -> str:
-    """``template`` with the values of ``target``, ``draft`` and ``prompts`` replaced, comments kept.
+    """``template`` with the values of ``target``, ``draft``, ``prompts`` (strings, written as YAML
+    scalars) and ``concurrency``, ``num_requests``, ``max_batch_size`` (YAML text as given) replaced,
+    comments kept.
 
     Each key must appear exactly once in its section as ``  key: value  # comment``; the comment
     stays in its column when the new value fits.
@@ -78,10 +97,13 @@ def render(template: str, values: dict[str, str]) -> str:
         if len(hits) != 1:
             raise ConfigError(f"bundled tune.yaml: expected one {section}.{key} line (found {len(hits)})")
         i = hits[0]
-        m = re.match(rf"(  {key}:[ \t]+)(\S+)([ \t]*)(#.*)?(\r?\n)?$", lines[i])  # \s would eat the newline
+        m = re.match(  # \s would eat the newline
+            rf"(  {key}:[ \t]+)(\[[^\]#]*\]|\S+)([ \t]*)(#.*)?(\r?\n)?$", lines[i]
+        )
         if m is None:
             raise ConfigError(f"bundled tune.yaml: cannot read the {section}.{key} line")
-        head = m.group(1)[: len(key) + 4] + yaml_scalar(values[key])
+        value = yaml_scalar(values[key]) if key in PATH_KEYS else values[key]
+        head = m.group(1)[: len(key) + 4] + value
         comment = m.group(4)
         if comment:
             column = len(m.group(1)) + len(m.group(2)) + len(m.group(3))
@@ -106,8 +128,11 @@ def write_tune_yaml(
     draft: Path | None = None,
     prompts: Path | None = None,
     force: bool = False,
+    sweep: Callable[[Path], Sweep] | None = None,
 ) -> Path:
-    """Write a tune.yaml for ``target``/``draft``/``prompts`` (each ``None``: the bundled demo one).
+    """Write a tune.yaml for ``target``/``draft``/``prompts`` (each ``None``: the bundled demo one);
+    with ``sweep`` (e.g. :func:`size_sweep`, called with the checked target folder) its load levels
+    replace the bundled ones.
 
     The models and the prompts are checked first (config.json readable by the engine, one
     vocabulary, a valid workload), then the file is written atomically; an existing one is
@@ -126,16 +151,97 @@ def write_tune_yaml(
         given, other = ("--target", "--draft") if target is not None else ("--draft", "--target")
         raise ConfigError(f"{other}: required with {given} (the demo pair's vocabulary is not your model's)")
     values = {"target": DEMO, "draft": DEMO, "prompts": DEMO}
+    folder = DEMO_TARGET
     if target is not None and draft is not None:
-        values["target"], values["draft"] = (str(p) for p in _check_pair(target, draft))
+        folder, checked_draft = _check_pair(target, draft)
+        values["target"], values["draft"] = str(folder), str(checked_draft)
     if prompts is not None:
         values["prompts"] = str(_check_prompts(prompts))
+    if sweep is not None:
+        levels = sweep(folder).levels
+        values.update(
+            concurrency=f"[{', '.join(map(str, levels))}]",
+            num_requests=str(max(16, levels[-1])),  # the largest level fills its batch at least once
+            max_batch_size=f"[{levels[-1]}]",
+        )
     text = render(bundled_tune_yaml(), values)
     parse(yaml.safe_load(text), output.parent, output)  # the file we write must load
     tmp = output.with_name(f".{output.name}.tmp")
     tmp.write_text(text)
     tmp.replace(output)
     return output
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The load levels ``init`` writes and the measurement they come from."""
+
+    levels: tuple[int, ...]  # 1, 2, 4, ... up to the saturation batch
+    device: str
+    tokens_per_second: dict[int, float]  # the target's decode throughput per batch size
+
+    def describe(self) -> str:
+        """``concurrency [1, 2, 4, 8] (decode tokens/s per doubling on cpu: 1.9x 1.7x 1.1x)``."""
+        bs = sorted(self.tokens_per_second)
+        gains = " ".join(
+            f"{self.tokens_per_second[b] / self.tokens_per_second[a]:.2f}x" for a, b in pairwise(bs)
+        )
+        return (
+            f"concurrency {list(self.levels)}: the target's decode throughput on {self.device} grows "
+            f"{gains} per doubling of the batch (saturated below {SATURATION_GAIN:g}x)"
+        )
+
+
+def saturation_levels(tokens_per_second: dict[int, float], gain: float = SATURATION_GAIN) -> tuple[int, ...]:
+    """Powers of two from 1 to the first batch whose doubling added less than ``gain`` throughput
+    (that batch shows the saturation), else to the largest measured.
+
+    Example:
+        >>> saturation_levels({1: 10.0, 2: 19.0, 4: 35.0, 8: 38.0, 16: 39.0})
+        (1, 2, 4, 8)
+        >>> saturation_levels({1: 10.0, 2: 20.0, 4: 40.0})
+        (1, 2, 4)
+    """
+    bs = sorted(tokens_per_second)
+    top = next((b for a, b in pairwise(bs) if tokens_per_second[b] < gain * tokens_per_second[a]), bs[-1])
+    return tuple(b for b in bs if b <= top)
+
+
+def size_sweep(
+    target: Path,
+    device: str = "auto",
+    dtype: str = "float32",
+    context: int = 128,
+    max_batch: int = MAX_SWEEP_BATCH,
+) -> Sweep:
+    """Time one decode step of ``target`` (after ``context`` cached tokens) at batch 1, 2, 4, ... and
+    return the levels up to its saturation (:func:`saturation_levels`). Stops early past the
+    saturation, at ``max_batch``, or when a batch does not fit in memory (the largest that fitted
+    is then the top). Seconds on a small model; a GPU measures with CUDA events."""
+    import torch
+
+    from autotune.profiler import _forward_timer
+    from autotune.timing import time_fn
+    from engine.loader import load_model, resolve_device
+
+    dev = resolve_device(device)
+    model = load_model(target, dtype, str(dev))
+    limit = min(context + 2, model.config.max_position_embeddings)
+    context = max(limit - 2, 1)
+    tps: dict[int, float] = {}
+    batch = 1
+    while batch <= max_batch:
+        try:
+            run = _forward_timer(model, batch, 1, context, dev)
+            seconds = statistics.median(time_fn(run, dev, warmup=2, repeats=5))
+        except torch.OutOfMemoryError:
+            break
+        tps[batch] = batch / seconds
+        if batch > 1 and tps[batch] < SATURATION_GAIN * tps[batch // 2]:
+            break
+        batch *= 2
+    label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    return Sweep(saturation_levels(tps), label, tps)
 
 
 def _check_pair(target: Path, draft: Path) -> tuple[Path, Path]:

@@ -162,7 +162,7 @@ def test_cuda_on_a_host_without_cuda_is_one_line(cuda_config, args):
 
 def test_init_without_models_writes_the_bundled_file_for_the_demo_pair(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = invoke("init")
+    result = invoke("init", "--sweep", "bundled")
     assert result.exit_code == 0, (result.output, result.exception)
     written = (tmp_path / "tune.yaml").read_text()
     bundled = (REPO / "tune.yaml").read_text()
@@ -195,6 +195,43 @@ def test_init_writes_absolute_paths_and_the_file_works_anywhere(
         tiny_prompts.resolve(),
     )
     assert "# HF-style folder" in moved.read_text()
+
+
+def test_init_sizes_the_load_sweep_on_this_host_from_one_request_to_the_targets_saturation(
+    tiny_pair_dirs, tiny_prompts, tmp_path
+):
+    target, draft = tiny_pair_dirs
+    out = tmp_path / "tune.yaml"
+    result = invoke("init", "--target", target, "--draft", draft, "--prompts", tiny_prompts, "-o", out)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "sweep: concurrency [1" in result.output and "per doubling of the batch" in result.output
+    cfg = load_config(out)
+    levels = list(cfg.workload.concurrency)
+    assert levels == [2**i for i in range(len(levels))] and len(levels) >= 2  # 1, 2, 4, ... measured
+    assert list(cfg.search.max_batch_size) == [levels[-1]]
+    assert cfg.workload.num_requests == max(16, levels[-1])
+    bundled = (REPO / "tune.yaml").read_text().splitlines()
+    written = out.read_text().splitlines()
+    changed = {a.split(":")[0].strip() for a, b in zip(bundled, written, strict=True) if a != b}
+    assert changed <= {"target", "draft", "prompts", "concurrency", "num_requests", "max_batch_size"}
+
+
+def test_the_sweep_init_writes_comes_from_the_measurement_it_is_given(tiny_pair_dirs, tmp_path):
+    from autotune.init import Sweep, write_tune_yaml
+
+    target, draft = tiny_pair_dirs
+    seen = []
+
+    def measured(folder):
+        seen.append(folder)
+        return Sweep((1, 2, 4, 8, 16, 32), "cpu", {1: 1.0, 2: 1.9, 4: 3.5, 8: 6.0, 16: 9.0, 32: 9.5})
+
+    out = write_tune_yaml(tmp_path / "t.yaml", target, draft, sweep=measured)
+    assert seen == [target.resolve()]
+    cfg = load_config(out)
+    assert list(cfg.workload.concurrency) == [1, 2, 4, 8, 16, 32]
+    assert cfg.workload.num_requests == 32 and list(cfg.search.max_batch_size) == [32]
+    assert measured(target).describe().startswith("concurrency [1, 2, 4, 8, 16, 32]: the target's decode")
 
 
 def test_init_refuses_to_overwrite_without_force(tmp_path):

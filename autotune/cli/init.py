@@ -35,10 +35,27 @@ import click
     help="Where to write the tune.yaml.",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
-def init(target, draft, prompts, output, force):
+@click.option(
+    "--sweep",
+    type=click.Choice(["auto", "bundled"]),
+    default="auto",
+    show_default=True,
+    help="auto: size the load sweep (workload.concurrency, num_requests, search.max_batch_size) on this "
+    "host, from one request to where the target's decode throughput stops growing (seconds); "
+    "bundled: keep the bundled tune.yaml's.",
+)
+def init(target, draft, prompts, output, force, sweep):
     """Write a commented tune.yaml for your models (the bundled one, with absolute paths)."""
-    from autotune.init import write_tune_yaml
+    from autotune.init import Sweep, size_sweep, write_tune_yaml
 
-    path = write_tune_yaml(output, target, draft, prompts, force)
+    sized: list[Sweep] = []
+
+    def measure(folder: Path) -> Sweep:
+        sized.append(size_sweep(folder))
+        return sized[-1]
+
+    path = write_tune_yaml(output, target, draft, prompts, force, measure if sweep == "auto" else None)
+    if sized:
+        click.echo(f"sweep: {sized[0].describe()}")
     click.echo(f"wrote {path}")
     click.echo(f"next: autotune tune --config {path}")
