@@ -441,6 +441,8 @@ class Assessment:
     gain: float  # tps[alternative] / tps[served_k]
     served_from: str = "profile"  # "server": the server's counted positions overrode the profile's K
     costs: str = "engine"  # "stack": the profile's stack cost fit for this stack; "engine": its curves
+    calibrated_at: int | None = None  # the tuned level whose measured choice calibrated tps (see assess)
+    calibration: tuple[float, ...] = ()  # per K: what tps[k] was divided by there (1: unchanged)
 
     @property
     def idle(self) -> bool:
@@ -469,17 +471,66 @@ def assess(model: ProfileModel, win: Window, stack: str) -> Assessment:
     else:
         acceptance, source, observed = extend_acceptance(model.acceptance, top), "profile", 0
     stack_cost = model.stack_cost if model.stack_cost is not None and model.backend == stack else None
-    if stack_cost is not None:  # the stack's own step costs at the live load (autotune.stackcost)
-        tps = tuple(stack_cost.predict_at_load(batch, k, acceptance) for k in range(top + 1))
-    else:
-        tps = tuple(predicted_tps(model.curves, acceptance, k, batch) for k in range(top + 1))
+
+    def predict(acc: Sequence[float]) -> tuple[float, ...]:
+        if stack_cost is not None:  # the stack's own step costs at the live load (autotune.stackcost)
+            return tuple(stack_cost.predict_at_load(batch, k, acc) for k in range(top + 1))
+        return tuple(predicted_tps(model.curves, acc, k, batch) for k in range(top + 1))
+
+    tps = predict(acceptance)
+    level = measured_level(model, batch, served)
+    calibration: tuple[float, ...] = ()
+    if level is not None:  # the tune measured the served K best here: what the model claims beyond, at
+        # the profile's own acceptance, is the model's error, not a change of the traffic
+        base = predict(extend_acceptance(model.acceptance, top))
+        calibration = tuple(max(base[k] / base[served], 1.0) for k in range(top + 1))
+        tps = tuple(t / c for t, c in zip(tps, calibration, strict=True))
     others = [k for k in range(top + 1) if k != served]
     alternative = max(others, key=lambda k: (tps[k], -k))
     gain = tps[alternative] / tps[served]
     costs = "stack" if stack_cost is not None else "engine"
     return Assessment(
-        win, batch, served, acceptance, source, observed, tps, alternative, gain, served_from, costs
+        win,
+        batch,
+        served,
+        acceptance,
+        source,
+        observed,
+        tps,
+        alternative,
+        gain,
+        served_from,
+        costs,
+        level,
+        calibration,
     )
+
+
+def measured_level(model: ProfileModel, batch: float, served: int) -> int | None:
+    """The tuned load level the live load sits at (nearest, inside the tuned range) when the profile's
+    measured per-level choice there is the served K; else None.
+
+    There the tune already measured every K it served against each other under the profile's
+    acceptance, and kept the served one (``table_decision.levels``); a cost model that still
+    predicts another K better at that acceptance is wrong by that much, so :func:`assess` divides
+    each K's predicted gain by what the model claims at the profile's own acceptance (when it
+    claims a gain). A change of acceptance then still moves the gain; a load change to a level
+    the tune measured says what the measurement said.
+
+    Example:
+        >>> m = ProfileModel(None, Curves({1: {1: 1.0}}, {}), (0.5,), ((16, 3),), 3, True, (1, 4, 16),
+        ...                  {1: 3, 4: 3, 16: 3})
+        >>> measured_level(m, 13.0, 3), measured_level(m, 13.0, 2), measured_level(m, 40.0, 3)
+        (16, None, None)
+    """
+    if not model.levels or not model.level_choices:
+        return None
+    if not min(model.levels) <= batch <= max(model.levels):
+        return None
+    near = model.nearest_level(batch)
+    if near is None or model.level_choices.get(near) != served:
+        return None
+    return near
 
 
 # --- staleness ---------------------------------------------------------------------------------------
@@ -647,6 +698,8 @@ def verdict_json(v: Verdict, model: ProfileModel, stack: str) -> dict[str, Any]:
         "served_k_from": a.served_from,
         "predicted_tokens_per_second": {str(k): round(t, 3) for k, t in enumerate(a.tps)},
         "predicted_with": a.costs,
+        "calibrated_at_level": a.calibrated_at,
+        "calibration": [round(c, 4) for c in a.calibration] or None,
         "extrapolated_from_position": a.observed_positions + 1 if a.acceptance_source == "live" else None,
         "alternative_k": v.alternative,
         "predicted_gain": round(v.gain.value, 4),

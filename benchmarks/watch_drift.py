@@ -65,9 +65,11 @@ from autotune.knobs import Knobs  # noqa: E402
 from autotune.runner import Sampling, build_requests  # noqa: E402
 from autotune.stats import paired_ratio  # noqa: E402
 from autotune.table import table  # noqa: E402
+from autotune.watch import ProfileModel, Staleness, Window, assess, verdict_json  # noqa: E402
 from engine.workload import load_workload  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
 from profiles.schema import Profile  # noqa: E402
+from profiles.store import Store  # noqa: E402
 
 PROSE = ROOT / "benchmarks" / "configs" / "prose_prompts.jsonl"
 
@@ -99,6 +101,12 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--confirm-rounds", type=int, default=3)
     p.add_argument("--confirm-requests", type=int, default=None, help="per round (default: 8 x concurrency)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--replay",
+        type=Path,
+        default=None,
+        help="judge the windows of an earlier run's JSON again with this checkout's rule (no server)",
+    )
     return p.parse_args()
 
 
@@ -214,12 +222,14 @@ def judge(phase: dict, windows: list[dict]) -> dict:
     """What the watch said during a phase."""
     live = [w for w in windows if not w.get("idle")]
     stale = [w for w in windows if w.get("stale")]
-    first = next((w for w in windows if w.get("stale")), None)
+    # the window where the state turned stale in this phase (a phase entered stale is not a detection)
+    first = next((w for w in windows if w.get("stale") and w.get("changed")), None)
     out = {
         "windows": len(windows),
         "idle_windows": len(windows) - len(live),
         "alarm_windows": sum(bool(w.get("alarm")) for w in windows),
         "stale_windows": len(stale),
+        "stale_at_start": bool(windows and windows[0].get("stale") and not windows[0].get("changed")),
         "stale_at_end": bool(windows and windows[-1].get("stale")),
         "acceptance_rate": _mean([w.get("acceptance_rate") for w in live]),
         "requests_running": _mean([w.get("requests_running") for w in live]),
@@ -279,8 +289,62 @@ def confirm(
     }
 
 
+def window_of(w: dict) -> Window:
+    """A recorded ``--json`` window back as the counter differences it was derived from."""
+    seconds = w.get("window_s") or 0.0
+    drafts = (w.get("drafts_per_second") or 0.0) * seconds
+    accepted = None if w.get("mean_accepted_length") is None else (w["mean_accepted_length"] - 1) * drafts
+    draft_tokens = None if w.get("mean_draft_length") is None else w["mean_draft_length"] * drafts
+    generated = (
+        None if w.get("generated_tokens_per_second") is None else w["generated_tokens_per_second"] * seconds
+    )
+    return Window(
+        seconds,
+        drafts,
+        draft_tokens,
+        accepted,
+        tuple(a * drafts for a in w.get("live_acceptance") or []),
+        generated,
+        w.get("requests_running"),
+        w.get("requests_waiting"),
+    )
+
+
+def rejudge(result: dict, model: ProfileModel, windows_to_stale: int, margin: float = 1.05) -> None:
+    """Judge the recorded windows again with this checkout's rule (``--replay``): each window's
+    verdict replaced in place, the phases judged again; the measured confirmations are kept."""
+    staleness = Staleness(windows_to_stale, margin)
+    for w in result["windows"]:
+        verdict = staleness.update(assess(model, window_of(w), result["stack"]))
+        received = w["received_s"]
+        w.clear()
+        w.update(verdict_json(verdict, model, result["stack"]), received_s=received)
+    for phase in result["phases"]:
+        phase.update(judge(phase, phase_windows(result["windows"], phase)))
+
+
+def replay(args: argparse.Namespace) -> None:
+    """``--replay JSON``: the recorded windows of an earlier run judged by this checkout's rule."""
+    result = json.loads(args.replay.read_text())
+    storage = args.storage or load_config(args.config).storage.url
+    store = Store(storage)
+    try:
+        model = ProfileModel.from_profile(store.load_profile(result["profile"]["id"]))
+    finally:
+        store.close()
+    rejudge(result, model, result["windows_to_stale"])
+    result["replayed_from"] = str(args.replay)
+    out = args.out or args.replay.with_name(args.replay.stem + "_replayed.json")
+    write_json(out, result)
+    report(result)
+    print(f"\nwrote {out}")
+
+
 def main() -> None:
     args = arguments()
+    if args.replay is not None:
+        replay(args)
+        return
     try:
         cfg = load_config(args.config)
         overrides = {"backend.name": args.stack}

@@ -224,10 +224,10 @@ def test_the_stack_that_measured_the_profile_is_predicted_with_its_own_fitted_co
         (0, 2, 6),
         "linear",
     )
-    m = model(stack_cost=fit.to_json())
+    m = model(stack_cost=fit.to_json(), table_decision={})  # no measured per-level choice to defer to
     assert m.stack_cost is not None and m.stack_cost.levels.keys() == {1, 4}
     a = w.assess(m, live_window(ALPHA, running=4), "vllm")
-    assert a.costs == "stack"
+    assert a.costs == "stack" and a.calibrated_at is None
     assert a.tps[1] == pytest.approx(fit.predict_at_load(4, 1, a.acceptance))
     assert max(range(len(a.tps)), key=a.tps.__getitem__) == 1 and a.alternative == 1 and a.gain > 1
     other = w.assess(m, live_window(ALPHA, running=4), "llamacpp")
@@ -236,6 +236,37 @@ def test_the_stack_that_measured_the_profile_is_predicted_with_its_own_fitted_co
     )
     with pytest.raises(w.ProfileError, match="unreadable 'stack_cost'"):
         model(stack_cost={"levels": {}})
+
+
+def test_at_a_tuned_level_whose_measured_choice_is_served_only_a_change_of_acceptance_alarms() -> None:
+    """The fit predicts K=1 best at 4 requests, but the tune measured the served K=4 best there
+    (table_decision): at the profile's own acceptance that claim is the model's error, so a load
+    switch to that level stays fresh; an acceptance drop at the same load still goes stale. Outside
+    the tuned levels nothing is calibrated."""
+    from autotune.stackcost import LevelCost, StackCost
+
+    fit = StackCost(
+        "model",
+        {1: LevelCost(0.02, 0.002, 0.002, 1.0), 4: LevelCost(0.03, 0.002, 0.02, 4.0)},
+        tuple(ALPHA**i for i in range(1, 7)),
+        (0, 2, 6),
+        "linear",
+    )
+    m = model(stack_cost=fit.to_json())
+    raw = model(stack_cost=fit.to_json(), table_decision={})
+    assert w.assess(raw, live_window(ALPHA, running=4, k=4), "vllm").gain > 1.05  # the uncalibrated claim
+    a = w.assess(m, live_window(ALPHA, running=4, k=4), "vllm")
+    assert (
+        a.calibrated_at == 4 and a.served_k == 4 and a.gain == pytest.approx(1.0, rel=1e-3)
+    )  # counts rounded
+    assert all(c >= 1.0 for c in a.calibration) and a.calibration[4] == 1.0
+    rule = w.Staleness(windows_to_stale=3)
+    steady = [rule.update(w.assess(m, live_window(ALPHA, running=4, k=4), "vllm")) for _ in range(5)]
+    assert not any(v.alarm or v.stale for v in steady)
+    dropped = [rule.update(w.assess(m, live_window(0.4, running=4, k=4), "vllm")) for _ in range(3)]
+    assert dropped[-1].stale and dropped[-1].alternative != 4
+    assert w.measured_level(m, 9.0, 4) is None  # above the tuned levels (1, 2, 4)
+    assert w.verdict_json(steady[0], m, "vllm")["calibrated_at_level"] == 4
 
 
 def test_a_profile_without_curves_or_acceptance_is_one_line() -> None:

@@ -14,8 +14,17 @@ import watch_drift  # noqa: E402
 from engine.workload import load_workload  # noqa: E402
 
 
-def window(at: float, stale: bool, alarm: bool | None = None, k: int = 5, alt: int = 2, idle: bool = False) -> dict:
+def window(
+    at: float,
+    stale: bool,
+    alarm: bool | None = None,
+    k: int = 5,
+    alt: int = 2,
+    idle: bool = False,
+    changed: bool | None = None,
+) -> dict:
     return {
+        "changed": changed if changed is not None else stale,
         "received_s": at,
         "window_s": 10.0,
         "idle": idle,
@@ -42,7 +51,7 @@ def test_a_window_belongs_to_the_phase_its_middle_falls_in() -> None:
 def test_the_first_stale_window_gives_the_delay_from_the_phase_start_and_the_named_alternative() -> None:
     phase = {"start_s": 100.0, "end_s": 200.0}
     windows = [window(110.0, False), window(120.0, False, alarm=True), window(130.0, False, alarm=True)]
-    windows += [window(140.0, True), window(150.0, True), window(160.0, False, alarm=False)]
+    windows += [window(140.0, True), window(150.0, True, changed=False), window(160.0, False, alarm=False)]
     judged = watch_drift.judge(phase, windows)
     assert judged["windows"] == 6
     assert judged["alarm_windows"] == 4
@@ -53,6 +62,13 @@ def test_the_first_stale_window_gives_the_delay_from_the_phase_start_and_the_nam
     assert judged["first_stale"]["gain_ci95"] == [1.1, 1.3]
     assert judged["fresh_again_window"] == 6
     assert not judged["stale_at_end"]
+
+
+def test_a_phase_entered_stale_is_no_detection() -> None:
+    phase = {"start_s": 0.0, "end_s": 100.0}
+    windows = [window(20.0, True, changed=False), window(30.0, False, alarm=False, changed=True)]
+    judged = watch_drift.judge(phase, windows)
+    assert judged["first_stale"] is None and judged["stale_at_start"] and judged["stale_windows"] == 1
 
 
 def test_a_steady_phase_without_stale_windows_has_no_first_stale_and_idle_windows_are_counted_apart() -> None:
