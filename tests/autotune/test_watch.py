@@ -211,19 +211,24 @@ def test_the_server_running_fewer_positions_than_the_profiles_k_is_what_is_serve
     assert w.assess(model(), live_window(ALPHA), "vllm").served_from == "profile"
 
 
-def test_the_stack_that_measured_the_profile_is_predicted_with_its_own_fitted_costs() -> None:
-    """``profile["stack_cost"]`` (autotune.stackcost) replaces the engine curves for the stack that
-    measured it: here its per-token cost at 4 requests makes K=1 the best there, which the engine
-    curves would not say; llama-server (another stack) keeps the curves."""
+def k1_best_at_4_requests():
+    """A stack cost fit whose per-token cost at 4 requests makes K=1 the best there."""
     from autotune.stackcost import LevelCost, StackCost
 
-    fit = StackCost(
+    return StackCost(
         "model",
         {1: LevelCost(0.02, 0.002, 0.002, 1.0), 4: LevelCost(0.03, 0.002, 0.02, 4.0)},
         tuple(ALPHA**i for i in range(1, 7)),
         (0, 2, 6),
         "linear",
     )
+
+
+def test_the_stack_that_measured_the_profile_is_predicted_with_its_own_fitted_costs() -> None:
+    """``profile["stack_cost"]`` (autotune.stackcost) replaces the engine curves for the stack that
+    measured it: here its per-token cost at 4 requests makes K=1 the best there, which the engine
+    curves would not say; llama-server (another stack) keeps the curves."""
+    fit = k1_best_at_4_requests()
     m = model(stack_cost=fit.to_json(), table_decision={})  # no measured per-level choice to defer to
     assert m.stack_cost is not None and m.stack_cost.levels.keys() == {1, 4}
     a = w.assess(m, live_window(ALPHA, running=4), "vllm")
@@ -243,15 +248,7 @@ def test_at_a_tuned_level_whose_measured_choice_is_served_only_a_change_of_accep
     (table_decision): at the profile's own acceptance that claim is the model's error, so a load
     switch to that level stays fresh; an acceptance drop at the same load still goes stale. Outside
     the tuned levels nothing is calibrated."""
-    from autotune.stackcost import LevelCost, StackCost
-
-    fit = StackCost(
-        "model",
-        {1: LevelCost(0.02, 0.002, 0.002, 1.0), 4: LevelCost(0.03, 0.002, 0.02, 4.0)},
-        tuple(ALPHA**i for i in range(1, 7)),
-        (0, 2, 6),
-        "linear",
-    )
+    fit = k1_best_at_4_requests()
     m = model(stack_cost=fit.to_json())
     raw = model(stack_cost=fit.to_json(), table_decision={})
     assert w.assess(raw, live_window(ALPHA, running=4, k=4), "vllm").gain > 1.05  # the uncalibrated claim
