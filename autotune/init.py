@@ -5,9 +5,9 @@ comments included, and replaces only the values of models.target, models.draft a
 workload.prompts (absolute paths, or ``demo`` for the bundled demo pair and prompts), so the
 written file works from any folder, and (unless ``--sweep bundled``) the load sweep:
 workload.concurrency, workload.num_requests and search.max_batch_size, sized on this host by
-:func:`size_sweep` (one request up to where the target's decode throughput stops growing). In a source checkout (or an editable install) the bundled
-file is the repository's ``tune.yaml``; a wheel installs the same file as
-``<prefix>/share/spec-autotune/tune.yaml``.
+:func:`size_sweep` (one request up to where the target's decode throughput stops growing). In a
+source checkout (or an editable install) the bundled file is the repository's ``tune.yaml``; a
+wheel installs the same file as ``<prefix>/share/spec-autotune/tune.yaml``.
 """
 
 from __future__ import annotations
