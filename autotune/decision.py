@@ -44,8 +44,7 @@ from autotune.selection import (
     TableVerdict,
     choose_with_margin,
     pareto_front,
-    per_level_choices,
-    table_of,
+    plan_table,
     table_verdict,
 )
 from autotune.stats import estimate, paired_ratio, significant
@@ -285,15 +284,14 @@ def serve_table(
     best_static: Point | None,
     say: Say,
 ) -> TableContest:
-    """The per-level choices; where their K differ, the table they make served live beside the best
-    constant and no speculation (:func:`remeasure`), and its :func:`autotune.selection.table_verdict`.
+    """The per-level choices and the table they make (:func:`autotune.selection.plan_table`); where
+    its K differ by level and the constants do not already rule it out, the table served live
+    beside the best constant and no speculation (:func:`remeasure`), and its
+    :func:`autotune.selection.table_verdict`.
     """
     constant = _constant(chosen, best_static)
-    drafter = constant.knobs.drafter if constant.knobs.gamma > 0 else chosen.knobs.drafter
-    if best_static is not None and constant.knobs.gamma == 0:
-        drafter = best_static.knobs.drafter
-    levels = per_level_choices(remeasured.points, cfg.batch_sizes, drafter, constant.knobs)
-    table = table_of(levels)
+    plan = plan_table(remeasured.points, cfg.batch_sizes, constant, best_static, chosen.knobs.drafter)
+    levels, table = plan.levels, plan.table
     per_level = ", ".join(f"{c.batch_size}: {c.gamma}" for c in levels)
 
     def unserved(note: str) -> TableContest:
@@ -301,15 +299,13 @@ def serve_table(
 
     if not (constant is chosen or chosen.knobs.is_static_chain or chosen.knobs.gamma == 0):
         return unserved(f"the chosen {chosen.knobs.label} is no K a table holds; per-level K {per_level}")
-    if len(levels) < len(cfg.batch_sizes):
-        return unserved("not every load level has paired per-level measurements")
-    if len({g for _, g in table}) == 1:
-        return unserved(f"the per-level choices agree on K={table[0][1]} at every load level ({per_level})")
+    if plan.unserved:
+        return unserved(plan.unserved)
     if not backend.serves_table:
         return unserved(
             f"{backend.name} takes one K for every batch size; the per-level choices were {per_level}"
         )
-    knobs = Knobs.for_table(drafter, table, chosen.knobs.max_batch_size)
+    knobs = Knobs.for_table(plan.drafter, table, chosen.knobs.max_batch_size)
     configs = [(off.knobs, None), (constant.knobs, constant.number), (knobs, None)]
     if constant.knobs == off.knobs:
         configs = [configs[0], configs[2]]

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autotune.knobs import Knobs
+from autotune.knobs import Knobs, table_text
 from autotune.stats import Estimate, describe_difference, paired_ratio, significant
 
 
@@ -203,14 +203,21 @@ def at_level(p: Point, b: int) -> Point:
 
 
 def per_level_choices(
-    points: Sequence[Point], batch_sizes: Sequence[int], drafter: str, anchor: Knobs
+    points: Sequence[Point],
+    batch_sizes: Sequence[int],
+    drafter: str,
+    anchor: Knobs,
+    with_off: bool = True,
 ) -> list[LevelChoice]:
-    """At each load level, the K a table would hold there: the best constant (``anchor``: the
-    configuration chosen over the whole workload, or its best constant K) unless another K is
-    significantly faster at that level.
+    """At each load level, the best K there: the best constant (``anchor``: the configuration chosen
+    over the whole workload, or its best constant K) unless another K is significantly faster at
+    that level.
 
-    The pool at level ``b`` is speculation off and every constant K of ``drafter`` (static chains:
-    what a stack's K and a table's entries are) with paired rounds at ``b``. The fastest of the
+    The pool at level ``b`` is speculation off (unless ``with_off`` is False) and every constant K
+    of ``drafter`` (static chains: what a stack's K and a table's entries are) with paired rounds
+    at ``b``. A table's K=0 range is not speculation off: the drafter still reads every new token
+    there (the engine's ``Drafter.catch_up``, vLLM's proposer keeping the draft's KV cache in sync),
+    so the K a table holds are chosen with ``with_off=False``. The fastest of the
     pool that beats the anchor there with a paired-ratio interval excluding 1 replaces it at that
     level; otherwise the anchor stays and the reason gives the comparison. Anchoring on the
     constant, rather than on the simplest K, means a table departs from the constant only where
@@ -225,6 +232,8 @@ def per_level_choices(
         ...        pt(5, 99, 103, 100, 170, 172, 171)]
         >>> [(c.batch_size, c.gamma) for c in per_level_choices(pts, [1, 8], "model", pts[2].knobs)]
         [(1, 5), (8, 0)]
+        >>> [(c.batch_size, c.gamma) for c in per_level_choices(pts, [1, 8], "model", pts[2].knobs, False)]
+        [(1, 5), (8, 2)]
     """
     out = []
     for b in batch_sizes:
@@ -233,7 +242,9 @@ def per_level_choices(
             for p in points
             if b in p.per_batch
             and p.per_batch_rounds.get(b)
-            and (p.knobs.gamma == 0 or (p.knobs.is_static_chain and p.knobs.drafter == drafter))
+            and (
+                (p.knobs.gamma == 0 and with_off) or (p.knobs.is_static_chain and p.knobs.drafter == drafter)
+            )
         ]
         sizes = {len(p.rounds) for p in pool}
         base = next((p for p in pool if p.knobs == anchor), None)
@@ -266,6 +277,90 @@ def per_level_choices(
 def table_of(choices: Sequence[LevelChoice]) -> tuple[tuple[int, int], ...]:
     """The by-batch-size table the per-level choices make: ``((batch_size, K), ...)``."""
     return tuple(sorted((c.batch_size, c.gamma) for c in choices))
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """What the per-level choices say and the table they make.
+
+    ``levels``: the best K at each load level, speculation off included (the measurement's word,
+    stored); ``holds``: the K a table holds there, chosen with ``with_off=False`` and anchored on
+    the best constant K (a table's K=0 range still runs the drafter, so it is not "off");
+    ``table``: ``table_of(holds)``; ``unserved``: why serving it would tell nothing (one K at every
+    level, or a level where the constants already show it would lose), "" when it is worth serving.
+    """
+
+    levels: list[LevelChoice]
+    holds: list[LevelChoice]
+    table: tuple[tuple[int, int], ...]
+    drafter: str
+    unserved: str
+
+
+def plan_table(
+    points: Sequence[Point],
+    batch_sizes: Sequence[int],
+    constant: Point,
+    best_static: Point | None,
+    drafter: str,
+) -> TablePlan:
+    """The per-level choices anchored on ``constant`` (the best constant over the workload: one K, or
+    none), and the table to serve: K >= 1 at every level, anchored on ``constant`` where it is a K,
+    else on ``best_static``; ``drafter`` is the chosen configuration's, used where neither is a K.
+
+    The table is not worth serving when it holds one K at every level (it is that constant), or
+    when at some level the constant is significantly faster than the K the table holds there: a
+    table serves each level at that level's K, whose constant was measured there, so it would lose
+    :func:`table_verdict` (a stack's table bookkeeping only adds cost).
+
+    Example:
+        >>> def pt(g, r1, r8):
+        ...     return Point(Knobs("model", g), 0, 0, per_batch={1: r1[0], 8: r8[0]},
+        ...                  per_batch_rounds={1: r1, 8: r8})
+        >>> off = pt(0, (50, 52, 51), (200, 204, 198))
+        >>> k2, k5 = pt(2, (80, 82, 79), (190, 196, 191)), pt(5, (99, 103, 100), (170, 172, 171))
+        >>> plan = plan_table([off, k2, k5], [1, 8], k5, k5, "model")
+        >>> [c.gamma for c in plan.levels], plan.table, plan.unserved
+        ([5, 0], ((1, 5), (8, 2)), '')
+        >>> plan_table([off, k2, k5], [1, 8], off, k5, "model").unserved[-47:]
+        'the table cannot win there, so it is not served'
+    """
+    if constant.knobs.gamma > 0:
+        drafter = constant.knobs.drafter
+    elif best_static is not None:
+        drafter = best_static.knobs.drafter
+    levels = per_level_choices(points, batch_sizes, drafter, constant.knobs)
+    per_level = ", ".join(f"{c.batch_size}: {c.gamma}" for c in levels)
+    spec = constant if constant.knobs.gamma > 0 else best_static
+    holds = []
+    if spec is not None and spec.knobs.gamma > 0:
+        holds = per_level_choices(points, batch_sizes, drafter, spec.knobs, with_off=False)
+    table = table_of(holds)
+
+    def plan(unserved: str) -> TablePlan:
+        return TablePlan(levels, holds, table, drafter, unserved)
+
+    if len(levels) < len(batch_sizes) or len(holds) < len(batch_sizes):
+        return plan("not every load level has paired per-level measurements")
+    if len({c.gamma for c in levels}) == 1:
+        return plan(f"the per-level choices agree on K={levels[0].gamma} at every load level ({per_level})")
+    if len({g for _, g in table}) == 1:
+        return plan(
+            f"per-level choices {per_level}; a table holds K >= 1 (its K=0 range still runs the "
+            f"drafter), here K={table[0][1]} at every level: one K, no table"
+        )
+    for c in holds:
+        const = at_level(constant, c.batch_size)
+        if c.point.knobs == const.knobs or const.tokens_per_second <= c.point.tokens_per_second:
+            continue
+        ratio = score_ratio(const, c.point, has_slo=True)
+        if significant(ratio):
+            return plan(
+                f"per-level choices {per_level}; the table {table_text(table)} holds K={c.gamma} at "
+                f"batch {c.batch_size}, where the constant {constant.knobs.label} measured "
+                f"{describe_difference(ratio)} over it: the table cannot win there, so it is not served"
+            )
+    return plan("")
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from _common import portable
 from autotune.backends.server import ServerError
 from autotune.knobs import Knobs
 from autotune.records import LEVEL_KEYS, PER_POSITION
-from autotune.selection import LevelChoice, Point, choose_with_margin, per_level_choices
+from autotune.selection import LevelChoice, Point, TablePlan, choose_with_margin, plan_table
 from autotune.stats import Estimate, paired_ratio, t975
 from autotune.table import fmt, table
 
@@ -269,17 +269,25 @@ class Plan:
             per_batch_rounds={b: tuple(v["tokens_per_second"]) for b, v in levels.items()},
         )
 
-    def level_choices(self, drafter: str) -> list[LevelChoice]:
-        """The tool's per-level rule (:func:`autotune.selection.per_level_choices`) over no speculation
-        and the grid measured so far, anchored on the constant the tool chooses over the sweep
-        (:meth:`constant_choice`)."""
+    def table_plan(self, drafter: str) -> TablePlan | None:
+        """The tool's per-level rule and the table it serves (:func:`autotune.selection.plan_table`)
+        over no speculation and the grid measured so far, anchored on the constant the tool chooses
+        over the sweep (:meth:`constant_choice`), the fastest constant K where that is none; None
+        before anything is measured."""
         rows = self.ok(CONSTANT_KINDS)
         label, _ = self.constant_choice()
         if label is None:
-            return []
+            return None
         points = [self.point(r) for r in rows]
-        anchor = next(p for r, p in zip(rows, points, strict=True) if r["config"] == label)
-        return per_level_choices(points, self.levels, drafter, anchor.knobs)
+        constant = next(p for r, p in zip(rows, points, strict=True) if r["config"] == label)
+        ks = [p for p in points if p.knobs.gamma > 0]
+        best_static = max(ks, key=lambda p: p.tokens_per_second) if ks else None
+        return plan_table(points, self.levels, constant, best_static, drafter)
+
+    def level_choices(self, drafter: str) -> list[LevelChoice]:
+        """The per-level choices of :meth:`table_plan` (speculation off included)."""
+        plan = self.table_plan(drafter)
+        return [] if plan is None else plan.levels
 
     def constant_choice(self) -> tuple[str | None, str]:
         """The tool's margin rule (:func:`autotune.selection.choose_with_margin`, on the sweep's

@@ -11,12 +11,12 @@ round r with the same seed in every configuration (paired rounds), in this order
 3. the table with K=0 at every batch size (``num_speculative_tokens`` 1,
    ``num_speculative_tokens_per_batch_size [[1, max_num_seqs, 0]]``): what merely enabling the
    table costs against no speculation (vLLM #49548);
-4. the table the tool's per-level rule makes from this run's grid (autotune.selection:
-   ``per_level_choices``, the margin rule's constant over the sweep unless another K, or none, is
-   significantly faster at a level, then ``table_of``), served live as
-   vLLM's ``num_speculative_tokens_per_batch_size``; not served, with a note, when every level
-   takes the same K (no other K is significantly faster at any level of this host: the table is a
-   constant);
+4. the table the tool's per-level rule makes from this run's grid (``autotune.selection.plan_table``,
+   the one the tune serves: the margin rule's constant over the sweep unless another K, or none,
+   is significantly faster at a level; the table holds K >= 1, its K=0 ranges still running the
+   draft), served live as vLLM's ``num_speculative_tokens_per_batch_size``; not served, with the
+   tool's note, when it holds one K at every level or the constants already show it would lose
+   at some level;
 5. the config exported by ``autotune tune --backend engine`` and the one chosen by
    ``autotune tune --backend vllm`` (the newest profiles for this host and pair), when present.
 
@@ -71,7 +71,7 @@ from _transfer import open_stack  # noqa: E402
 
 from autotune.backends.vllm import VllmBackend, serve_command, trial_inputs  # noqa: E402
 from autotune.knobs import Knobs, table_text  # noqa: E402
-from autotune.selection import table_of, table_verdict  # noqa: E402
+from autotune.selection import table_verdict  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
 from profiles.schema import Profile  # noqa: E402
 
@@ -139,19 +139,14 @@ def main() -> None:
             f"table 1-{batch}:0 (K=0 everywhere)", zero, "table-zero", k_per_level={b: 0 for b in levels}
         )
 
-        choices = plan.level_choices("model")
-        tuned = table_of(choices)
+        planned = plan.table_plan("model")
+        choices = planned.levels if planned is not None else []
+        tuned = planned.table if planned is not None else ()
         table_label = None
-        if len(choices) < len(levels):
-            note = (
-                "not every load level has paired grid measurements (a configuration failed): no table served"
-            )
-        elif len({k for _, k in tuned}) == 1:
-            note = (
-                f"the per-level rule keeps one K ({level_choice_text(choices)}): no other K is significantly "
-                "faster at any level of this host, so the table "
-                f"equals the constant K={tuned[0][1]}, not served"
-            )
+        if planned is None:
+            note = "nothing measured: no table served"
+        elif planned.unserved:
+            note = f"{planned.unserved} ({level_choice_text(choices)})"
         else:
             knobs = Knobs.for_table("model", tuned, batch)
             table_label = f"tuned table {table_text(tuned)}"

@@ -12,6 +12,7 @@ from autotune.selection import (
     knee_point,
     pareto_front,
     per_level_choices,
+    plan_table,
     table_of,
     table_verdict,
 )
@@ -199,6 +200,38 @@ def test_a_level_without_paired_rounds_of_equal_length_or_the_constant_gets_no_c
     assert per_level_choices([OFF, short], [1], "model", OFF.knobs) == []
     assert per_level_choices([OFF, K2], [8], "model", OFF.knobs) == []
     assert per_level_choices([OFF, K2], [1], "model", K5.knobs) == []  # the constant was not measured
+
+
+def test_a_table_holds_k_of_at_least_one_where_the_per_level_choice_is_off() -> None:
+    """The vLLM run's shape: K=5 fastest at batch 1, no speculation significantly faster from 4 up.
+    The per-level choices say so (stored); the table cannot (its K=0 range still runs the drafter):
+    it holds the fastest K >= 1 at each level, here K=5 everywhere, the constant: nothing to serve."""
+    off = levels(Knobs("model", 0), b1=(83, 85, 84, 86), b4=(410, 414, 416, 411), b16=(520, 515, 524, 518))
+    plan = plan_table([off, K2, K5], [1, 4, 16], off, K5, "model")
+    assert [(c.batch_size, c.gamma) for c in plan.levels] == [(1, 5), (4, 0), (16, 0)]
+    assert plan.table == ((1, 5), (4, 5), (16, 5)) and plan.drafter == "model"
+    assert (
+        "its K=0 range still runs the drafter" in plan.unserved
+        and "K=5 at every level: one K" in plan.unserved
+    )
+
+
+def test_a_table_the_constants_already_beat_at_one_level_is_not_served() -> None:
+    """No speculation is the constant; K=5 wins at 1 and K=2 beats K=5 at 16, but no speculation is
+    significantly faster than K=2 there: served, the table would lose at 16."""
+    k2 = levels(Knobs("model", 2), b1=(143, 141, 145, 144), b4=(304, 300, 306, 303), b16=(500, 496, 503, 499))
+    off = levels(Knobs("model", 0), b1=(83, 85, 84, 86), b4=(330, 334, 336, 331), b16=(520, 515, 524, 518))
+    plan = plan_table([off, k2, K5], [1, 4, 16], off, K5, "model")
+    assert plan.table == ((1, 5), (4, 5), (16, 2))
+    assert "holds K=2 at batch 16" in plan.unserved and "cannot win there" in plan.unserved
+
+
+def test_a_table_whose_levels_each_beat_the_constant_is_served() -> None:
+    """K=5 is the constant; K=2 is significantly faster at 16: the table 1-4:5, 16:2 is worth a run."""
+    k2 = levels(Knobs("model", 2), b1=(143, 141, 145, 144), b4=(304, 300, 306, 303), b16=(500, 496, 503, 499))
+    plan = plan_table([OFF, k2, K5], [1, 4, 16], K5, K5, "model")
+    assert plan.table == ((1, 5), (4, 5), (16, 2)) and plan.unserved == ""
+    assert [c.gamma for c in plan.levels] == [5, 5, 2]
 
 
 def table_point(table: tuple[tuple[int, int], ...], **rounds: tuple[float, ...]) -> Point:

@@ -210,7 +210,12 @@ def test_a_study_that_plans_by_cost_serves_only_the_predicted_best_k_and_stops(t
     assert stored["trials"] < cfg.budget.n_trials  # the planner stopped the study early
     assert any("faster than the served ones at any level: the study stops" in line for line in lines)
     assert all(math.isclose(r["ratio"], 1.0, rel_tol=1e-6) for r in stored["predicted_vs_measured"])
-    assert profile["table_decision"]["table"] == [[c, k] for c, k in truth.items()]  # served and won
+    decision = profile["table_decision"]
+    assert {lv["batch_size"]: lv["gamma"] for lv in decision["levels"]} == truth
+    # a table's K=0 range still runs the drafter: where speculation off is best, it holds the best K >= 1
+    assert decision["table"] == [[c, k or 1] for c, k in truth.items()]
+    # ... where no speculation, the constant, is faster than K=1: served, that table would lose there
+    assert not decision["served"] and "holds K=1 at batch 3" in decision["reason"]
     assert {int(b): c["per_token_ms"] for b, c in stored["levels"].items()} == pytest.approx(
         {c: 1e3 * COSTS[b][2] for c, b in zip((1, 2, 3), sorted(COSTS), strict=True)}
     )
