@@ -308,10 +308,11 @@ def plan_table(
     none), and the table to serve: K >= 1 at every level, anchored on ``constant`` where it is a K,
     else on ``best_static``; ``drafter`` is the chosen configuration's, used where neither is a K.
 
-    The table is not worth serving when it holds one K at every level (it is that constant), or
-    when at some level the constant is significantly faster than the K the table holds there: a
-    table serves each level at that level's K, whose constant was measured there, so it would lose
-    :func:`table_verdict` (a stack's table bookkeeping only adds cost).
+    The table is not worth serving when it holds one K at every level (it is that constant), when
+    at some level the constant is significantly faster than the K the table holds there, or when at
+    no level that K is significantly faster than the constant: a table serves each level at that
+    level's K, whose constant was measured there, so it would lose :func:`table_verdict` (a stack's
+    table bookkeeping only adds cost).
 
     Example:
         >>> def pt(g, r1, r8):
@@ -349,9 +350,13 @@ def plan_table(
             f"per-level choices {per_level}; a table holds K >= 1 (its K=0 range still runs the "
             f"drafter), here K={table[0][1]} at every level: one K, no table"
         )
+    gains = False
     for c in holds:
         const = at_level(constant, c.batch_size)
-        if c.point.knobs == const.knobs or const.tokens_per_second <= c.point.tokens_per_second:
+        if c.point.knobs == const.knobs:
+            continue
+        if const.tokens_per_second < c.point.tokens_per_second:
+            gains = gains or significant(score_ratio(c.point, const, has_slo=True))
             continue
         ratio = score_ratio(const, c.point, has_slo=True)
         if significant(ratio):
@@ -360,6 +365,11 @@ def plan_table(
                 f"batch {c.batch_size}, where the constant {constant.knobs.label} measured "
                 f"{describe_difference(ratio)} over it: the table cannot win there, so it is not served"
             )
+    if not gains:
+        return plan(
+            f"per-level choices {per_level}; the table {table_text(table)} holds no K significantly "
+            f"faster than the constant {constant.knobs.label} at any level, so it cannot win: not served"
+        )
     return plan("")
 
 

@@ -226,6 +226,19 @@ def test_a_table_the_constants_already_beat_at_one_level_is_not_served() -> None
     assert "holds K=2 at batch 16" in plan.unserved and "cannot win there" in plan.unserved
 
 
+def test_a_table_no_level_of_which_beats_the_constant_is_not_served() -> None:
+    """No speculation is the constant, and K=2 beats it at batch 1; the table (anchored on the best
+    constant K, K=5) holds K=5 at 1 and 4 and K=2 at 16, none of them significantly faster than no
+    speculation where it stands: served, it could not win anywhere."""
+    noisy = (300, 420, 290, 410)
+    off = levels(Knobs("model", 0), b1=(100, 102, 101, 99), b4=noisy, b16=(520, 470, 530, 480))
+    k2 = levels(Knobs("model", 2), b1=(120, 121, 119, 122), b4=noisy, b16=(500, 496, 503, 499))
+    k5 = levels(Knobs("model", 5), b1=(115, 80, 150, 95), b4=noisy, b16=(470, 460, 475, 465))
+    plan = plan_table([off, k2, k5], [1, 4, 16], off, k5, "model")
+    assert [c.gamma for c in plan.levels] == [2, 0, 0] and plan.table == ((1, 5), (4, 5), (16, 2))
+    assert "holds no K significantly faster than the constant" in plan.unserved, plan.unserved
+
+
 def test_a_table_whose_levels_each_beat_the_constant_is_served() -> None:
     """K=5 is the constant; K=2 is significantly faster at 16: the table 1-4:5, 16:2 is worth a run."""
     k2 = levels(Knobs("model", 2), b1=(143, 141, 145, 144), b4=(304, 300, 306, 303), b16=(500, 496, 503, 499))
