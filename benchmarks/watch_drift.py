@@ -33,8 +33,13 @@ fell in; rewritten after each phase, ``complete`` false until the end). Usage::
     python benchmarks/watch_drift.py --stack vllm [--config tune.yaml] [--profile ID] \
 [--steady-min 10] [--switch-min 3] [--interval 15] [--windows-to-stale 3] [--confirm-rounds 3]
 
-A re-tune on the prose prompts (``autotune watch --retune``) is not run here: on vLLM-CPU it is a
-whole ``autotune tune --backend vllm`` (about 20 minutes on a 2-core host).
+With ``--retune``, the first phase that turned stale is then re-tuned for real, exactly as
+``autotune watch --retune`` would (:func:`autotune.retune.retune`: the phase's prompts as the
+recent-prompts JSONL, sampled phases with their temperature on every line, the load levels around
+the phase's live requests running, the same stack), after the benchmark's own servers are
+stopped; the row says whether the re-tune's choice is the alternative the watch named. On
+vLLM-CPU that is a whole ``autotune tune --backend vllm`` (15-30 minutes on a 2-core host); on
+llama-server a few minutes.
 """
 
 from __future__ import annotations
@@ -101,6 +106,11 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--confirm-rounds", type=int, default=3)
     p.add_argument("--confirm-requests", type=int, default=None, help="per round (default: 8 x concurrency)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--retune",
+        action="store_true",
+        help="re-tune the first stale phase for real (autotune.retune.retune) and compare its choice",
+    )
     p.add_argument(
         "--replay",
         type=Path,
@@ -286,6 +296,51 @@ def confirm(
         "tokens_per_second": tps,
         "measured_gain": ratio.as_dict(),
         "measured_gain_text": ratio.text(unit="x"),
+    }
+
+
+def phase_prompts(source: Path, temperature: float | None, out: Path) -> Path:
+    """The recent-prompts JSONL a re-tune of a phase reads: ``source``'s lines, each with
+    ``temperature`` set when the phase sampled (the workload's own otherwise)."""
+    lines = []
+    for line in source.read_text().splitlines():
+        if not line.strip():
+            continue
+        obj = json.loads(line)
+        if temperature is not None:
+            obj["temperature"] = temperature
+        lines.append(json.dumps(obj))
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def retune_phase(cfg, stack: str, phase: dict, prompts: Path) -> dict:
+    """:func:`autotune.retune.retune` on the phase (its prompts, its live load); what it chose
+    against the K the watch named."""
+    from autotune.retune import retune
+
+    first = phase["first_stale"]
+    batch = phase.get("requests_running") or float(phase["concurrency"])
+    lines: list[str] = []
+    t0 = time.time()
+    profile = retune(
+        cfg, prompts, stack, batch, lambda line: (lines.append(line), print(line, file=sys.stderr))
+    )
+    chosen = profile["chosen"]
+    k = 0 if chosen.get("drafter") == "none" else int(chosen.get("gamma", 0))
+    return {
+        "phase": phase["phase"],
+        "prompts": str(prompts),
+        "requests_running": batch,
+        "profile_id": profile.get("id"),
+        "chosen_k": k,
+        "schedule": [[e["batch_size"], e["gamma"]] for e in profile.get("schedule", [])],
+        "named_k": first["alternative_k"],
+        "agrees": k == first["alternative_k"],
+        "speedup_over_baseline": (profile.get("metrics") or {}).get("speedup"),
+        "selection": (profile.get("selection") or {}).get("reason"),
+        "wall_s": time.time() - t0,
+        "log": lines,
     }
 
 
@@ -481,6 +536,17 @@ def main() -> None:
         if watcher is not None:
             watcher.stop()
         backend.close()
+    stale = next(
+        (ph for ph in result["phases"] if (ph.get("first_stale") or {}).get("alternative_k") is not None),
+        None,
+    )
+    if args.retune and stale is not None:
+        source = args.prose if stale["phase"] == "prose" else Path(cfg.workload.prompts)
+        temperature = 1.0 if stale["phase"] == "sampled" else None
+        prompts = phase_prompts(source, temperature, log_dir / f"{stale['phase']}_prompts.jsonl")
+        print(f"re-tuning the {stale['phase']} phase on {args.stack}", file=sys.stderr)
+        result["retune"] = retune_phase(cfg, args.stack, stale, prompts)
+        write_json(out, result)
     result["wall_s"] = time.time() - t_start
     result["complete"] = True
     write_json(out, result)
@@ -533,6 +599,15 @@ def report(result: dict) -> None:
     )
     prof = result["profile"]
     print(f"\nprofile #{prof['id']}: chosen {prof['chosen']}, served {' '.join(result['served_args'])}")
+    rt = result.get("retune")
+    if rt:
+        print(
+            f"re-tune of the {rt['phase']} phase ({rt['wall_s'] / 60:.1f} min, ~{rt['requests_running']:.1f} "
+            f"requests running): profile #{rt['profile_id']} chose K={rt['chosen_k']} (schedule "
+            f"{rt['schedule']}); the watch had named K={rt['named_k']}: "
+            + ("the same" if rt["agrees"] else "different")
+            + f"; {rt['selection']}"
+        )
 
 
 if __name__ == "__main__":

@@ -88,3 +88,17 @@ def test_the_bundled_prose_prompts_load_and_are_not_code() -> None:
     for item in items:
         assert len(item.prompt) >= 250
         assert sum(c.isalpha() or c == " " for c in item.prompt) / len(item.prompt) > 0.9
+
+
+def test_a_phase_re_tune_reads_the_phase_prompts_with_its_sampling(tmp_path) -> None:
+    """The sampled phase is re-tuned on the same prompts at temperature 1, set on every line (the
+    workload reader takes it per line); other phases keep the lines as they are."""
+    src = tmp_path / "src.jsonl"
+    src.write_text(
+        '{"prompt": "def f(", "max_new_tokens": 8}\n\n{"prompt": "import os", "temperature": 0.0}\n'
+    )
+    sampled = load_workload(watch_drift.phase_prompts(src, 1.0, tmp_path / "sampled.jsonl"))
+    assert [(r.prompt, r.temperature) for r in sampled] == [("def f(", 1.0), ("import os", 1.0)]
+    assert sampled[0].max_new_tokens == 8
+    same = load_workload(watch_drift.phase_prompts(src, None, tmp_path / "same.jsonl"))
+    assert [(r.prompt, r.temperature) for r in same] == [("def f(", None), ("import os", 0.0)]
