@@ -420,12 +420,21 @@ class TuneConfig:
     @property
     def draft_folder(self) -> Path | None:
         """The folder that drafts besides the target, by which the pair is keyed in the store: the
-        draft model when ``model`` (or ``hybrid``) is searched, the EAGLE-3 head when ``eagle3`` is
-        (the two are not searched together), else None (n-gram lookup needs no folder)."""
+        draft model when ``model`` (or ``hybrid``) is searched, else the EAGLE-3 head when ``eagle3``
+        is, else None (n-gram lookup needs no folder). With both searched the head is
+        :attr:`head_beside`."""
         drafters = self.search.drafter
         if "model" in drafters or "hybrid" in drafters:
             return self.models.draft
         return self.models.eagle3 if "eagle3" in drafters else None
+
+    @property
+    def head_beside(self) -> Path | None:
+        """The EAGLE-3 head searched beside the draft model (``search.drafter`` lists ``eagle3`` and
+        ``model``), else None: the profile records it next to the pair (``pair.eagle3``); the profiler
+        measures the draft model only (``Context.profile_drafter``), the study measures the head live."""
+        head = self.models.eagle3 if "eagle3" in self.search.drafter else None
+        return head if head is not None and head != self.draft_folder else None
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -467,11 +476,6 @@ def _check_across_sections(cfg: TuneConfig) -> None:
             raise ConfigError(
                 "models.eagle3: required when search.drafter includes 'eagle3' (an EAGLE-3 head folder: "
                 "config.json + safetensors as vLLM loads them, docs/eagle3.md)"
-            )
-        if "model" in search.drafter or "hybrid" in search.drafter:
-            raise ConfigError(
-                "search.drafter: 'eagle3' is searched without 'model' and 'hybrid' (the profiler measures "
-                f"one drafter's cost; tune the draft model in another study) (got {list(search.drafter)})"
             )
     if "hybrid" in search.drafter and "model" not in search.drafter:
         # autotune.context loads the draft model only when 'model' is searched

@@ -40,6 +40,7 @@ class Context:
     pair_drafter: str  # how the pair is keyed in the store: "model" with a draft model, "eagle3" with a head
     compile_note: str = ""  # how the engine runs decode (compiled or eager, and why), for tune's log
     trace: tuple[Arrival, ...] | None = None  # workload.trace as arrivals (autotune.trace)
+    head_hash: str | None = None  # the EAGLE-3 head searched beside the draft model (cfg.head_beside)
 
     @property
     def device_key(self) -> str:
@@ -47,8 +48,13 @@ class Context:
 
     @property
     def profile_drafter(self) -> str:
-        """The drafter whose acceptance the profiler measures (the first searched one that drafts)."""
-        return next((d for d in self.cfg.search.drafter if d != "none"), "none")
+        """The drafter whose acceptance and cost the profiler measures: the one the pair is keyed by
+        (the draft model, else the EAGLE-3 head), so a stored measurement always describes the pair's
+        own drafter; else the first searched one that drafts."""
+        drafters = self.cfg.search.drafter
+        if self.pair_drafter in drafters:
+            return self.pair_drafter
+        return next((d for d in drafters if d != "none"), "none")
 
 
 def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: bool = False) -> Context:
@@ -61,7 +67,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
     needs_draft = (
         "model" in cfg.search.drafter or "hybrid" in cfg.search.drafter
     )  # hybrid falls back to the draft model
-    needs_head = "eagle3" in cfg.search.drafter  # never with the draft model (config rule)
+    needs_head = "eagle3" in cfg.search.drafter
     check_device(cfg)
     pair = load_pair(
         cfg.models.target,
@@ -90,6 +96,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
     fp = fingerprint(device, cfg.models.dtype)
     target_hash = hash_folder(cfg.models.target)
     draft_hash = hash_folder(cfg.draft_folder) if cfg.draft_folder is not None else None
+    head_hash = hash_folder(cfg.head_beside) if cfg.head_beside is not None else None
     workload = {
         "prompts": str(cfg.workload.prompts),
         "prompts_sha256": hash_json([i.__dict__ for i in items]),
@@ -139,6 +146,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
         drafter,
         compile_note=compile_note,
         trace=trace,
+        head_hash=head_hash,
     )
 
 

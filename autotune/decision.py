@@ -392,9 +392,9 @@ def _prediction_check(measurement: dict, chosen: Chosen, chosen_result: TrialRes
     """The cost model's throughput for the chosen configuration beside the measured one, per load level
     (none for a dynamic tree: its shape follows the draft's confidence, which the profiler's rank
     samples do not hold)."""
-    if chosen.tree_nodes:
-        return []
     m = Measurement.from_json(measurement)
+    if chosen.tree_nodes or (chosen.drafter == "eagle3" and m.acceptance.get("drafter") != "eagle3"):
+        return []  # an EAGLE-3 head searched beside the draft model: the profiler timed the draft model
     curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
     max_rows = chosen.max_batch_size
     assert max_rows is not None  # _chosen sets it from the knobs
@@ -492,6 +492,11 @@ def build_profile(
             "drafter": ctx.pair_drafter,
             "target_hash": ctx.target_hash,
             "draft_hash": ctx.draft_hash,
+            **(
+                {"eagle3": str(cfg.head_beside), "eagle3_hash": ctx.head_hash}
+                if cfg.head_beside is not None
+                else {}
+            ),
         },
         workload={**ctx.workload, "hash": ctx.workload_hash},
         study={

@@ -261,21 +261,42 @@ its own error, and chasing its noise costs minutes per start."""
 
 
 def next_k(
-    cost: StackCost, ks: Iterable[int], measured: Iterable[int], margin: float = SERVE_MARGIN
+    cost: StackCost,
+    ks: Iterable[int],
+    measured: Iterable[int],
+    margin: float = SERVE_MARGIN,
+    tables: bool = False,
 ) -> tuple[int | None, dict[int, int]]:
     """The K an in-stack study should serve next: of the levels whose predicted best K is not yet
     measured and is predicted more than ``margin`` faster than the best measured K there, the one
-    where it gains most (None: no such level), and the predicted best per level."""
+    where it gains most (None: no such level), and the predicted best per level.
+
+    ``tables`` (a stack that serves a by-batch-size table): a table holds K >= 1 at every level (its
+    K=0 range still runs the drafter), so at each level the best K >= 1 is a candidate too, against
+    the best measured K >= 1 there.
+
+    Example:
+        >>> c = StackCost("model", {16: LevelCost(0.010, 0.006, 0.003, 16.0)}, (0.5, 0.2, 0.05), (0, 4), "linear")
+        >>> next_k(c, range(0, 5), [0, 4]), next_k(c, range(0, 5), [0, 4], tables=True)[0]
+        ((None, {16: 0}), 1)
+    """
     ks, done = sorted(set(ks)), set(measured)
     best = {level: cost.best_k(level, ks) for level in sorted(cost.levels)}
+    pools = [(ks, done)]
+    if tables:
+        pools.append(([k for k in ks if k > 0], {k for k in done if k > 0}))
     gains: dict[int, float] = {}
-    for level, k in best.items():
-        if k in done or not done:
+    for pool, served_ks in pools:
+        if not pool or not served_ks:
             continue
-        served = max(cost.tokens_per_second(level, m) for m in done)
-        gain = cost.tokens_per_second(level, k) / served
-        if gain > 1 + margin:
-            gains[k] = max(gains.get(k, 0.0), gain)
+        for level in sorted(cost.levels):
+            k = cost.best_k(level, pool)
+            if k in done:
+                continue
+            served = max(cost.tokens_per_second(level, m) for m in served_ks)
+            gain = cost.tokens_per_second(level, k) / served
+            if gain > 1 + margin:
+                gains[k] = max(gains.get(k, 0.0), gain)
     return (max(gains, key=lambda k: (gains[k], -k)) if gains else None), best
 
 

@@ -285,8 +285,10 @@ def warm_starts(
     ctx: Context, space: Space, measurement: dict, nearest: dict | None
 ) -> list[tuple[str, dict[str, Any]]]:
     """Enqueued first trials: the AR baseline, the cost model's best points (chains, and with trees searched
-    the best tree at the smallest and largest batch size), the nearest profile's choice; each as the
-    searched knobs' params (:meth:`Space.clip`)."""
+    the best tree at the smallest and largest batch size), every other searched drafter (``ngram``,
+    ``eagle3`` beside the draft model, which the profiler did not time) at the cost model's gamma for
+    the smallest batch size, the nearest profile's choice; each as the searched knobs' params
+    (:meth:`Space.clip`)."""
     cfg = ctx.cfg
     base = Knobs(
         space.drafters[0], 0, space.threshold_low, space.gamma_policies[0], max(space.max_batch_sizes)
@@ -297,7 +299,7 @@ def warm_starts(
     thresholds = tuple(
         sorted({space.threshold_low, space.threshold_high, (space.threshold_low + space.threshold_high) / 2})
     )
-    drafter = next((d for d in space.drafters if d != "none"), space.drafters[0])
+    drafter = ctx.profile_drafter if ctx.profile_drafter in space.drafters else space.drafters[0]
     for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
         best = best_gamma(
             curves,
@@ -313,6 +315,12 @@ def warm_starts(
             base, drafter=drafter, gamma=max(best.gamma, 1), confidence_threshold=best.confidence_threshold
         )
         points.append((f"cost model best at batch {b}", knobs))
+    first = points[1][1]  # the cost model's best at the smallest batch size
+    for other in [d for d in space.drafters if d not in ("none", drafter, "hybrid")]:
+        # each other drafter measured once early (the profiler timed only the first): same gamma
+        points.append(
+            (f"{other} at the cost model's gamma", replace(first, drafter=other, confidence_threshold=0.0))
+        )
     ranks = tree_rank_samples(m.acceptance) if space.trees else None
     trees = [
         t for t in space.tree_shapes if isinstance(t, tuple) and t
@@ -361,12 +369,15 @@ def fit_stack_cost(trials: list[optuna.trial.FrozenTrial]) -> stackcost.StackCos
     return stackcost.calibrate(stackcost.observations(runs, drafter), drafter)
 
 
-def stack_planner(space: Space, say: Callable[[str], None]) -> Callable[[optuna.Study, Any], None]:
+def stack_planner(
+    space: Space, say: Callable[[str], None], tables: bool = False
+) -> Callable[[optuna.Study, Any], None]:
     """An Optuna callback for a backend that plans by cost (``Backend.plans_by_cost``): once the warm
     starts have run, fit the stack cost (:mod:`autotune.stackcost`) from the finished trials, enqueue
     the unserved K predicted most faster than every served K at some level (:func:`stackcost.next_k`:
-    by more than ``SERVE_MARGIN``), and stop the study once there is none (a failed K is not served
-    again). Until the fit exists, TPE goes on."""
+    by more than ``SERVE_MARGIN``; with ``tables``, a backend that serves a by-batch-size table, also
+    the best K >= 1 of a level against the served K >= 1, since a table holds no K=0), and stop the
+    study once there is none (a failed K is not served again). Until the fit exists, TPE goes on."""
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:  # noqa: ARG001
         if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
@@ -376,7 +387,7 @@ def stack_planner(space: Space, say: Callable[[str], None]) -> Callable[[optuna.
             return
         ran = [trial_knobs(t) for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
         tried = {k.gamma if k.speculates else 0 for k in ran if not k.speculates or k.drafter == cost.drafter}
-        k, best = stackcost.next_k(cost, range(space.gamma_low, space.gamma_high + 1), tried)
+        k, best = stackcost.next_k(cost, range(space.gamma_low, space.gamma_high + 1), tried, tables=tables)
         plan = ", ".join(f"{b}:{g}" for b, g in best.items())
         if k is None:
             say(

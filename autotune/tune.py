@@ -226,7 +226,9 @@ def _run_study(
                 timeout=budget.timeout_s,
                 catch=(Exception,),
                 gc_after_trial=False,
-                callbacks=[study_mod.stack_planner(space, say)] if backend.plans_by_cost else None,
+                callbacks=[study_mod.stack_planner(space, say, backend.serves_table)]
+                if backend.plans_by_cost
+                else None,
             )
     except KeyboardInterrupt:
         n = len(study_mod.finished(study))

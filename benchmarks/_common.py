@@ -130,6 +130,19 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def selected_items(args: argparse.Namespace) -> list:
+    """The benchmark's prompts: ``--num-prompts`` of ``--prompts`` (a seeded sample), each with
+    ``--max-new-tokens`` and the sampling of the run (greedy unless a script says otherwise)."""
+    items = load_workload(args.prompts)
+    if 0 < args.num_prompts < len(items):
+        keep = sorted(random.Random(args.seed).sample(range(len(items)), args.num_prompts))
+        items = [items[i] for i in keep]
+    return [
+        dataclasses.replace(it, max_new_tokens=args.max_new_tokens, temperature=None, top_k=None, top_p=None)
+        for it in items
+    ]
+
+
 def load(
     bench: Bench, dtype: str | None = None, draft: bool = True, eagle3: Path | None = None
 ) -> tuple[ModelPair, list[Request]]:
@@ -146,16 +159,7 @@ def load(
         )
         if pair.tokenizer is None:
             fail(f"{args.target}: no tokenizer.json")
-        items = load_workload(args.prompts)
-        if 0 < args.num_prompts < len(items):
-            keep = sorted(random.Random(args.seed).sample(range(len(items)), args.num_prompts))
-            items = [items[i] for i in keep]
-        items = [
-            dataclasses.replace(
-                it, max_new_tokens=args.max_new_tokens, temperature=None, top_k=None, top_p=None
-            )
-            for it in items
-        ]
+        items = selected_items(args)
         requests = build_requests(
             items,
             pair.tokenizer,

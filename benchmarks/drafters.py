@@ -18,11 +18,17 @@ the best draft-model row at each level.
 The engine loads the draft model and the head together (``--eagle3``, default the demo head).
 Goals of the EAGLE-3 issue: the head's mean accepted length at its best gamma >= the draft
 model's, at no more than half its draft cost per token; the best EAGLE-3 configuration >= 1.1x
-the best draft-model configuration inside vLLM-CPU at concurrency 1 (with the interval). Usage::
+the best draft-model configuration inside vLLM-CPU at concurrency 1 (with the interval).
+
+**The study over all of them** (``--tune``): ``autotune tune`` on the engine backend, eager like
+the rows above, with ``search.drafter`` = ``--drafters`` on the same prompts, tokens and load
+levels (constant chains, no threshold, gamma up to the grid's largest); its choice is looked up in
+the rows measured here and set against the best (drafter, gamma) at each level (the issue's goal:
+within 5%). Usage::
 
     python benchmarks/drafters.py [--drafters model,eagle3,ngram,hybrid] [--grid 1,2,3,4,6]
         [--concurrency 1,4] [--rounds 2] [--num-prompts 12] [--max-new-tokens 48]
-        [--vllm --vllm-plan model:4,eagle3:1,eagle3:2,ngram:3 --repeats 3]
+        [--vllm --vllm-plan model:4,eagle3:1,eagle3:2,ngram:3 --repeats 3] [--tune [--tune-trials 16]]
 
 It prints the tables and writes ``benchmarks/results/drafters.json``.
 """
@@ -32,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import _common
@@ -126,6 +133,95 @@ def engine_goals(best: dict, levels) -> dict:
     return out
 
 
+def tune_part(args, drafters: list[str], levels: list[int], rows: list[dict]) -> dict:
+    """``autotune tune`` (engine backend, eager like this benchmark) with ``search.drafter`` = the
+    benchmark's drafters over the same prompts, tokens and load levels (constant chains, no
+    threshold, gamma up to the grid's largest): its choice, and that choice as measured *here* at
+    each level over the best (drafter, gamma) measured here (the issue's "within 5%")."""
+    import json
+    import tempfile
+
+    from autotune.config import load_config
+    from autotune.errors import USER_ERRORS
+    from autotune.tune import run_tune
+
+    tmp = Path(tempfile.mkdtemp(prefix="drafters_tune_"))
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": it.prompt, "max_new_tokens": it.max_new_tokens}) + "\n"
+            for it in _common.selected_items(args)
+        )
+    )
+    overrides = {
+        "models.target": str(args.target),
+        "models.draft": str(args.draft),
+        "models.eagle3": str(args.eagle3),
+        "models.compile": False,
+        "models.dtype": args.dtype,
+        "workload.prompts": str(prompts),
+        "workload.temperature": 0.0,
+        "workload.concurrency": list(levels),
+        "workload.num_requests": args.num_prompts,
+        "workload.trace": None,
+        "search.drafter": drafters,
+        "search.gamma": {"low": 0, "high": max(args.grid)},
+        "search.confidence_threshold": 0.0,
+        "search.gamma_schedule": "constant",
+        "search.tree_topk": ["chain"],
+        "search.max_batch_size": [max(levels)],
+        "search.gamma_cap": "off",
+        "budget.n_trials": args.tune_trials,
+        "budget.seed": args.seed,
+        "storage.url": f"sqlite:///{tmp / 'autotune.db'}",
+        "storage.study_name": None,
+        "export.formats": ["yaml"],
+        "export.dir": str(tmp / "exports"),
+        "backend.name": "engine",
+    }
+    try:
+        cfg = load_config(args.config).with_overrides(overrides)
+    except USER_ERRORS as exc:
+        _common.fail(str(exc))
+    t0 = time.perf_counter()
+    profile = run_tune(cfg, say=print)
+    wall = time.perf_counter() - t0
+    chosen = profile["chosen"]
+    drafter = chosen.get("drafter", "none")
+    gamma = 0 if drafter == "none" else int(chosen["gamma"])
+    per_level = {}
+    for c in levels:
+        here = [r for r in rows if r["concurrency"] == c]
+        best = max(here, key=lambda r: r["tokens_per_second"])
+        off = best["baseline_tokens_per_second"]
+        mine = (
+            off
+            if gamma == 0
+            else next(
+                (r["tokens_per_second"] for r in here if r["drafter"] == drafter and r["gamma"] == gamma),
+                None,
+            )
+        )
+        per_level[str(c)] = {
+            "best": f"{best['drafter']} gamma {best['gamma']}",
+            "best_tokens_per_second": best["tokens_per_second"],
+            "chosen_tokens_per_second": mine,
+            "chosen_over_best": None if mine is None else mine / best["tokens_per_second"],
+        }
+    ratios = [v["chosen_over_best"] for v in per_level.values() if v["chosen_over_best"] is not None]
+    return {
+        "search_drafter": drafters,
+        "chosen": {"drafter": drafter, "gamma": gamma},
+        "selection": profile["selection"]["reason"],
+        "trials": len(profile["trials"]),
+        "tried_drafters": sorted({t["params"]["drafter"] for t in profile["trials"]}),
+        "wall_s": wall,
+        "per_level": per_level,
+        "worst_level_chosen_over_best": min(ratios) if ratios else None,
+        "goal_met": bool(ratios) and len(ratios) == len(levels) and min(ratios) >= 0.95,
+    }
+
+
 def vllm_part(args, levels) -> dict:
     """No speculation and each DRAFTER:K of ``--vllm-plan`` in fresh vLLM servers (see the docstring)."""
     from _transfer import measure_plan
@@ -209,7 +305,15 @@ def main() -> None:
     )
     p.add_argument("--vllm-requests", type=int, default=16, help="requests per level in vLLM (default 16)")
     p.add_argument("--repeats", type=int, default=3, help="rounds per vLLM server (default 3)")
-    p.add_argument("--config", type=Path, default=_common.REPO / "tune.yaml", help="tune.yaml for --vllm")
+    p.add_argument(
+        "--config", type=Path, default=_common.REPO / "tune.yaml", help="tune.yaml for --vllm and --tune"
+    )
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="also run autotune tune with search.drafter = --drafters and compare its choice",
+    )
+    p.add_argument("--tune-trials", type=int, default=16, help="study trials for --tune (default 16)")
     args = p.parse_args()
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     if not drafters or any(d not in DRAFTERS for d in drafters):
@@ -262,6 +366,28 @@ def main() -> None:
             f"goal at load {c}: head accepted length {g['accepted_length_head_over_model']:.2f}x the draft "
             f"model's, draft cost {'-' if cost is None else f'{cost:.2f}'}x: "
             + ("met" if g["goal_met"] else "NOT met")
+        )
+    if args.tune:
+        tuned = tune_part(args, drafters, args.concurrency, engine["rows"])
+        results["tune"] = tuned
+        print(
+            f"\nautotune tune, search.drafter {drafters} ({tuned['trials']} trials, drafters tried "
+            f"{tuned['tried_drafters']}, {tuned['wall_s'] / 60:.1f} min): chose {tuned['chosen']['drafter']} "
+            f"gamma {tuned['chosen']['gamma']}"
+        )
+        for c, v in tuned["per_level"].items():
+            x = v["chosen_over_best"]
+            print(
+                f"  load {c}: best here {v['best']} {v['best_tokens_per_second']:.1f} tok/s; the choice "
+                + (
+                    "not in the grid"
+                    if x is None
+                    else f"{v['chosen_tokens_per_second']:.1f} tok/s, {x:.2f}x the best"
+                )
+            )
+        print(
+            "goal (the choice within 5% of the best at every level): "
+            + ("met" if tuned["goal_met"] else "NOT met")
         )
     if args.vllm:
         vllm = vllm_part(args, args.concurrency)

@@ -127,6 +127,8 @@ def export_inputs(
     header: dict[str, Any] = {k: getattr(profile, k) for k in _HEADER if getattr(profile, k) is not MISSING}
     target = target_model or get(header, "pair.target", str)
     draft = draft_model or get(header, "pair.draft", str, default=None, nullable=True)
+    if drafter == "eagle3" and draft_model is None:  # a head searched beside the draft model: pair.eagle3
+        draft = get(header, "pair.eagle3", str, default=None, nullable=True) or draft
     if drafter in ("model", "eagle3") and draft is None:
         what = "the EAGLE-3 head folder" if drafter == "eagle3" else "the draft model"
         raise ProfileError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 
+import optuna
 import pytest
 import yaml
 
@@ -59,6 +60,54 @@ def test_a_tune_of_the_eagle3_drafter_profiles_the_head_and_keys_the_pair_by_it(
     assert drafters <= {"eagle3"}
     with Store(cfg.storage.url) as store:
         assert store.get_profile(profile["id"])["pair"] == profile["pair"]
+
+
+def test_one_study_searches_the_draft_model_the_head_and_ngram_and_keys_the_pair_by_the_draft(
+    tmp_path, tiny_pair_dirs, prompts, head_dir
+) -> None:
+    """``search.drafter: [eagle3, model, ngram]``: the profiler measures the draft model (the pair's
+    drafter, whatever the order), every drafter is measured live from the warm starts on, and the
+    profile names the head beside the pair (``pair.eagle3``) for the exports."""
+    drafters = ["eagle3", "model", "ngram"]
+    cfg = eagle3_config(
+        tmp_path, tiny_pair_dirs, prompts, head_dir, search={"drafter": drafters}, budget={"n_trials": 7}
+    )
+    assert cfg.draft_folder == tiny_pair_dirs[1] and cfg.head_beside == head_dir
+    lines: list[str] = []
+    profile = run_tune(cfg, say=lines.append)
+    pair = profile["pair"]
+    assert (pair["drafter"], pair["draft"], pair["eagle3"]) == (
+        "model",
+        str(tiny_pair_dirs[1]),
+        str(head_dir),
+    )
+    assert pair["draft_hash"] and pair["eagle3_hash"] and pair["eagle3_hash"] != pair["draft_hash"]
+    assert profile["acceptance"]["drafter"] == "model"
+    study = optuna.load_study(study_name=profile["study"]["name"], storage=cfg.storage.url)
+    warm = {t.user_attrs.get("warm_start"): t.params.get("drafter") for t in study.get_trials(deepcopy=False)}
+    assert (
+        warm["eagle3 at the cost model's gamma"] == "eagle3"
+        and warm["ngram at the cost model's gamma"] == "ngram"
+    )
+    tried = {t["params"]["drafter"] for t in profile["trials"] if t["params"].get("gamma", 0) > 0}
+    assert {"model", "eagle3", "ngram"} <= tried
+    if profile["chosen"]["drafter"] == "eagle3":
+        assert profile["predicted_vs_measured"] == []  # the profiler timed the draft model, not the head
+
+
+def test_a_head_chosen_beside_the_draft_model_is_what_the_stacks_load(head_dir) -> None:
+    profile = {
+        "tool_version": "0.1.0",
+        "created_at": "2026-12-01T00:00:00+00:00",
+        "device": {"key": "k", "label": "CPU"},
+        "pair": {"target": "/m/t", "draft": "/m/d", "drafter": "model", "eagle3": str(head_dir)},
+        "chosen": {"drafter": "eagle3", "gamma": 2},
+        "schedule": [{"batch_size": 1, "gamma": 2}],
+    }
+    out = export(profile, "vllm")
+    assert '"method": "eagle3"' in out.text and f'"model": "{head_dir}"' in out.text
+    as_model = {**profile, "chosen": {"drafter": "model", "gamma": 2}}
+    assert '"model": "/m/d"' in export(as_model, "vllm").text
 
 
 def test_an_eagle3_profile_exports_to_every_stack_that_serves_a_head_and_is_refused_elsewhere(
@@ -155,7 +204,6 @@ def test_the_vllm_backend_serves_the_head_as_the_vllm_export_says(
     ("overrides", "message"),
     [
         ({"models": {"eagle3": None}}, "models.eagle3: required when search.drafter includes 'eagle3'"),
-        ({"search": {"drafter": ["eagle3", "model"]}}, "search.drafter: 'eagle3' is searched without"),
         ({"search": {"drafter": ["eagle3"], "tree_topk": ["2,1"]}}, "a tree needs the 'model' drafter"),
     ],
 )
