@@ -341,10 +341,16 @@ def plan_table(
     def plan(unserved: str) -> TablePlan:
         return TablePlan(levels, holds, table, drafter, unserved)
 
-    if len(levels) < len(batch_sizes) or len(holds) < len(batch_sizes):
+    if len(levels) < len(batch_sizes):
         return plan("not every load level has paired per-level measurements")
     if len({c.gamma for c in levels}) == 1:
         return plan(f"the per-level choices agree on K={levels[0].gamma} at every load level ({per_level})")
+    if spec is None or spec.knobs.gamma == 0:
+        return plan(
+            f"per-level choices {per_level}; no constant K was re-measured: a table has nothing to hold"
+        )
+    if len(holds) < len(batch_sizes):
+        return plan("not every load level has paired per-level measurements")
     if len({g for _, g in table}) == 1:
         return plan(
             f"per-level choices {per_level}; a table holds K >= 1 (its K=0 range still runs the "
