@@ -299,12 +299,12 @@ def serve_table(
 
     if not (constant is chosen or chosen.knobs.is_static_chain or chosen.knobs.gamma == 0):
         return unserved(f"the chosen {chosen.knobs.label} is no K a table holds; per-level K {per_level}")
-    if plan.unserved:
-        return unserved(plan.unserved)
-    if not backend.serves_table:
+    if not backend.serves_table and len({c.gamma for c in levels}) > 1:
         return unserved(
             f"{backend.name} takes one K for every batch size; the per-level choices were {per_level}"
         )
+    if plan.unserved:
+        return unserved(plan.unserved)
     knobs = Knobs.for_table(plan.drafter, table, chosen.knobs.max_batch_size)
     configs = [(off.knobs, None), (constant.knobs, constant.number), (knobs, None)]
     if constant.knobs == off.knobs:
