@@ -478,12 +478,18 @@ def assess(model: ProfileModel, win: Window, stack: str) -> Assessment:
         return tuple(predicted_tps(model.curves, acc, k, batch) for k in range(top + 1))
 
     tps = predict(acceptance)
-    level = measured_level(model, batch, served)
+    level = measured_level(model, batch)
     calibration: tuple[float, ...] = ()
-    if level is not None:  # the tune measured the served K best here: what the model claims beyond, at
+    if level is not None:  # the tune measured which K is best here: what the model claims beyond it, at
         # the profile's own acceptance, is the model's error, not a change of the traffic
+        best = min(model.level_choices[level], top)
         base = predict(extend_acceptance(model.acceptance, top))
-        calibration = tuple(max(base[k] / base[served], 1.0) for k in range(top + 1))
+        # every K the model claims at least as good as the measured choice is brought to its level,
+        # and a hair below it (1e-9), so the measured K wins the tie here and over a streak
+        calibration = tuple(
+            base[k] / base[best] * (1 + 1e-9) if k != best and base[k] >= base[best] else 1.0
+            for k in range(top + 1)
+        )
         tps = tuple(t / c for t, c in zip(tps, calibration, strict=True))
     others = [k for k in range(top + 1) if k != served]
     alternative = max(others, key=lambda k: (tps[k], -k))
@@ -506,29 +512,30 @@ def assess(model: ProfileModel, win: Window, stack: str) -> Assessment:
     )
 
 
-def measured_level(model: ProfileModel, batch: float, served: int) -> int | None:
-    """The tuned load level the live load sits at (nearest, inside the tuned range) when the profile's
-    measured per-level choice there is the served K; else None.
+def measured_level(model: ProfileModel, batch: float) -> int | None:
+    """The tuned load level the live load sits at (nearest, inside the tuned range) where the
+    profile holds a measured per-level choice; else None.
 
-    There the tune already measured every K it served against each other under the profile's
-    acceptance, and kept the served one (``table_decision.levels``); a cost model that still
-    predicts another K better at that acceptance is wrong by that much, so :func:`assess` divides
-    each K's predicted gain by what the model claims at the profile's own acceptance (when it
-    claims a gain). A change of acceptance then still moves the gain; a load change to a level
-    the tune measured says what the measurement said.
+    There the tune measured the K it served against each other under the profile's acceptance and
+    chose one (``table_decision.levels``); a cost model that predicts another K better at that
+    acceptance is wrong by that much, so :func:`assess` divides each K's predicted gain by what the
+    model claims over the measured choice at the profile's own acceptance (when it claims a gain).
+    Where the served K is the measured choice, only a change of acceptance alarms; where it is not
+    (one K for a whole sweep, e.g. a llama-server profile that is off while the live load sits at a
+    level where the tune measured K=2 faster), the measured choice is what the watch names.
 
     Example:
         >>> m = ProfileModel(None, Curves({1: {1: 1.0}}, {}), (0.5,), ((16, 3),), 3, True, (1, 4, 16),
         ...                  {1: 3, 4: 3, 16: 3})
-        >>> measured_level(m, 13.0, 3), measured_level(m, 13.0, 2), measured_level(m, 40.0, 3)
-        (16, None, None)
+        >>> measured_level(m, 13.0), measured_level(m, 2.0), measured_level(m, 40.0)
+        (16, 1, None)
     """
     if not model.levels or not model.level_choices:
         return None
     if not min(model.levels) <= batch <= max(model.levels):
         return None
     near = model.nearest_level(batch)
-    if near is None or model.level_choices.get(near) != served:
+    if near is None or near not in model.level_choices:
         return None
     return near
 

@@ -133,11 +133,13 @@ def engine_goals(best: dict, levels) -> dict:
     return out
 
 
-def tune_part(args, drafters: list[str], levels: list[int], rows: list[dict]) -> dict:
+def tune_part(args, drafters: list[str], levels: list[int], rows: list[dict], pair, requests) -> dict:
     """``autotune tune`` (engine backend, eager like this benchmark) with ``search.drafter`` = the
     benchmark's drafters over the same prompts, tokens and load levels (constant chains, no
     threshold, gamma up to the grid's largest): its choice, and that choice as measured *here* at
-    each level over the best (drafter, gamma) measured here (the issue's "within 5%")."""
+    each level over the best (drafter, gamma) measured here (the issue's "within 5%"). A chosen
+    gamma outside ``--grid`` is measured after the tune, ``--rounds`` rounds like the grid
+    (``measured_after_the_grid``: not interleaved with it)."""
     import json
     import tempfile
 
@@ -189,6 +191,9 @@ def tune_part(args, drafters: list[str], levels: list[int], rows: list[dict]) ->
     chosen = profile["chosen"]
     drafter = chosen.get("drafter", "none")
     gamma = 0 if drafter == "none" else int(chosen["gamma"])
+    after = gamma > 0 and not any(r["drafter"] == drafter and r["gamma"] == gamma for r in rows)
+    if after:
+        rows = rows + engine_part(pair, requests, [drafter], [gamma], levels, args.rounds, args.seed)["rows"]
     per_level = {}
     for c in levels:
         here = [r for r in rows if r["concurrency"] == c]
@@ -215,6 +220,7 @@ def tune_part(args, drafters: list[str], levels: list[int], rows: list[dict]) ->
         "selection": profile["selection"]["reason"],
         "trials": len(profile["trials"]),
         "tried_drafters": sorted({t["params"]["drafter"] for t in profile["trials"]}),
+        "measured_after_the_grid": after,
         "wall_s": wall,
         "per_level": per_level,
         "worst_level_chosen_over_best": min(ratios) if ratios else None,
@@ -368,7 +374,7 @@ def main() -> None:
             + ("met" if g["goal_met"] else "NOT met")
         )
     if args.tune:
-        tuned = tune_part(args, drafters, args.concurrency, engine["rows"])
+        tuned = tune_part(args, drafters, args.concurrency, engine["rows"], pair, requests)
         results["tune"] = tuned
         print(
             f"\nautotune tune, search.drafter {drafters} ({tuned['trials']} trials, drafters tried "

@@ -262,8 +262,24 @@ def test_at_a_tuned_level_whose_measured_choice_is_served_only_a_change_of_accep
     assert not any(v.alarm or v.stale for v in steady)
     dropped = [rule.update(w.assess(m, live_window(0.4, running=4, k=4), "vllm")) for _ in range(3)]
     assert dropped[-1].stale and dropped[-1].alternative != 4
-    assert w.measured_level(m, 9.0, 4) is None  # above the tuned levels (1, 2, 4)
+    assert w.measured_level(m, 9.0) is None  # above the tuned levels (1, 2, 4)
     assert w.verdict_json(steady[0], m, "vllm")["calibrated_at_level"] == 4
+
+
+def test_at_a_tuned_level_whose_measured_choice_is_not_served_the_measurement_is_named() -> None:
+    """The tune served K=4 at 4 requests but measured K=2 best there (one K for a sweep does that);
+    the fit claims K=1. At the profile's own acceptance the watch names the measured K=2, with the
+    model's gain of K=2 over the served K, and goes stale on it: the measurement wins over the model."""
+    fit = k1_best_at_4_requests()
+    levels = [{"batch_size": 1, "gamma": 5}, {"batch_size": 4, "gamma": 2}]
+    m = model(stack_cost=fit.to_json(), table_decision={"levels": levels})
+    a = w.assess(m, live_window(ALPHA, running=4, k=4), "vllm")
+    assert a.served_k == 4 and a.calibrated_at == 4 and a.alternative == 2
+    base = [fit.predict_at_load(4, k, a.acceptance) for k in range(len(a.tps))]
+    assert a.gain == pytest.approx(base[2] / base[4], rel=1e-3) and a.gain > 1.05
+    rule = w.Staleness(windows_to_stale=3)
+    verdicts = [rule.update(w.assess(m, live_window(ALPHA, running=4, k=4), "vllm")) for _ in range(3)]
+    assert verdicts[-1].stale and verdicts[-1].alternative == 2
 
 
 def test_a_profile_without_curves_or_acceptance_is_one_line() -> None:
