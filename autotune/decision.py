@@ -42,12 +42,14 @@ from autotune.selection import (
     LevelChoice,
     Point,
     TableVerdict,
+    at_level,
     choose_with_margin,
     pareto_front,
     plan_table,
+    score_ratio,
     table_verdict,
 )
-from autotune.stats import estimate, paired_ratio, significant
+from autotune.stats import Estimate, estimate, paired_ratio, significant
 from autotune.study import Space, slo_violations
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
 from profiles.schema import MISSING, BatchSchedule, Chosen, Profile, ScheduleEntry
@@ -171,6 +173,9 @@ class TableContest:
     ``served`` holds the table, the best constant and no speculation re-measured together
     (None when the table was not served: one K at every level, a chosen configuration no table
     expresses, or a backend that serves no table); ``note`` says why in one sentence.
+    ``over_chosen``: by batch size, the paired ratio of that level's choice over the configuration
+    the profile serves, measured there (:func:`level_ratios`); stored as each level's
+    ``over_chosen`` (``autotune watch`` takes its interval where it has no live acceptance).
     """
 
     levels: list[LevelChoice]
@@ -180,9 +185,11 @@ class TableContest:
     verdict: TableVerdict | None
     note: str
     trace: dict[str, float | None] = dataclasses.field(default_factory=dict)  # workload.trace tokens/s
+    over_chosen: dict[int, Estimate] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """The profile's ``table_decision``."""
+        """The profile's ``table_decision``; a level's ``over_chosen`` is ``{value, low, high, n}``
+        (absent where :func:`level_ratios` has none: profiles from before it have none either)."""
         return {
             "levels": [
                 {
@@ -190,6 +197,11 @@ class TableContest:
                     "gamma": c.gamma,
                     "tokens_per_second": c.point.tokens_per_second,
                     "reason": c.reason,
+                    **(
+                        {"over_chosen": dataclasses.asdict(self.over_chosen[c.batch_size])}
+                        if c.batch_size in self.over_chosen
+                        else {}
+                    ),
                 }
                 for c in self.levels
             ],
@@ -295,7 +307,8 @@ def serve_table(
     per_level = ", ".join(f"{c.batch_size}: {c.gamma}" for c in levels)
 
     def unserved(note: str) -> TableContest:
-        return TableContest(levels, table, None, None, None, note)
+        over = level_ratios(levels, remeasured.points, chosen)
+        return TableContest(levels, table, None, None, None, note, over_chosen=over)
 
     if not (constant is chosen or chosen.knobs.is_static_chain or chosen.knobs.gamma == 0):
         return unserved(f"the chosen {chosen.knobs.label} is no K a table holds; per-level K {per_level}")
@@ -321,7 +334,49 @@ def serve_table(
         for name, k in (("off", off.knobs), ("constant", constant.knobs), ("table", knobs))
         if (result := served.find(k)[1]).trace is not None
     }
-    return TableContest(levels, table, knobs, served, verdict, verdict.reason, trace)
+    # the profile serves the table where it won (measured beside the constant and off), else `chosen`
+    over = (
+        level_ratios(levels, served.points, served.find(knobs)[0])
+        if verdict.won
+        else level_ratios(levels, remeasured.points, chosen)
+    )
+    return TableContest(levels, table, knobs, served, verdict, verdict.reason, trace, over)
+
+
+def level_ratios(levels: list[LevelChoice], pool: list[Point], chosen: Point) -> dict[int, Estimate]:
+    """By batch size, the paired ratio of each level's choice over ``chosen`` (the configuration the
+    profile serves) at that level: :func:`autotune.selection.score_ratio` of the two
+    :func:`autotune.selection.at_level` views, as the per-level rule compares them.
+
+    Only where both were measured in one paired re-measurement (``pool``, which holds ``chosen``)
+    with equally many rounds there, and the choice is another configuration than ``chosen`` (its
+    ratio over itself is 1 by construction, so it is left out rather than written as 1 (1-1)); and
+    only when ``chosen`` is what a stack serves as K (a constant chain, speculation off, or a
+    table), since that is what ``autotune watch`` compares the choice with.
+
+    Example:
+        >>> def pt(g, rounds):
+        ...     return Point(Knobs("model", g), 0, 0, per_batch={4: rounds[0]}, per_batch_rounds={4: rounds})
+        >>> off, k3 = pt(0, (100.0, 104.0, 98.0)), pt(3, (150.0, 160.0, 155.0))
+        >>> r = level_ratios([LevelChoice(4, at_level(k3, 4), "")], [off, k3], off)[4]
+        >>> round(r.value, 3), round(r.low, 3), round(r.high, 3), r.n
+        (1.54, 1.442, 1.644, 3)
+        >>> level_ratios([LevelChoice(4, at_level(off, 4), "")], [off, k3], off)
+        {}
+    """
+    k = chosen.knobs
+    if not (k.gamma == 0 or k.is_static_chain or k.is_table):
+        return {}
+    out: dict[int, Estimate] = {}
+    for c in levels:
+        b = c.batch_size
+        p = next((q for q in pool if q.knobs == c.point.knobs), None)
+        if p is None or p.knobs == k or b not in p.per_batch or b not in chosen.per_batch:
+            continue
+        mine, theirs = p.per_batch_rounds.get(b, ()), chosen.per_batch_rounds.get(b, ())
+        if mine and len(mine) == len(theirs):
+            out[b] = score_ratio(at_level(p, b), at_level(chosen, b), has_slo=True)
+    return out
 
 
 def _schedule(

@@ -316,6 +316,9 @@ class ProfileModel:
     backend: str = "engine"  # what measured the profile
     # the stack's own step costs (profile["stack_cost"], autotune.stackcost): used for that stack
     stack_cost: StackCost | None = None
+    # table_decision.levels[].over_chosen: batch size -> the tune's paired ratio of that level's
+    # choice over the chosen configuration there (absent in profiles from before it)
+    level_ratios: Mapping[int, Estimate] = field(default_factory=dict)
 
     @classmethod
     def from_profile(cls, profile: Profile) -> ProfileModel:
@@ -335,11 +338,25 @@ class ProfileModel:
         inputs = export_inputs(profile)
         workload = profile.workload if isinstance(profile.workload, Mapping) else {}
         decision = profile.table_decision if isinstance(profile.table_decision, Mapping) else {}
-        choices = {
-            int(c["batch_size"]): int(c["gamma"])
+        entries = [
+            c
             for c in decision.get("levels", [])
             if isinstance(c, Mapping) and "batch_size" in c and "gamma" in c
-        }
+        ]
+        choices = {int(c["batch_size"]): int(c["gamma"]) for c in entries}
+        ratios: dict[int, Estimate] = {}
+        for c in entries:
+            if (over := c.get("over_chosen")) is None:
+                continue
+            try:
+                est = Estimate(float(over["value"]), float(over["low"]), float(over["high"]), int(over["n"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProfileError(
+                    f"{where}: unreadable 'table_decision.levels[].over_chosen' ({type(exc).__name__}: {exc})"
+                ) from None
+            if not est.value > 0:
+                raise ProfileError(f"{where}: 'table_decision.levels[].over_chosen.value' must be > 0")
+            ratios[int(c["batch_size"])] = est
         backend = profile.backend if isinstance(profile.backend, Mapping) else {}
         stack_cost = None
         if isinstance(profile.stack_cost, Mapping):
@@ -360,6 +377,7 @@ class ProfileModel:
             level_choices=choices,
             backend=str(backend.get("name", "engine")),
             stack_cost=stack_cost,
+            level_ratios=ratios,
         )
 
     @property
@@ -384,6 +402,13 @@ class ProfileModel:
             return self.gamma
         b = max(1, round(batch))
         return next((k for size, k in self.schedule if b <= size), self.schedule[-1][1])
+
+    def chosen_k_at(self, level: int) -> int:
+        """The K the profile's chosen configuration runs at tuned level ``level`` (its schedule there):
+        what the level's ``over_chosen`` ratio was measured over."""
+        if not self.speculates:
+            return 0
+        return dict(self.schedule).get(level, self.gamma)
 
     def nearest_level(self, batch: float) -> int | None:
         return min(self.levels, key=lambda lv: (abs(lv - batch), lv)) if self.levels else None
@@ -443,6 +468,9 @@ class Assessment:
     costs: str = "engine"  # "stack": the profile's stack cost fit for this stack; "engine": its curves
     calibrated_at: int | None = None  # the tuned level whose measured choice calibrated tps (see assess)
     calibration: tuple[float, ...] = ()  # per K: what tps[k] was divided by there (1: unchanged)
+    # the tune's paired ratio of the alternative over the served K at calibrated_at, where the gain
+    # rests on the profile alone (see assess and tune_measured); None: the windows are the repeats
+    measured: Estimate | None = None
 
     @property
     def idle(self) -> bool:
@@ -457,6 +485,11 @@ def assess(model: ProfileModel, win: Window, stack: str) -> Assessment:
     The served K is the profile's at the live load, except where the server shows it runs
     another one: fewer counted positions than that K (it cannot draft more), or drafts on a
     one-K stack whose profile turns speculation off; then the server's positions are its K.
+
+    ``measured``: where the window used the profile's acceptance at a tuned level
+    (:func:`measured_level`), the alternative is that level's measured choice and the served K is
+    the profile's chosen K there, the tune's ratio of the one over the other there
+    (``table_decision.levels[].over_chosen``), when the profile has it.
     """
     batch = max(win.running or 0.0, 1.0)
     served = model.served_k(stack, batch)
@@ -495,6 +528,14 @@ def assess(model: ProfileModel, win: Window, stack: str) -> Assessment:
     alternative = max(others, key=lambda k: (tps[k], -k))
     gain = tps[alternative] / tps[served]
     costs = "stack" if stack_cost is not None else "engine"
+    measured = None
+    if (
+        source == "profile"
+        and level is not None
+        and alternative == model.level_choices[level]
+        and served == model.chosen_k_at(level)
+    ):
+        measured = model.level_ratios.get(level)
     return Assessment(
         win,
         batch,
@@ -509,6 +550,7 @@ def assess(model: ProfileModel, win: Window, stack: str) -> Assessment:
         costs,
         level,
         calibration,
+        measured,
     )
 
 
@@ -556,6 +598,38 @@ class Verdict:
     changed: bool  # the state flipped at this window
     windows_to_stale: int
     idle: bool = False
+    interval_from: str = "windows"  # "tune": the gain's interval is the tune's measurement (tune_measured)
+
+
+def tune_measured(assessments: Sequence[Assessment], k: int) -> Estimate | None:
+    """The tune's measured ratio that gives the interval of these windows' gain of K=``k``, or None.
+
+    Where a window has no live acceptance (speculation off, a quiet window), sits at a tuned level
+    and names that level's measured choice over the profile's chosen K there, its prediction is a
+    function of the profile alone: every such window is the same number, so the windows' spread
+    (:func:`autotune.stats.paired_ratio` over them) is a zero-width interval that says nothing.
+    The uncertainty there is the tune's own measurement of those two K at that level
+    (``Assessment.measured``), so that is the interval, when every window carries the same one
+    and names ``k``. Else None: the windows are the repeats.
+    """
+    found = {a.measured for a in assessments}
+    measured = found.pop() if len(found) == 1 else None
+    if measured is None or any(a.alternative != k for a in assessments):
+        return None
+    return measured
+
+
+def scaled_to(gain: float, measured: Estimate) -> Estimate:
+    """``measured``'s 95% interval scaled to the predicted ``gain``, with its rounds as n.
+
+    Example:
+        >>> e = scaled_to(1.14, Estimate(1.2, 1.08, 1.32, 3))
+        >>> round(e.low, 3), round(e.high, 3), e.n
+        (1.026, 1.254, 3)
+    """
+    return Estimate(
+        gain, gain * measured.low / measured.value, gain * measured.high / measured.value, measured.n
+    )
 
 
 def streak_gain(assessments: Sequence[Assessment]) -> tuple[int, Estimate]:
@@ -563,7 +637,8 @@ def streak_gain(assessments: Sequence[Assessment]) -> tuple[int, Estimate]:
 
     The K maximising the geometric mean of the per-window ratios; the interval is
     :func:`autotune.stats.paired_ratio` of the windows' predicted tokens/s (the windows are the
-    repeats: their spread in acceptance and load is the noise).
+    repeats: their spread in acceptance and load is the noise), except where the gain rests on the
+    profile alone: then it is the tune's measured one, scaled to the gain (:func:`tune_measured`).
     """
     n = min(len(a.tps) for a in assessments)
 
@@ -572,7 +647,8 @@ def streak_gain(assessments: Sequence[Assessment]) -> tuple[int, Estimate]:
 
     best = max(range(n), key=lambda k: (score(k), -k))
     est = paired_ratio([a.tps[best] for a in assessments], [a.tps[a.served_k] for a in assessments])
-    return best, est
+    measured = tune_measured(assessments, best)
+    return best, est if measured is None else scaled_to(est.value, measured)
 
 
 class Staleness:
@@ -606,18 +682,32 @@ class Staleness:
         self.recent.append(a)
         if alarm:
             self.alarms, self.calm = self.alarms + 1, 0
-            alternative, gain = streak_gain(list(self.recent)[-self.alarms :])
+            streak = list(self.recent)[-self.alarms :]
+            alternative, gain = streak_gain(streak)
+            measured = tune_measured(streak, alternative)
         else:
             self.alarms, self.calm = 0, self.calm + 1
-            alternative, gain = a.alternative, Estimate(a.gain, a.gain, a.gain, 1)
+            alternative, measured = a.alternative, tune_measured([a], a.alternative)
+            gain = Estimate(a.gain, a.gain, a.gain, 1) if measured is None else scaled_to(a.gain, measured)
+        interval_from = "windows" if measured is None else "tune"
         was = self.stale
         if not self.stale and alarm and self.alarms >= n_needed:
             confident = gain.low > 1.0 if gain.n >= 2 else True
             self.stale = gain.value > self.margin and confident
         elif self.stale and self.calm >= n_needed:
             self.stale = False
-        streak = self.alarms if alarm else self.calm
-        return Verdict(a, alarm, streak, alternative, gain, self.stale, self.stale != was, n_needed)
+        count = self.alarms if alarm else self.calm
+        return Verdict(
+            a,
+            alarm,
+            count,
+            alternative,
+            gain,
+            self.stale,
+            self.stale != was,
+            n_needed,
+            interval_from=interval_from,
+        )
 
 
 # --- output ------------------------------------------------------------------------------------------
@@ -663,7 +753,8 @@ def render_line(v: Verdict, model: ProfileModel) -> str:
     g = v.gain
     head = f"{acc} {load}: predicted {_k(v.alternative)} {g.value:.2f}x over the served {_k(a.served_k)}"
     if v.alarm:
-        ci = f" (95% CI {g.low:.2f}-{g.high:.2f})" if g.n >= 2 else ""
+        by = ", measured by the tune" if v.interval_from == "tune" else ""
+        ci = f" (95% CI {g.low:.2f}-{g.high:.2f}{by})" if g.n >= 2 else ""
         head += f"{ci} for {_plural(v.streak, 'window')}"
         if not v.stale:
             state = f"fresh ({v.streak} of {v.windows_to_stale} windows to stale)"
@@ -711,7 +802,12 @@ def verdict_json(v: Verdict, model: ProfileModel, stack: str) -> dict[str, Any]:
         "alternative_k": v.alternative,
         "predicted_gain": round(v.gain.value, 4),
         "gain_ci95": [round(v.gain.low, 4), round(v.gain.high, 4)] if v.gain.n >= 2 else None,
-        "gain_windows": v.gain.n,
+        "gain_ci95_from": v.interval_from if v.gain.n >= 2 else None,
+        "gain_windows": v.gain.n
+        if v.interval_from == "windows"
+        else min(v.streak, HISTORY)
+        if v.alarm
+        else 1,
         "alarm": v.alarm,
         "streak": v.streak,
         "windows_to_stale": v.windows_to_stale,

@@ -325,6 +325,32 @@ def test_on_a_server_backend_a_configurations_repeats_run_back_to_back() -> None
     assert out.order == "back-to-back per server" and [p.rounds for p in out.points][0] == ((10.0, 1.0),) * 3
 
 
+def test_each_level_records_the_measured_ratio_of_its_choice_over_the_chosen_configuration() -> None:
+    """Speculation off is chosen; at batch 1 K=3 is significantly faster (the per-level choice), at
+    batch 4 off stays. ``table_decision.levels[].over_chosen`` holds K=3 over off at batch 1, the
+    paired ratio of their rounds there; batch 4's choice is the chosen configuration: no key."""
+    from autotune.decision import Remeasured, serve_table
+    from autotune.selection import Point
+    from autotune.stats import paired_ratio
+
+    def pt(gamma: int, r1: tuple[float, ...], r4: tuple[float, ...]) -> Point:
+        return Point(
+            Knobs("model", gamma), 0, 0, per_batch={1: r1[0], 4: r4[0]}, per_batch_rounds={1: r1, 4: r4}
+        )
+
+    off = pt(0, (100.0, 104.0, 98.0), (200.0, 204.0, 198.0))
+    k3 = pt(3, (150.0, 160.0, 155.0), (190.0, 196.0, 191.0))
+    remeasured = Remeasured([(off, None), (k3, None)], 3, "interleaved")
+    cfg = SimpleNamespace(batch_sizes=[1, 4])
+    backend = SimpleNamespace(name="llamacpp", serves_table=False)
+    contest = serve_table(cfg, backend, remeasured, off, off, k3, lambda _: None)
+    levels = contest.to_json()["levels"]
+    assert [(lv["batch_size"], lv["gamma"]) for lv in levels] == [(1, 3), (4, 0)] and contest.served is None
+    want = paired_ratio([150.0, 160.0, 155.0], [100.0, 104.0, 98.0])
+    assert levels[0]["over_chosen"] == {"value": want.value, "low": want.low, "high": want.high, "n": 3}
+    assert want.low > 1.0 and "over_chosen" not in levels[1]
+
+
 def test_trial_lines_say_done_planned_and_eta_from_the_clock() -> None:
     from autotune.tune import _trial_logger
 

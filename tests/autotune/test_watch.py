@@ -282,6 +282,70 @@ def test_at_a_tuned_level_whose_measured_choice_is_not_served_the_measurement_is
     assert verdicts[-1].stale and verdicts[-1].alternative == 2
 
 
+def measured_at_4(over: dict[str, Any] | None) -> w.ProfileModel:
+    """The profile above (served K=4 at 4 requests, K=2 measured best there), its level-4 entry
+    carrying the tune's paired ratio of K=2 over the served K=4 there (``over_chosen``) when given."""
+    level = {"batch_size": 4, "gamma": 2, **({"over_chosen": over} if over is not None else {})}
+    levels = [{"batch_size": 1, "gamma": 5}, level]
+    return model(stack_cost=k1_best_at_4_requests().to_json(), table_decision={"levels": levels})
+
+
+def no_drafts(running: float = 4.0) -> w.Window:
+    """A window without drafts (speculation off, a quiet window): no live acceptance."""
+    return w.Window(15.0, generated=900.0, running=running)
+
+
+def test_without_live_acceptance_at_a_tuned_level_the_gains_interval_is_the_tunes_measurement() -> None:
+    """Every window without live acceptance predicts the same gain, so over the windows the interval
+    is a point; the tune measured K=2 over the served K=4 at 4 requests at 1.20x (1.08-1.32, 3
+    rounds), and that interval, scaled to the predicted gain, is the verdict's: it excludes 1, so
+    the profile goes stale after the windows. A window with live acceptance keeps the windows."""
+    m = measured_at_4({"value": 1.2, "low": 1.08, "high": 1.32, "n": 3})
+    assert m.level_ratios == {4: Estimate(1.2, 1.08, 1.32, 3)} and m.chosen_k_at(4) == 4
+    rule = w.Staleness(windows_to_stale=3)
+    out = [rule.update(w.assess(m, no_drafts(), "vllm")) for _ in range(3)]
+    a, g = out[-1].assessment, out[-1].gain
+    assert a.acceptance_source == "profile" and a.calibrated_at == 4 and a.served_k == 4
+    assert a.alternative == out[-1].alternative == 2 and a.measured == Estimate(1.2, 1.08, 1.32, 3)
+    assert g.value == pytest.approx(a.gain) and a.gain > 1.05 and g.n == 3
+    assert g.low == pytest.approx(a.gain * 1.08 / 1.2) and g.high == pytest.approx(a.gain * 1.32 / 1.2)
+    assert [v.stale for v in out] == [False, False, True] and out[-1].interval_from == "tune"
+    line = w.render_line(out[-1], m)
+    assert line.endswith(
+        f"(95% CI {g.low:.2f}-{g.high:.2f}, measured by the tune) for 3 windows: profile stale"
+    )
+    obj = w.verdict_json(out[-1], m, "vllm")
+    assert obj["gain_ci95"] == [round(g.low, 4), round(g.high, 4)] and obj["gain_ci95_from"] == "tune"
+    assert obj["gain_windows"] == 3
+    assert w.assess(m, live_window(ALPHA, running=4, k=4), "vllm").measured is None  # live: windows
+    with pytest.raises(w.ProfileError, match="unreadable 'table_decision.levels"):
+        measured_at_4({"value": 1.2})
+
+
+def test_without_live_acceptance_a_measured_interval_including_one_raises_no_false_alarm() -> None:
+    """The same level with a measured 1.07x (0.89-1.28): the predicted gain is above the margin, so
+    every window alarms, but the tune's interval includes 1, so a steady workload never goes stale."""
+    m = measured_at_4({"value": 1.07, "low": 0.89, "high": 1.28, "n": 3})
+    rule = w.Staleness(windows_to_stale=3)
+    out = [rule.update(w.assess(m, no_drafts(), "vllm")) for _ in range(8)]
+    assert all(v.alarm and v.gain.value > 1.05 for v in out) and not any(v.stale for v in out)
+    assert all(v.gain.low < 1.0 < v.gain.high and v.interval_from == "tune" for v in out)
+
+
+def test_without_live_acceptance_a_profile_without_the_measured_ratio_keeps_the_windows() -> None:
+    """Profiles from before ``over_chosen``: the windows are the repeats, as before (identical
+    windows: a zero-width interval, stale after the windows)."""
+    m = measured_at_4(None)
+    assert m.level_ratios == {}
+    rule = w.Staleness(windows_to_stale=3)
+    out = [rule.update(w.assess(m, no_drafts(), "vllm")) for _ in range(3)]
+    g = out[-1].gain
+    assert out[-1].assessment.measured is None and out[-1].interval_from == "windows"
+    assert g.n == 3 and g.low == pytest.approx(g.value) == pytest.approx(g.high) and out[-1].stale
+    obj = w.verdict_json(out[-1], m, "vllm")
+    assert obj["gain_ci95_from"] == "windows" and obj["gain_windows"] == 3
+
+
 def test_a_profile_without_curves_or_acceptance_is_one_line() -> None:
     with pytest.raises(w.ProfileError, match="no 'curves'"):
         w.ProfileModel.from_profile(Profile.from_json({k: v for k, v in PROFILE.items() if k != "curves"}))

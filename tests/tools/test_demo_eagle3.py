@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sysconfig
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,18 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
     return torch.randint(1, vocab, (n, length), generator=gen).tolist()
 
 
-def test_unrolled_steps_are_the_drafters_proposals(target):
+@pytest.mark.parametrize("draft_vocab", [None, 40])
+def test_unrolled_steps_are_the_drafters_proposals(target, draft_vocab):
     """Step k at anchor a of the training-time test computes what Eagle3Drafter computes for draft
-    position k + 1 of a row whose last target-fed position is a (prefill, staged feed, own outputs)."""
-    head = eagle3.new_head(target, seed=1, std=0.3).eval().requires_grad_(False)
-    ids, steps, vocab = head.config.layer_ids, 3, target.config.vocab_size
+    position k + 1 of a row whose last target-fed position is a (prefill, staged feed, own outputs);
+    with a reduced draft vocabulary, over its ids, the drafter giving every other id probability 0."""
+    vocab = target.config.vocab_size
+    ids = None if draft_vocab is None else torch.randperm(vocab, generator=torch.Generator().manual_seed(5))
+    ids = None if ids is None else ids[:draft_vocab].sort().values
+    head = eagle3.new_head(target, seed=1, std=0.3, ids=ids).eval().requires_grad_(False)
+    assert head.remaps == (ids is not None)
+    mapped = eagle3.draft_ids(head)
+    layers, steps = head.config.layer_ids, 3
     lens = torch.tensor([5, 9, 2, 7])
     width = int(lens.max()) + 1
     seqs = torch.tensor(random_prompts(len(lens), width, vocab, seed=2))  # prompt + pending token
@@ -63,7 +71,7 @@ def test_unrolled_steps_are_the_drafters_proposals(target):
     drafter.reset(len(lens), width + steps + 1)
     sampling = BatchSampling(temperature=torch.ones(len(lens)))
     with torch.inference_mode():
-        _, aux = target.forward_hidden(prompts, layers=ids)
+        _, aux = target.forward_hidden(prompts, layers=layers)
         drafter.prefill(0, prompts, lens, prompts.shape[1], hidden=aux)
         gammas = torch.full((len(lens),), steps)
         toks, probs, _ = drafter.propose(
@@ -71,12 +79,13 @@ def test_unrolled_steps_are_the_drafters_proposals(target):
         )
         for b, n in enumerate(lens.tolist()):
             seq = torch.cat([tokens[b, : n + 1], toks[b, : steps - 1]])[None]  # the chain's tokens
-            _, seq_aux = target.forward_hidden(seq, layers=ids)
+            _, seq_aux = target.forward_hidden(seq, layers=layers)
             logits = eagle3.unroll(head, target.model.embed_tokens, seq, seq_aux, steps)
             for k in range(steps):
                 want = probs[b, k]
                 got = logits[k][0, n - 1].softmax(-1)  # anchor a = n - 1, the row's length - 2
-                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+                torch.testing.assert_close(got, want[mapped], atol=1e-5, rtol=1e-4)
+                assert float(want[mapped].sum()) == pytest.approx(1.0, abs=1e-5)
     assert probs.shape == (len(lens), steps, vocab)
 
 
@@ -94,12 +103,14 @@ def test_training_lowers_the_unrolled_loss_on_a_fixed_batch(target):
     assert all(not p.requires_grad for p in target.parameters())
 
 
-def test_run_writes_a_vllm_head_that_keeps_greedy_output(tiny_pair_dirs, target, tmp_path: Path):
+@pytest.mark.parametrize("draft_vocab", [None, 48])
+def test_run_writes_a_vllm_head_that_keeps_greedy_output(tiny_pair_dirs, target, tmp_path: Path, draft_vocab):
     root = Path(sysconfig.get_paths()["stdlib"])
     files = [(rel, (root / rel).read_text()) for rel in FILES]
     splits = {"train": files[:4], "val": files[4:], "prompt": []}
     out = tmp_path / "eagle3"
-    log = eagle3.run(tiny_pair_dirs[0].parent, out, splits, TINY, fixed_steps=30, log=lambda _: None)
+    cfg = replace(TINY, draft_vocab=draft_vocab)
+    log = eagle3.run(tiny_pair_dirs[0].parent, out, splits, cfg, fixed_steps=30, log=lambda _: None)
 
     assert log["phase"]["steps"] == 30 and len(log["losses"]) == 30
     assert log["greedy_check"]["equal"] and log["greedy_check"]["tokens"] > 0
@@ -110,11 +121,19 @@ def test_run_writes_a_vllm_head_that_keeps_greedy_output(tiny_pair_dirs, target,
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["torch_dtype"] == "bfloat16"
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # (2, L // 2, L - 3), L = 3
     tensors = load_file(out / "model.safetensors")
-    assert "lm_head.weight" in tensors and "embed_tokens.weight" not in tensors and "d2t" not in tensors
-    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
-
+    assert "lm_head.weight" in tensors and "embed_tokens.weight" not in tensors
     head = load_eagle3(out, target)
-    assert head.config.draft_vocab_size == target.config.vocab_size
+    vocab = target.config.vocab_size
+    if draft_vocab is None:
+        assert "d2t" not in tensors and {t.dtype for t in tensors.values()} == {torch.bfloat16}
+        assert head.config.draft_vocab_size == vocab
+    else:  # the most frequent ids of the train continuations, in order, and the target's lm_head rows
+        assert cfg["draft_vocab_size"] == draft_vocab == log["head"]["draft_vocab_size"]
+        assert tensors["lm_head.weight"].shape == (draft_vocab, target.config.hidden_size)
+        assert int(tensors["t2d"].sum()) == draft_vocab and tensors["d2t"].dtype == torch.int64
+        ids = eagle3.draft_ids(head)
+        assert torch.equal(ids, torch.nonzero(tensors["t2d"]).flatten()) and bool((ids.diff() > 0).all())
+        assert head.remaps and bool((ids < vocab).all())
     pair = load_pair(tiny_pair_dirs[0], eagle3=out)
     reqs = [Request(p, 16, id=i) for i, p in enumerate(random_prompts(3, 6, target.config.vocab_size, 7))]
     want = generate(pair, reqs, SpecConfig(gamma=0), drafter="none").tokens

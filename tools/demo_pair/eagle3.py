@@ -4,6 +4,7 @@ Run::
 
     python -m tools.demo_pair.eagle3 [--pair engine/demo/pair] [--out engine/demo/eagle3]
         [--budget-minutes 15] [--seed 0] [--steps N] [--train-prompts N] [--val-prompts N] [--threads 2]
+        [--draft-vocab N]
 
 A smoke run (a couple of minutes): ``--steps 3 --train-prompts 4 --val-prompts 4 --out eagle3-smoke``.
 
@@ -30,10 +31,12 @@ Offline, CPU-only, seeded. The steps:
    a check that greedy speculative output with the ``eagle3`` drafter equals the target's greedy
    output on held-out prompts (a mismatch exits 1). ``train_log.json`` holds the rest.
 
-Choices: the full 4096-token vocabulary (a reduced ``draft_vocab_size`` caps every position's
-acceptance at its coverage, which ``train_log.json`` records for 512..2048 rows, and would save
-only the lm_head's share of a step); the lm_head starts as the target's; the embeddings are the
-target's, frozen and not stored. Training runs in fp32 (bf16 autocast is ~5x slower on a CPU
+Choices: the draft vocabulary (``--draft-vocab N``, default the full 4096 tokens) is the ``N`` target
+ids most frequent in the train continuations, as EAGLE-3 builds its ``d2t``; a reduced one caps
+every position's acceptance at its coverage (``train_log.json`` records it for 512..2048 rows) and
+cuts the lm_head's and the loss's share of every draft and training step. The loss then holds the
+head against the target's distribution renormalised over the draft vocabulary. The lm_head starts
+as the target's (its rows of the draft ids); the embeddings are the target's, frozen and not stored. Training runs in fp32 (bf16 autocast is ~5x slower on a CPU
 without bf16 instructions); the head is stored in bf16 like the pair (~6 MB), and the figures are
 computed on the stored weights.
 """
@@ -84,6 +87,7 @@ class HeadTrainConfig:
     context_tokens: int = 128
     max_new_tokens: int = 128
     temperatures: tuple[float, ...] = (0.0, 1.0)  # alternated over prompts
+    draft_vocab: int | None = None  # draft_vocab_size: the most frequent train ids (None: full vocabulary)
     gen_batch: int = 96
     prompt_weight: float = 0.25
     unroll_steps: int = 3  # training-time-test depth: draft positions 1..3
@@ -113,28 +117,50 @@ class HeadTrainConfig:
 # ---------------------------------------------------------------------------- the head
 
 
-def head_config(c: ModelConfig) -> Eagle3Config:
-    """One Llama layer of the target's shape, full vocabulary, vLLM's default aux layer ids: the
-    config.json :meth:`Eagle3Config.to_dict` writes, without ``eagle_config`` (so the reader takes
-    vLLM's default layer ids), read back through the reader every head folder passes."""
+def head_config(c: ModelConfig, draft_vocab: int | None = None) -> Eagle3Config:
+    """One Llama layer of the target's shape, ``draft_vocab`` draft ids (None: the full vocabulary),
+    vLLM's default aux layer ids: the config.json :meth:`Eagle3Config.to_dict` writes, without
+    ``eagle_config`` (so the reader takes vLLM's default layer ids), read back through the reader
+    every head folder passes."""
     layer = replace(c, num_hidden_layers=1, tie_word_embeddings=False, model_type="llama")
-    raw = Eagle3Config(layer, (), c.hidden_size, c.vocab_size).to_dict()
+    raw = Eagle3Config(layer, (), c.hidden_size, draft_vocab or c.vocab_size).to_dict()
     del raw["eagle_config"]
     return Eagle3Config.from_dict(raw, c, "the trainer's head config")
 
 
-def new_head(target: Transformer, seed: int, std: float = 0.02) -> Eagle3Head:
+def new_head(
+    target: Transformer, seed: int, std: float = 0.02, ids: torch.Tensor | None = None
+) -> Eagle3Head:
     """A trainable head for ``target``: N(0, std) matrices (residual outputs / sqrt(2)), unit norms,
-    the lm_head a copy of the target's; bound to the target's embedding table."""
-    head = Eagle3Head(head_config(target.config)).bind(target)
+    the lm_head a copy of the target's (its rows ``ids``, the sorted draft vocabulary, when given:
+    ``d2t`` maps them back); bound to the target's embedding table."""
+    full = ids is None or len(ids) == target.config.vocab_size
+    head = Eagle3Head(head_config(target.config, None if full else len(ids))).bind(target)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in head.named_parameters():
             if p.dim() == 2:
                 scale = std / math.sqrt(2) if name.endswith(("o_proj.weight", "down_proj.weight")) else std
                 p.copy_(torch.randn(p.shape, generator=gen) * scale)
-        head.lm_head.weight.copy_(target.lm_head.weight)
+        if ids is None or full:
+            head.lm_head.weight.copy_(target.lm_head.weight)
+        else:
+            head.lm_head.weight.copy_(target.lm_head.weight[ids])
+            head.d2t.copy_(ids - torch.arange(len(ids)))
     return head.train()
+
+
+def draft_ids(head: Eagle3Head) -> torch.Tensor:
+    """The target id of each draft id (``d2t``'s map; the identity for a full vocabulary)."""
+    return torch.arange(head.config.draft_vocab_size, device=head.d2t.device) + head.d2t
+
+
+def frequency_order(train_data: list[Example], vocab: int) -> torch.Tensor:
+    """Target ids by how often the train continuations hold them, most frequent first (stable)."""
+    counts = torch.bincount(
+        torch.tensor([t for _, c, _ in train_data for t in c], dtype=torch.long), minlength=vocab
+    )
+    return counts.argsort(descending=True, stable=True)
 
 
 def _attend(
@@ -173,11 +199,12 @@ def unroll(
     tokens: torch.Tensor,  # (B, N)
     aux: torch.Tensor,  # (B, N, k * C) the target's aux states of ``tokens``
     steps: int,
-) -> list[torch.Tensor]:  # per step k: (B, N - 2, V) logits at anchors a = 0 .. N - 3
+) -> list[torch.Tensor]:  # per step k: (B, N - 2, draft V) logits at anchors a = 0 .. N - 3
     """The head's draft steps 0..steps-1 from every anchor a at once (module docstring, step 2);
-    step k's logits at anchor a propose token a + k + 2. Anchors whose chain runs past the sequence
-    read a padding token; they reach no other anchor's chain and their loss weight is 0."""
-    assert head.lm_head is not None and not head.remaps, "the trainer's heads own a full-vocabulary lm_head"
+    step k's logits (over the draft vocabulary) at anchor a propose token a + k + 2. Anchors whose
+    chain runs past the sequence read a padding token; they reach no other anchor's chain and their
+    loss weight is 0."""
+    assert head.lm_head is not None, "the trainer's heads own their lm_head"
     n = tokens.shape[1]
     a = n - 2
     layer = head.midlayer
@@ -224,6 +251,8 @@ class HeadTrainer:
         """Sum over the unrolled steps of the weighted KL(target || head), and each step's term."""
         with torch.no_grad():
             t_logits, aux = self.target.forward_hidden(tokens, layers=self.head.config.layer_ids)
+            if self.head.remaps:  # the target's distribution renormalised over the draft vocabulary
+                t_logits = t_logits.index_select(-1, draft_ids(self.head))
         d_logits = unroll(self.head, self.target.model.embed_tokens, tokens, aux, self.cfg.unroll_steps)
         per_step = [weighted_kl(t, d, w) for t, d, w in step_targets(t_logits, d_logits, weights)]
         return torch.stack(per_step).sum(), per_step
@@ -250,9 +279,11 @@ def acceptance_by_position(
     target: Transformer, head: Eagle3Head, examples: list[Example], steps: int, pad: int, batch: int = 16
 ) -> dict[str, object]:
     """Teacher-forced acceptance of draft positions 1..steps on the generated tokens of ``examples``:
-    greedy argmax match on greedy continuations, sum(min(p, q)) on temperature-1 ones. Position k
-    feeds the true tokens before it, so it estimates acceptance given positions < k were accepted."""
+    greedy argmax match on greedy continuations, sum(min(p, q)) on temperature-1 ones (q is 0 off
+    the draft vocabulary). Position k feeds the true tokens before it, so it estimates acceptance
+    given positions < k were accepted."""
     figures: dict[str, object] = {}
+    ids = draft_ids(head)
     n_tokens = 0
     for name, temp in (("greedy_match", 0.0), ("expected_accept_t1", 1.0)):
         group = [e for e in examples if e[2] == temp and e[1]]
@@ -264,9 +295,10 @@ def acceptance_by_position(
             d_logits = unroll(head, target.model.embed_tokens, tokens, aux, steps)
             for k, (t, d, w) in enumerate(step_targets(t_logits, d_logits, weights)):
                 if temp == 0.0:
-                    score = (t.argmax(-1) == d.argmax(-1)).double()
+                    score = (t.argmax(-1) == ids[d.argmax(-1)]).double()
                 else:
-                    score = torch.minimum(t.float().softmax(-1), d.float().softmax(-1)).sum(-1).double()
+                    p = t.float().softmax(-1).index_select(-1, ids)
+                    score = torch.minimum(p, d.float().softmax(-1)).sum(-1).double()
                 hit[k] += (score * w).sum()
                 seen[k] += w.sum()
         figures[name] = [round(float(h / max(s, 1.0)), 4) for h, s in zip(hit, seen, strict=True)]
@@ -277,11 +309,8 @@ def acceptance_by_position(
 def vocab_coverage(train_data: list[Example], val: list[Example], vocab: int) -> dict[str, float]:
     """Share of the validation continuations' tokens inside the ``size`` most frequent tokens of the
     train continuations: the acceptance ceiling of a head with that ``draft_vocab_size``."""
-    counts = torch.bincount(
-        torch.tensor([t for _, c, _ in train_data for t in c], dtype=torch.long), minlength=vocab
-    )
     val_tokens = torch.tensor([t for _, c, _ in val for t in c], dtype=torch.long)
-    order = counts.argsort(descending=True, stable=True)
+    order = frequency_order(train_data, vocab)
     out = {}
     for size in COVERAGE_SIZES:
         keep = torch.zeros(vocab, dtype=torch.bool)
@@ -360,9 +389,16 @@ def run(
     coverage = vocab_coverage(data, val, target.config.vocab_size)
     log(f"eagle3: data in {data_s / 60:.1f} min; top-k vocabulary coverage of validation tokens {coverage}")
 
-    head = new_head(target, cfg.seed, cfg.init_std)
+    vocab = target.config.vocab_size
+    ids = None
+    if cfg.draft_vocab is not None and cfg.draft_vocab < vocab:
+        ids = frequency_order(data, vocab)[: cfg.draft_vocab].sort().values
+    head = new_head(target, cfg.seed, cfg.init_std, ids)
     n_params = sum(p.numel() for p in head.parameters())
-    log(f"eagle3: head {n_params / 1e6:.2f}M params, aux layers {head.config.layer_ids}")
+    log(
+        f"eagle3: head {n_params / 1e6:.2f}M params, aux layers {head.config.layer_ids}, "
+        f"draft vocabulary {head.config.draft_vocab_size}"
+    )
     length = cfg.context_tokens + cfg.max_new_tokens
     tokens, weights = pack(data, length, pad, cfg.prompt_weight)
     trainer = HeadTrainer(target, head, cfg)
@@ -447,6 +483,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--val-prompts", type=int, default=HeadTrainConfig.val_prompts, help="validation-file prompts"
     )
     p.add_argument("--threads", type=int, default=HeadTrainConfig.threads, help="torch intra-op threads")
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="draft_vocab_size: the N most frequent target ids of the train continuations (default: all)",
+    )
     return p.parse_args(argv)
 
 
@@ -455,12 +497,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None and args.steps < 1:
         print("error: --steps must be at least 1", file=sys.stderr)
         return 2
+    if args.draft_vocab is not None and args.draft_vocab < 1:
+        print(f"error: --draft-vocab must be at least 1 (got {args.draft_vocab})", file=sys.stderr)
+        return 2
     cfg = HeadTrainConfig(
         seed=args.seed,
         budget_minutes=args.budget_minutes,
         train_prompts=args.train_prompts,
         val_prompts=args.val_prompts,
         threads=args.threads,
+        draft_vocab=args.draft_vocab,
     )
     torch.set_num_threads(cfg.threads)
     if not (args.pair / "target").is_dir():
