@@ -36,9 +36,10 @@ ids most frequent in the train continuations, as EAGLE-3 builds its ``d2t``; a r
 every position's acceptance at its coverage (``train_log.json`` records it for 512..2048 rows) and
 cuts the lm_head's and the loss's share of every draft and training step. The loss then holds the
 head against the target's distribution renormalised over the draft vocabulary. The lm_head starts
-as the target's (its rows of the draft ids); the embeddings are the target's, frozen and not stored. Training runs in fp32 (bf16 autocast is ~5x slower on a CPU
-without bf16 instructions); the head is stored in bf16 like the pair (~6 MB), and the figures are
-computed on the stored weights.
+as the target's (its rows of the draft ids); the embeddings are the target's, frozen and not
+stored. Training runs in fp32 (bf16 autocast is ~5x slower on a CPU without bf16 instructions, and
+no faster on one with AVX-512 bf16 but no AMX); the head is stored in bf16 like the pair (~6 MB at
+the full vocabulary), and the figures are computed on the stored weights.
 """
 
 from __future__ import annotations
