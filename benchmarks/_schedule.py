@@ -428,6 +428,44 @@ def drift(rows: list[dict]) -> dict | None:
     return est and est.as_dict()
 
 
+def table_ceiling(rows: list[dict], refs: dict) -> dict | None:
+    """The most any K-per-level table could gain over the sweep from these constants: per round, the
+    generated tokens over the wall time of each level's best constant there (the point estimates of
+    ``refs["best_constant_at"]``, as if a table served each at its level for free), paired with the
+    best single constant's rounds. Where this ceiling misses the issue's 1.05x, no table built from
+    these constants can meet it on this host; None when the rows lack per-level tokens and times.
+
+    Example:
+        >>> def row(name, kind, tps):  # two levels, 100 tokens each, two rounds
+        ...     lv = {b: {"tokens_per_second": t, "generated_tokens": [100, 100],
+        ...               "wall_s": [100 / x for x in t]} for b, t in tps.items()}
+        ...     agg = [200 / sum(100 / lv[b]["tokens_per_second"][i] for b in lv) for i in (0, 1)]
+        ...     return {"config": name, "kind": kind, "per_level_rounds": lv, "tokens_per_second_runs": agg}
+        >>> rows = [row("K=1", "constant", {1: [50, 52], 8: [200, 210]}),
+        ...         row("K=3", "constant", {1: [80, 82], 8: [150, 160]})]
+        >>> c = table_ceiling(rows, {"best_constant": "K=3", "best_constant_at": {1: "K=3", 8: "K=1"}})
+        >>> c["per_level"], round(c["over_best_constant"]["value"], 3)
+        ({1: 'K=3', 8: 'K=1'}, 1.091)
+    """
+    by_name = {r["config"]: r for r in rows if "error" not in r}
+    best = by_name.get(refs.get("best_constant"))
+    at = refs.get("best_constant_at") or {}
+    if best is None or not at or any(name not in by_name for name in at.values()):
+        return None
+    n = len(best["tokens_per_second_runs"])
+    tokens, wall = [0.0] * n, [0.0] * n
+    for b, name in at.items():
+        lv = by_name[name]["per_level_rounds"][b]
+        toks, secs = lv.get("generated_tokens"), lv.get("wall_s")
+        if not toks or not secs or len(toks) != n or len(secs) != n:
+            return None
+        for i in range(n):
+            tokens[i] += toks[i]
+            wall[i] += secs[i]
+    est = _ratio([t / w for t, w in zip(tokens, wall, strict=True)], best["tokens_per_second_runs"])
+    return {"per_level": dict(at), "over_best_constant": est and est.as_dict()}
+
+
 # output --------------------------------------------------------------------------------------------
 
 
@@ -641,6 +679,7 @@ def common_summary(plan: Plan, refs: dict, choices: Sequence[LevelChoice]) -> di
         "best_constant": refs["best_constant"],
         "best_constant_at": refs["best_constant_at"],
         "per_level_best_k": {c.batch_size: c.gamma for c in choices},
+        "table_ceiling": table_ceiling(plan.rows, refs),
         "drift_no_speculation_last_over_first": drift(plan.rows),
     }
 
