@@ -375,7 +375,8 @@ def stack_planner(
     """An Optuna callback for a backend that plans by cost (``Backend.plans_by_cost``): once the warm
     starts have run, fit the stack cost (:mod:`autotune.stackcost`) from the finished trials, enqueue
     the unserved K predicted most faster than every served K at some level (:func:`stackcost.next_k`:
-    by more than ``SERVE_MARGIN``; with ``tables``, a backend that serves a by-batch-size table, also
+    by more than ``SERVE_MARGIN``, else a level's predicted best K more than one step from every
+    measured K; with ``tables``, a backend that serves a by-batch-size table, also
     the best K >= 1 of a level against the served K >= 1, since a table holds no K=0), and stop the
     study once there is none (a failed K is not served again). Until the fit exists, TPE goes on."""
 
@@ -393,7 +394,7 @@ def stack_planner(
             say(
                 f"  stack cost ({cost.fit} fit, K measured {list(cost.measured_k)}): predicted best K per level "
                 f"{plan}; no unserved K predicted > {stackcost.SERVE_MARGIN:.0%} faster than the served ones "
-                "at any level: the study stops"
+                "at any level, nor a level's best K more than one step from a measured one: the study stops"
             )
             study.stop()
             return
