@@ -251,6 +251,11 @@ class Eagle3Head(nn.Module):
         self._shared = (target.model.embed_tokens, target.lm_head)
         return self
 
+    def target_ids(self) -> torch.Tensor:
+        """The target id of each draft id: ``arange(draft_vocab_size) + d2t`` (the identity for a
+        full vocabulary)."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
     @property
     def remaps(self) -> bool:
         """Whether draft ids differ from target ids (a reduced draft vocabulary)."""
@@ -284,8 +289,7 @@ class Eagle3Head(nn.Module):
         logits: torch.Tensor = lm_head(self.norm(out))  # (B, T, draft_vocab_size)
         if self.remaps:
             full = logits.new_full((*logits.shape[:-1], self.config.layer.vocab_size), float("-inf"))
-            targets = torch.arange(self.config.draft_vocab_size, device=logits.device) + self.d2t
-            logits = full.index_copy(-1, targets, logits)
+            logits = full.index_copy(-1, self.target_ids(), logits)
         return logits, out
 
 
@@ -396,7 +400,7 @@ def save_eagle3(head: Eagle3Head, folder: str | Path) -> Path:
         cfg = head.config
         state["d2t"] = head.d2t.cpu()
         t2d = torch.zeros(cfg.layer.vocab_size, dtype=torch.bool)
-        t2d[torch.arange(cfg.draft_vocab_size) + head.d2t.cpu()] = True
+        t2d[head.target_ids().cpu()] = True
         state["t2d"] = t2d
     save_file(state, str(folder / "model.safetensors"))
     return folder

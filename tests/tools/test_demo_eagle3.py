@@ -57,7 +57,7 @@ def test_unrolled_steps_are_the_drafters_proposals(target, draft_vocab):
     ids = None if ids is None else ids[:draft_vocab].sort().values
     head = eagle3.new_head(target, seed=1, std=0.3, ids=ids).eval().requires_grad_(False)
     assert head.remaps == (ids is not None)
-    mapped = eagle3.draft_ids(head)
+    mapped = head.target_ids()
     layers, steps = head.config.layer_ids, 3
     lens = torch.tensor([5, 9, 2, 7])
     width = int(lens.max()) + 1
@@ -131,7 +131,7 @@ def test_run_writes_a_vllm_head_that_keeps_greedy_output(tiny_pair_dirs, target,
         assert cfg["draft_vocab_size"] == draft_vocab == log["head"]["draft_vocab_size"]
         assert tensors["lm_head.weight"].shape == (draft_vocab, target.config.hidden_size)
         assert int(tensors["t2d"].sum()) == draft_vocab and tensors["d2t"].dtype == torch.int64
-        ids = eagle3.draft_ids(head)
+        ids = head.target_ids()
         assert torch.equal(ids, torch.nonzero(tensors["t2d"]).flatten()) and bool((ids.diff() > 0).all())
         assert head.remaps and bool((ids < vocab).all())
     pair = load_pair(tiny_pair_dirs[0], eagle3=out)

@@ -143,17 +143,12 @@ def new_head(
             if p.dim() == 2:
                 scale = std / math.sqrt(2) if name.endswith(("o_proj.weight", "down_proj.weight")) else std
                 p.copy_(torch.randn(p.shape, generator=gen) * scale)
-        if ids is None or full:
+        if full:
             head.lm_head.weight.copy_(target.lm_head.weight)
         else:
             head.lm_head.weight.copy_(target.lm_head.weight[ids])
             head.d2t.copy_(ids - torch.arange(len(ids)))
     return head.train()
-
-
-def draft_ids(head: Eagle3Head) -> torch.Tensor:
-    """The target id of each draft id (``d2t``'s map; the identity for a full vocabulary)."""
-    return torch.arange(head.config.draft_vocab_size, device=head.d2t.device) + head.d2t
 
 
 def frequency_order(train_data: list[Example], vocab: int) -> torch.Tensor:
@@ -253,7 +248,7 @@ class HeadTrainer:
         with torch.no_grad():
             t_logits, aux = self.target.forward_hidden(tokens, layers=self.head.config.layer_ids)
             if self.head.remaps:  # the target's distribution renormalised over the draft vocabulary
-                t_logits = t_logits.index_select(-1, draft_ids(self.head))
+                t_logits = t_logits.index_select(-1, self.head.target_ids())
         d_logits = unroll(self.head, self.target.model.embed_tokens, tokens, aux, self.cfg.unroll_steps)
         per_step = [weighted_kl(t, d, w) for t, d, w in step_targets(t_logits, d_logits, weights)]
         return torch.stack(per_step).sum(), per_step
@@ -284,7 +279,7 @@ def acceptance_by_position(
     the draft vocabulary). Position k feeds the true tokens before it, so it estimates acceptance
     given positions < k were accepted."""
     figures: dict[str, object] = {}
-    ids = draft_ids(head)
+    ids = head.target_ids()
     n_tokens = 0
     for name, temp in (("greedy_match", 0.0), ("expected_accept_t1", 1.0)):
         group = [e for e in examples if e[2] == temp and e[1]]
