@@ -63,6 +63,7 @@ __all__ = [
 
 LATENCIES = ("tpot_ms_p95", "tpot_ms_p50", "e2e_ms_p95", "e2e_ms_p50", "ttft_ms_p95", "ttft_ms_p50")
 SLO_KEYS = LATENCIES + ("min_tokens_per_second",)
+CHOICE_RULES = ("throughput", "knee")
 # The engine's dtype table also accepts aliases (fp32, bf16, fp16); tune.yaml takes the canonical names.
 DTYPES = tuple(dict.fromkeys(str(t).removeprefix("torch.") for t in _DTYPE_ALIASES.values()))
 DEFAULT_CACHE = Path("~/.cache/spec-autotune")
@@ -211,14 +212,22 @@ class SearchConfig:
 
 @dataclass(frozen=True)
 class ObjectivesConfig:
-    """``objectives``: the latency minimised next to tokens/s, and the SLOs (constraints)."""
+    """``objectives``: the latency minimised next to tokens/s, the SLOs (constraints), and how the
+    study's result is chosen without SLOs (``choose``: the highest tokens/s, or the Pareto knee)."""
 
     latency: str = "tpot_ms_p95"
     slo: Mapping[str, float] = field(default_factory=dict)
+    choose: str = "throughput"
+
+    @property
+    def knee(self) -> bool:
+        """Choose the knee of the Pareto front (only without SLOs: with them, the fastest meeting them)."""
+        return self.choose == "knee" and not self.slo
 
     @classmethod
     def read(cls, s: Section) -> ObjectivesConfig:
         latency = s.choice("latency", "tpot_ms_p95", LATENCIES)
+        choose = s.choice("choose", "throughput", CHOICE_RULES)
         slo_sec = s.sub("slo")
         slo = {}
         for k in list(slo_sec.raw):
@@ -228,7 +237,7 @@ class ObjectivesConfig:
             if val is not None:
                 slo[k] = val
         s.done()
-        return cls(latency, slo)
+        return cls(latency, slo, choose)
 
 
 @dataclass(frozen=True)

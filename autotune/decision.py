@@ -245,7 +245,7 @@ def decide(
     )
     base_point, baseline = remeasured.find(final.baseline)
     choice = choose_with_margin(
-        remeasured.points, bool(cfg.objectives.slo)
+        remeasured.points, bool(cfg.objectives.slo), cfg.objectives.knee
     )  # must beat plain decoding by a margin
     static_point = remeasured.find(final.best_static.knobs)[0] if final.best_static is not None else None
     contest = serve_table(cfg, backend, remeasured, choice.point, base_point, static_point, say)
@@ -566,7 +566,12 @@ def build_profile(
             "objectives": ["tokens_per_second", cfg.objectives.latency],
         },
         chosen=d.chosen,
-        selection={"met_slo": d.choice.met_slo, "reason": d.choice.reason, "trial": d.choice.point.number},
+        selection={
+            "rule": "knee" if cfg.objectives.knee else "throughput",
+            "met_slo": d.choice.met_slo,
+            "reason": d.choice.reason,
+            "trial": d.choice.point.number,
+        },
         schedule=d.schedule,
         metrics=d.metrics,
         baseline={

@@ -79,8 +79,14 @@ class Choice:
     reason: str
 
 
-def choose(points: Sequence[Point], has_slo: bool) -> Choice:
-    """Highest tokens/s meeting every SLO; without SLOs, the knee of the Pareto front.
+def choose(points: Sequence[Point], has_slo: bool, knee: bool = False) -> Choice:
+    """Highest tokens/s (meeting every SLO when there are SLOs); ``knee`` (without SLOs only): the
+    knee of the Pareto front instead.
+
+    Throughput is the default because the knee trades it one for one against a p95 latency of a
+    few requests: a study over three drafters chose no speculation as the knee (TPOT p95 19.5 vs
+    27.5 ms) where EAGLE-3 at gamma 4 was 1.55x (95% CI 1.27-1.88) faster, 0.61-0.68x the best at
+    every load level (benchmarks/results/drafters_tune_head1024.txt). A latency bound is an SLO.
 
     When nothing meets the SLOs, the point with the smallest violation is returned with
     ``met_slo=False`` so the caller can say what came closest.
@@ -94,14 +100,17 @@ def choose(points: Sequence[Point], has_slo: bool) -> Choice:
             return Choice(best, True, "highest throughput meeting every SLO")
         closest = min(points, key=lambda p: (p.violation, -p.tokens_per_second))
         return Choice(closest, False, "no configuration met the SLOs; this one came closest")
-    return Choice(knee_point(pareto_front(points)), True, "knee of the Pareto front (no SLOs set)")
+    if knee:
+        return Choice(knee_point(pareto_front(points)), True, "knee of the Pareto front (no SLOs set)")
+    best = max(points, key=lambda p: (p.tokens_per_second, -p.latency_ms))
+    return Choice(best, True, "highest throughput (no SLOs set)")
 
 
 def score_ratio(a: Point, b: Point, has_slo: bool) -> Estimate:  # noqa: ARG001 - one rule with or without SLOs
     """A over B in tokens/s (the throughput objective), from paired rounds when both have them.
 
-    The rule *ranks* by tokens/s (with SLOs) or tokens/s per ms of latency (the knee, without),
-    but a configuration *replaces* a simpler one only on throughput: the knee score divides by a
+    The rule *ranks* by tokens/s or (``objectives.choose: knee``) tokens/s per ms of latency, but a
+    configuration *replaces* a simpler one only on throughput: the knee score divides by a
     p95 latency of a few requests, whose round-to-round noise made a 1.3x throughput gain
     "not significant" (95% CI 0.80-1.91 over 3 rounds) while every batch size's own throughput
     ratio excluded 1. Points without (equally many) rounds compare as one run each.
@@ -120,7 +129,7 @@ def score_ratio(a: Point, b: Point, has_slo: bool) -> Estimate:  # noqa: ARG001 
     return paired_ratio([max(x, 1e-12) for x in sa], [max(x, 1e-12) for x in sb])
 
 
-def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
+def choose_with_margin(points: Sequence[Point], has_slo: bool, knee: bool = False) -> Choice:
     """:func:`choose`, except that a configuration replaces a simpler one only by a margin.
 
     The rule's winner must beat every eligible point of a simpler structure (no speculation, then a
@@ -143,7 +152,7 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
     pool = list(points)
     notes: list[str] = []
     while True:
-        choice = choose(pool, has_slo)
+        choice = choose(pool, has_slo, knee)
         winner = choice.point
         if not choice.met_slo:
             return choice
@@ -173,7 +182,7 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool) -> Choice:
             else:  # the simplest won outright: say how the runner-up compared
                 others = [p for p in pool if p is not winner and (p.feasible or not has_slo)]
                 if others:
-                    runner_up = choose(others, has_slo).point
+                    runner_up = choose(others, has_slo, knee).point
                     ratio = score_ratio(runner_up, winner, has_slo)
                     reason += f"; {runner_up.knobs.label} vs it: {describe_difference(ratio)}"
             return Choice(winner, choice.met_slo, reason)

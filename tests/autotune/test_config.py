@@ -99,6 +99,7 @@ def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dir
     assert cfg.search.max_batch_size == (16,)
     assert cfg.search.gamma_cap == "auto" and (cfg.search.ngram_min, cfg.search.ngram_max) == (2, 4)
     assert cfg.objectives.latency == "tpot_ms_p95" and cfg.objectives.slo == {}
+    assert cfg.objectives.choose == "throughput" and not cfg.objectives.knee
     assert (
         cfg.budget.n_trials,
         cfg.budget.timeout_s,
@@ -214,6 +215,7 @@ ERRORS = [
     ),
     ("drafter model without draft", lambda r: _del(r, "models.draft"), "models.draft"),
     ("objectives.latency bad", lambda r: _set(r, "objectives.latency", "tpot_ms_p99"), "objectives.latency"),
+    ("objectives.choose bad", lambda r: _set(r, "objectives.choose", "pareto"), "objectives.choose"),
     (
         "slo unknown key",
         lambda r: _set(r, "objectives.slo", {"tpot_ms_p99": 40}),

@@ -139,3 +139,12 @@ def test_run_writes_a_vllm_head_that_keeps_greedy_output(tiny_pair_dirs, target,
     want = generate(pair, reqs, SpecConfig(gamma=0), drafter="none").tokens
     got = generate(pair, reqs, SpecConfig(gamma=3), drafter="eagle3")
     assert got.tokens == want and got.metrics["acceptance_rate"] is not None
+
+
+def test_a_draft_vocabulary_beyond_the_targets_is_refused_in_one_line(tiny_pair_dirs, capsys) -> None:
+    vocab = json.loads((tiny_pair_dirs[0] / "config.json").read_text())["vocab_size"]
+    pair = tiny_pair_dirs[0].parent
+    assert eagle3.main(["--pair", str(pair), "--draft-vocab", str(vocab + 1)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--draft-vocab {vocab + 1}" in err and f"vocab_size {vocab}" in err
+    assert str(tiny_pair_dirs[0] / "config.json") in err

@@ -508,6 +508,15 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.pair / "target").is_dir():
         print(f"error: {args.pair}: no target/ folder (expected a demo pair)", file=sys.stderr)
         return 2
+    target_config = args.pair / "target" / "config.json"
+    vocab = json.loads(target_config.read_text()).get("vocab_size") if target_config.is_file() else None
+    if args.draft_vocab is not None and isinstance(vocab, int) and args.draft_vocab > vocab:
+        print(
+            f"error: --draft-vocab {args.draft_vocab} exceeds the target's vocab_size {vocab} "
+            f"({target_config})",
+            file=sys.stderr,
+        )
+        return 2
     root = Path(sysconfig.get_paths()["stdlib"])
     splits = train.collect_corpus(root)
     train.log(f"corpus {root}: " + ", ".join(f"{k} {len(v)} files" for k, v in splits.items()))
