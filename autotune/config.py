@@ -30,7 +30,7 @@ import yaml
 
 from autotune.config_reader import DEMO, Range, Section
 from autotune.errors import ConfigError
-from autotune.knobs import CHAIN, Tree, parse_tree, tree_name
+from autotune.knobs import CHAIN, TREE_DRAFTERS, Tree, parse_tree, tree_name
 from engine.demo import DEMO_DRAFT, DEMO_EAGLE3, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import DRAFTERS
 from engine.loader import DTYPES as _DTYPE_ALIASES
@@ -492,9 +492,9 @@ def _check_across_sections(cfg: TuneConfig) -> None:
             f"search.drafter: 'hybrid' drafts with the draft model too; list 'model' with it "
             f"(got {list(search.drafter)!r})"
         )
-    if cfg.trees_searched and "model" not in search.drafter:
+    if cfg.trees_searched and not set(TREE_DRAFTERS) & set(search.drafter):
         raise ConfigError(
-            f"search.tree_topk: a tree needs the 'model' drafter in search.drafter "
+            f"search.tree_topk: a tree needs the 'model' or 'eagle3' drafter in search.drafter "
             f"(got drafter {list(search.drafter)!r})"
         )
     gmax = cfg.profile.gamma_max

@@ -262,7 +262,9 @@ def decide(
         static_point = constant
     chosen = _chosen(cfg, space, chosen_point.knobs)
     if chosen_point.knobs.is_tree:
-        chosen = dataclasses.replace(chosen, best_chain=_best_chain(points, remeasured.points))
+        chosen = dataclasses.replace(
+            chosen, best_chain=_best_chain(points, remeasured.points, chosen_point.knobs.drafter)
+        )
     metrics = _chosen_metrics(
         cfg, space, chosen_point, chosen_result, base_point, static_point, final.best_static
     )
@@ -428,10 +430,11 @@ def _chosen(cfg: TuneConfig, space: Space, knobs: Knobs) -> Chosen:
     return dataclasses.replace(chosen, tree_topk=knobs.tree_name) if space.trees else chosen
 
 
-def _best_chain(points: list[Point], remeasured: list[Point]) -> dict[str, Any] | None:
-    """The fastest measured chain of the draft model (re-measured medians first): what chain-only stacks get."""
+def _best_chain(points: list[Point], remeasured: list[Point], drafter: str) -> dict[str, Any] | None:
+    """The fastest measured chain of the chosen tree's drafter (re-measured medians first): what
+    chain-only stacks get."""
     for pool in (remeasured, points):
-        chains = [p for p in pool if not p.knobs.is_tree and p.knobs.drafter == "model" and p.knobs.gamma > 0]
+        chains = [p for p in pool if not p.knobs.is_tree and p.knobs.drafter == drafter and p.knobs.gamma > 0]
         if chains:
             best = max(chains, key=lambda p: p.tokens_per_second)
             return {

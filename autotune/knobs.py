@@ -37,6 +37,8 @@ With B running requests the K is that of the smallest tuned batch size >= B, abo
 the last point's (:meth:`engine.speculative.SpecConfig.gamma_at`, the vLLM export's ranges)."""
 
 CHAIN = "chain"
+TREE_DRAFTERS = ("model", "eagle3")
+"""Drafters that draft token trees (engine.tree_draft.TreeDrafter: the draft model, an EAGLE-3 head)."""
 TABLE_PARAM = "table"
 PARAM_KEYS = ("drafter", "gamma", "confidence_threshold", "gamma_schedule", "max_batch_size")
 """Optuna's flat params, in the order studies and profiles store them (``tree_topk`` follows when
@@ -100,8 +102,8 @@ class Knobs:
     """One configuration: what a trial runs, what is re-measured and what is chosen.
 
     ``max_batch_size`` is the engine's rows (a stack's ``--max-num-seqs``). A tree (``tree`` not
-    ``()``) drafts with the ``model`` drafter; its gamma is its depth, its threshold 0 and its
-    policy constant (:meth:`for_tree`). A table (``table`` not ``()``) is a constant-policy chain
+    ``()``) drafts with the ``model`` or the ``eagle3`` drafter (:data:`TREE_DRAFTERS`); its gamma
+    is its depth, its threshold 0 and its policy constant (:meth:`for_tree`). A table (``table`` not ``()``) is a constant-policy chain
     whose K follows the number of running requests; its gamma is its largest K
     (:meth:`for_table`). Tables are not searched by the study: the decision builds one from the
     per-level choices and serves it live (autotune.decision).
@@ -128,9 +130,16 @@ class Knobs:
         return cls(drafter, max(g for _, g in points), 0.0, "constant", max_batch_size, (), points)
 
     @classmethod
-    def for_tree(cls, tree: Tree, max_batch_size: int) -> Knobs:
-        """The draft model drafting ``tree`` (gamma = its depth, threshold 0, constant policy)."""
-        return cls("model", tree_depth(tree), 0.0, "constant", max_batch_size, tree)
+    def for_tree(cls, tree: Tree, max_batch_size: int, drafter: str = "model") -> Knobs:
+        """``drafter`` (the draft model unless named) drafting ``tree`` (gamma = its depth, threshold 0,
+        constant policy).
+
+        Example:
+            >>> k = Knobs.for_tree((2, 1), 4, "eagle3")
+            >>> k.gamma, k.is_tree, k.label
+            (2, True, 'gamma=2 thr=0.00 constant tree=2,1')
+        """
+        return cls(drafter, tree_depth(tree), 0.0, "constant", max_batch_size, tree)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Knobs:
@@ -178,8 +187,8 @@ class Knobs:
 
     @property
     def is_tree(self) -> bool:
-        """A token tree of the draft model (not the chain)."""
-        return bool(self.tree) and self.drafter == "model" and self.gamma > 0
+        """A token tree (not the chain) of a drafter that drafts trees (:data:`TREE_DRAFTERS`)."""
+        return bool(self.tree) and self.drafter in TREE_DRAFTERS and self.gamma > 0
 
     @property
     def tree_name(self) -> str:

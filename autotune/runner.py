@@ -87,7 +87,7 @@ def run_load(
 ) -> RunResult:
     """One engine run of ``requests`` under ``load`` with speculation settings ``spec``.
 
-    ``spec.tree_topk`` drafts a token tree (the ``model`` drafter only; engine.tree). ``ngram`` is the
+    ``spec.tree_topk`` drafts a token tree (the ``model`` and ``eagle3`` drafters; engine.tree). ``ngram`` is the
     prompt-lookup window (min, max) of the ``ngram`` and ``hybrid`` drafters (tune.yaml
     search.ngram_min/ngram_max).
 

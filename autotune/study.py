@@ -2,10 +2,10 @@
 
 Knobs (each searched or fixed by tune.yaml): drafter, gamma (0 = speculation off),
 confidence_threshold, gamma_schedule, max_batch_size, and (``search.tree_topk``) the token-tree
-shape. A tree fixes gamma to its depth, threshold 0 and the constant policy, and needs the
-draft model: the space is constrained so that such a trial is never sampled with settings the
-engine refuses (the tree knob is suggested only for the ``model`` drafter; the chain's knobs only
-for the chain). A trial runs the configuration at every
+shape. A tree fixes gamma to its depth, threshold 0 and the constant policy, and needs a drafter
+that drafts trees (the draft model or an EAGLE-3 head): the space is constrained so that such a
+trial is never sampled with settings the engine refuses (the tree knob is suggested only for the
+``model`` and ``eagle3`` drafters; the chain's knobs only for the chain). A trial runs the configuration at every
 load level of the workload (closed-loop concurrency levels, or one open-loop rate) and reports
 two objectives: throughput (generated tokens / wall time over all levels; maximised) and the
 chosen latency percentile (worst level; minimised). SLOs become Optuna constraints via
@@ -34,7 +34,7 @@ from autotune.config import TuneConfig
 from autotune.context import Context
 from autotune.costmodel import best_gamma, best_tree, tree_rank_samples
 from autotune.disturbance import Expectation, TrialGuard
-from autotune.knobs import Knobs, Tree, parse_tree, tree_name
+from autotune.knobs import TREE_DRAFTERS, Knobs, Tree, parse_tree, tree_name
 from autotune.records import LevelMetrics, Measurement, TrialResult
 from autotune.selection import Point
 from engine.tree import tree_depth
@@ -93,15 +93,16 @@ class Space:
         return out
 
     def suggest(self, trial: optuna.Trial) -> Knobs:
-        """One configuration. With trees searched, the shape is suggested for the ``model`` drafter only;
-        a tree fixes gamma (its depth), threshold 0 and the constant policy, so those are not suggested."""
+        """One configuration. With trees searched, the shape is suggested for the drafters that draft
+        trees (``model``, ``eagle3``) only; a tree fixes gamma (its depth), threshold 0 and the
+        constant policy, so those are not suggested."""
         drafter = (
             trial.suggest_categorical("drafter", self.drafters)
             if len(self.drafters) > 1
             else self.drafters[0]
         )
         tree: Tree = ()
-        if self.trees and drafter == "model":
+        if self.trees and drafter in TREE_DRAFTERS:
             names = self.tree_names
             tree = parse_tree(trial.suggest_categorical("tree_topk", names) if len(names) > 1 else names[0])
         if tree:
@@ -157,20 +158,20 @@ class Space:
 
         With trees searched: a tree point keeps only the tree's own knobs (drafter, shape, batch
         size; its gamma, threshold and policy follow from the shape), a chain point names the chain
-        when the chain is searched, else the first searched shape."""
+        when the chain is searched, else the first searched shape (for a drafter that drafts trees)."""
         searched = self.searched()
         max_batch_size = (
             knobs.max_batch_size if knobs.max_batch_size in self.max_batch_sizes else self.max_batch_sizes[0]
         )
-        if self.trees:
-            shape = knobs.tree if knobs.drafter == "model" else ()
+        drafter = knobs.drafter if knobs.drafter in self.drafters else self.drafters[0]
+        if self.trees and drafter in TREE_DRAFTERS:
+            shape = knobs.tree if knobs.drafter in TREE_DRAFTERS else ()
             if shape not in self.tree_shapes:
                 shape = () if () in self.tree_shapes else self.tree_shapes[0]
-            if shape and knobs.drafter == "model":
-                tree = Knobs.for_tree(shape, max_batch_size)
+            if shape:
+                tree = Knobs.for_tree(shape, max_batch_size, drafter)
                 keep = searched & {"drafter", "tree_topk", "max_batch_size"}
                 return {k: v for k, v in self.params(tree).items() if k in keep}
-        drafter = knobs.drafter if knobs.drafter in self.drafters else self.drafters[0]
         clipped = Knobs(
             drafter=drafter,
             gamma=min(max(knobs.gamma, self.gamma_low), self.gamma_high),
@@ -182,7 +183,7 @@ class Space:
             else self.gamma_policies[0],
             max_batch_size=max_batch_size,
         )
-        if drafter != "model":  # only the draft model drafts trees
+        if drafter not in TREE_DRAFTERS:  # only the draft model and the head draft trees
             searched.discard("tree_topk")
         return {k: v for k, v in self.params(clipped).items() if k in searched}
 
@@ -324,7 +325,7 @@ def warm_starts(
     ranks = tree_rank_samples(m.acceptance) if space.trees else None
     trees = [
         t for t in space.tree_shapes if isinstance(t, tuple) and t
-    ]  # the cost model predicts static trees
+    ]  # the cost model predicts static trees, of the draft model (its ranks are the draft model's)
     if ranks and trees:
         for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
             shape, _ = best_tree(curves, ranks, trees, b)
@@ -358,15 +359,24 @@ def measured_chains(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[Knobs,
     ]
 
 
-def fit_stack_cost(trials: list[optuna.trial.FrozenTrial]) -> stackcost.StackCost | None:
-    """The stack cost of the best measured drafter (by its fastest constant chain), from these trials;
-    None without no speculation and one constant chain measured."""
+def stack_observations(
+    trials: list[optuna.trial.FrozenTrial],
+) -> tuple[str, list[stackcost.Observation]] | None:
+    """The best measured drafter (by its fastest constant chain) and its stack-cost observations
+    (:func:`autotune.stackcost.observations`) among these trials; None without a constant chain."""
     runs = measured_chains(trials)
     chains = [(k, t) for (k, _), t in zip(runs, trials, strict=True) if k.speculates and k.is_static_chain]
     if not chains:
         return None
     drafter = max(chains, key=lambda c: c[1].values[0] if c[1].values else 0.0)[0].drafter
-    return stackcost.calibrate(stackcost.observations(runs, drafter), drafter)
+    return drafter, stackcost.observations(runs, drafter)
+
+
+def fit_stack_cost(trials: list[optuna.trial.FrozenTrial]) -> stackcost.StackCost | None:
+    """The stack cost of the best measured drafter, from these trials; None without no speculation
+    and one constant chain measured."""
+    found = stack_observations(trials)
+    return stackcost.calibrate(found[1], found[0]) if found is not None else None
 
 
 def stack_planner(

@@ -339,11 +339,11 @@ def stack_cost_section(study: optuna.Study, backend: str) -> Any:
     """``profile["stack_cost"]``: the fit of the study's trials (autotune.stackcost), its residuals per
     measured (level, K) and how many trials (server starts, on a stack) the study ran; MISSING
     without a fit."""
-    trials = study_mod.finished(study)
-    cost = study_mod.fit_stack_cost(trials)
-    if cost is None:
+    found = study_mod.stack_observations(study_mod.finished(study))
+    cost = stackcost.calibrate(found[1], found[0]) if found is not None else None
+    if found is None or cost is None:
         return MISSING
-    obs = stackcost.observations(study_mod.measured_chains(trials), cost.drafter)
+    obs = found[1]
     return {
         "backend": backend,
         **cost.to_json(),

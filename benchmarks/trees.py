@@ -32,6 +32,9 @@ Ratios come from runs of one invocation on one (noisy, shared) host; read them a
 ``--engine compiled`` (the default, what ``autotune tune`` runs) puts chains and trees alike
 through the compiled forward, warmed before any timing.
 
+``--drafter eagle3`` drafts the chains and trees with the EAGLE-3 head (``--eagle3``, default the
+demo head) instead of the draft model (the least-disturbed cost table then is not measured).
+
 Example:
     python benchmarks/trees.py                                         # ~10 min on 2 cores
     python benchmarks/trees.py --num-prompts 4 --max-new-tokens 32 --repeats 1 --trees "2,2,1;3,1,1"
@@ -43,12 +46,14 @@ import argparse
 import dataclasses
 import statistics
 import time
+from pathlib import Path
 
 import _common
 import torch
 
 from autotune import classify
 from autotune.runner import LoadSpec, run_load
+from engine.demo import DEMO_EAGLE3
 from engine.errors import EngineInputError
 from engine.speculative import SpecConfig
 from engine.tree import DynamicTree, TreeShape
@@ -107,25 +112,26 @@ def configs(
     hybrid_gammas: list[int],
     mode: str,
     dynamic: list[DynamicTree] = (),
+    drafter: str = "model",
 ) -> list[tuple[str, str, SpecConfig, str]]:
-    """(label, kind, config, drafter) for AR, every chain, every tree, every dynamic tree and the
-    hybrid drafter; at T=1 each static tree twice: i.i.d. sampled children (the default) and top-k
-    children ("topk")."""
+    """(label, kind, config, drafter) for AR, every chain, every tree and every dynamic tree of
+    ``drafter`` (the draft model or the EAGLE-3 head) and the hybrid drafter; at T=1 each static
+    tree twice: i.i.d. sampled children (the default) and top-k children ("topk")."""
     out = [("AR", "ar", SpecConfig(gamma=0), "none")]
-    out += [(f"chain g={g}", "chain", SpecConfig(gamma=g), "model") for g in gammas]
+    out += [(f"chain g={g}", "chain", SpecConfig(gamma=g), drafter) for g in gammas]
     for shape in trees:
         name = f"tree {'-'.join(map(str, shape))}"
-        out.append((name, "tree", SpecConfig(gamma=len(shape), tree_topk=shape), "model"))
+        out.append((name, "tree", SpecConfig(gamma=len(shape), tree_topk=shape), drafter))
         if mode != "greedy":
             out.append(
                 (
                     f"{name} topk",
                     "tree",
                     SpecConfig(gamma=len(shape), tree_topk=shape, tree_sampling="topk"),
-                    "model",
+                    drafter,
                 )
             )
-    out += [(f"dynamic {t.name}", "dynamic", SpecConfig.for_tree(t), "model") for t in dynamic]
+    out += [(f"dynamic {t.name}", "dynamic", SpecConfig.for_tree(t), drafter) for t in dynamic]
     out += [(f"hybrid g={g}", "hybrid", SpecConfig(gamma=g), "hybrid") for g in hybrid_gammas]
     return out
 
@@ -233,6 +239,13 @@ def main() -> None:
     p.add_argument(
         "--hybrid-gammas", type=_common.int_list, default=[4], help="hybrid drafter gammas (default 4)"
     )
+    p.add_argument(
+        "--drafter",
+        choices=("model", "eagle3"),
+        default="model",
+        help="who drafts the chains and trees: the draft model or the --eagle3 head (default model)",
+    )
+    p.add_argument("--eagle3", type=Path, default=DEMO_EAGLE3, help="EAGLE-3 head folder (default: demo)")
     p.add_argument("--modes", default="greedy,t1", help="greedy and/or t1 (default both)")
     p.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default 2)")
     p.add_argument(
@@ -251,12 +264,13 @@ def main() -> None:
         _common.fail("--modes takes greedy and/or t1; --repeats and --batch-sizes must be >= 1")
     try:
         cfgs = {
-            mode: configs(args.gammas, args.trees, args.hybrid_gammas, mode, args.dynamic) for mode in modes
+            mode: configs(args.gammas, args.trees, args.hybrid_gammas, mode, args.dynamic, args.drafter)
+            for mode in modes
         }
     except EngineInputError as exc:
         _common.fail(str(exc))
     bench = _common.start(NAME, args)
-    pair, requests = _common.load(bench)
+    pair, requests = _common.load(bench, eagle3=args.eagle3 if args.drafter == "eagle3" else None)
     if args.engine == "compiled":
         pair = _common.compiled_twin(pair, trees=args.trees + [(t.topk,) * t.depth for t in args.dynamic])
         print(
@@ -428,7 +442,7 @@ def main() -> None:
     # configuration's measured mean accepted length: B x E / (draft + verify), no engine overhead.
     costs, crows = [], []
     context = max(len(r.prompt_ids) for r in requests) + args.max_new_tokens // 2
-    for b in args.batch_sizes:
+    for b in args.batch_sizes if args.drafter == "model" else ():  # min_costs times the draft model
         for label, kind, spec, _ in cfgs[modes[0]]:
             if kind == "hybrid":
                 continue
@@ -470,6 +484,10 @@ def main() -> None:
                     ),
                 )
             )
+    if args.drafter != "model":
+        print(
+            "least-disturbed step costs: not measured with the EAGLE-3 head (min_costs times the draft model)"
+        )
     _common.print_table(
         f"least-disturbed step costs (min of {args.cost_repeats}, context {context} tokens) and the "
         "throughput they imply with the measured mean accepted length",

@@ -20,9 +20,10 @@ import torch
 
 from engine.errors import EngineInputError
 from engine.kv_cache import KVCache
-from engine.model import Transformer
+from engine.model import ExplicitAttention, Transformer
 from engine.sampling import BatchSampling, sample
-from engine.tree import DynamicTree, RowTrees, TreeTensors, tree_attention
+from engine.tree import DynamicTree, RowTrees, TreeTensors
+from engine.tree_draft import LevelForward, draft_dynamic_tree, draft_static_tree
 
 
 class Drafter:
@@ -248,89 +249,41 @@ class ModelDrafter(Drafter):
         kv_len: int,
         generator: torch.Generator | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft a token tree depth by depth: one draft forward per depth over all its nodes.
+        """Draft a token tree depth by depth (engine.tree_draft.draft_static_tree): one draft forward
+        per depth over all its nodes, after one over the pending tokens.
 
-        Returns node tokens (B, N+1) in the tree's breadth-first order (node 0 = the pending
-        token) and, when some row samples its children i.i.d., the draft's distribution at every
-        internal node (B, n_internal, V). Top-k children come from the raw logits: the order
-        temperature, top-k and top-p keep (and greedy rows need). Depth d's nodes sit in the draft
-        cache at slots ``length - 1 + node`` and see the prefix and their ancestors (tree mask);
-        :meth:`commit_tree` compacts the accepted path.
+        Depth d's nodes sit in the draft cache at slots ``length - 1 + node`` and see the prefix and
+        their ancestors (tree mask); :meth:`commit_tree` compacts the accepted path.
         """
-        b = tokens.shape[0]
-        logits = self._root_logits(tokens, length, kv_len)
         base = length - 1
-        shape = tree.shape
-        nodes = [tokens.gather(1, base[:, None])]  # (B, 1) root
-        node_probs = []
-        for d, k in enumerate(shape.topk):
-            n_d = logits.shape[1]
-            kids = logits.topk(k, -1).indices  # (B, n_d, k) best first
-            if iid is not None:
-                probs = sampling.probs(logits)  # (B, n_d, V)
-                node_probs.append(probs)
-                drawn = sample(probs[:, :, None, :].expand(-1, -1, k, -1), generator)  # (B, n_d, k)
-                kids = torch.where(iid[:, None, None], drawn, kids)
-            level = kids.reshape(b, n_d * k)
-            nodes.append(level)
-            if d + 1 < shape.depth:
-                first = shape.level_offsets[d + 1]
-                attn = tree.attention(base, first, level.shape[1], kv_len)
-                logits = self.model.decode(level, self.cache, base + first, kv_len, attn)
         self._tree_base = base
-        return torch.cat(nodes, 1), (torch.cat(node_probs, 1) if node_probs else None)
+        root = tokens.gather(1, base[:, None])  # (B, 1)
+        logits = self._root_logits(tokens, length, kv_len)
+        forward = self._level_forward(kv_len)
+        return draft_static_tree(root, logits, base, tree, sampling, iid, kv_len, generator, forward)
 
     def propose_dynamic_tree(
         self, tokens: torch.Tensor, length: torch.Tensor, tree: DynamicTree, kv_len: int
     ) -> tuple[torch.Tensor, RowTrees]:
-        """Draft each row's dynamic tree (engine.tree.DynamicTree): ``depth`` draft forwards, the
-        first over the pending tokens, each later one over the ``topk`` best-scoring nodes of the
-        previous depth (fed at draft-cache slots ``length + (d - 1) * topk + j``, seeing the prefix,
-        the root and their ancestors). Returns node tokens (B, n+1) and the rows' trees."""
-        b, dev = tokens.shape[0], tokens.device
-        k, depth = tree.topk, tree.depth
+        """Draft each row's dynamic tree (engine.tree_draft.draft_dynamic_tree): ``depth`` draft
+        forwards, the first over the pending tokens, each later one over the ``topk`` best-scoring
+        nodes of the previous depth (at draft-cache slots ``length + (d - 1) * topk + j``). Returns
+        node tokens (B, n+1) and the rows' trees."""
         base = length - 1
-        top = self._root_logits(tokens, length, kv_len)[:, 0].float().log_softmax(-1).topk(k, -1)  # (B, K)
-        cand_tok, cand_score, cand_par = [top.indices], [top.values], [torch.full((b, k), -1, device=dev)]
-        front_tok, front_score = top.indices, top.values
-        front_id = torch.arange(k, device=dev).expand(b, -1)  # candidate index of each fed node
-        front_par_slot = torch.zeros(
-            b, k, dtype=torch.long, device=dev
-        )  # draft slot of its parent (the root: 0)
-        n_slots = 1 + (depth - 1) * k
-        slot_depth = (
-            torch.arange(n_slots, device=dev).add(k - 1).div(k, rounding_mode="floor")
-        )  # 0, then k per depth
-        anc = torch.zeros(b, n_slots, n_slots, dtype=torch.bool, device=dev)
-        anc[:, 0, 0] = True
-        cand_slot = torch.full((b, tree.candidates), -1, dtype=torch.long, device=dev)
-        for d in range(1, depth):
-            first = 1 + (d - 1) * k
-            slots = torch.arange(first, first + k, device=dev)
-            anc[:, first : first + k] = anc.gather(1, front_par_slot[:, :, None].expand(-1, -1, n_slots))
-            anc[:, slots, slots] = True
-            cand_slot.scatter_(1, front_id, slots.expand(b, -1).contiguous())
-            attn = tree_attention(base, slot_depth.expand(b, -1), anc, first, k, kv_len)
-            logits = self.model.decode(front_tok, self.cache, base + first, kv_len, attn)  # (B, K, V)
-            top = logits.float().log_softmax(-1).topk(k, -1)  # (B, K, K) best first
-            score = (front_score[:, :, None] + top.values).reshape(b, k * k)
-            tok = top.indices.reshape(b, k * k)
-            cand_tok.append(tok)
-            cand_score.append(score)
-            cand_par.append(front_id[:, :, None].expand(-1, -1, k).reshape(b, k * k))
-            if d + 1 < depth:
-                best = score.topk(k, -1).indices  # (B, K) the next depth's fed nodes
-                front_id = k + (d - 1) * k * k + best
-                front_tok, front_score = tok.gather(1, best), score.gather(1, best)
-                front_par_slot = slots[best // k]  # the fed node each came from
         self._tree_base = base
-        return tree.select(
-            tokens.gather(1, base[:, None]),
-            torch.cat(cand_tok, 1),
-            torch.cat(cand_score, 1),
-            torch.cat(cand_par, 1),
-            cand_slot,
-        )
+        root = tokens.gather(1, base[:, None])
+        logits = self._root_logits(tokens, length, kv_len)
+        return draft_dynamic_tree(root, logits, base, tree, kv_len, self._level_forward(kv_len))
+
+    def _level_forward(self, kv_len: int) -> LevelForward:
+        """The draft model's forward over a depth's nodes (a token sees its ancestors' entries)."""
+
+        def forward(
+            nodes: torch.Tensor, came_from: torch.Tensor, start: torch.Tensor, attn: ExplicitAttention
+        ) -> torch.Tensor:
+            return self.model.decode(nodes, self.cache, start, kv_len, attn)
+
+        return forward
 
     def commit_tree(self, tree: RowTrees, path: torch.Tensor, n_accepted: torch.Tensor) -> None:
         """Move the accepted path's draft entries to their depths (the nodes the draft was fed: every

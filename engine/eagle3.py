@@ -24,7 +24,18 @@ first proposal at position length-2, then feeds its own proposals with its own p
 Entries computed from the head's own outputs are speculative: after the verify the target's
 states of the accepted positions replace them (the next step feeds them again), so ``commit``
 sets head_len to the positions fed with target states, length - 1 before the step; rollback
-stays a length update. Chains only (a tree needs the ``model`` drafter, engine.speculative).
+stays a length update.
+
+Token trees (engine.tree, engine.tree_draft): the staged feed ends at the root's entry (position
+length - 2, the pending token with the target's state there), which is node 0 of the head's tree at
+cache slot ``base = length - 2``. Node i (depth d, breadth first) goes to slot base + i at RoPE
+position base + d (a depth-1 node is token length, so at head position length - 1 as in the chain),
+fed with its parent's pre-norm output as h (the root's for depth 1) under the tree mask: it sees
+the prefix, the root and its ancestors, which is the chain's input for its path. The engine's verify
+hands back the target's states along the accepted path (``observe``, the chain's 1 + G positions),
+so the next step stages what a chain step would have staged; the nodes' entries are speculative
+like a chain's own drafts, so ``commit_tree`` moves nothing and ``commit`` sets head_len as after
+a chain.
 """
 
 from __future__ import annotations
@@ -44,8 +55,10 @@ from engine.config import ModelConfig, rope_inv_freq
 from engine.drafters import Drafter
 from engine.errors import EngineInputError
 from engine.kv_cache import KVCache
-from engine.model import MLP, Attention, RMSNorm, Transformer
+from engine.model import MLP, Attention, ExplicitAttention, RMSNorm, Transformer
 from engine.sampling import BatchSampling, sample
+from engine.tree import DynamicTree, RowTrees, TreeTensors
+from engine.tree_draft import LevelForward, draft_dynamic_tree, draft_static_tree
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")  # vLLM: llama_eagle3
 # keys of vLLM's llama_eagle3 variants the engine does not implement: refused when set
@@ -274,18 +287,25 @@ class Eagle3Head(nn.Module):
         start: torch.Tensor,  # (B,) each row's first position
         kv_len: int,
         slot0: int = 0,
+        attn: ExplicitAttention | None = None,  # a token tree's positions and mask (engine.tree)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, T, V) target-vocabulary logits, (B, T, H) pre-norm
+        """Feed T positions at cache slots ``start + j``: causal at RoPE positions ``start + j``, or,
+        with ``attn``, at ``attn.positions`` seeing ``attn.visible`` (engine.model.ExplicitAttention)."""
         embed = self.embed_tokens if self.embed_tokens is not None else self._shared[0]
         lm_head = self.lm_head if self.lm_head is not None else self._shared[1]
         t = tokens.shape[1]
-        positions = start[:, None] + torch.arange(t, device=tokens.device)[None, :]  # (B, T)
-        freqs = positions[..., None].float() * self.inv_freq  # (B, T, hd/2)
+        slots = start[:, None] + torch.arange(t, device=tokens.device)[None, :]  # (B, T)
+        rope_pos = slots if attn is None else attn.positions
+        freqs = rope_pos[..., None].float() * self.inv_freq  # (B, T, hd/2)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
         x = embed(tokens)  # (B, T, H)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        keys = torch.arange(kv_len, device=tokens.device)[None, None, :]
-        mask = (keys <= positions[:, :, None])[:, None]  # (B, 1, T, L) causal
-        out = self.midlayer(x, hidden, cos, sin, cache, positions, kv_len, slot0, mask)
+        if attn is None:
+            keys = torch.arange(kv_len, device=tokens.device)[None, None, :]
+            mask = (keys <= slots[:, :, None])[:, None]  # (B, 1, T, L) causal
+        else:
+            mask = attn.visible[:, None]  # (B, 1, T, L)
+        out = self.midlayer(x, hidden, cos, sin, cache, slots, kv_len, slot0, mask)
         logits: torch.Tensor = lm_head(self.norm(out))  # (B, T, draft_vocab_size)
         if self.remaps:
             full = logits.new_full((*logits.shape[:-1], self.config.layer.vocab_size), float("-inf"))
@@ -407,7 +427,8 @@ def save_eagle3(head: Eagle3Head, folder: str | Path) -> Path:
 
 
 class Eagle3Drafter(Drafter):
-    """Drafts chains with an EAGLE-3 head (module docstring: the alignment and the rollback).
+    """Drafts chains and token trees with an EAGLE-3 head (module docstring: the alignment, the
+    rollback and the trees).
 
     Sync-free mode feeds a fixed width: the staged positions of a row are the tokens its last step
     emitted (at most the verified width, 1 + G, which the host knows from the states' shape) or 1
@@ -538,6 +559,55 @@ class Eagle3Drafter(Drafter):
 
     def confidence(self, batch: int, width: int) -> torch.Tensor:
         return torch.stack(self._conf, 1)[:batch, :width]
+
+    def propose_tree(
+        self,
+        tokens: torch.Tensor,
+        length: torch.Tensor,
+        tree: TreeTensors,
+        sampling: BatchSampling,
+        iid: torch.Tensor | None,
+        kv_len: int,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft a static tree (engine.tree_draft.draft_static_tree): the staged feed gives the root's
+        logits, then one head forward per depth over its nodes (module docstring: slots, positions
+        and h). A reduced vocabulary's children are draft ids mapped to target ids: its logits are
+        -inf (its probabilities 0) elsewhere."""
+        logits, out = self._feed_staged(tokens, length, kv_len)  # (B, 1, V), (B, 1, H) at the root
+        root = tokens.gather(1, (length - 1)[:, None])  # (B, 1) the pending token
+        forward = self._level_forward(out, kv_len)
+        return draft_static_tree(root, logits, length - 2, tree, sampling, iid, kv_len, generator, forward)
+
+    def propose_dynamic_tree(
+        self, tokens: torch.Tensor, length: torch.Tensor, tree: DynamicTree, kv_len: int
+    ) -> tuple[torch.Tensor, RowTrees]:
+        """Draft each row's dynamic tree (engine.tree_draft.draft_dynamic_tree): the staged feed, then
+        one head forward of the ``topk`` best-scoring nodes per later depth."""
+        logits, out = self._feed_staged(tokens, length, kv_len)
+        root = tokens.gather(1, (length - 1)[:, None])
+        return draft_dynamic_tree(root, logits, length - 2, tree, kv_len, self._level_forward(out, kv_len))
+
+    def _level_forward(self, out: torch.Tensor, kv_len: int) -> LevelForward:
+        """The head's forward over a depth's nodes, each fed with its parent's pre-norm output as h
+        (``out`` (B, 1, H): the root's; then each call's own outputs)."""
+
+        def forward(
+            nodes: torch.Tensor, came_from: torch.Tensor, start: torch.Tensor, attn: ExplicitAttention
+        ) -> torch.Tensor:
+            nonlocal out
+            h = out.gather(1, came_from[:, :, None].expand(-1, -1, out.shape[-1]))  # (B, T, H) the parents'
+            logits: torch.Tensor
+            logits, out = self.head(nodes, h, self.cache, start, kv_len, attn=attn)
+            return logits
+
+        return forward
+
+    def commit_tree(self, tree: RowTrees, path: torch.Tensor, n_accepted: torch.Tensor) -> None:
+        """Nothing to move: the nodes' entries were computed from the head's own outputs, so they are
+        speculative; the accepted positions are staged with the target's states (``observe``, which
+        the engine calls with the path's states) and re-fed next step, and ``commit`` keeps head_len
+        at the positions fed with target states, as after a chain."""
 
     def commit(self, new_length: torch.Tensor) -> None:
         b = new_length.shape[0]

@@ -209,17 +209,23 @@ _COMPILED_FORWARD: dict[
 ] = {}  # mode -> torch.compile(Transformer.forward)
 _COMPILED_HIDDEN: dict[
     tuple[str | None, tuple[bool, ...]], Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
-] = {}  # (mode, layer mask) -> the compiled chain forward that also returns those layers' hidden states
+] = {}  # (mode, layer mask) -> the compiled cached forward that also returns those layers' hidden states
 
 
 def _forward_with(take: tuple[bool, ...]) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
-    """A chain forward returning the hidden states ``take`` marks, a constant to torch.compile (a
-    tuple of ints would not be: with dynamic shapes dynamo turns its entries into symbols)."""
+    """A cached forward (a chain, or a tree's explicit attention) returning the hidden states ``take``
+    marks, a constant to torch.compile (a tuple of ints would not be: with dynamic shapes dynamo
+    turns its entries into symbols)."""
 
     def run(
-        model: Transformer, tokens: torch.Tensor, cache: KVCache, start: torch.Tensor, kv_len: int
+        model: Transformer,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        start: torch.Tensor,
+        kv_len: int,
+        attn: ExplicitAttention | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return model._forward(tokens, cache, start, kv_len, 0, None, take)
+        return model._forward(tokens, cache, start, kv_len, 0, attn, take)
 
     return run
 
@@ -275,7 +281,8 @@ class Transformer(nn.Module):
         than one token (the verify pass), one token only when a tree starts with top-k 1 (its first
         draft level is a single node). A run that drafts trees thus keeps compile time out of its
         timings too; a tree not warmed compiles on its first forward. ``hidden_layers`` (an EAGLE-3
-        head's aux layer ids, engine.eagle3) also compiles and warms :meth:`decode_hidden` for them.
+        head's aux layer ids, engine.eagle3) also compiles and warms :meth:`decode_hidden` for them,
+        for the chain and, with ``trees``, for the tree's verify pass (always more than one token).
         """
         import torch._dynamo
         import torch.fx.experimental._config as fx_config
@@ -304,8 +311,8 @@ class Transformer(nn.Module):
                     keys = torch.arange(4 + t, device=device)[None, :].expand(b, -1)
                     attn = ExplicitAttention(pos, keys, keys[:, None, :] <= pos[:, :, None])
                 self.decode(tokens, self.new_cache(slots, 16), start, 4 + t, attn)
-                if hidden_layers and attn is None:
-                    self.decode_hidden(tokens, self.new_cache(slots, 16), start, 4 + t, hidden_layers)
+                if hidden_layers and (attn is None or t > 1):
+                    self.decode_hidden(tokens, self.new_cache(slots, 16), start, 4 + t, hidden_layers, attn)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - t0
@@ -338,20 +345,30 @@ class Transformer(nn.Module):
             )
 
     def decode_hidden(
-        self, tokens: torch.Tensor, cache: KVCache, start: torch.Tensor, kv_len: int, layers: tuple[int, ...]
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        start: torch.Tensor,
+        kv_len: int,
+        layers: tuple[int, ...],
+        attn: ExplicitAttention | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`decode` of a chain that also returns the hidden states of ``layers`` (ascending,
-        distinct; :meth:`forward_hidden`): (B, T, V) logits, (B, T, len(layers) * C). The verify
-        pass of a drafter fed the target's hidden states (engine.eagle3); compiled like
-        :meth:`decode`, one graph per ``layers``."""
+        """:meth:`decode` (a chain, or a token tree's ``attn``) that also returns the hidden states of
+        ``layers`` (ascending, distinct; :meth:`forward_hidden`): (B, T, V) logits, (B, T,
+        len(layers) * C). The verify pass of a drafter fed the target's hidden states
+        (engine.eagle3); compiled like :meth:`decode`, one function per ``layers``."""
         if not self.compiled:
-            logits, hidden = self.forward_hidden(tokens, cache, start, kv_len, 0, None, layers)
+            logits, hidden = self.forward_hidden(tokens, cache, start, kv_len, 0, attn, layers)
         else:
             key = (self._compile_mode, self._layer_mask(layers))
             if key not in _COMPILED_HIDDEN:
                 _COMPILED_HIDDEN[key] = torch.compile(_forward_with(key[1]), dynamic=True, mode=key[0])
             with torch.inference_mode():
-                logits, hidden = _COMPILED_HIDDEN[key](self, tokens.clone(), cache, start.clone(), kv_len)
+                if attn is not None:  # contiguous copies, as in decode
+                    attn = ExplicitAttention(*(t.clone(memory_format=torch.contiguous_format) for t in attn))
+                logits, hidden = _COMPILED_HIDDEN[key](
+                    self, tokens.clone(), cache, start.clone(), kv_len, attn
+                )
         assert hidden is not None, "decode_hidden needs at least one layer"
         return logits, hidden
 

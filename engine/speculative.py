@@ -30,15 +30,18 @@ tokens emitted meanwhile (``Drafter.catch_up``: one draft forward over the pendi
 proposal), so its cache never lags more than a drafting step leaves it.
 
 A token tree (``SpecConfig.tree_topk``, engine.tree) replaces only the draft and verify of a
-step (:meth:`SpecEngine._tree_draft_verify`): the draft model drafts the tree depth by depth, the
-target verifies every node of every row in one forward under the tree mask, the accepted path
-is compacted into place in both caches and handed back as a chain block, so emission, EOS and
-budget cuts, rollback and retirement are the chain's code. Chains never build a tree.
+step (:meth:`SpecEngine._tree_draft_verify`): a tree drafter (engine.tree_draft.TreeDrafter: the
+draft model or an EAGLE-3 head) drafts the tree depth by depth, the target verifies every node of
+every row in one forward under the tree mask, the accepted path is compacted into place in the
+target's cache (and in the drafter's, ``commit_tree``) and handed back as a chain block, so
+emission, EOS and budget cuts, rollback and retirement are the chain's code. Chains never build a
+tree.
 
 A drafter that reads the target's hidden states (``Drafter.target_layers``: EAGLE-3,
 engine.eagle3) gets them from the prefill (``prefill(..., hidden)``) and from each verify pass
-(``observe``, before ``commit`` says how many of the verified positions were accepted); for every
-other drafter the target computes exactly what it did before.
+(``observe``, before ``commit`` says how many of the verified positions were accepted; after a
+tree's verify, the states of the accepted path, so it sees what a chain's verify would have given);
+for every other drafter the target computes exactly what it did before.
 """
 
 from __future__ import annotations
@@ -49,13 +52,14 @@ from itertools import pairwise
 
 import torch
 
-from engine.drafters import Drafter, ModelDrafter
+from engine.drafters import Drafter
 from engine.errors import EngineInputError
 from engine.metrics import SpecStats
 from engine.model import Transformer
 from engine.rows import Finished, RowState
 from engine.sampling import BatchSampling, accept, sample
 from engine.tree import TREE_SAMPLING, DynamicTree, RowTrees, TreeShape, TreeTensors, tree_accept
+from engine.tree_draft import TreeDrafter
 from engine.workload import fit_prompt_to_context
 
 GAMMA_POLICIES = ("constant", "heuristic")  # SpecConfig.gamma_schedule: how each row sets its gamma
@@ -311,8 +315,10 @@ class SpecEngine:
         self.lookahead = config.lookahead
         self.hidden_layers = drafter.target_layers if self.speculate else ()  # target states it reads
         shape = config.tree if self.speculate else None
-        if shape is not None and not isinstance(drafter, ModelDrafter):
-            raise EngineInputError(f"tree_topk: a tree needs the 'model' drafter (got {drafter.name!r})")
+        if shape is not None and not isinstance(drafter, TreeDrafter):
+            raise EngineInputError(
+                f"tree_topk: a tree needs the 'model' or 'eagle3' drafter (got {drafter.name!r})"
+            )
         self.tree = shape.tensors(target.lm_head.weight.device) if shape is not None else None
         dev, s = self.device, max_batch_size
         self.cache = target.new_cache(s, max_seq_len)
@@ -516,11 +522,12 @@ class SpecEngine:
         Returns the accepted path as a chain block (drafts (B, gamma): the path's tokens, valid up
         to n_accepted), n_accepted (B,), the next token (B,), n_proposed (B,) (= gamma) and the
         clock at the end of drafting. The path's target and draft cache entries are compacted to
-        their depths, so the rest of the step (and rollback) is the chain's.
+        their depths, and a drafter that reads the target's states gets those of the path, so the
+        rest of the step (and rollback) is the chain's.
         """
         b = length.shape[0]
         drafter = self.drafter
-        assert isinstance(drafter, ModelDrafter)  # __init__ refuses a tree for any other drafter
+        assert isinstance(drafter, TreeDrafter)  # __init__ refuses a tree for any other drafter
         iid = node_probs = None
         trees: RowTrees
         if isinstance(tree, DynamicTree):
@@ -537,11 +544,18 @@ class SpecEngine:
         t1 = self._mark()
         base = length - 1
         attn = trees.attention(base, 0, nodes.shape[1], kv_len)
-        logits = self.target.decode(nodes, self.cache, base, kv_len, attn)
+        hidden = None
+        if self.hidden_layers:  # (B, N+1, D) the nodes' states, for a drafter that reads them
+            layers = self.hidden_layers
+            logits, hidden = self.target.decode_hidden(nodes, self.cache, base, kv_len, layers, attn)
+        else:
+            logits = self.target.decode(nodes, self.cache, base, kv_len, attn)
         target_probs = sampling.probs(logits)  # (B, N+1, V)
         n_acc, path, nxt = tree_accept(trees, nodes, target_probs, node_probs, iid, self.generator)
         depth = torch.arange(1, g + 1, device=self.device)[None, :]  # (1, G)
         self.cache.compact(0, base[:, None] + path[:, 1:], base[:, None] + depth)
+        if hidden is not None:  # the path's states at positions length - 1 + j: what a chain's verify gives
+            self.drafter.observe(hidden.gather(1, path[:, :, None].expand(-1, -1, hidden.shape[-1])))
         drafter.commit_tree(trees, path, n_acc)
         n_prop = torch.full((b,), g, dtype=torch.long, device=self.device)
         return nodes.gather(1, path[:, 1:]), n_acc, nxt, n_prop, t1

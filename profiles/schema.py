@@ -77,8 +77,8 @@ class Chosen:
     ``"KxD/N"`` (EAGLE-2: top-K expansion to depth D, the draft's best N nodes verified); gamma is
     then the tree's depth, the threshold 0 and the policy constant. ``best_chain`` (``gamma``,
     ``confidence_threshold``, ``gamma_schedule``, ``tokens_per_second``), present only when a tree
-    was chosen, is the fastest measured chain of the draft model: what a stack that takes no tree
-    exports.
+    was chosen, is the fastest measured chain of the tree's drafter (the draft model or the EAGLE-3
+    head): what a stack that takes no tree exports.
     """
 
     drafter: str
@@ -140,9 +140,10 @@ class Chosen:
         tree = get(wrapped, "chosen.tree_topk", str, default=MISSING)
         if tree is not MISSING:
             shape = parse_tree_topk(tree)
-            if shape and drafter != "model":
+            if shape and drafter not in ("model", "eagle3"):
                 raise ProfileError(
-                    f"profile: 'chosen.tree_topk' {tree!r} needs the 'model' drafter, got {drafter!r}"
+                    f"profile: 'chosen.tree_topk' {tree!r} needs the 'model' or 'eagle3' drafter, "
+                    f"got {drafter!r}"
                 )
             if shape and len(shape) != gamma:
                 raise ProfileError(

@@ -245,9 +245,11 @@ def substitution_notes(inputs: ExportInputs, stack: str, tree_exported: bool = F
     """
     notes = []
     if inputs.tree_topk and not tree_exported:
+        head = inputs.drafter == "eagle3"
         if inputs.best_chain_measured:
             chain = (
-                f"the best measured chain of the draft model instead: gamma {inputs.gamma}"
+                f"the best measured chain of the {'EAGLE-3 head' if head else 'draft model'} instead: "
+                f"gamma {inputs.gamma}"
                 + (
                     f", confidence_threshold {inputs.confidence_threshold}"
                     if inputs.confidence_threshold
@@ -259,8 +261,12 @@ def substitution_notes(inputs: ExportInputs, stack: str, tree_exported: bool = F
             chain = f"a chain of the tree's depth instead (gamma {inputs.gamma}; the study measured no chain)"
         notes.append(
             f"The profile chose the token tree {tree_text(inputs.tree_topk, inputs.tree_nodes)}; {stack} "
-            "takes no token tree "
-            f"for a draft-model drafter, so this exports {chain}."
+            + (
+                "is exported with chains only for an EAGLE-3 head"
+                if head
+                else "takes no token tree for a draft-model drafter"
+            )
+            + f", so this exports {chain}."
         )
     if inputs.chosen_drafter == "hybrid":
         notes.append(

@@ -188,7 +188,8 @@ def export(inputs: ExportInputs) -> Exported:
                 f"gamma_schedule {inputs.gamma_schedule!r} has no llama.cpp equivalent; the draft "
                 "length stays at most --spec-draft-n-max."
             )
-        notes += substitution_notes(inputs, "llama-server (draft-simple)")
+        spec_type = "draft-eagle3" if inputs.drafter == "eagle3" else "draft-simple"
+        notes += substitution_notes(inputs, f"llama-server ({spec_type})")
     paths = [inputs.target] + ([inputs.draft] if speculation and inputs.draft else [])
     if any(not path.endswith(".gguf") for path in paths):
         notes.append(

@@ -23,8 +23,10 @@ eagle-topk K, num-draft-tokens N + 1.
 An EAGLE-3 head (drafter ``eagle3``) runs as ``EAGLE3`` with ``--speculative-draft-model-path`` = the
 head folder (the format vLLM loads, docs/eagle3.md: SGLang's ``llama_eagle3.py`` registers the same
 ``LlamaForCausalLMEagle3`` architecture and its model runner reads the same
-``eagle_config.eagle_aux_hidden_state_layer_ids``), as a chain: num-steps gamma, topk 1,
-num-draft-tokens gamma + 1 (the same forced relation as STANDALONE's chain).
+``eagle_config.eagle_aux_hidden_state_layer_ids``): a chain as num-steps gamma, topk 1,
+num-draft-tokens gamma + 1 (the same forced relation as STANDALONE's chain), a chosen tree (static
+or dynamic) with the same three flags as the draft model's tree above (EAGLE3 is the eagle family
+those flags were made for).
 """
 
 from __future__ import annotations
@@ -188,11 +190,11 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
     gamma = 0 if inputs.drafter == "none" else inputs.gamma
     if gamma == 0:
         return args
-    if inputs.drafter == "model" and inputs.tree_topk:
+    if inputs.drafter in ("model", "eagle3") and inputs.tree_topk:
         steps, topk, draft_tokens = tree_args(inputs.tree_topk, inputs.tree_nodes)
         args.update(
             {
-                "--speculative-algorithm": "STANDALONE",
+                "--speculative-algorithm": "STANDALONE" if inputs.drafter == "model" else "EAGLE3",
                 "--speculative-draft-model-path": inputs.draft,
                 "--speculative-num-steps": steps,
                 "--speculative-eagle-topk": topk,
@@ -265,8 +267,9 @@ def export(inputs: ExportInputs) -> Exported:
                 if inputs.tree_nodes
                 else "not this exact static shape; the engine measured the static one. "
             )
+            algorithm = args["--speculative-algorithm"]
             notes.append(
-                f"Token tree {tree_text(inputs.tree_topk, inputs.tree_nodes)}: STANDALONE accepts "
+                f"Token tree {tree_text(inputs.tree_topk, inputs.tree_nodes)}: {algorithm} accepts "
                 f"--speculative-eagle-topk > 1 "
                 f"(speculative_hook.py _handle_eagle_family). SGLang drafts {steps} steps with top-{topk} "
                 f"at every step and verifies the draft's best {draft_tokens - 1} nodes (EAGLE-2 selection), "

@@ -250,7 +250,7 @@ def extra_options(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
             f"{config['decoding_type']} has no draft-confidence cutoff; confidence_threshold "
             f"{inputs.confidence_threshold} is not exported."
         )
-    notes += substitution_notes(inputs, "TensorRT-LLM's Draft_Target")
+    notes += substitution_notes(inputs, f"TensorRT-LLM's {config['decoding_type']}")
     return {"speculative_config": config}, notes
 
 

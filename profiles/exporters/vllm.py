@@ -303,7 +303,9 @@ def export(inputs: ExportInputs) -> Exported:
                 f"vLLM has no draft-confidence cutoff; confidence_threshold {inputs.confidence_threshold} "
                 "is not exported."
             )
-        notes += substitution_notes(inputs, "vLLM (draft_model; ngram and draft_model are separate methods)")
+        method = "eagle3" if inputs.drafter == "eagle3" else "draft_model"
+        separate = "" if inputs.drafter == "eagle3" else "; ngram and draft_model are separate methods"
+        notes += substitution_notes(inputs, f"vLLM ({method}{separate})")
     validate(config)
     command = shlex.join(["vllm", *serve_args(inputs)])
     text = "null\n" if config is None else json_lines(config)

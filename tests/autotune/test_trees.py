@@ -72,7 +72,10 @@ def test_tree_topk_values(tmp_path, value, shapes) -> None:
         ),
         ({"tree_topk": {"a": 1}}, r"^search.tree_topk: \{'a': 1\} is not 'chain'"),
         ({"tree_topk": "16,16"}, r"^search.tree_topk: '16,16': \[16, 16\] has 272 nodes \(at most 256\)"),
-        ({"tree_topk": "2,1", "drafter": ["ngram"]}, r"^search.tree_topk: a tree needs the 'model' drafter"),
+        (
+            {"tree_topk": "2,1", "drafter": ["ngram"]},
+            r"^search.tree_topk: a tree needs the 'model' or 'eagle3' drafter",
+        ),
         (
             {"tree_topk": "2,1,1,1,1,1,1,1,1"},
             r"^search.tree_topk: '2,1,1,1,1,1,1,1,1' has depth 9 > profile.gamma_max 8",
@@ -214,6 +217,36 @@ def test_clip_keeps_a_tree_warm_start_inside_the_space() -> None:
     assert "tree_topk" not in space.clip(Knobs("ngram", 3, tree=(2, 1)))
     only_trees = dataclasses.replace(space, tree_shapes=((2, 1),))
     assert only_trees.clip(Knobs("model", 3)) == {"drafter": "model"}  # the one shape is fixed
+
+
+def test_the_eagle3_head_drafts_trees_in_the_space_and_ngram_never_does() -> None:
+    """With the head searched beside the draft model, tree shapes are suggested for both (a head's tree
+    is a tree knob like the draft model's); n-gram trials stay chains."""
+    space = dataclasses.replace(
+        study_mod.shape_space(CFG, measurement={}), drafters=("model", "eagle3", "ngram")
+    )
+    study = optuna.create_study(
+        directions=["maximize", "minimize"],
+        sampler=optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=10),
+    )
+    seen = set()
+    for _ in range(60):
+        trial = study.ask()
+        k = space.suggest(trial)
+        p = space.params(k)
+        spec = k.spec_config()  # raises EngineInputError for a refused combination
+        if p["tree_topk"] != "chain":
+            assert p["drafter"] in ("model", "eagle3") and k.is_tree and spec.tree_topk == (2, 1)
+            assert (p["gamma"], p["confidence_threshold"], p["gamma_schedule"]) == (2, 0.0, "constant")
+        seen.add((p["drafter"], p["tree_topk"]))
+        study.tell(trial, [1.0, 1.0])
+    assert {("eagle3", "2,1"), ("eagle3", "chain"), ("model", "2,1")} <= seen
+    assert ("ngram", "2,1") not in seen
+    head_tree = Knobs.for_tree((2, 1), 2, "eagle3")
+    assert head_tree.is_tree and head_tree.tree_name == "2,1" and head_tree.spec_config().tree_topk == (2, 1)
+    assert space.clip(head_tree) == {"drafter": "eagle3", "tree_topk": "2,1"}
+    assert "tree_topk" not in space.clip(Knobs("ngram", 3, tree=(2, 1)))
+    assert not Knobs("ngram", 2, tree=(2, 1)).is_tree and not Knobs("hybrid", 2, tree=(2, 1)).is_tree
 
 
 def test_a_tree_is_less_simple_than_a_chain_of_the_same_policy() -> None:

@@ -7,6 +7,8 @@ makes and checks heads; here one is only carried through). The profiler runs for
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import optuna
 import pytest
@@ -14,12 +16,15 @@ import yaml
 
 from autotune.config import load_config
 from autotune.errors import ConfigError
+from autotune.knobs import Knobs
+from autotune.records import TrialResult
 from autotune.tune import run_tune
 from engine.loader import load_pair
 from profiles.errors import ProfileError
 from profiles.exporters import EAGLE3_FORMATS, FORMATS, export
 from profiles.store import Store
 from tests.autotune.conftest import write_config
+from tests.autotune.fakes import backend_of, result_of
 from tests.engine.test_eagle3 import head_config, random_head, write_vllm_folder
 
 
@@ -200,11 +205,73 @@ def test_the_vllm_backend_serves_the_head_as_the_vllm_export_says(
     assert "--speculative-config" not in vllm_backend.serve_command(Path(sys.executable), cfg, off)
 
 
+def _head_tree_wins(cfg, knobs: Knobs, seed: int) -> TrialResult:  # noqa: ARG001 - a backend run's signature
+    """Deterministic stand-in: the head's trees are the fastest configurations at every level."""
+    per_level = {}
+    for c in cfg.workload.concurrency:
+        tps = 100.0 * c + 10.0 * knobs.gamma + (50.0 if knobs.is_tree and knobs.drafter == "eagle3" else 0.0)
+        per_level[c] = {
+            "tokens_per_second": tps,
+            "tpot_ms_p95": 30.0,
+            "generated_tokens": 12,
+            "wall_s": 12 / tps,
+        }
+    return result_of(per_level)
+
+
+def test_the_heads_trees_are_searched_chosen_and_exported(
+    tmp_path, tiny_pair_dirs, prompts, head_dir
+) -> None:
+    """``search.tree_topk`` with the draft model and the head: the head's tree trials run in the engine
+    (measured), and a head's tree that wins is stored with its drafter and exported to SGLang as an
+    EAGLE3 tree (num-steps = depth, eagle-topk, num-draft-tokens = nodes + 1)."""
+    search = {"drafter": ["model", "eagle3"], "tree_topk": ["2,1", "2x2/3"], "confidence_threshold": 0.0}
+    cfg = eagle3_config(
+        tmp_path,
+        tiny_pair_dirs,
+        prompts,
+        head_dir,
+        search=search,
+        budget={"n_trials": 4, "repeats": 1, "remeasure_top": 1},
+    )
+    profile = run_tune(cfg, say=lambda line: None)
+    heads = [t for t in profile["trials"] if t["params"].get("drafter") == "eagle3"]
+    assert heads and all(
+        t["params"]["tree_topk"] in ("2,1", "2x2/3") and t["params"]["gamma"] == 2 for t in heads
+    )
+    assert all(t["tokens_per_second"] > 0 for t in heads)  # ran in the engine: measured
+    assert Knobs.from_params(heads[0]["params"]).spec_config().tree is not None
+
+    cfg = eagle3_config(
+        tmp_path,
+        tiny_pair_dirs,
+        prompts,
+        head_dir,
+        search={**search, "tree_topk": ["2,1"]},
+        budget={"n_trials": 4, "repeats": 3},
+        export={"formats": ["sglang", "vllm"]},
+    )
+    profile = run_tune(cfg, say=lambda line: None, backend_for=backend_of(_head_tree_wins))
+    chosen = profile["chosen"]
+    assert (chosen["drafter"], chosen["tree_topk"], chosen["gamma"]) == ("eagle3", "2,1", 2)
+    assert profile["predicted_vs_measured"] == []  # the cost model predicts the draft model's trees only
+    assert "--speculative-algorithm EAGLE3" in Path(cfg.export.dir, "sglang-args.sh").read_text()
+    assert (
+        f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {head_dir} --speculative-num-steps 2 "
+        "--speculative-eagle-topk 2 --speculative-num-draft-tokens 5"  # 2 + 2 nodes of 2 + 4 candidates, + 1
+    ) in export(profile, "sglang").command
+    vllm = json.loads(Path(cfg.export.dir, "vllm-speculative-config.json").read_text())
+    assert vllm["method"] == "eagle3" and vllm["model"] == str(head_dir)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         ({"models": {"eagle3": None}}, "models.eagle3: required when search.drafter includes 'eagle3'"),
-        ({"search": {"drafter": ["eagle3"], "tree_topk": ["2,1"]}}, "a tree needs the 'model' drafter"),
+        (
+            {"search": {"drafter": ["ngram"], "tree_topk": ["2,1"]}},
+            "a tree needs the 'model' or 'eagle3' drafter in search.drafter",
+        ),
     ],
 )
 def test_eagle3_config_mistakes_are_one_line(
@@ -215,6 +282,13 @@ def test_eagle3_config_mistakes_are_one_line(
         over[section] = {**over.get(section, {}), **values}
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "a.db", **over))
+
+
+def test_the_head_alone_searches_trees(tmp_path, tiny_pair_dirs, prompts, head_dir) -> None:
+    """No draft model is needed for the head's trees: an eagle3-only study takes search.tree_topk."""
+    over = {"models": {"eagle3": str(head_dir)}, "search": {"drafter": ["eagle3"], "tree_topk": ["2,1"]}}
+    cfg = load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "a.db", **over))
+    assert cfg.trees_searched and cfg.search.drafter == ("eagle3",)
 
 
 def test_bench_runs_the_eagle3_drafter_and_matches_the_target(tiny_pair_dirs, prompts, head_dir) -> None:
@@ -232,3 +306,20 @@ def test_bench_runs_the_eagle3_drafter_and_matches_the_target(tiny_pair_dirs, pr
     assert out["drafter"] == "eagle3" and out["greedy_match"] is True, out
     result = CliRunner().invoke(main, base)
     assert result.exit_code == 2 and "--drafter eagle3 needs --eagle3 HEAD_FOLDER" in result.output
+
+
+def test_chain_stacks_get_the_best_chain_of_the_chosen_trees_drafter() -> None:
+    """A head's tree exports to chain-only stacks as the head's fastest chain, even where a draft
+    model chain measured faster (that gamma was measured for another drafter)."""
+    from autotune.decision import _best_chain
+    from autotune.selection import Point
+
+    model4 = Point(Knobs("model", 4), 300.0, 10.0)
+    head2, head3 = Point(Knobs("eagle3", 2), 200.0, 10.0), Point(Knobs("eagle3", 3), 250.0, 10.0)
+    tree = Point(Knobs.for_tree((2, 1), 16, "eagle3"), 400.0, 10.0)
+    remeasured = [tree, Point(Knobs("eagle3", 3), 240.0, 10.0)]
+    chain = _best_chain([model4, head2, head3, tree], remeasured, "eagle3")
+    assert chain is not None and (chain["gamma"], chain["tokens_per_second"]) == (3, 240.0)
+    assert _best_chain([model4, head2, head3, tree], [tree], "eagle3")["tokens_per_second"] == 250.0
+    assert _best_chain([model4, head2, tree], [], "model")["gamma"] == 4
+    assert _best_chain([tree], [], "eagle3") is None

@@ -43,6 +43,14 @@ def test_tree_flag_and_configurations() -> None:
     assert t1[2][2].tree_sampling == "iid" and t1[3][2].tree_sampling == "topk"
     with pytest.raises(EngineInputError, match="tree_topk"):
         trees.configs([2], [(2, 0)], [], "greedy")
+    head = trees.configs([2], [(2, 1)], [4], "greedy", trees.dynamic_list("2x3/4"), drafter="eagle3")
+    assert [(label, d) for label, _, _, d in head] == [
+        ("AR", "none"),
+        ("chain g=2", "eagle3"),
+        ("tree 2-1", "eagle3"),
+        ("dynamic 2x3/4", "eagle3"),
+        ("hybrid g=4", "hybrid"),
+    ]
 
 
 def test_min_costs_time_the_forwards_a_configuration_runs() -> None:

@@ -247,11 +247,6 @@ def test_make_drafter_and_load_pair_build_the_eagle3_drafter(
         make_drafter("eagle3", ModelPair(eager_target, None, None, folder, None))
 
 
-def test_trees_are_refused_for_eagle3(eager_target, heads):
-    with pytest.raises(EngineInputError, match="tree_topk: a tree needs the 'model' drafter .*'eagle3'"):
-        SpecEngine(eager_target, Eagle3Drafter(heads[32]), SpecConfig(gamma=2, tree_topk=(2, 1)), 2, 64)
-
-
 # ------------------------------------------------------------------ (b) sampled output is the target's
 
 V = 8

@@ -2,7 +2,7 @@
 
 Every way the host can read a tensor's values is counted while ``SpecEngine.step`` runs:
 ``Tensor.tolist`` (wrapped), and the aten ops that need values on the host: the scalar read
-behind ``item()``/``int()``/``bool()``/``float()`` (``_local_scalar_dense``, ``is_nonzero``),
+behind ``item()``/``int()``/``bool()``/``float()`` (``item``, ``_local_scalar_dense``, ``is_nonzero``),
 and ops whose output shape depends on values (``nonzero``, ``masked_select``, ``unique``).
 On CUDA each of these would stall the stream; the sync-free step (CUDA's default) must make
 exactly one, and the counter must see the extra reads the CPU default keeps (so it can fail).
@@ -19,6 +19,7 @@ from engine.speculative import Request, SpecConfig, SpecEngine
 
 aten = torch.ops.aten
 READS = {
+    aten.item.default,  # int(), float() and item() reach a dispatch mode as item (torch 2.13 here)
     aten._local_scalar_dense.default,
     aten.is_nonzero.default,
     aten.nonzero.default,

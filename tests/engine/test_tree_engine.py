@@ -17,7 +17,7 @@ from engine.drafters import ModelDrafter, NgramDrafter
 from engine.errors import EngineInputError
 from engine.generate import generate
 from engine.loader import ModelPair
-from engine.sampling import BatchSampling, process_logits
+from engine.sampling import BatchSampling, process_logits, sample
 from engine.speculative import Request, SpecConfig, SpecEngine
 from engine.tree import TreeShape
 
@@ -308,30 +308,31 @@ def test_first_three_tokens_have_the_target_joint(small_pair, chi2, name, top_k,
     assert chi2(codes, exact_joint(small_pair.draft, top_k, top_p).flatten()) < P_OK  # power
 
 
+def wrong_tree_accept(tree, node_tokens, target_probs, draft_probs, iid, generator):
+    """A wrong tree rule (engine.tree.tree_accept's signature): siblings tried against p itself, never
+    against the residual."""
+    b = node_tokens.shape[0]
+    rows = torch.arange(b)
+    cur, alive = torch.zeros(b, dtype=torch.long), torch.ones(b, dtype=torch.bool)
+    n_acc, res, path = torch.zeros(b, dtype=torch.long), target_probs[:, 0].double(), [cur]
+    for k in tree.child_slots:
+        p = target_probs[rows, cur].double()
+        taken, nxt = torch.zeros(b, dtype=torch.bool), cur
+        for c in range(k):
+            child = tree.children[rows, cur, c].clamp(min=0)
+            px = p.gather(1, node_tokens.gather(1, child[:, None]))[:, 0]
+            ok = alive & ~taken & (torch.rand(b, generator=generator, dtype=torch.float64) < px)
+            nxt, taken = torch.where(ok, child, nxt), taken | ok
+        res = torch.where((alive & ~taken)[:, None], p, res)
+        cur, n_acc, alive = nxt, n_acc + taken.long(), alive & taken
+        res = torch.where(taken[:, None], target_probs[rows, cur].double(), res)
+        path.append(cur)
+    return n_acc, torch.stack(path, 1), sample(res, generator)
+
+
 def test_the_engine_check_fails_for_a_wrong_tree_rule(small_pair, chi2, monkeypatch):
     """Siblings tried against p itself, never against the residual: the check must catch it."""
-    import engine.tree as tree_mod
-
-    def wrong(tree, node_tokens, target_probs, draft_probs, iid, generator):
-        b = node_tokens.shape[0]
-        rows = torch.arange(b)
-        cur, alive = torch.zeros(b, dtype=torch.long), torch.ones(b, dtype=torch.bool)
-        n_acc, res, path = torch.zeros(b, dtype=torch.long), target_probs[:, 0].double(), [cur]
-        for k in tree.child_slots:
-            p = target_probs[rows, cur].double()
-            taken, nxt = torch.zeros(b, dtype=torch.bool), cur
-            for c in range(k):
-                child = tree.children[rows, cur, c].clamp(min=0)
-                px = p.gather(1, node_tokens.gather(1, child[:, None]))[:, 0]
-                ok = alive & ~taken & (torch.rand(b, generator=generator, dtype=torch.float64) < px)
-                nxt, taken = torch.where(ok, child, nxt), taken | ok
-            res = torch.where((alive & ~taken)[:, None], p, res)
-            cur, n_acc, alive = nxt, n_acc + taken.long(), alive & taken
-            res = torch.where(taken[:, None], target_probs[rows, cur].double(), res)
-            path.append(cur)
-        return n_acc, torch.stack(path, 1), tree_mod.sample(res, generator)
-
-    monkeypatch.setattr("engine.speculative.tree_accept", wrong)
+    monkeypatch.setattr("engine.speculative.tree_accept", wrong_tree_accept)
     reqs = [Request(PROMPT, 3, temperature=1.0, id=i) for i in range(N // 2)]
     out = generate(small_pair, reqs, tree_config((3, 2)), "model", max_batch_size=4096, seed=2, eos_ids=())
     toks = torch.tensor(out.tokens)

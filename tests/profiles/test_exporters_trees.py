@@ -84,6 +84,62 @@ def test_chain_stacks_export_the_best_chain_for_a_dynamic_tree(fmt, make_profile
         assert out.text == export(profile, fmt).text
 
 
+def _head_tree(make_profile, tree_topk: str, gamma: int) -> dict:
+    """The sample profile with an EAGLE-3 head's tree chosen over the head's best chain (BEST_CHAIN)."""
+    out = make_profile(
+        drafter="eagle3",
+        gamma=gamma,
+        confidence_threshold=0.0,
+        tree_topk=tree_topk,
+        best_chain=dict(BEST_CHAIN),
+    )
+    out["pair"]["draft"] = "/m/head"
+    return out
+
+
+@pytest.mark.parametrize(
+    ("tree_topk", "gamma", "flags"),
+    [("2,1,1", 3, ("3", "2", "7")), ("2x6/10", 6, ("6", "2", "11"))],
+)
+def test_sglang_exports_a_heads_tree_as_eagle3_topk(make_profile, tree_topk, gamma, flags) -> None:
+    """The head's static or dynamic tree: EAGLE3 with the head folder and the tree's three flags."""
+    out = export(_head_tree(make_profile, tree_topk, gamma), "sglang")
+    got = _flags(out.text)
+    assert (got["--speculative-algorithm"], got["--speculative-draft-model-path"]) == ("EAGLE3", "/m/head")
+    assert (
+        got["--speculative-num-steps"],
+        got["--speculative-eagle-topk"],
+        got["--speculative-num-draft-tokens"],
+    ) == flags
+    assert any(
+        f"Token tree {tree_topk}" in n and "EAGLE3 accepts --speculative-eagle-topk > 1" in n
+        for n in out.notes
+    )
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "trtllm", "llamacpp"])
+def test_chain_stacks_export_the_heads_best_chain_for_its_tree(fmt, make_profile) -> None:
+    """Stacks exported without trees get the head's best measured chain (``chosen.best_chain``), as the
+    head: the same file as a profile that chose that chain of the head."""
+    out = export(_head_tree(make_profile, "2,1,1", 3), fmt)
+    note = next(n for n in out.notes if "token tree 2,1,1" in n)
+    assert "best measured chain of the EAGLE-3 head instead: gamma 4" in note and "draft model" not in note
+    chain = make_profile(drafter="eagle3")
+    chain["pair"]["draft"] = "/m/head"
+    want = export(chain, fmt)
+    if fmt == "vllm":
+        assert out.text == want.text and json.loads(out.text)["method"] == "eagle3"
+    else:
+        body = [ln for ln in out.text.splitlines() if not ln.startswith("#")]
+        assert body == [ln for ln in want.text.splitlines() if not ln.startswith("#")]
+
+
+def test_chosen_takes_a_tree_of_the_head() -> None:
+    chosen = Chosen.from_json({"drafter": "eagle3", "gamma": 2, "tree_topk": "2,1"})
+    assert chosen.tree_shape == (2, 1)
+    assert Chosen.from_json({"drafter": "eagle3", "gamma": 3, "tree_topk": "2x3/5"}).tree_nodes == 5
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -176,7 +232,7 @@ def test_hybrid_needs_the_draft_path(make_profile) -> None:
                 "prompt_lookup_min": 2,
                 "prompt_lookup_max": 4,
             },
-            "'chosen.tree_topk' '2,1' needs the 'model' drafter",
+            "'chosen.tree_topk' '2,1' needs the 'model' or 'eagle3' drafter",
         ),
         ({"drafter": "model", "gamma": 4, "tree_topk": "2,1"}, "has depth 2 but 'chosen.gamma' is 4"),
         ({"drafter": "model", "gamma": 4, "tree_topk": "2x3/5"}, "has depth 3 but 'chosen.gamma' is 4"),
