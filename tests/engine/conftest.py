@@ -215,3 +215,48 @@ def apply_engine_mode(engine_mode: str, monkeypatch: pytest.MonkeyPatch) -> None
     """Make SpecEngine default to the sync-free step in the "sync-free" mode."""
     if engine_mode == "sync-free":
         monkeypatch.setattr(engine.speculative, "default_sync_free", lambda device: True)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """A :class:`tests.engine.test_host_syncs.HostReads` whose ``ops`` also records ``Tensor.tolist``
+    calls (the host reads a sync-free step must not make)."""
+    from tests.engine.test_host_syncs import HostReads
+
+    reads = HostReads()
+    original = torch.Tensor.tolist
+
+    def tolist(self):
+        if reads.active:
+            reads.ops.append("tolist")
+        return original(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    return reads
+
+
+SMALL_VOCAB = 8
+SMALL_TARGETS = [0, 2, 3, 5, 7]  # a 5-token draft vocabulary inside the small target's 8
+
+
+@pytest.fixture(scope="module")
+def small_target(model_factory):
+    """A target with an 8-token vocabulary: the chi-square tests of the EAGLE-3 head enumerate its joints."""
+    return model_factory(seed=11, vocab=SMALL_VOCAB)
+
+
+@pytest.fixture(scope="module")
+def small_heads(small_target, tmp_path_factory) -> dict:
+    """EAGLE-3 heads on ``small_target``, by draft vocabulary size: the full 8 tokens and
+    :data:`SMALL_TARGETS`, each written in vLLM's format and loaded back."""
+    from engine.eagle3 import load_eagle3
+    from tests.engine.test_eagle3 import head_config, random_head, write_vllm_folder
+
+    out = {}
+    for dv, targets in ((SMALL_VOCAB, None), (len(SMALL_TARGETS), SMALL_TARGETS)):
+        raw = head_config(small_target.config, dv)
+        head = random_head(small_target, raw, targets, seed=20 + dv)
+        out[dv] = load_eagle3(
+            write_vllm_folder(tmp_path_factory.mktemp(f"small-{dv}"), raw, head), small_target
+        )
+    return out

@@ -22,7 +22,6 @@ from engine.generate import generate
 from engine.loader import ModelPair
 from engine.sampling import process_logits
 from engine.speculative import Request, SpecConfig, SpecEngine
-from tests.engine.test_host_syncs import HostReads
 from tests.engine.test_kv_cache import check_caches
 
 N_NEW = 20  # tokens per request; the conftest `reference` fixture reads it
@@ -194,21 +193,6 @@ def test_a_table_of_zeros_is_plain_decoding(target, draft, prompts, reference):
     tokens, steps, engine = drive(target, ModelDrafter(draft), config, prompts, BUDGETS, sync_free=True)
     assert tokens == [r[:n] for r, n in zip(reference, BUDGETS, strict=True)]
     assert not engine.speculate and all(w == 0 and c == [] for _, w, c, _ in steps)
-
-
-@pytest.fixture
-def counted(monkeypatch):
-    """HostReads that also counts ``Tensor.tolist`` (as tests/engine/test_host_syncs.py does)."""
-    reads = HostReads()
-    original = torch.Tensor.tolist
-
-    def tolist(self):
-        if reads.active:
-            reads.ops.append("tolist")
-        return original(self)
-
-    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
-    return reads
 
 
 def test_sync_free_steps_read_the_device_once_at_every_k(target, draft, prompts, counted):

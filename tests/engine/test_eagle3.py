@@ -25,7 +25,7 @@ from engine.generate import generate, make_drafter
 from engine.loader import ModelPair, load_pair
 from engine.sampling import process_logits
 from engine.speculative import Request, SpecConfig, SpecEngine
-from tests.engine.conftest import naive_greedy
+from tests.engine.conftest import SMALL_TARGETS, SMALL_VOCAB, naive_greedy
 
 N_NEW = 20
 IDS = [0, 1, 2]  # aux layers of the 2-layer tiny target: embeddings, after layer 0, after layer 1
@@ -170,6 +170,12 @@ def run(target, head, config, prompts, batch, sync_free=False, eos=(), n_new=N_N
     reqs = [Request(list(p), n_new, id=i, **request_kw) for i, p in enumerate(prompts)]
     max_seq = max(len(p) for p in prompts) + n_new + config.lookahead + 3
     engine = SpecEngine(target, Eagle3Drafter(head), config, batch, max_seq, eos, sync_free=sync_free)
+    return drain(engine, reqs), engine
+
+
+def drain(engine: SpecEngine, reqs: list[Request]) -> list[list[int]]:
+    """generate()'s loop: admit into free slots, step, retire until every request finished; each
+    request's tokens, in order."""
     out, waiting = {}, list(reqs)
     with torch.inference_mode():
         while waiting or engine.n:
@@ -179,7 +185,7 @@ def run(target, head, config, prompts, batch, sync_free=False, eos=(), n_new=N_N
             if engine.n:
                 engine.step()
                 out.update((f.id, f.tokens) for f in engine.retire())
-    return [out[r.id] for r in reqs], engine
+    return [out[r.id] for r in reqs]
 
 
 # ------------------------------------------------------------------ (a) greedy equals the target's
@@ -249,28 +255,10 @@ def test_make_drafter_and_load_pair_build_the_eagle3_drafter(
 
 # ------------------------------------------------------------------ (b) sampled output is the target's
 
-V = 8
+V = SMALL_VOCAB
 N = 20_000
 PROMPT = [3, 1, 4, 1]
 P_OK = 1e-3
-SMALL_TARGETS = [0, 2, 3, 5, 7]  # a 5-token draft vocabulary inside the target's 8
-
-
-@pytest.fixture(scope="module")
-def small_target(model_factory):
-    return model_factory(seed=11, vocab=V)
-
-
-@pytest.fixture(scope="module")
-def small_heads(small_target, tmp_path_factory) -> dict[int, Eagle3Head]:
-    out = {}
-    for dv, targets in ((V, None), (len(SMALL_TARGETS), SMALL_TARGETS)):
-        raw = head_config(small_target.config, dv)
-        head = random_head(small_target, raw, targets, seed=20 + dv)
-        out[dv] = load_eagle3(
-            write_vllm_folder(tmp_path_factory.mktemp(f"small-{dv}"), raw, head), small_target
-        )
-    return out
 
 
 def exact_joint(model, top_k: int, top_p: float) -> torch.Tensor:
@@ -388,13 +376,16 @@ ROLLBACK = {
 }
 
 
-@pytest.mark.parametrize("sync_free", [False, True])
-@pytest.mark.parametrize("name", list(ROLLBACK))
-def test_head_cache_equals_fresh_prefill_after_random_steps(eager_target, heads, name, sync_free):
-    rng = random.Random(list(ROLLBACK).index(name) + 10 * sync_free)
-    drafter = Eagle3Drafter(heads[24])
+def random_steps(
+    target, drafter: Eagle3Drafter, config: SpecConfig, seed: int, sync_free: bool, after_step
+) -> SpecEngine:
+    """Rows join, finish and move at random (greedy and sampled, 20 requests in 4 slots); the head's
+    cache is checked against a fresh prefill (:func:`check_head`) after every admission and retire,
+    and ``after_step(engine)`` after every step. Returns the engine after the last row retired,
+    having asserted progress and that a row was moved."""
+    rng = random.Random(seed)
     gen = torch.Generator().manual_seed(3)
-    engine = SpecEngine(eager_target, drafter, ROLLBACK[name], 4, 48, (5,), gen, sync_free=sync_free)
+    engine = SpecEngine(target, drafter, config, 4, 48, (5,), gen, sync_free=sync_free)
     waiting = [
         Request(
             [rng.randrange(1, 32) for _ in range(rng.randint(1, 12))],
@@ -404,28 +395,45 @@ def test_head_cache_equals_fresh_prefill_after_random_steps(eager_target, heads,
         )
         for i in range(20)
     ]
-    steps = moved = full = 0
+    steps = moved = 0
     with torch.inference_mode():
         while waiting or engine.n:
             if waiting and engine.free_slots() and (rng.random() < 0.6 or engine.n == 0):
                 k = rng.randint(1, min(engine.free_slots(), len(waiting)))
                 engine.add(waiting[:k])
                 waiting = waiting[k:]
-                check_head(engine, drafter, eager_target)
+                check_head(engine, drafter, target)
             engine.retire()
             if engine.n == 0:
                 continue
             engine.step()
             steps += 1
             assert steps < 400, "no progress"
-            full += check_head(engine, drafter, eager_target)
+            after_step(engine)
             done = engine.state.finished[: engine.n].nonzero().flatten().tolist()
             moved += any(s < engine.n - 1 and not bool(engine.state.finished[engine.n - 1]) for s in done)
             engine.retire()
-            check_head(engine, drafter, eager_target)
+            check_head(engine, drafter, target)
     assert steps > 10 and moved > 0
     assert 0 < int(engine.stats.accepted) < int(engine.stats.proposed)
-    assert full > 0, "no row accepted a whole block: the widest staged block went untested"
+    return engine
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
+@pytest.mark.parametrize("name", list(ROLLBACK))
+def test_head_cache_equals_fresh_prefill_after_random_steps(eager_target, heads, name, sync_free):
+    drafter = Eagle3Drafter(heads[24])
+    full = []
+    seed = list(ROLLBACK).index(name) + 10 * sync_free
+    random_steps(
+        eager_target,
+        drafter,
+        ROLLBACK[name],
+        seed,
+        sync_free,
+        lambda e: full.append(check_head(e, drafter, eager_target)),
+    )
+    assert sum(full) > 0, "no row accepted a whole block: the widest staged block went untested"
 
 
 # ------------------------------------------------------------------ the math: vLLM's, from scratch

@@ -11,7 +11,6 @@ warm-up. Heads come from test_eagle3.py's helpers (written in vLLM's format, loa
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -34,14 +33,16 @@ from tests.engine.test_eagle3 import (
     N,
     V,
     check_head,
+    drain,
     exact_joint,
     fit_head,
     frequent_tokens,
     head_config,
     random_head,
+    random_steps,
     write_vllm_folder,
 )
-from tests.engine.test_host_syncs import HostReads, reads_per_step
+from tests.engine.test_host_syncs import reads_per_step
 from tests.engine.test_tree_engine import wrong_tree_accept
 
 TREES = {  # static shapes (top-k children; i.i.d. for sampled rows by default) and a dynamic tree
@@ -88,16 +89,7 @@ def run(target, head, config, prompts, budgets, batch, sync_free=False, eos=(), 
     max_seq = max(len(p) + n for p, n in zip(prompts, budgets, strict=True)) + config.lookahead + 3
     gen = torch.Generator().manual_seed(0)
     engine = SpecEngine(target, Eagle3Drafter(head), config, batch, max_seq, eos, gen, sync_free=sync_free)
-    out, waiting = {}, list(reqs)
-    with torch.inference_mode():
-        while waiting or engine.n:
-            admit, waiting = waiting[: engine.free_slots()], waiting[engine.free_slots() :]
-            engine.add(admit)
-            out.update((f.id, f.tokens) for f in engine.retire())
-            if engine.n:
-                engine.step()
-                out.update((f.id, f.tokens) for f in engine.retire())
-    return [out[r.id] for r in reqs], engine
+    return drain(engine, reqs), engine
 
 
 # ------------------------------------------------------------------ greedy equals the target's
@@ -248,23 +240,6 @@ def test_reduced_vocabulary_iid_children_are_draft_tokens(small_target, small_he
 # ------------------------------------------------------------------ sampled output is the target's
 
 
-@pytest.fixture(scope="module")
-def small_target(model_factory):
-    return model_factory(seed=11, vocab=V)
-
-
-@pytest.fixture(scope="module")
-def small_heads(small_target, tmp_path_factory) -> dict[int, Eagle3Head]:
-    out = {}
-    for dv, targets in ((V, None), (len(SMALL_TARGETS), SMALL_TARGETS)):
-        raw = head_config(small_target.config, dv)
-        head = random_head(small_target, raw, targets, seed=20 + dv)
-        out[dv] = load_eagle3(
-            write_vllm_folder(tmp_path_factory.mktemp(f"small-tree-{dv}"), raw, head), small_target
-        )
-    return out
-
-
 JOINT = {  # depth 2: token 1 from the prefill, tokens 2-3 from the first tree step
     "iid-3,2": SpecConfig.for_tree((3, 2)),
     "topk-3,2": SpecConfig(gamma=2, tree_topk=(3, 2), tree_sampling="topk"),
@@ -327,61 +302,26 @@ def test_head_cache_equals_fresh_prefill_after_random_tree_steps(eager_target, h
     """Rows join, finish and move at random, greedy and sampled; after every step each row's head cache
     equals a fresh prefill and its staged states are the target's (test_eagle3.check_head), paths of
     two accepted nodes or more included (staged through a fed node's entry)."""
-    rng = random.Random(list(ROLLBACK).index(name) + 10 * sync_free)
     drafter = Eagle3Drafter(heads[24])
-    gen = torch.Generator().manual_seed(3)
-    engine = SpecEngine(eager_target, drafter, ROLLBACK[name], 4, 48, (5,), gen, sync_free=sync_free)
-    waiting = [
-        Request(
-            [rng.randrange(1, 32) for _ in range(rng.randint(1, 12))],
-            rng.randint(3, 18),
-            rng.choice([0.0, 1.0]),
-            id=i,
-        )
-        for i in range(20)
-    ]
-    steps = moved = deep = 0
-    with torch.inference_mode():
-        while waiting or engine.n:
-            if waiting and engine.free_slots() and (rng.random() < 0.6 or engine.n == 0):
-                k = rng.randint(1, min(engine.free_slots(), len(waiting)))
-                engine.add(waiting[:k])
-                waiting = waiting[k:]
-                check_head(engine, drafter, eager_target)
-            engine.retire()
-            if engine.n == 0:
-                continue
-            engine.step()
-            steps += 1
-            assert steps < 400, "no progress"
-            check_head(engine, drafter, eager_target)
-            staged = engine.state.length[: engine.n] - 1 - drafter.head_len[: engine.n]
-            deep += int(staged.max()) >= 3  # the root and two accepted nodes staged
-            done = engine.state.finished[: engine.n].nonzero().flatten().tolist()
-            moved += any(s < engine.n - 1 and not bool(engine.state.finished[engine.n - 1]) for s in done)
-            engine.retire()
-            check_head(engine, drafter, eager_target)
-    assert steps > 10 and moved > 0
-    assert 0 < int(engine.stats.accepted) < int(engine.stats.proposed)
-    assert deep > 0, "no row accepted two nodes: staging a path through a fed node went untested"
+    deep = []
+
+    def after_step(engine: SpecEngine) -> None:
+        check_head(engine, drafter, eager_target)
+        staged = engine.state.length[: engine.n] - 1 - drafter.head_len[: engine.n]
+        deep.append(int(staged.max()) >= 3)  # the root and two accepted nodes staged
+
+    random_steps(
+        eager_target,
+        drafter,
+        ROLLBACK[name],
+        list(ROLLBACK).index(name) + 10 * sync_free,
+        sync_free,
+        after_step,
+    )
+    assert any(deep), "no row accepted two nodes: staging a path through a fed node went untested"
 
 
 # ------------------------------------------------------------------ sync-free, compiled, refused
-
-
-@pytest.fixture
-def counted(monkeypatch):
-    """HostReads that also counts ``Tensor.tolist`` (as tests/engine/test_host_syncs.py does)."""
-    reads = HostReads()
-    original = torch.Tensor.tolist
-
-    def tolist(self):
-        if reads.active:
-            reads.ops.append("tolist")
-        return original(self)
-
-    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
-    return reads
 
 
 @pytest.mark.parametrize(

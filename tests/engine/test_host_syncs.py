@@ -53,21 +53,6 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.fixture
-def counted(monkeypatch):
-    """A HostReads whose ``ops`` also records ``Tensor.tolist`` calls."""
-    reads = HostReads()
-    original = torch.Tensor.tolist
-
-    def tolist(self):
-        if reads.active:
-            reads.ops.append("tolist")
-        return original(self)
-
-    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
-    return reads
-
-
 def requests(prompts: list[list[int]]) -> list[Request]:
     """Greedy rows, sampled rows with top-k and top-p: every sampling path in one batch."""
     kinds = [dict(), dict(temperature=1.0, top_k=5), dict(temperature=0.8, top_p=0.9), dict(temperature=1.0)]
