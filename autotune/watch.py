@@ -53,6 +53,10 @@ COUNTERS: Mapping[str, Mapping[str, str]] = {
         "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
         "accepted": "vllm:spec_decode_num_accepted_tokens_total",
         "generated": "vllm:generation_tokens_total",
+        # the time finished requests spent scheduled (prefill + decode) and their count: the
+        # window's time-averaged requests running by Little's law (window())
+        "running_seconds": "vllm:request_inference_time_seconds_sum",
+        "finished": "vllm:request_inference_time_seconds_count",
     },
     "llamacpp": {
         "drafts": "llamacpp:spec_decode_num_drafts_total",
@@ -192,7 +196,9 @@ class Window:
     accepted: float | None = None
     accepted_per_pos: tuple[float, ...] = ()
     generated: float | None = None
-    running: float | None = None  # mean requests running (llama-server: busy slots per decode)
+    # time-averaged requests running: vLLM's finished requests' running seconds per window second
+    # (else the mean of the two scrapes' gauge), llama-server's busy slots per decode
+    running: float | None = None
     waiting: float | None = None
 
     @property
@@ -274,7 +280,16 @@ def window(before: Scrape, after: Scrape) -> Window:
         if d < 0:
             raise CounterReset(f"{PER_POS[after.stack]}{{position={pos}}} went down")
         per_pos.append(d)
+    seconds = after.at - before.at
     running = _mean_gauge(before, after, "running")
+    busy_s, finished = diff.get("running_seconds"), diff.get("finished")
+    if busy_s is not None and finished and seconds > 0 and busy_s / finished <= seconds / 2:
+        # Little's law over the window: the seconds finished requests spent running / the window's
+        # seconds is the time-averaged number running, where requests are short next to the window
+        # (each is counted whole in the window it ends in). The gauge is a point sample per scrape;
+        # at saturation a closed loop's requests start and end in waves, and two samples read 8 or
+        # 14 of 16 by the wave's phase (benchmarks/results/watch_drift_vllm_intel.txt).
+        running = busy_s / seconds
     b0, b1 = before.gauges.get("busy_per_decode"), after.gauges.get("busy_per_decode")
     decodes = diff.get("decodes")
     if b0 is not None and b1 is not None and decodes:
@@ -282,7 +297,7 @@ def window(before: Scrape, after: Scrape) -> Window:
         busy = b1 * after.counters["decodes"] - b0 * before.counters["decodes"]
         running = max(busy / decodes, 0.0)
     return Window(
-        seconds=after.at - before.at,
+        seconds=seconds,
         drafts=diff.get("drafts"),
         draft_tokens=diff.get("draft_tokens"),
         accepted=diff.get("accepted"),

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from autotune import watch
 from autotune.backends import vllm as vllm_backend
 from autotune.backends.http_backend import spec_counts
 from autotune.backends.openai_load import run_http_load
@@ -174,18 +176,33 @@ def test_vllm_serves_a_two_entry_table_and_k_follows_the_load(tmp_path: Path) ->
     command = backend.command(knobs)
     served = json.loads(command[command.index("--speculative-config") + 1])
     assert served["num_speculative_tokens_per_batch_size"] == [[1, 1, 4], [2, 4, 1]]
-    counts = {}
+    counts, windows, driven = {}, {}, {}
     try:
         server = backend.server_for(command)
         endpoint = backend.endpoint(server)
         for load, n in ((1, 3), (4, 12)):
             # every request with the same short budget, so the 4 in flight stay 4 until the tail
             reqs = [Request(r.prompt_ids, 24, 0.0, id=i) for i, r in enumerate(ctx.requests[:n])]
-            before = spec_counts(server.get("/metrics"), "vllm")
-            run_http_load(endpoint, reqs, n, concurrency=load)
-            counts[load] = spec_counts(server.get("/metrics"), "vllm") - before
+            text = server.get("/metrics")
+            before, scrape = spec_counts(text, "vllm"), watch.read_scrape(text, "vllm", time.monotonic())
+            run = run_http_load(endpoint, reqs, n, concurrency=load)
+            text = server.get("/metrics")
+            counts[load] = spec_counts(text, "vllm") - before
+            windows[load] = watch.window(scrape, watch.read_scrape(text, "vllm", time.monotonic()))
+            driven[load] = run.records
     finally:
         backend.close()
+    # what the watch reads of each window is what the load driver's own records imply: the tokens it
+    # received, and (Little's law) the requests in flight over the window, from the server's
+    # running seconds, which lie inside the driver's end-to-end times
+    for load, win in windows.items():
+        assert win.generated == sum(len(r.output_tokens) for r in driven[load])
+        in_flight = sum(r.finish_s - r.arrival_s for r in driven[load]) / win.seconds
+        assert 0.7 * in_flight <= win.running <= in_flight * 1.02, (load, win.running, in_flight)
+        assert win.per_position_acceptance == pytest.approx(
+            [a / counts[load].drafts for a in counts[load].accepted_per_pos]
+        )
+    assert windows[4].running > 2.5 * windows[1].running
     alone, loaded = counts[1], counts[4]
     assert alone.draft_tokens == pytest.approx(4 * alone.drafts)  # K=4 at batch size 1
     assert alone.accepted_per_pos[1] > 0  # position 2 is drafted and accepted at times

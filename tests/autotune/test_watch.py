@@ -100,6 +100,37 @@ def test_vllm_recorded_texts_parse_and_difference_into_a_window() -> None:
     assert win.running == 3 and win.waiting == 0.5 and win.mean_draft_length == 5 and not win.idle
 
 
+def test_vllm_requests_running_is_the_windows_time_average_not_two_point_samples() -> None:
+    """Little's law: the seconds finished requests spent running over the window's seconds. The
+    gauge's two point samples (8 and 14 of a closed loop of 16 here) only stand in where no request
+    finished, or where requests are long next to the window (each is counted whole where it ends)."""
+
+    def scrape(running: float, busy_s: float, finished: float, at: float) -> w.Scrape:
+        text = (
+            recorded("vllm_a")
+            .replace('model_name="demo-target"} 3.0', f'model_name="demo-target"}} {running}', 1)
+            .replace(
+                'inference_time_seconds_sum{engine="0",model_name="demo-target"} 900.0',
+                f'inference_time_seconds_sum{{engine="0",model_name="demo-target"}} {busy_s}',
+            )
+            .replace(
+                'inference_time_seconds_count{engine="0",model_name="demo-target"} 400.0',
+                f'inference_time_seconds_count{{engine="0",model_name="demo-target"}} {finished}',
+            )
+        )
+        s = w.read_scrape(text, at=at)
+        assert s.gauges["running"] == running and s.counters["running_seconds"] == busy_s
+        return s
+
+    start = scrape(8.0, 900.0, 400.0, at=0.0)
+    # 16 in flight for 15 s: 108 requests of 2.2 s finished, 237.6 running-seconds
+    assert w.window(start, scrape(14.0, 1137.6, 508.0, at=15.0)).running == pytest.approx(15.84)
+    # none finished in the window: the gauges' mean
+    assert w.window(start, scrape(14.0, 900.0, 400.0, at=15.0)).running == 11.0
+    # requests of 40 s in a 15 s window: whole ones would overstate it, the gauges' mean
+    assert w.window(start, scrape(2.0, 980.0, 402.0, at=15.0)).running == 5.0
+
+
 def test_llamacpp_recorded_texts_parse_and_difference_into_a_window() -> None:
     a = w.read_scrape(recorded("llamacpp_a"), at=0.0)
     b = w.read_scrape(recorded("llamacpp_b"), at=15.0)
