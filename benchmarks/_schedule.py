@@ -167,6 +167,7 @@ class Plan:
         """Measure ``command`` in a fresh server (unless already measured); the row, appended to ``rows``.
 
         ``kind``: ``off`` (no speculation, first), ``constant`` (the grid), ``table``, ``table-zero``,
+        ``table-fastest``,
         ``profile``, ``alias`` (a row pointing at a measured one) or ``off-again`` (the drift check).
         """
         if knobs is not None:
@@ -283,6 +284,19 @@ class Plan:
         ks = [p for p in points if p.knobs.gamma > 0]
         best_static = max(ks, key=lambda p: p.tokens_per_second) if ks else None
         return plan_table(points, self.levels, constant, best_static, drafter)
+
+    def fastest_table(self) -> tuple[tuple[int, int], ...]:
+        """Per level, the K of the grid's fastest constant there this run (median tokens/s, no margin,
+        K >= 1: a table's K=0 range still runs the drafter): the table the point estimates name,
+        whatever the noise says; () before a constant K is measured."""
+        rows = [r for r in self.ok(("constant",)) if (r.get("k_per_level") or {}).get(self.levels[0])]
+        if not rows:
+            return ()
+
+        def tps(r: dict, b: int) -> float:
+            return _median(r["per_level_rounds"][b]["tokens_per_second"])
+
+        return tuple((b, max(rows, key=lambda r, b=b: tps(r, b))["k_per_level"][b]) for b in self.levels)
 
     def level_choices(self, drafter: str) -> list[LevelChoice]:
         """The per-level choices of :meth:`table_plan` (speculation off included)."""
@@ -416,6 +430,31 @@ def goals(row: dict | None) -> dict | None:
         and not below("over_best_constant_here", 0.97)
         and not below("over_no_speculation", 0.98),
     }
+
+
+def table_cost(rows: list[dict], label: str, levels: Sequence[int]) -> dict[int, dict] | None:
+    """What serving row ``label`` as a table costs beyond its K, per level: its paired rounds over
+    those of the grid's constant with the K the table holds there (None when either is missing)."""
+    by_name = {r["config"]: r for r in rows if "error" not in r}
+    table = by_name.get(label)
+    constants = {
+        (r.get("k_per_level") or {}).get(levels[0]): r
+        for r in rows
+        if r.get("kind") == "constant" and "error" not in r
+    }
+    if table is None:
+        return None
+    out: dict[int, dict] = {}
+    for b in levels:
+        k = (table.get("k_per_level") or {}).get(b)
+        same = constants.get(k)
+        est = same and _ratio(
+            table["per_level_rounds"][b]["tokens_per_second"],
+            same["per_level_rounds"][b]["tokens_per_second"],
+        )
+        if est:
+            out[b] = {"k": k, "over_constant_same_k": est.as_dict()}
+    return out
 
 
 def drift(rows: list[dict]) -> dict | None:

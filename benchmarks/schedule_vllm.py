@@ -17,7 +17,11 @@ round r with the same seed in every configuration (paired rounds), in this order
    draft), served live as vLLM's ``num_speculative_tokens_per_batch_size``; not served, with the
    tool's note, when it holds one K at every level or the constants already show it would lose
    at some level;
-5. the config exported by ``autotune tune --backend engine`` and the one chosen by
+5. the table the point estimates name (``Plan.fastest_table``: per level the grid's fastest K >= 1
+   this run, no margin), when it holds more than one K and is not the tuned table: served whatever
+   the noise says, it shows what a K >= 1 table costs inside vLLM beside the constants it is made
+   of (``table_cost``, per level) and what it gains over the best constant;
+6. the config exported by ``autotune tune --backend engine`` and the one chosen by
    ``autotune tune --backend vllm`` (the newest profiles for this host and pair), when present.
 
 Printed: one table per load level (tokens/s median and min-max over rounds, TPOT p95, the paired
@@ -65,6 +69,7 @@ from _schedule import (  # noqa: E402
     noise_lines,
     print_report,
     ratio_text,
+    table_cost,
     write_json,
 )
 from _transfer import open_stack  # noqa: E402
@@ -155,6 +160,14 @@ def main() -> None:
                 note += " (not measured: the run failed or stopped before it)"
         print(f"note: {note}", file=sys.stderr)
 
+        # the table the point estimates name, served whatever the noise says: what a K >= 1 table
+        # costs inside vLLM beside the constants it is made of, and what it gains where they differ
+        fastest, fastest_label = plan.fastest_table(), None
+        if len({k for _, k in fastest}) > 1 and fastest != tuned:
+            knobs = Knobs.for_table("model", fastest, batch)
+            fastest_label = f"fastest-per-level table {table_text(fastest)}"
+            plan.run(fastest_label, command(knobs), "table-fastest", knobs)
+
         profile_labels = []
         for label, prof, how in (
             ("engine-backend export", engine_prof, "autotune tune"),
@@ -226,7 +239,23 @@ def main() -> None:
             "cost of enabling the table (K=0 everywhere over no speculation, per level): "
             + ", ".join(f"{b}: {ratio_text(zero_row['levels'][b]['over_no_speculation'])}" for b in levels)
         )
-    found, lines = goal_lines(rows, [table_label, served if served != table_label else None, *profile_labels])
+    cost = table_cost(rows, fastest_label, levels) if fastest_label else None
+    if cost:
+        fast = by_label.get(fastest_label)
+        summary["fastest_table"] = {
+            "table": table_text(fastest),
+            "over_constant_same_k": {b: c["over_constant_same_k"] for b, c in cost.items()},
+            "over_best_constant": fast and fast["aggregate"]["over_best_constant"],
+        }
+        extra.append(
+            f"{fastest_label} (served whatever the noise says): aggregate x the best constant "
+            f"{ratio_text(fast and fast['aggregate']['over_best_constant'])}; what serving it as a table "
+            "costs (x the constant of the K it holds there, per level): "
+            + ", ".join(f"{b} (K={c['k']}): {ratio_text(c['over_constant_same_k'])}" for b, c in cost.items())
+        )
+    found, lines = goal_lines(
+        rows, [table_label, served if served != table_label else None, fastest_label, *profile_labels]
+    )
     summary["goals"] = found
     extra += lines
     summary["noise"] = noise_by_level(rows, levels, w.num_requests)
