@@ -8,7 +8,7 @@ One small interface, its implementations:
 - :class:`NoDrafter`: proposes nothing, so every step is a plain autoregressive decode;
 - :class:`HybridDrafter`: per row and step, the n-gram proposal when the prompt-lookup match
   is long enough, else the draft model's (which the confidence threshold may cut to nothing);
-- ``Eagle3Drafter`` (engine.eagle3): an EAGLE-3 head fed with the target's hidden states.
+- ``Eagle3Drafter`` (engine.eagle3_drafter): an EAGLE-3 head fed with the target's hidden states.
 
 Rows are packed in slots ``0..B-1``; the engine owns the token buffer and the per-row lengths
 and tells the drafter when rows are prefilled, committed or moved.

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, NoDrafter
-from engine.eagle3 import Eagle3Drafter
+from engine.eagle3_drafter import Eagle3Drafter
 from engine.errors import EngineInputError
 from engine.loader import ModelPair
 from engine.scheduler import LoadGenerator, Scheduler

@@ -128,6 +128,13 @@ def small_pair(model_factory: Callable, perturb: Callable, in_mode: Callable) ->
 
 
 @pytest.fixture(scope="session")
+def ragged_prompts() -> list[list[int]]:
+    """Eight prompts of 1-14 tokens from the small vocabulary: rows of a batch that differ in length."""
+    gen = torch.Generator().manual_seed(321)
+    return [torch.randint(1, 32, (n,), generator=gen).tolist() for n in (3, 9, 5, 14, 1, 7, 11, 2)]
+
+
+@pytest.fixture(scope="session")
 def prompts() -> list[list[int]]:
     """Prompts of different lengths (so rows are ragged and accept different lengths)."""
     gen = torch.Generator().manual_seed(123)

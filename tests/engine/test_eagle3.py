@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.config import ModelConfig
-from engine.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, load_eagle3, save_eagle3
+from engine.eagle3 import Eagle3Config, Eagle3Head, load_eagle3, save_eagle3
+from engine.eagle3_drafter import Eagle3Drafter
 from engine.errors import EngineInputError
 from engine.generate import generate, make_drafter
 from engine.loader import ModelPair, load_pair
@@ -152,12 +153,6 @@ def heads(eager_target, tmp_path_factory) -> dict[int, Eagle3Head]:
         folder = write_vllm_folder(tmp_path_factory.mktemp(f"eagle3-{dv}"), raw, head)
         out[dv] = load_eagle3(folder, eager_target)
     return out
-
-
-@pytest.fixture(scope="module")
-def ragged_prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(321)
-    return [torch.randint(1, 32, (n,), generator=gen).tolist() for n in (3, 9, 5, 14, 1, 7, 11, 2)]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from engine.drafters import HybridDrafter, NgramDrafter
-from engine.eagle3 import Eagle3Drafter, Eagle3Head, load_eagle3
+from engine.eagle3 import Eagle3Head, load_eagle3
+from engine.eagle3_drafter import Eagle3Drafter
 from engine.errors import EngineInputError
 from engine.generate import generate
 from engine.loader import ModelPair
@@ -65,12 +66,6 @@ def heads(eager_target, tmp_path_factory) -> dict[int, Eagle3Head]:
             write_vllm_folder(tmp_path_factory.mktemp(f"tree-{dv}"), raw, head), eager_target
         )
     return out
-
-
-@pytest.fixture(scope="module")
-def ragged_prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(321)
-    return [torch.randint(1, 32, (n,), generator=gen).tolist() for n in (3, 9, 5, 14, 1, 7, 11, 2)]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.eagle3 import Eagle3Drafter, load_eagle3
+from engine.eagle3 import load_eagle3
+from engine.eagle3_drafter import Eagle3Drafter
 from engine.generate import generate
 from engine.loader import load_model, load_pair
 from engine.sampling import BatchSampling
