@@ -124,14 +124,16 @@ def _retune(cfg, prompts: Path, stack: str, verdict, model) -> int:
     type=click.IntRange(min=1),
     default=3,
     show_default=True,
-    help="Alarming windows in a row before the profile is called stale (and calm ones to clear it).",
+    help="Windows in a row predicting another K better before the profile can be called stale "
+    "(and calm ones to clear it).",
 )
 @click.option(
     "--margin",
     type=click.FloatRange(min=1.0),
     default=1.05,
     show_default=True,
-    help="Predicted gain of the alternative K over the served one that raises an alarm.",
+    help="Pooled predicted gain of the alternative K over the served one that makes the profile "
+    "stale; windows at most half of it above 1 are calm.",
 )
 @click.option(
     "--retune",
@@ -160,8 +162,9 @@ def watch(
 
     Reads only GET /metrics, every --interval seconds. Per window: live acceptance per draft
     position, the load, and the cost model's predicted tokens/s of the served K against every
-    other K (speculation off included). Stale after --windows-to-stale windows in a row whose
-    best alternative is predicted better by more than --margin, the interval's lower bound above 1.
+    other K (speculation off included). Stale after --windows-to-stale windows in a row that
+    predict another K better, when their pooled gain exceeds --margin with the interval's lower
+    bound above 1; fresh after as many windows within half the margin.
     """
     from autotune import watch as w
 

@@ -452,6 +452,26 @@ def test_an_alarm_streak_whose_interval_includes_one_is_not_stale() -> None:
     )
 
 
+def test_a_gain_near_the_margin_is_held_by_the_pooled_windows_and_does_not_flap() -> None:
+    """The saturation case measured on vLLM: K=0 predicted 1.01-1.10x per window, never three in a
+    row above 1.05. The better windows pool: stale once their pooled gain clears the margin with an
+    interval above 1; windows between half the margin and the margin keep it stale."""
+    gains = [1.06, 1.08, 1.03, 1.10, 1.05, 1.06, 1.09, 1.01, 1.08, 1.08, 1.05]
+    rule = w.Staleness(windows_to_stale=3, margin=1.05)
+    out = [rule.update(a) for a in fake(gains)]
+    assert max(len(run) for run in "".join("a" if g > 1.05 else " " for g in gains).split()) < 3
+    first = next(i for i, v in enumerate(out) if v.stale)
+    assert first >= 2 and out[first].gain.value > 1.05 and out[first].gain.low > 1.0
+    assert out[first].streak == first + 1 and out[first].gain.n == min(first + 1, 6)
+    assert all(v.stale for v in out[first:])  # 1.01 is one calm window, not three
+    # fresh after three calm windows (gain <= 1.025); a window in the band resets the count
+    after = [rule.update(a) for a in fake([1.0, 1.02, 1.04, 0.99, 1.0, 1.01])]
+    assert [v.stale for v in after] == [True, True, True, True, True, False]
+    # gains that stay inside the margin never turn it stale, however long they last
+    rule = w.Staleness(windows_to_stale=3, margin=1.05)
+    assert not any(rule.update(a).stale for a in fake([1.01, 1.02, 1.03, 1.02, 1.01] * 6))
+
+
 def test_once_decides_on_the_single_window() -> None:
     rule = w.Staleness(windows_to_stale=1, margin=1.05)
     assert rule.update(fake([1.07])[0]).stale
