@@ -80,7 +80,8 @@ def arguments(doc: str, stack: str, grid_help: str) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="JSON",
-        help="reuse the configurations an earlier (interrupted) run of this benchmark measured, by label",
+        help="reuse the configurations an earlier (interrupted) run of this benchmark measured, by label "
+        "(its --repeats and --grid too: new rows pair with its rounds)",
     )
     p.add_argument(
         "--measured-only",
@@ -92,6 +93,14 @@ def arguments(doc: str, stack: str, grid_help: str) -> argparse.Namespace:
         p.error("--measured-only needs --resume JSON")
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
+    if args.resume is not None:  # the earlier run's rounds and grid: new rows pair with its rounds
+        try:
+            earlier = json.loads(args.resume.read_text())
+        except (OSError, ValueError) as e:
+            p.error(f"--resume {args.resume}: {e}")
+        args.repeats = earlier.get("repeats", args.repeats)
+        if earlier.get("grid"):
+            args.grid = ",".join(str(k) for k in earlier["grid"])
     return args
 
 
@@ -155,6 +164,16 @@ class Plan:
             row["k_per_level"] = {int(b): k for b, k in (row.get("k_per_level") or {}).items()}
             self.previous[row["config"]] = row
         self.measure_new = measure_new
+
+    def resumed_label(self, prefix: str) -> str | None:
+        """The label of the earlier run's row that starts with ``prefix`` (a profile's row when the
+        store no longer holds that profile), appended to ``rows``; None when it has none."""
+        for label, row in self.previous.items():
+            if label.startswith(prefix):
+                self.rows.append(row)
+                print(f"{label}: measured in the resumed run, its profile not in this store", file=sys.stderr)
+                return label
+        return None
 
     def run(
         self,

@@ -135,6 +135,9 @@ def main() -> None:
             ("engine-backend export", engine_prof, "autotune tune"),
             ("llamacpp-backend choice", chosen_prof, "autotune tune --backend llamacpp"),
         ):
+            if prof is None and (earlier := plan.resumed_label(f"{label} (profile #")):
+                profile_labels.append(earlier)
+                continue
             if prof is None:
                 print(
                     f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)",
