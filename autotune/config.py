@@ -251,6 +251,7 @@ class BudgetConfig:
     remeasure_top: int = 3
     repeats: int = 3
     disturbed_reruns: int = 2  # re-runs of a trial another process disturbed, before it is pruned
+    max_repeats: int = 6  # rounds the finalists may reach when ``repeats`` left the choice undecided
 
     @classmethod
     def read(cls, s: Section) -> BudgetConfig:
@@ -261,10 +262,14 @@ class BudgetConfig:
         remeasure = s.int("remeasure_top", 3, lo=1)
         repeats = s.int("repeats", 3, lo=1)
         reruns = s.int("disturbed_reruns", 2, lo=0)
+        repeats_ = repeats or 1
+        max_repeats = s.int("max_repeats", max(6, repeats_) if repeats_ > 1 else 1, lo=1)
         s.done()
         assert n_trials is not None and seed is not None and remeasure is not None and repeats is not None
-        assert reruns is not None
-        return cls(n_trials, timeout, trial_timeout, seed, remeasure, repeats, reruns)
+        assert reruns is not None and max_repeats is not None
+        if max_repeats < repeats:
+            raise ConfigError(f"budget.max_repeats: {max_repeats} is below budget.repeats ({repeats})")
+        return cls(n_trials, timeout, trial_timeout, seed, remeasure, repeats, reruns, max_repeats)
 
 
 @dataclass(frozen=True)

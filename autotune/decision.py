@@ -6,7 +6,10 @@ The study ranks configurations on single runs; what is chosen is decided on repe
    best static gamma (what a stack's constant K is) and the best static gamma of each load level;
 2. :func:`remeasure`: each run ``budget.repeats`` times on the backend, with paired seeds;
 3. :func:`decide`: the margin rule picks the configuration (one of a simpler structure is kept
-   unless the interval of the paired ratio excludes 1); at each load level the best constant stays
+   unless the interval of the paired ratio excludes 1). Where that kept a simpler configuration
+   than the fastest measured one (the noise, not the measurement, decided), every finalist gets
+   more paired rounds, up to ``budget.max_repeats``, and the rule picks again on all of them
+   (one second look: :func:`undecided`); at each load level the best constant stays
    unless another K (or speculation off) is significantly faster there
    (:func:`autotune.selection.per_level_choices`). Where those K differ and the backend serves
    tables, the table they make is served live (:func:`serve_table`: the table, the best
@@ -43,6 +46,7 @@ from autotune.selection import (
     Point,
     TableVerdict,
     at_level,
+    choose,
     choose_with_margin,
     pareto_front,
     plan_table,
@@ -106,6 +110,8 @@ class Remeasured:
     pairs: list[tuple[Point, TrialResult]]
     repeats: int
     order: str  # the backend's remeasure_order: "interleaved" or "back-to-back per server"
+    rounds: list[list[TrialResult]] = dataclasses.field(default_factory=list)  # per config, per round
+    first_repeats: int | None = None  # rounds before the second look (None: no second look)
 
     @property
     def points(self) -> list[Point]:
@@ -116,30 +122,41 @@ class Remeasured:
 
 
 def remeasure(
-    cfg: TuneConfig, backend: Backend, configs: list[tuple[Knobs, int | None]], say: Say, what: str
+    cfg: TuneConfig,
+    backend: Backend,
+    configs: list[tuple[Knobs, int | None]],
+    say: Say,
+    what: str,
+    earlier: Remeasured | None = None,
+    repeats: int | None = None,
 ) -> Remeasured:
-    """Run each configuration ``budget.repeats`` times on ``backend``; round r uses seed + 1 + r for
-    all, so rounds are paired.
+    """Run each configuration ``repeats`` (default ``budget.repeats``) times on ``backend``; round r
+    uses seed + 1 + r for all, so rounds are paired. With ``earlier`` (the same configurations,
+    fewer rounds) only the missing rounds run, and the points are made from all of them.
 
     Interleaved (A B C A B C ...) where the backend allows it (the engine; a serving stack that
     keeps every configuration's server alive), so drift hits every configuration alike; else a
     configuration's repeats run back to back in its server (alternating would restart a server
     every run). ``what`` names the configurations for the progress line.
     """
-    repeats, order = cfg.budget.repeats, backend.remeasure_order(len(configs))
+    repeats, order = repeats or cfg.budget.repeats, backend.remeasure_order(len(configs))
+    done = earlier.repeats if earlier is not None else 0
     say(
-        f"{what}: {len(configs)} configurations x {repeats} repeats"
+        f"{what}: {len(configs)} configurations x {repeats - done} repeats"
+        + (f" (rounds {done + 1}-{repeats})" if done else "")
         + (" (interleaved)" if order == "interleaved" else " (back to back in each configuration's server)")
     )
     seed = cfg.budget.seed + 1
-    rounds: list[list[TrialResult]] = [[] for _ in configs]
+    rounds: list[list[TrialResult]] = (
+        [list(r) for r in earlier.rounds] if earlier is not None else [[] for _ in configs]
+    )
     if order == "interleaved":
-        for r in range(repeats):
+        for r in range(done, repeats):
             for i, (knobs, _) in enumerate(configs):
                 rounds[i].append(backend.run(knobs, seed + r, with_trace=True))
     else:
         for i, (knobs, _) in enumerate(configs):
-            rounds[i].extend(backend.run(knobs, seed + r, with_trace=True) for r in range(repeats))
+            rounds[i].extend(backend.run(knobs, seed + r, with_trace=True) for r in range(done, repeats))
     pairs: list[tuple[Point, TrialResult]] = []
     for (knobs, number), results in zip(configs, rounds, strict=True):
         result = TrialResult.median(results)
@@ -157,7 +174,20 @@ def remeasure(
             per_batch_rounds,
         )
         pairs.append((point, result))
-    return Remeasured(pairs, repeats, order)
+    return Remeasured(pairs, repeats, order, rounds, earlier.repeats if earlier is not None else None)
+
+
+def undecided(points: list[Point], choice: Choice, has_slo: bool, knee: bool) -> bool:
+    """True when the margin rule kept a simpler configuration than the one the measurements rank
+    first: the intervals, not the medians, decided, so more rounds can change the choice.
+
+    Example:
+        >>> ar = Point(Knobs("model", 0), 100, 10, rounds=((100, 10), (90, 10), (110, 10)))
+        >>> k3 = Point(Knobs("model", 3), 125, 10, rounds=((140, 10), (100, 10), (135, 10)))
+        >>> undecided([ar, k3], choose_with_margin([ar, k3], False), False, False)
+        True
+    """
+    return choose(points, has_slo, knee).point is not choice.point
 
 
 def _tps(level: LevelMetrics) -> float:
@@ -243,10 +273,17 @@ def decide(
         f"re-measuring the top {len(final.candidates)} candidates of the Pareto front, the AR baseline"
         + (", the best static gamma and each load level's" if final.best_static is not None else ""),
     )
+    has_slo, knee = bool(cfg.objectives.slo), cfg.objectives.knee
+    choice = choose_with_margin(remeasured.points, has_slo, knee)  # must beat plain decoding by a margin
+    if cfg.budget.max_repeats > remeasured.repeats and undecided(remeasured.points, choice, has_slo, knee):
+        say(
+            f"undecided on {remeasured.repeats} rounds (kept {choice.reason.split('; kept ', 1)[-1]}): a second look"
+        )
+        remeasured = remeasure(
+            cfg, backend, final.configs, say, "re-measuring", remeasured, cfg.budget.max_repeats
+        )
+        choice = choose_with_margin(remeasured.points, has_slo, knee)
     base_point, baseline = remeasured.find(final.baseline)
-    choice = choose_with_margin(
-        remeasured.points, bool(cfg.objectives.slo), cfg.objectives.knee
-    )  # must beat plain decoding by a margin
     static_point = remeasured.find(final.best_static.knobs)[0] if final.best_static is not None else None
     contest = serve_table(cfg, backend, remeasured, choice.point, base_point, static_point, say)
     chosen_point, chosen_result = choice.point, remeasured.find(choice.point.knobs)[1]
@@ -586,7 +623,11 @@ def build_profile(
         },
         trials=[{**row(p), "per_batch_tokens_per_second": dict(p.per_batch)} for p in d.points],
         pareto_front=[row(p) for p in pareto_front(d.points)],
-        remeasure={"repeats": d.remeasured.repeats, "order": d.remeasured.order},
+        remeasure={
+            "repeats": d.remeasured.repeats,
+            "order": d.remeasured.order,
+            **({"first_repeats": d.remeasured.first_repeats} if d.remeasured.first_repeats else {}),
+        },
         remeasured=[
             {
                 **row(p),

@@ -381,12 +381,14 @@ def rejudge(result: dict, model: ProfileModel, windows_to_stale: int, margin: fl
 def replay(args: argparse.Namespace) -> None:
     """``--replay JSON``: the recorded windows of an earlier run judged by this checkout's rule."""
     result = json.loads(args.replay.read_text())
-    storage = args.storage or load_config(args.config).storage.url
-    store = Store(storage)
-    try:
-        model = ProfileModel.from_profile(store.load_profile(result["profile"]["id"]))
-    finally:
-        store.close()
+    if "profile_json" in result:  # recorded with the run
+        model = ProfileModel.from_profile(Profile.from_json(result["profile_json"]))
+    else:  # an older run's JSON: the profile from the store it was tuned into
+        store = Store(args.storage or load_config(args.config).storage.url)
+        try:
+            model = ProfileModel.from_profile(store.load_profile(result["profile"]["id"]))
+        finally:
+            store.close()
     rejudge(result, model, result["windows_to_stale"])
     result["replayed_from"] = str(args.replay)
     out = args.out or args.replay.with_name(args.replay.stem + "_replayed.json")
@@ -398,7 +400,11 @@ def replay(args: argparse.Namespace) -> None:
 def main() -> None:
     args = arguments()
     if args.replay is not None:
-        replay(args)
+        try:
+            replay(args)
+        except USER_ERRORS as exc:
+            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+            sys.exit(2)
         return
     try:
         cfg = load_config(args.config)
@@ -461,6 +467,7 @@ def main() -> None:
         **identity(ctx, args.config),
         "stack": args.stack,
         "profile": {k: prof.get(k) for k in ("id", "chosen", "schedule", "table_decision")},
+        "profile_json": prof,  # the whole profile: --replay judges with it, no store needed
         "served_args": served[1:],
         "interval_s": args.interval,
         "windows_to_stale": args.windows_to_stale,

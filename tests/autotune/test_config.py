@@ -106,7 +106,8 @@ def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dir
         cfg.budget.seed,
         cfg.budget.remeasure_top,
         cfg.budget.repeats,
-    ) == (14, None, 0, 2, 3)
+        cfg.budget.max_repeats,
+    ) == (14, None, 0, 2, 3, 6)
     assert cfg.storage.url == f"sqlite:///{tmp_path.resolve() / 'autotune.db'}"
     assert cfg.storage.study_name is None
     assert cfg.export.formats == EXPORT_FORMATS
@@ -227,6 +228,7 @@ ERRORS = [
     ("timeout_s 0", lambda r: _set(r, "budget.timeout_s", 0), "budget.timeout_s"),
     ("repeats 0", lambda r: _set(r, "budget.repeats", 0), "budget.repeats"),
     ("repeats not an integer", lambda r: _set(r, "budget.repeats", 2.5), "budget.repeats"),
+    ("max_repeats below repeats", lambda r: _set(r, "budget.max_repeats", 2), "budget.max_repeats"),
     ("storage.url without ://", lambda r: _set(r, "storage.url", "autotune.db"), "storage.url"),
     ("study_name empty", lambda r: _set(r, "storage.study_name", ""), "storage.study_name"),
     ("export.formats bad", lambda r: _set(r, "export.formats", ["vllm", "pdf"]), "export.formats"),

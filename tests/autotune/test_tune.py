@@ -307,6 +307,56 @@ def test_a_gain_inside_the_noise_keeps_speculation_off_and_says_why(tune_config)
     assert "agree on K=0 at every load level" in profile["table_decision"]["reason"]
 
 
+def ratio_by_round(ratios: dict[int, float]):
+    """A trial run whose speculating configurations run ``ratios[seed]`` x no speculation."""
+
+    def run(cfg, knobs: Knobs, seed: int) -> TrialResult:
+        factor = ratios.get(seed, 1.2) if knobs.gamma else 1.0
+        levels = {
+            c: {"tokens_per_second": 100.0 * factor, "tpot_ms_p95": 40.0} for c in cfg.workload.concurrency
+        }
+        out = result_of({c: {**lv, "generated_tokens": 12, "wall_s": 1.0} for c, lv in levels.items()})
+        return TrialResult(100.0 * factor, 40.0, out.per_level)
+
+    return run
+
+
+# Rounds 1-3: 1.35x, 1.05x, 1.25x (95% CI of the paired ratio includes 1); rounds 4-6 add 1.30x,
+# 1.15x, 1.20x, and the six exclude it.
+UNDECIDED_THEN_FASTER = {1: 1.35, 2: 1.05, 3: 1.25, 4: 1.30, 5: 1.15, 6: 1.20}
+
+
+def test_an_undecided_choice_gets_more_paired_rounds_and_is_made_on_all_of_them(tune_config) -> None:
+    cfg = tune_config(search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0})
+    lines: list[str] = []
+    profile = run_tune(cfg, say=lines.append, backend_for=backend_of(ratio_by_round(UNDECIDED_THEN_FASTER)))
+
+    assert profile["remeasure"] == {"repeats": 6, "order": "interleaved", "first_repeats": 3}
+    assert all(len(r["rounds"]) == 6 for r in profile["remeasured"])
+    assert profile["chosen"]["gamma"] > 0 and profile["metrics"]["speedup_significant"]
+    assert any(line.startswith("undecided on 3 rounds (kept gamma=0 (no speculation): ") for line in lines)
+
+
+def test_without_a_second_look_the_same_rounds_keep_speculation_off(tune_config) -> None:
+    cfg = tune_config(
+        search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0}, budget={"max_repeats": 3}
+    )
+    profile = run_tune(cfg, say=lambda _: None, backend_for=backend_of(ratio_by_round(UNDECIDED_THEN_FASTER)))
+
+    assert profile["remeasure"] == {"repeats": 3, "order": "interleaved"}
+    assert profile["chosen"]["gamma"] == 0
+    assert "no significant difference (ratio " in profile["selection"]["reason"]
+
+
+def test_a_decided_choice_gets_no_more_rounds(tune_config) -> None:
+    cfg = tune_config(search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0})
+    profile = run_tune(
+        cfg, say=lambda _: None, backend_for=backend_of(ratio_by_round({}))
+    )  # 1.2x every round
+
+    assert profile["remeasure"] == {"repeats": 3, "order": "interleaved"} and profile["chosen"]["gamma"] > 0
+
+
 def test_on_a_server_backend_a_configurations_repeats_run_back_to_back() -> None:
     from autotune.decision import remeasure
 
