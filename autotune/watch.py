@@ -40,7 +40,7 @@ from autotune.stackcost import StackCost
 from autotune.stats import Estimate, paired_ratio
 from profiles.errors import ProfileError
 from profiles.profile import export_inputs
-from profiles.schema import MISSING, Profile
+from profiles.schema import MISSING, BatchSchedule, Profile
 
 STACKS = ("vllm", "llamacpp")
 MIN_DRAFTS = 10  # fewer drafts in a window: its acceptance is too thin, the profile's is used
@@ -333,6 +333,9 @@ class ProfileModel:
     # table_decision.levels[].over_chosen: batch size -> the tune's paired ratio of that level's
     # choice over the chosen configuration there (absent in profiles from before it)
     level_ratios: Mapping[int, Estimate] = field(default_factory=dict)
+    # schedule[].ratio: batch size -> the tune's measured tokens/s of the schedule's K there over no
+    # speculation (re-measured rounds; where that K speculates)
+    off_ratios: Mapping[int, float] = field(default_factory=dict)
 
     @classmethod
     def from_profile(cls, profile: Profile) -> ProfileModel:
@@ -371,6 +374,11 @@ class ProfileModel:
             if not est.value > 0:
                 raise ProfileError(f"{where}: 'table_decision.levels[].over_chosen.value' must be > 0")
             ratios[int(c["batch_size"])] = est
+        off_ratios: dict[int, float] = {}
+        for e in profile.schedule.entries if isinstance(profile.schedule, BatchSchedule) else ():
+            value = e.ratio.get("value") if isinstance(e.ratio, Mapping) else None
+            if e.gamma > 0 and isinstance(value, int | float) and value > 0:
+                off_ratios[e.batch_size] = float(value)
         backend = profile.backend if isinstance(profile.backend, Mapping) else {}
         stack_cost = None
         if isinstance(profile.stack_cost, Mapping):
@@ -392,6 +400,7 @@ class ProfileModel:
             backend=str(backend.get("name", "engine")),
             stack_cost=stack_cost,
             level_ratios=ratios,
+            off_ratios=off_ratios,
         )
 
     @property
@@ -526,17 +535,24 @@ def assess(model: ProfileModel, win: Window, stack: str) -> Assessment:
 
     tps = predict(acceptance)
     level = measured_level(model, batch)
-    calibration: tuple[float, ...] = ()
+    calibration: Sequence[float] = ()
     if level is not None:  # the tune measured which K is best here: what the model claims beyond it, at
         # the profile's own acceptance, is the model's error, not a change of the traffic
         best = min(model.level_choices[level], top)
         base = predict(extend_acceptance(model.acceptance, top))
         # every K the model claims at least as good as the measured choice is brought to its level,
         # and a hair below it (1e-9), so the measured K wins the tie here and over a streak
-        calibration = tuple(
+        calibration = [
             base[k] / base[best] * (1 + 1e-9) if k != best and base[k] >= base[best] else 1.0
             for k in range(top + 1)
-        )
+        ]
+        # speculation off, where the tune measured the level's K faster than it (ratio r > 1): held at
+        # 1/r of that K at the profile's acceptance, not at a hair below it, so only the live change
+        # of acceptance moves it (the model had K=0 level with K=5 at 16 requests, where the tune
+        # measured K=5 1.17x and a live acceptance 10% under the profile's then read as stale)
+        r = model.off_ratios.get(level, 0.0)
+        if best > 0 and r > 1.0 and model.chosen_k_at(level) == best and base[0] * r > base[best]:
+            calibration[0] = base[0] * r / base[best]
         tps = tuple(t / c for t, c in zip(tps, calibration, strict=True))
     others = [k for k in range(top + 1) if k != served]
     alternative = max(others, key=lambda k: (tps[k], -k))
@@ -563,7 +579,7 @@ def assess(model: ProfileModel, win: Window, stack: str) -> Assessment:
         served_from,
         costs,
         level,
-        calibration,
+        tuple(calibration),
         measured,
     )
 

@@ -297,6 +297,53 @@ def test_at_a_tuned_level_whose_measured_choice_is_served_only_a_change_of_accep
     assert w.verdict_json(steady[0], m, "vllm")["calibrated_at_level"] == 4
 
 
+def off_level_with_k4_at_4_requests(ratio: float | None) -> w.ProfileModel:
+    """A fit that has speculation off a hair above the served K=4 at 4 requests (1.01x) at the
+    profile's acceptance, where the tune measured K=4 best (table_decision) and, when ``ratio`` is
+    given, K=4 ``ratio`` x no speculation there (``schedule[].ratio``)."""
+    from autotune.stackcost import LevelCost, StackCost
+
+    fit = StackCost(
+        "model",
+        {1: LevelCost(0.02, 0.002, 0.002, 1.0), 4: LevelCost(0.03, 0.032, 0.01, 4.0)},
+        tuple(ALPHA**i for i in range(1, 7)),
+        (0, 2, 6),
+        "linear",
+    )
+    at_4 = {"batch_size": 4, "gamma": 4}
+    if ratio is not None:
+        at_4["ratio"] = {"value": ratio, "ci95": [ratio - 0.1, ratio + 0.1], "n": 3}
+    schedule = [{"batch_size": 1, "gamma": 5}, {"batch_size": 2, "gamma": 4}, at_4]
+    return model(stack_cost=fit.to_json(), schedule=schedule)
+
+
+def test_speculation_off_is_held_where_the_tune_measured_it_not_at_the_models_parity() -> None:
+    """At the profile's acceptance the model has K=0 1.01x the served K=4; the tune measured K=4
+    1.2x K=0 there. An acceptance 6% under the profile's (0.75 vs 0.8 conditional) makes the model
+    claim K=0 ~1.1x: with the measured ratio that is K=0 ~0.92x (fresh), without it (a profile from
+    before the key) the model's parity holds K=0 and the window alarms. A collapse of acceptance
+    is stale either way."""
+    held = off_level_with_k4_at_4_requests(1.2)
+    assert held.off_ratios == {4: 1.2}
+    a = w.assess(held, live_window(0.75, running=4, k=4), "vllm")
+    base = [held.stack_cost.predict_at_load(4, k, held.stack_cost.acceptance) for k in range(5)]
+    assert base[0] / base[4] == pytest.approx(1.01, abs=0.01)
+    assert (
+        a.calibrated_at == 4
+        and a.served_k == 4
+        and a.calibration[0] == pytest.approx(base[0] * 1.2 / base[4])
+    )
+    assert a.tps[0] / a.tps[4] < 0.95 and a.gain < 1.0
+    old = w.assess(off_level_with_k4_at_4_requests(None), live_window(0.75, running=4, k=4), "vllm")
+    assert old.alternative == 0 and old.gain > 1.05
+    rule = w.Staleness(windows_to_stale=3)
+    assert not any(
+        rule.update(w.assess(held, live_window(0.75, running=4, k=4), "vllm")).alarm for _ in range(6)
+    )
+    collapsed = [rule.update(w.assess(held, live_window(0.3, running=4, k=4), "vllm")) for _ in range(3)]
+    assert collapsed[-1].stale and collapsed[-1].alternative == 0
+
+
 def test_at_a_tuned_level_whose_measured_choice_is_not_served_the_measurement_is_named() -> None:
     """The tune served K=4 at 4 requests but measured K=2 best there (one K for a sweep does that);
     the fit claims K=1. At the profile's own acceptance the watch names the measured K=2, with the
