@@ -244,15 +244,22 @@ def _cpuinfo_fields(block: str) -> dict[str, str]:
     return fields
 
 
-def parse_meminfo(text: str) -> int | None:
-    """``MemTotal`` in bytes from ``/proc/meminfo`` text, or None if absent.
+def parse_meminfo(text: str, field: str = "MemTotal") -> int | None:
+    """``field`` (default ``MemTotal``) in bytes from ``/proc/meminfo`` text, or None if absent.
 
     Example:
-        >>> parse_meminfo("MemTotal:       1024 kB\\nMemFree: 1 kB\\n")
+        >>> parse_meminfo("MemTotal:       1024 kB\\nMemAvailable: 1 kB\\n")
         1048576
+        >>> parse_meminfo("MemTotal:       1024 kB\\nMemAvailable: 1 kB\\n", "MemAvailable")
+        1024
     """
-    match = re.search(r"^MemTotal:\s+(\d+)\s*kB", text, flags=re.MULTILINE)
+    match = re.search(rf"^{re.escape(field)}:\s+(\d+)\s*kB", text, flags=re.MULTILINE)
     return int(match.group(1)) * 1024 if match else None
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the kernel can give new processes now (``MemAvailable``), or None off Linux."""
+    return parse_meminfo(_read_text("/proc/meminfo"), "MemAvailable")
 
 
 def identity_fields(fp: Mapping[str, Any]) -> dict[str, Any]:

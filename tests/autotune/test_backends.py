@@ -389,10 +389,25 @@ def test_kept_servers_serve_a_configuration_again_without_a_start_and_the_oldest
     assert _gone(pid_a) and not backend._idle and backend.server is None
 
 
-def test_keep_servers_defaults_to_three_on_a_cpu_host_and_one_on_a_gpu() -> None:
-    assert vllm_backend.keep_servers(None, {"kind": "cpu"}) == 3
-    assert vllm_backend.keep_servers(None, {"kind": "cuda"}) == 1
+def test_keep_servers_fill_a_cpu_hosts_memory_and_one_on_a_gpu() -> None:
+    gib, cpu = vllm_backend.GIB, {"kind": "cpu"}
+    per = vllm_backend.server_bytes({"VLLM_CPU_KVCACHE_SPACE": "2"}, 512 << 20)
+    assert per == int(4.5 * gib)  # 2 GiB KV + the weights + the server's own 2 GiB
+    assert vllm_backend.keep_servers(None, cpu, per, 23 * gib) == 4  # (23 - 2 headroom) / 4.5
+    assert vllm_backend.keep_servers(None, cpu, per, 4 * gib) == 1  # never none
+    assert vllm_backend.keep_servers(None, cpu, per, 400 * gib) == vllm_backend.MAX_KEPT
+    assert vllm_backend.keep_servers(None, cpu, None, 23 * gib) == 3  # KV cache left to vLLM: unknown
+    assert vllm_backend.server_bytes({"VLLM_CPU_KVCACHE_SPACE": "auto"}, 0) is None
+    assert vllm_backend.keep_servers(None, {"kind": "cuda"}, per, 400 * gib) == 1
     assert vllm_backend.keep_servers(2, {"kind": "cuda"}) == 2
+    assert vllm_backend.keep_servers(7, cpu, per, 4 * gib) == 7  # configured: as told
+
+
+def test_weights_bytes_counts_the_safetensors_of_the_folders_a_server_loads(tmp_path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "model.safetensors").write_bytes(b"x" * 100)
+    (tmp_path / "t" / "config.json").write_bytes(b"{}" * 100)
+    assert vllm_backend.weights_bytes([tmp_path / "t", None, tmp_path / "missing"]) == 100
 
 
 # The child installs Python's own SIGINT handler first: a shell that starts the test runner in the
