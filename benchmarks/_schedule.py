@@ -1,10 +1,14 @@
 """Shared body of the schedule benchmarks: K per load level, measured inside one serving stack.
 
-``schedule_vllm.py`` and ``schedule_llamacpp.py`` run configurations one after the other through a
-:class:`Plan`: each configuration gets a fresh server (the backend's launcher, the same host
-flags) and runs every load level of the workload ``repeats`` times back to back (round r with seed
-``budget.seed + r`` for every configuration, so rounds are paired across configurations as in
-``_transfer.measure_plan``). Every round's per-level metrics are kept (``per_level_rounds``), and
+``schedule_vllm.py`` and ``schedule_llamacpp.py`` run configurations through a :class:`Plan`:
+each configuration gets its own server (the backend's launcher, the same host flags) and runs
+every load level of the workload ``repeats`` times, round r with seed ``budget.seed + r`` for
+every configuration, so rounds are paired across configurations as in
+``_transfer.measure_plan``. Configurations given together (:meth:`Plan.together`) are
+interleaved: their servers are up at once (at most ``--interleave``, by default as many as the
+backend keeps alive: for vLLM what the host's memory holds) and round r of each runs before round
+r + 1 of any, so host drift hits them alike; a configuration given alone runs its rounds back to
+back in a fresh server. Every round's per-level metrics are kept (``per_level_rounds``), and
 the arrival trace's (``trace_rounds``) when the workload has one. A command already measured is
 not run twice (the row says ``same_as``), except no speculation, measured first and again last
 (the drift check).
@@ -25,12 +29,13 @@ table per level, one aggregate table and the summary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import shlex
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +56,15 @@ def arguments(doc: str, stack: str, grid_help: str) -> argparse.Namespace:
     """The flags both schedule benchmarks take."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, default=ROOT / "tune.yaml")
-    p.add_argument("--repeats", type=int, default=3, help="rounds per configuration, back to back")
+    p.add_argument("--repeats", type=int, default=3, help="rounds per configuration")
+    p.add_argument(
+        "--interleave",
+        type=int,
+        default=None,
+        metavar="N",
+        help="configurations whose servers are alive at once, their rounds interleaved (default: the "
+        "backend's keep_servers, sized from the host's memory for vLLM; 1: back to back)",
+    )
     p.add_argument("--grid", default="1,2,3,5", help=grid_help)
     p.add_argument(
         "--slo-tpot-ms",
@@ -93,6 +106,8 @@ def arguments(doc: str, stack: str, grid_help: str) -> argparse.Namespace:
         p.error("--measured-only needs --resume JSON")
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
+    if args.interleave is not None and args.interleave < 1:
+        p.error("--interleave must be >= 1")
     if args.resume is not None:  # the earlier run's rounds and grid: new rows pair with its rounds
         try:
             earlier = json.loads(args.resume.read_text())
@@ -141,6 +156,7 @@ class Plan:
         greedy: bool,
         checkpoint=None,
         host_flag: str = "--host",
+        interleave: int = 1,
     ) -> None:
         self.backend, self.batch, self.levels = backend, batch, list(levels)
         self.repeats, self.seed, self.greedy, self.host_flag = repeats, seed, greedy, host_flag
@@ -152,6 +168,9 @@ class Plan:
         self.previous: dict[str, dict] = {}  # label -> row of an earlier run (resume), see :meth:`resume`
         self.measure_new = True
         self.skipped: list[str] = []  # labels --measured-only did not measure
+        self.interleave = interleave  # configurations measured together at most (see :meth:`together`)
+        self._queue: list[tuple[dict, list[str]]] | None = None  # inside together(): to measure
+        self._aliases: list[tuple[dict, dict]] = []  # (alias row, the row it names) not yet filled
 
     def resume(self, path: Path, measure_new: bool = True) -> None:
         """Take the measured rows of an earlier run's JSON (``path``) instead of measuring them again;
@@ -175,6 +194,26 @@ class Plan:
                 return label
         return None
 
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Configurations given to :meth:`run` inside the block are measured on leaving it, their
+        rounds interleaved (A B C A B C ...), so drift hits them alike: in groups of at most
+        ``interleave`` (the servers kept alive at once; the backend's ``keep_servers``), each group's
+        servers started once. The rows :meth:`run` returned are filled in place then."""
+        if self._queue is not None:
+            raise RuntimeError("Plan.together() does not nest")
+        self._queue = []
+        try:
+            yield
+            queue, self._queue = self._queue, None
+            size = max(1, self.interleave)
+            for at in range(0, len(queue), size):
+                self.backend.close()  # fresh servers for every group
+                self._measure(queue[at : at + size])
+        finally:
+            self._queue = None
+            self.backend.close()
+
     def run(
         self,
         label: str,
@@ -184,6 +223,7 @@ class Plan:
         k_per_level: dict[int, int] | None = None,
     ) -> dict:
         """Measure ``command`` in a fresh server (unless already measured); the row, appended to ``rows``.
+        Inside :meth:`together` it is measured on leaving the block, and the row filled then.
 
         ``kind``: ``off`` (no speculation, first), ``constant`` (the grid), ``table``, ``table-zero``,
         ``table-fastest``,
@@ -208,11 +248,13 @@ class Plan:
             return {"config": label, "kind": kind, "error": "not measured (--measured-only)"}
         if key in self._by_command and kind != "off-again":
             prior = self._by_command[key]
-            row = {**prior, "config": label, "kind": kind, "same_as": prior["config"]}
+            row = {"config": label, "kind": kind, "same_as": prior["config"]}
             self.rows.append(row)
             print(f"{label}: same command as {prior['config']}, not run again", file=sys.stderr)
+            self._aliases.append((row, prior))
+            if self._queue is None:
+                self._fill_aliases()
             return row
-        self.backend.close()  # a fresh server for every configuration
         end = command.index(self.host_flag) if self.host_flag in command else len(command)
         row: dict[str, Any] = {
             "config": label,
@@ -221,24 +263,56 @@ class Plan:
             "k_per_level": k_per_level,
             "args": shlex.join(command[1:end]),
         }
-        records: dict = {}
-        runs = []
+        self._by_command.setdefault(key, row)
+        self.rows.append(row)
+        if self._queue is not None:
+            self._queue.append((row, command))
+        else:
+            self.backend.close()  # a fresh server for every configuration
+            self._measure([(row, command)])
+            self.backend.close()
+        return row
+
+    def _measure(self, group: Sequence[tuple[dict, list[str]]]) -> None:
+        """Every round of every configuration of ``group``, interleaved (round r of each, then r + 1),
+        each in its own server kept alive across the rounds; the rows filled in place."""
+        keep = getattr(self.backend, "keep_servers", 1)
+        self.backend.keep_servers = max(keep, len(group))
+        records: dict[str, dict] = {row["config"]: {} for row, _ in group}
+        runs: dict[str, list] = {row["config"]: [] for row, _ in group}
+        startup: dict[str, float | None] = {}
+        if len(group) > 1:
+            print(f"interleaved: {', '.join(row['config'] for row, _ in group)}", file=sys.stderr)
         try:
             for r in range(self.repeats):
-                runs.append(
-                    self.backend.run_command(
-                        command, self.batch, self.seed + r, records if r == 0 else None, with_trace=True
-                    )
-                )
-        except ServerError as exc:
-            print(f"{label}: failed: {exc}", file=sys.stderr)
-            row["error"] = str(exc)[:2000]
-            self.rows.append(row)
-            self._checkpoint()
-            return row
+                for row, command in group:
+                    label = row["config"]
+                    if "error" in row:
+                        continue
+                    keep_records = records[label] if r == 0 else None
+                    try:
+                        res = self.backend.run_command(
+                            command, self.batch, self.seed + r, keep_records, with_trace=True
+                        )
+                    except ServerError as exc:
+                        print(f"{label}: failed: {exc}", file=sys.stderr)
+                        row["error"] = str(exc)[:2000]
+                        continue
+                    runs[label].append(res)
+                    startup.setdefault(label, self.backend.server.startup_s if self.backend.server else None)
+        finally:
+            self.backend.keep_servers = keep
+        for row, _ in group:
+            if "error" not in row:
+                self._fill(row, runs[row["config"]], records[row["config"]], startup.get(row["config"]))
+        self._fill_aliases()
+        self._checkpoint()
+
+    def _fill(self, row: dict, runs: list, records: dict, startup_s: float | None) -> None:
+        label, kind = row["config"], row["kind"]
         tps = [res.tokens_per_second for res in runs]
         row.update(
-            startup_s=self.backend.server.startup_s if self.backend.server else None,
+            startup_s=startup_s,
             tokens_per_second_runs=tps,
             latency_ms_runs=[res.latency_ms for res in runs],
             per_level_rounds={
@@ -255,17 +329,25 @@ class Plan:
             self._base_outputs = outputs
         elif self._base_outputs is not None and self.greedy and has_ids:
             row["greedy_identical"] = outputs == self._base_outputs
-        self._by_command.setdefault(key, row)
-        self.rows.append(row)
         trace = row.get("trace_rounds")
         print(
             f"{label}: {_median(tps):.1f} tok/s over the sweep ({min(tps):.1f}-{max(tps):.1f})"
             + (f", trace {_median([t['tokens_per_second'] for t in trace]):.1f} tok/s" if trace else "")
-            + f", start-up {row['startup_s']:.1f} s",
+            + (f", start-up {startup_s:.1f} s" if startup_s is not None else ""),
             file=sys.stderr,
         )
-        self._checkpoint()
-        return row
+
+    def _fill_aliases(self) -> None:
+        """Rows that name a measured one (the same command) take its measurements once it has them."""
+        waiting = []
+        for row, prior in self._aliases:
+            if "tokens_per_second_runs" in prior or "error" in prior:
+                row.update(
+                    {**prior, "config": row["config"], "kind": row["kind"], "same_as": prior["config"]}
+                )
+            else:
+                waiting.append((row, prior))
+        self._aliases = waiting
 
     def _checkpoint(self) -> None:
         if self.checkpoint is not None:

@@ -1,11 +1,12 @@
 """Inside llama.cpp: one n-max across a load sweep, against the best n-max at each load level.
 
 One run, one llama-server per configuration (the llamacpp backend's launcher and GGUF files, the
-same host flags, a fresh server each), the workload of ``--config`` (default the bundled
-tune.yaml; for the issue a sweep config, e.g. ``workload.concurrency: [1, 2, 4, 8, 16]`` and
-``search.max_batch_size: [16]``). Each configuration runs every load level ``--repeats`` times
-back to back in its server, round r with the same seed in every configuration (paired rounds), in
-this order:
+same host flags), the workload of ``--config`` (default the bundled tune.yaml; for the issue a
+sweep config, e.g. ``workload.concurrency: [1, 2, 4, 8, 16]`` and ``search.max_batch_size:
+[16]``). Each configuration runs every load level ``--repeats`` times, round r with the same seed
+in every configuration (paired rounds); with ``--interleave N`` (N servers up at once; default 1:
+back to back, a fresh server each) items 1-2, then 4 and the drift check, run their rounds
+interleaved (``benchmarks/_schedule.py``). In this order:
 
 1. llama-server without speculation (measured again at the end: the drift check);
 2. a grid of ``--spec-draft-n-max`` with the draft model and ``--spec-draft-p-min 0``
@@ -106,7 +107,11 @@ def main() -> None:
         result.update(rows=rows, wall_s=time.perf_counter() - t0)
         write_json(args.out, result)
 
-    plan = Plan(backend, batch, levels, args.repeats, cfg.budget.seed, w.temperature == 0, checkpoint)
+    interleave = args.interleave or backend.keep_servers
+    greedy = w.temperature == 0
+    plan = Plan(
+        backend, batch, levels, args.repeats, cfg.budget.seed, greedy, checkpoint, interleave=interleave
+    )
     if args.resume is not None:  # the rows (and the host they were measured on) of an earlier run
         plan.resume(args.resume, measure_new=not args.measured_only)
         earlier = json.loads(args.resume.read_text())
@@ -118,11 +123,12 @@ def main() -> None:
         if earlier.get("device") != ctx.fingerprint["label"]:
             print(f"note: the resumed rows were measured on {earlier.get('device')}", file=sys.stderr)
     try:
-        plan.run("no speculation", backend.command(constant(0)), "off", constant(0))
-        grid_rows = {
-            n: plan.run(f"grid n-max {n}", backend.command(constant(n)), "constant", constant(n))
-            for n in grid
-        }
+        with plan.together():
+            plan.run("no speculation", backend.command(constant(0)), "off", constant(0))
+            grid_rows = {
+                n: plan.run(f"grid n-max {n}", backend.command(constant(n)), "constant", constant(n))
+                for n in grid
+            }
         ok = [(n, r) for n, r in grid_rows.items() if "error" not in r]
         sweep_label = None
         if ok:  # the one n-max for every level: the grid's best traffic-weighted tokens/s over the sweep
@@ -131,33 +137,34 @@ def main() -> None:
             plan.run(sweep_label, backend.command(constant(n)), "alias", constant(n))
 
         profile_labels = []
-        for label, prof, how in (
-            ("engine-backend export", engine_prof, "autotune tune"),
-            ("llamacpp-backend choice", chosen_prof, "autotune tune --backend llamacpp"),
-        ):
-            if prof is None and (earlier := plan.resumed_label(f"{label} (profile #")):
-                profile_labels.append(earlier)
-                continue
-            if prof is None:
-                print(
-                    f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)",
-                    file=sys.stderr,
+        with plan.together():
+            for label, prof, how in (
+                ("engine-backend export", engine_prof, "autotune tune"),
+                ("llamacpp-backend choice", chosen_prof, "autotune tune --backend llamacpp"),
+            ):
+                if prof is None and (earlier := plan.resumed_label(f"{label} (profile #")):
+                    profile_labels.append(earlier)
+                    continue
+                if prof is None:
+                    print(
+                        f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)",
+                        file=sys.stderr,
+                    )
+                    continue
+                inputs = export_inputs(
+                    Profile.from_json(prof),
+                    str(backend.target_gguf),
+                    str(backend.draft_gguf) if backend.draft_gguf else None,
                 )
-                continue
-            inputs = export_inputs(
-                Profile.from_json(prof),
-                str(backend.target_gguf),
-                str(backend.draft_gguf) if backend.draft_gguf else None,
-            )
-            n = 0 if inputs.drafter == "none" else inputs.gamma
-            profile_labels.append(f"{label} (profile #{prof['id']})")
-            plan.run(
-                profile_labels[-1],
-                server_command(backend.binary, cfg, inputs, backend.context),
-                "profile",
-                k_per_level={b: n for b in levels},
-            )
-        plan.run("no speculation (again, last)", backend.command(constant(0)), "off-again", constant(0))
+                n = 0 if inputs.drafter == "none" else inputs.gamma
+                profile_labels.append(f"{label} (profile #{prof['id']})")
+                plan.run(
+                    profile_labels[-1],
+                    server_command(backend.binary, cfg, inputs, backend.context),
+                    "profile",
+                    k_per_level={b: n for b in levels},
+                )
+            plan.run("no speculation (again, last)", backend.command(constant(0)), "off-again", constant(0))
     finally:
         backend.close()
 

@@ -1,10 +1,12 @@
 """Inside vLLM: K per load level (a by-batch-size table) against every constant K, across a load sweep.
 
-One run, one vLLM server per configuration (the vllm backend's launcher, the same host flags, a
-fresh server each), the workload of ``--config`` (default the bundled tune.yaml; for the issue a
-sweep config, e.g. ``workload.concurrency: [1, 2, 4, 8, 16]`` and ``search.max_batch_size:
-[16]``). Each configuration runs every load level ``--repeats`` times back to back in its server,
-round r with the same seed in every configuration (paired rounds), in this order:
+One run, one vLLM server per configuration (the vllm backend's launcher, the same host flags), the
+workload of ``--config`` (default the bundled tune.yaml; for the issue a sweep config, e.g.
+``workload.concurrency: [1, 2, 4, 8, 16]`` and ``search.max_batch_size: [16]``). Each
+configuration runs every load level ``--repeats`` times, round r with the same seed in every
+configuration (paired rounds), interleaved in two phases (items 1-3, then 4-6 and the drift
+check), in groups of as many servers as are up at once (``--interleave``, default what the host's
+memory holds; ``benchmarks/_schedule.py``), in this order:
 
 1. vLLM without speculation (measured again at the end: the drift check);
 2. a grid of constant K with the draft model (``--grid``, default 1,2,3,5);
@@ -39,7 +41,8 @@ level and >= 0.98x no speculation; where the per-level best K differ, the tuned 
 >= 1.05x the best single constant's. Usage::
 
     python benchmarks/schedule_vllm.py [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
-[--slo-tpot-ms 50] [--out benchmarks/results/schedule_vllm.json] [--resume JSON [--measured-only]]
+[--interleave N] [--slo-tpot-ms 50] \
+[--out benchmarks/results/schedule_vllm.json] [--resume JSON [--measured-only]]
 """
 
 from __future__ import annotations
@@ -119,7 +122,17 @@ def main() -> None:
         )
         write_json(args.out, result)
 
-    plan = Plan(backend, batch, levels, args.repeats, cfg.budget.seed, w.temperature == 0, checkpoint)
+    interleave = args.interleave or backend.keep_servers
+    plan = Plan(
+        backend,
+        batch,
+        levels,
+        args.repeats,
+        cfg.budget.seed,
+        w.temperature == 0,
+        checkpoint,
+        interleave=interleave,
+    )
     if args.resume is not None:  # the rows (and the host they were measured on) of an earlier run
         plan.resume(args.resume, measure_new=not args.measured_only)
         earlier = json.loads(args.resume.read_text())
@@ -131,64 +144,66 @@ def main() -> None:
         if earlier.get("device") != ctx.fingerprint["label"]:
             print(f"note: the resumed rows were measured on {earlier.get('device')}", file=sys.stderr)
     try:
-        plan.run("no speculation", command(constant(0)), "off", constant(0))
-        for k in grid:
-            plan.run(f"grid K={k}", command(constant(k)), "constant", constant(k))
-
-        zero = command(
-            constant(1)
-        )  # K=1 chain, its table replaced by K=0 everywhere (for_table would not serve it)
-        at = zero.index("--speculative-config") + 1
-        zero[at] = json.dumps({**json.loads(zero[at]), TABLE_KEY: [[1, batch, 0]]})
-        plan.run(
-            f"table 1-{batch}:0 (K=0 everywhere)", zero, "table-zero", k_per_level={b: 0 for b in levels}
-        )
+        with plan.together():  # what the table is made of, interleaved
+            plan.run("no speculation", command(constant(0)), "off", constant(0))
+            for k in grid:
+                plan.run(f"grid K={k}", command(constant(k)), "constant", constant(k))
+            zero = command(constant(1))  # K=1 chain, its table replaced by K=0 everywhere
+            at = zero.index("--speculative-config") + 1
+            zero[at] = json.dumps({**json.loads(zero[at]), TABLE_KEY: [[1, batch, 0]]})
+            plan.run(
+                f"table 1-{batch}:0 (K=0 everywhere)", zero, "table-zero", k_per_level={b: 0 for b in levels}
+            )
 
         planned = plan.table_plan("model")
         choices = planned.levels if planned is not None else []
         tuned = planned.table if planned is not None else ()
-        table_label = None
+        table_label, table_row = None, None
         if planned is None:
             note = "nothing measured: no table served"
         elif planned.unserved:
             note = f"{planned.unserved} ({level_choice_text(choices)})"
         else:
-            knobs = Knobs.for_table("model", tuned, batch)
             table_label = f"tuned table {table_text(tuned)}"
             note = f"per-level best K {level_choice_text(choices)}: served as {table_label}"
-            if "error" in plan.run(table_label, command(knobs), "table", knobs):
-                note += " (not measured: the run failed or stopped before it)"
-        print(f"note: {note}", file=sys.stderr)
 
         # the table the point estimates name, served whatever the noise says: what a K >= 1 table
         # costs inside vLLM beside the constants it is made of, and what it gains where they differ
         fastest, fastest_label = plan.fastest_table(), None
         if len({k for _, k in fastest}) > 1 and fastest != tuned:
-            knobs = Knobs.for_table("model", fastest, batch)
             fastest_label = f"fastest-per-level table {table_text(fastest)}"
-            plan.run(fastest_label, command(knobs), "table-fastest", knobs)
 
         profile_labels = []
-        for label, prof, how in (
-            ("engine-backend export", engine_prof, "autotune tune"),
-            ("vllm-backend choice", vllm_prof, "autotune tune --backend vllm"),
-        ):
-            if prof is None and (earlier := plan.resumed_label(f"{label} (profile #")):
-                profile_labels.append(earlier)
-                continue
-            if prof is None:
-                print(
-                    f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)",
-                    file=sys.stderr,
+        with plan.together():  # the tables, the tuned profiles and the drift check, interleaved
+            if table_label is not None:
+                knobs = Knobs.for_table("model", tuned, batch)
+                table_row = plan.run(table_label, command(knobs), "table", knobs)
+            if fastest_label is not None:
+                knobs = Knobs.for_table("model", fastest, batch)
+                plan.run(fastest_label, command(knobs), "table-fastest", knobs)
+            for label, prof, how in (
+                ("engine-backend export", engine_prof, "autotune tune"),
+                ("vllm-backend choice", vllm_prof, "autotune tune --backend vllm"),
+            ):
+                if prof is None and (earlier := plan.resumed_label(f"{label} (profile #")):
+                    profile_labels.append(earlier)
+                    continue
+                if prof is None:
+                    print(
+                        f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)",
+                        file=sys.stderr,
+                    )
+                    continue
+                inputs = export_inputs(Profile.from_json(prof))
+                ks = {b: 0 if inputs.drafter == "none" else k_at(inputs.schedule, b) for b in levels}
+                profile_labels.append(f"{label} (profile #{prof['id']})")
+                plan.run(
+                    profile_labels[-1], serve_command(backend.python, cfg, inputs), "profile", k_per_level=ks
                 )
-                continue
-            inputs = export_inputs(Profile.from_json(prof))
-            ks = {b: 0 if inputs.drafter == "none" else k_at(inputs.schedule, b) for b in levels}
-            profile_labels.append(f"{label} (profile #{prof['id']})")
-            plan.run(
-                profile_labels[-1], serve_command(backend.python, cfg, inputs), "profile", k_per_level=ks
-            )
-        plan.run("no speculation (again, last)", command(constant(0)), "off-again", constant(0))
+            plan.run("no speculation (again, last)", command(constant(0)), "off-again", constant(0))
+        if table_row is not None and "error" in table_row:
+            note += " (not measured: the run failed or stopped before it)"
+        print(f"note: {note}", file=sys.stderr)
     finally:
         backend.close()
 

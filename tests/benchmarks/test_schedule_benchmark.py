@@ -49,3 +49,60 @@ def test_the_tables_cost_is_its_rounds_over_the_constant_of_the_same_k_at_each_l
     assert round(cost[1]["over_constant_same_k"]["value"], 3) == 0.9  # 108/120 and 106.2/118
     assert round(cost[4]["over_constant_same_k"]["value"], 3) == 1.0
     assert _schedule.table_cost(rows, "missing", LEVELS) is None
+
+
+class FakeStack:
+    """A backend whose every run is one call logged in order; tokens/s = 100 x the call's number."""
+
+    def __init__(self, keep_servers: int = 1) -> None:
+        self.keep_servers, self.calls, self.kept, self.closes, self.server = keep_servers, [], [], 0, None
+
+    def run_command(self, command, batch, seed, records=None, with_trace=False):  # noqa: ARG002
+        from types import SimpleNamespace
+
+        from autotune.records import LevelMetrics
+
+        self.calls.append((command[0], seed))
+        self.kept.append(self.keep_servers)
+        if command[0] == "broken":
+            raise _schedule.ServerError("server died")
+        tps = 100.0 * len(self.calls)
+        level = LevelMetrics(tokens_per_second=tps)
+        if records is not None:
+            records[1] = [SimpleNamespace(output_tokens=[1, 2])]
+        return SimpleNamespace(tokens_per_second=tps, latency_ms=1.0, per_level={1: level}, trace=None)
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+def test_together_interleaves_the_rounds_in_groups_the_kept_servers_hold_and_fills_the_rows() -> None:
+    stack = FakeStack()
+    plan = _schedule.Plan(stack, 16, (1,), 2, 10, True, interleave=2)
+    with plan.together():
+        a = plan.run("A", ["a", "--host"], "off")
+        b = plan.run("B", ["b", "--host"], "constant")
+        same = plan.run("A again", ["a", "--host"], "alias")  # the same command: A's measurements
+        bad = plan.run("broken", ["broken", "--host"], "constant")
+        c = plan.run("C", ["c", "--host"], "constant")
+        assert "tokens_per_second_runs" not in a  # measured on leaving the block
+    # groups of 2: A and B interleaved round by round, then broken and C; seeds pair the rounds
+    assert stack.calls == [
+        ("a", 10), ("b", 10), ("a", 11), ("b", 11), ("broken", 10), ("c", 10), ("c", 11)
+    ]  # fmt: skip
+    assert set(stack.kept) == {2} and stack.keep_servers == 1  # both servers alive while interleaved
+    assert a["tokens_per_second_runs"] == [100.0, 300.0] and b["tokens_per_second_runs"] == [200.0, 400.0]
+    assert c["tokens_per_second_runs"] == [600.0, 700.0]
+    assert same["tokens_per_second_runs"] == a["tokens_per_second_runs"] and same["same_as"] == "A"
+    assert same["config"] == "A again" and same["kind"] == "alias"
+    assert "server died" in bad["error"] and "per_level_rounds" not in bad
+    assert [r["config"] for r in plan.rows] == ["A", "B", "A again", "broken", "C"]  # the order given
+    assert b["greedy_identical"] is True  # the same outputs as no speculation's
+
+
+def test_run_outside_together_measures_at_once_in_a_fresh_server() -> None:
+    stack = FakeStack(keep_servers=3)
+    plan = _schedule.Plan(stack, 16, (1,), 2, 0, True)
+    row = plan.run("A", ["a", "--host"], "off")
+    assert stack.calls == [("a", 0), ("a", 1)] and row["tokens_per_second_runs"] == [100.0, 200.0]
+    assert stack.closes == 2  # before (fresh) and after
