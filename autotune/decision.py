@@ -7,9 +7,10 @@ The study ranks configurations on single runs; what is chosen is decided on repe
 2. :func:`remeasure`: each run ``budget.repeats`` times on the backend, with paired seeds;
 3. :func:`decide`: the margin rule picks the configuration (one of a simpler structure is kept
    unless the interval of the paired ratio excludes 1). Where that kept a simpler configuration
-   than the fastest measured one (the noise, not the measurement, decided), every finalist gets
-   more paired rounds, up to ``budget.max_repeats``, and the rule picks again on all of them
-   (one second look: :func:`undecided`); at each load level the best constant stays
+   than the fastest measured one (the noise, not the measurement, decided), or a load level's
+   choice is not the fastest measured there, every finalist gets more paired rounds, up to
+   ``budget.max_repeats``, and the rule picks again on all of them (one second look:
+   :func:`undecided`, :func:`levels_undecided`); at each load level the best constant stays
    unless another K (or speculation off) is significantly faster there
    (:func:`autotune.selection.per_level_choices`). Where those K differ and the backend serves
    tables, the table they make is served live (:func:`serve_table`: the table, the best
@@ -190,6 +191,36 @@ def undecided(points: list[Point], choice: Choice, has_slo: bool, knee: bool) ->
     return choose(points, has_slo, knee).point is not choice.point
 
 
+def levels_undecided(levels: list[LevelChoice], points: list[Point]) -> list[int]:
+    """The load levels where the per-level rule kept a configuration that is not the fastest one
+    measured there (:func:`autotune.selection.per_level_choices`: speculation off or a constant K of
+    the same drafter, on the medians): as with :func:`undecided`, the intervals, not the medians,
+    decided, so more rounds can change that level's K.
+
+    Example:
+        >>> def pt(g, tps):
+        ...     return Point(Knobs("model", g), 0, 0, per_batch={8: tps}, per_batch_rounds={8: (tps,)})
+        >>> off, k7 = pt(0, 300.0), pt(7, 250.0)
+        >>> levels_undecided([LevelChoice(8, at_level(k7, 8), "kept")], [off, k7])
+        [8]
+        >>> levels_undecided([LevelChoice(8, at_level(off, 8), "faster")], [off, k7])
+        []
+    """
+    out = []
+    for c in levels:
+        b, mine = c.batch_size, c.point.knobs
+        pool = [
+            p.per_batch[b]
+            for p in points
+            if b in p.per_batch
+            and p.per_batch_rounds.get(b)
+            and (p.knobs.gamma == 0 or (p.knobs.is_static_chain and p.knobs.drafter == mine.drafter))
+        ]
+        if pool and max(pool) > c.point.tokens_per_second:
+            out.append(b)
+    return out
+
+
 def _tps(level: LevelMetrics) -> float:
     """A level's tokens/s: every backend measures it (other level metrics may be None)."""
     assert level.tokens_per_second is not None
@@ -275,10 +306,8 @@ def decide(
     )
     has_slo, knee = bool(cfg.objectives.slo), cfg.objectives.knee
     choice = choose_with_margin(remeasured.points, has_slo, knee)  # must beat plain decoding by a margin
-    if cfg.budget.max_repeats > remeasured.repeats and undecided(remeasured.points, choice, has_slo, knee):
-        say(
-            f"undecided on {remeasured.repeats} rounds (kept {choice.reason.split('; kept ', 1)[-1]}): a second look"
-        )
+    if cfg.budget.max_repeats > remeasured.repeats and (why := _second_look(cfg, final, remeasured, choice)):
+        say(f"undecided on {remeasured.repeats} rounds ({why}): a second look")
         remeasured = remeasure(
             cfg, backend, final.configs, say, "re-measuring", remeasured, cfg.budget.max_repeats
         )
@@ -317,6 +346,26 @@ def decide(
         _prediction_check(measurement, chosen, chosen_result),
         contest,
     )
+
+
+def _second_look(cfg: TuneConfig, final: Finalists, remeasured: Remeasured, choice: Choice) -> str:
+    """Why the re-measured rounds leave the decision open ("" where they do not): the margin kept a
+    simpler configuration than the fastest measured (:func:`undecided`), or a load level's choice is
+    not the fastest measured there (:func:`levels_undecided`)."""
+    has_slo, knee = bool(cfg.objectives.slo), cfg.objectives.knee
+    why = []
+    if undecided(remeasured.points, choice, has_slo, knee):
+        why.append(f"kept {choice.reason.split('; kept ', 1)[-1]}")
+    static = remeasured.find(final.best_static.knobs)[0] if final.best_static is not None else None
+    constant = _constant(choice.point, static)
+    plan = plan_table(remeasured.points, cfg.batch_sizes, constant, static, choice.point.knobs.drafter)
+    if open_levels := levels_undecided(plan.levels, remeasured.points):
+        why.append(
+            "at batch size "
+            + ", ".join(str(b) for b in open_levels)
+            + " the per-level choice is not the fastest measured there"
+        )
+    return "; ".join(why)
 
 
 def _constant(chosen: Point, best_static: Point | None) -> Point:

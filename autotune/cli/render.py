@@ -10,7 +10,7 @@ from ``run_tune`` / ``context.ensure_profile``) may pass it: it is read with ``f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.records import LevelMetrics, Measurement
@@ -123,6 +123,31 @@ def _ratio(value: float | None, ci: list | None, unit: str = "x") -> str:
 
 def _with_ci(value: float, ci: list | None, fmt: str = ".1f") -> str:
     return f"{value:{fmt}}" + (f" (95% CI {ci[0]:{fmt}}-{ci[1]:{fmt}})" if ci and ci[0] != ci[1] else "")
+
+
+def _speculation_on_text(entries: Sequence[ScheduleEntry]) -> str:
+    """What a schedule with no crossover says: speculation pays at every measured batch size, unless
+    some batch size's gamma is kept where it was measured no significantly faster than gamma 0.
+
+    Example:
+        >>> r = {"value": 1.2, "ci95": [1.1, 1.3], "n": 3}
+        >>> _speculation_on_text([ScheduleEntry(1, 7, ratio=r, significant=True), ScheduleEntry(4, 7)])
+        '; speculation pays at every measured batch size'
+        >>> _speculation_on_text([ScheduleEntry(1, 7, ratio=r, significant=True),
+        ...                       ScheduleEntry(8, 7, ratio=r, significant=False)])
+        '; speculation on at every measured batch size, not significantly faster than gamma 0 at 8'
+    """
+    unproven = [
+        str(e.batch_size)
+        for e in entries
+        if e.gamma > 0 and isinstance(e.ratio, Mapping) and e.ratio and e.significant is not True
+    ]
+    if not unproven:
+        return "; speculation pays at every measured batch size"
+    return (
+        "; speculation on at every measured batch size, not significantly faster than gamma 0 at "
+        + ", ".join(unproven)
+    )
 
 
 def _class_text(r: dict) -> str:
@@ -259,7 +284,7 @@ def render_tune(p: Profile | Mapping[str, Any]) -> str:
         + (
             f"; speculation off from batch size {crossover}"
             if crossover
-            else "; speculation pays at every measured batch size"
+            else _speculation_on_text(p.schedule.entries)
         ),
         *_table_lines(p.table_decision),
         f"stored      profile #{pid} in {study['storage']}",

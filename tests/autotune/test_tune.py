@@ -348,6 +348,62 @@ def test_without_a_second_look_the_same_rounds_keep_speculation_off(tune_config)
     assert "no significant difference (ratio " in profile["selection"]["reason"]
 
 
+def ratio_by_level_and_round(at_two: dict[int, float]):
+    """Speculating configurations: 2x no speculation at concurrency 1 (and over the sweep) every
+    round, ``at_two[seed]`` x at concurrency 2."""
+
+    def run(cfg, knobs: Knobs, seed: int) -> TrialResult:
+        factor = {1: 2.0 if knobs.gamma else 1.0, 2: at_two.get(seed, 0.8) if knobs.gamma else 1.0}
+        levels = {
+            c: {
+                "tokens_per_second": 100.0 * factor[c],
+                "tpot_ms_p95": 40.0,
+                "generated_tokens": 12,
+                "wall_s": 1.0,
+            }
+            for c in cfg.workload.concurrency
+        }
+        out = result_of(levels)
+        return TrialResult(100.0 * factor[1], 40.0, out.per_level)
+
+    return run
+
+
+# At concurrency 2, speculation runs 0.75x, 0.97x, 0.80x no speculation on rounds 1-3 (off is the
+# faster on the medians, the interval includes 1), then 0.78x, 0.82x, 0.79x: six rounds exclude 1.
+OFF_AT_TWO_UNDECIDED = {1: 0.75, 2: 0.97, 3: 0.80, 4: 0.78, 5: 0.82, 6: 0.79}
+
+
+def test_a_level_whose_choice_is_not_its_fastest_gets_more_rounds_and_is_decided_on_all(tune_config) -> None:
+    cfg = tune_config(search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0})
+    lines: list[str] = []
+    run = ratio_by_level_and_round(OFF_AT_TWO_UNDECIDED)
+    profile = run_tune(cfg, say=lines.append, backend_for=backend_of(run))
+
+    assert any(
+        line.startswith("undecided on 3 rounds (at batch size 2 the per-level choice is not the fastest")
+        for line in lines
+    ), lines
+    assert profile["remeasure"] == {"repeats": 6, "order": "interleaved", "first_repeats": 3}
+    assert profile["chosen"]["gamma"] > 0  # 2x over the sweep: decided on the first rounds
+    levels = {lv["batch_size"]: lv for lv in profile["table_decision"]["levels"]}
+    assert levels[1]["gamma"] > 0 and levels[2]["gamma"] == 0, levels  # off at 2, significant on six
+
+
+def test_the_same_level_on_three_rounds_keeps_the_constant(tune_config) -> None:
+    cfg = tune_config(
+        search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0}, budget={"max_repeats": 3}
+    )
+    profile = run_tune(
+        cfg, say=lambda _: None, backend_for=backend_of(ratio_by_level_and_round(OFF_AT_TWO_UNDECIDED))
+    )
+
+    assert profile["remeasure"] == {"repeats": 3, "order": "interleaved"}
+    levels = {lv["batch_size"]: lv for lv in profile["table_decision"]["levels"]}
+    assert levels[2]["gamma"] == profile["chosen"]["gamma"] > 0
+    assert "no significant difference" in levels[2]["reason"], levels[2]["reason"]
+
+
 def test_a_decided_choice_gets_no_more_rounds(tune_config) -> None:
     cfg = tune_config(search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0})
     profile = run_tune(
