@@ -605,7 +605,7 @@ def _chosen_metrics(
         "speedup_over_best_static_ci95": [over_static.low, over_static.high] if over_static else None,
         "best_static": space.params(best_static.knobs) if best_static else None,
         "chosen_is_best_static": best_static is not None and best_static.knobs == chosen_point.knobs,
-        "repeats": cfg.budget.repeats,
+        "repeats": len(chosen_point.rounds),  # the rounds its medians are of (a second look: more)
         "acceptance_rate": _mean([lv.acceptance_rate for lv in chosen_result.per_level.values()]),
     }
 

@@ -333,6 +333,7 @@ def test_an_undecided_choice_gets_more_paired_rounds_and_is_made_on_all_of_them(
 
     assert profile["remeasure"] == {"repeats": 6, "order": "interleaved", "first_repeats": 3}
     assert all(len(r["rounds"]) == 6 for r in profile["remeasured"])
+    assert profile["metrics"]["repeats"] == 6  # the medians are of six rounds
     assert profile["chosen"]["gamma"] > 0 and profile["metrics"]["speedup_significant"]
     assert any(line.startswith("undecided on 3 rounds (kept gamma=0 (no speculation): ") for line in lines)
 
