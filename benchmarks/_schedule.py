@@ -194,6 +194,25 @@ class Plan:
                 return label
         return None
 
+    def profiles(
+        self, wanted: Sequence[tuple[str, dict | None, str]], labels: list[str]
+    ) -> Iterator[tuple[str, dict]]:
+        """Of ``wanted`` (row label, stored profile or None, the command that makes one): the row
+        label and profile of each stored one, its label appended to ``labels``; a profile the store
+        lacks is the resumed run's row where it has one (its label appended), else a note."""
+        for label, prof, how in wanted:
+            if prof is None and (earlier := self.resumed_label(f"{label} (profile #")):
+                labels.append(earlier)
+                continue
+            if prof is None:
+                print(
+                    f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)",
+                    file=sys.stderr,
+                )
+                continue
+            labels.append(f"{label} (profile #{prof['id']})")
+            yield labels[-1], prof
+
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
         """Configurations given to :meth:`run` inside the block are measured on leaving it, their

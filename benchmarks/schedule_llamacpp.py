@@ -138,28 +138,19 @@ def main() -> None:
 
         profile_labels = []
         with plan.together():
-            for label, prof, how in (
+            wanted = (
                 ("engine-backend export", engine_prof, "autotune tune"),
                 ("llamacpp-backend choice", chosen_prof, "autotune tune --backend llamacpp"),
-            ):
-                if prof is None and (earlier := plan.resumed_label(f"{label} (profile #")):
-                    profile_labels.append(earlier)
-                    continue
-                if prof is None:
-                    print(
-                        f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)",
-                        file=sys.stderr,
-                    )
-                    continue
+            )
+            for label, prof in plan.profiles(wanted, profile_labels):
                 inputs = export_inputs(
                     Profile.from_json(prof),
                     str(backend.target_gguf),
                     str(backend.draft_gguf) if backend.draft_gguf else None,
                 )
                 n = 0 if inputs.drafter == "none" else inputs.gamma
-                profile_labels.append(f"{label} (profile #{prof['id']})")
                 plan.run(
-                    profile_labels[-1],
+                    label,
                     server_command(backend.binary, cfg, inputs, backend.context),
                     "profile",
                     k_per_level={b: n for b in levels},

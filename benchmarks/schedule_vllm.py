@@ -181,25 +181,14 @@ def main() -> None:
             if fastest_label is not None:
                 knobs = Knobs.for_table("model", fastest, batch)
                 plan.run(fastest_label, command(knobs), "table-fastest", knobs)
-            for label, prof, how in (
+            wanted = (
                 ("engine-backend export", engine_prof, "autotune tune"),
                 ("vllm-backend choice", vllm_prof, "autotune tune --backend vllm"),
-            ):
-                if prof is None and (earlier := plan.resumed_label(f"{label} (profile #")):
-                    profile_labels.append(earlier)
-                    continue
-                if prof is None:
-                    print(
-                        f"note: no {label.split()[0]} profile for this host and pair (run `{how}`)",
-                        file=sys.stderr,
-                    )
-                    continue
+            )
+            for label, prof in plan.profiles(wanted, profile_labels):
                 inputs = export_inputs(Profile.from_json(prof))
                 ks = {b: 0 if inputs.drafter == "none" else k_at(inputs.schedule, b) for b in levels}
-                profile_labels.append(f"{label} (profile #{prof['id']})")
-                plan.run(
-                    profile_labels[-1], serve_command(backend.python, cfg, inputs), "profile", k_per_level=ks
-                )
+                plan.run(label, serve_command(backend.python, cfg, inputs), "profile", k_per_level=ks)
             plan.run("no speculation (again, last)", command(constant(0)), "off-again", constant(0))
         if table_row is not None and "error" in table_row:
             note += " (not measured: the run failed or stopped before it)"
