@@ -49,6 +49,7 @@ from autotune.selection import (
     at_level,
     choose,
     choose_with_margin,
+    level_pool,
     pareto_front,
     plan_table,
     score_ratio,
@@ -194,7 +195,7 @@ def undecided(points: list[Point], choice: Choice, has_slo: bool, knee: bool) ->
 def levels_undecided(levels: list[LevelChoice], points: list[Point]) -> list[int]:
     """The load levels where the per-level rule kept a configuration that is not the fastest one
     measured there (:func:`autotune.selection.per_level_choices`: speculation off or a constant K of
-    the same drafter, on the medians): as with :func:`undecided`, the intervals, not the medians,
+    the same drafter, on the medians: :func:`autotune.selection.level_pool`): as with :func:`undecided`, the intervals, not the medians,
     decided, so more rounds can change that level's K.
 
     Example:
@@ -206,19 +207,14 @@ def levels_undecided(levels: list[LevelChoice], points: list[Point]) -> list[int
         >>> levels_undecided([LevelChoice(8, at_level(off, 8), "faster")], [off, k7])
         []
     """
-    out = []
-    for c in levels:
-        b, mine = c.batch_size, c.point.knobs
-        pool = [
-            p.per_batch[b]
-            for p in points
-            if b in p.per_batch
-            and p.per_batch_rounds.get(b)
-            and (p.knobs.gamma == 0 or (p.knobs.is_static_chain and p.knobs.drafter == mine.drafter))
-        ]
-        if pool and max(pool) > c.point.tokens_per_second:
-            out.append(b)
-    return out
+    return [
+        c.batch_size
+        for c in levels
+        if any(
+            p.per_batch[c.batch_size] > c.point.tokens_per_second
+            for p in level_pool(points, c.batch_size, c.point.knobs.drafter)
+        )
+    ]
 
 
 def _tps(level: LevelMetrics) -> float:

@@ -211,6 +211,19 @@ def at_level(p: Point, b: int) -> Point:
     return Point(p.knobs, p.per_batch[b], 0.0, number=p.number, rounds=rounds)
 
 
+def level_pool(points: Sequence[Point], b: int, drafter: str, with_off: bool = True) -> list[Point]:
+    """The candidates of load level ``b``: speculation off (unless ``with_off`` is False) and every
+    constant K of ``drafter`` (static chains: what a stack's K and a table's entries are), each with
+    paired rounds at ``b``."""
+    return [
+        p
+        for p in points
+        if b in p.per_batch
+        and p.per_batch_rounds.get(b)
+        and ((p.knobs.gamma == 0 and with_off) or (p.knobs.is_static_chain and p.knobs.drafter == drafter))
+    ]
+
+
 def per_level_choices(
     points: Sequence[Point],
     batch_sizes: Sequence[int],
@@ -222,9 +235,7 @@ def per_level_choices(
     over the whole workload, or its best constant K) unless another K is significantly faster at
     that level.
 
-    The pool at level ``b`` is speculation off (unless ``with_off`` is False) and every constant K
-    of ``drafter`` (static chains: what a stack's K and a table's entries are) with paired rounds
-    at ``b``. A table's K=0 range is not speculation off: the drafter still reads every new token
+    The pool at level ``b`` is :func:`level_pool`. A table's K=0 range is not speculation off: the drafter still reads every new token
     there (the engine's ``Drafter.catch_up``, vLLM's proposer keeping the draft's KV cache in sync),
     so the K a table holds are chosen with ``with_off=False``. The fastest of the
     pool that beats the anchor there with a paired-ratio interval excluding 1 replaces it at that
@@ -246,15 +257,7 @@ def per_level_choices(
     """
     out = []
     for b in batch_sizes:
-        pool = [
-            at_level(p, b)
-            for p in points
-            if b in p.per_batch
-            and p.per_batch_rounds.get(b)
-            and (
-                (p.knobs.gamma == 0 and with_off) or (p.knobs.is_static_chain and p.knobs.drafter == drafter)
-            )
-        ]
+        pool = [at_level(p, b) for p in level_pool(points, b, drafter, with_off)]
         sizes = {len(p.rounds) for p in pool}
         base = next((p for p in pool if p.knobs == anchor), None)
         if base is None or len(sizes) != 1:

@@ -6,6 +6,7 @@ Pure functions over lists of repeated measurements (no numpy, no scipy):
 - :func:`paired_ratio`: A/B from paired rounds (A and B measured in the same round, so drift
   hits both): one ratio per round, then the geometric mean of the ratios with the t interval of
   their logarithms (exponentiated), which keeps the interval of A/B the reciprocal of B/A's;
+- :func:`bridged_ratio`: A/B measured in two groups, each beside one bridge configuration;
 - :func:`significant`: whether an interval of a ratio excludes 1 in A's favour;
 - :func:`bootstrap_interval`: a seeded percentile bootstrap of any statistic, for quantities
   that are not means (the profiler's verify cost and knee).
@@ -134,6 +135,43 @@ def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Estimate:
     logs = [math.log(x / y) for x, y in zip(a, b, strict=True)]
     low, high = _t_interval(logs)
     return Estimate(math.exp(statistics.fmean(logs)), math.exp(low), math.exp(high), len(logs))
+
+
+def bridged_ratio(
+    a: Sequence[float], a_bridge: Sequence[float], b_bridge: Sequence[float], b: Sequence[float]
+) -> Estimate:
+    """A/B where A and B were measured apart (two interleaved groups), each beside the same bridge
+    configuration: (A/bridge in A's group) x (bridge/B in B's group), each a :func:`paired_ratio`.
+
+    The two log ratios are independent, so their variances add; the interval is Student's t with
+    Welch-Satterthwaite degrees of freedom. Drift between the groups cancels (the bridge moved with
+    it); the price is the bridge's own round-to-round noise, counted twice.
+
+    Example:
+        >>> r = bridged_ratio([150.0, 160.0, 155.0], [100.0, 104.0, 98.0], [90.0, 95.0], [60.0, 64.0])
+        >>> round(r.value, 3), r.n, r.low < r.value < r.high
+        (2.297, 2, True)
+        >>> bridged_ratio([2.0], [1.0], [1.0], [1.0]).text(unit="x")
+        '2.00x (1 run, no interval)'
+    """
+    parts = []
+    for x, y in ((a, a_bridge), (b_bridge, b)):
+        if len(x) != len(y) or not x:
+            raise ValueError(f"bridged_ratio: need equally many rounds (got {len(x)} and {len(y)})")
+        if any(v <= 0 for v in (*x, *y)):
+            raise ValueError("bridged_ratio: values must be positive")
+        parts.append([math.log(p / q) for p, q in zip(x, y, strict=True)])
+    mean = sum(statistics.fmean(logs) for logs in parts)
+    n = min(len(logs) for logs in parts)
+    if n < 2:
+        return Estimate(math.exp(mean), math.exp(mean), math.exp(mean), 1)
+    var = [statistics.variance(logs) / len(logs) for logs in parts]
+    se = math.sqrt(sum(var))
+    if se == 0.0:
+        return Estimate(math.exp(mean), math.exp(mean), math.exp(mean), n)
+    df = sum(var) ** 2 / sum(v * v / (len(logs) - 1) for v, logs in zip(var, parts, strict=True))
+    half = t975(max(1, math.floor(df))) * se
+    return Estimate(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
 
 
 def significant(ratio: Estimate) -> bool:

@@ -8,7 +8,10 @@ every configuration, so rounds are paired across configurations as in
 interleaved: their servers are up at once (at most ``--interleave``, by default as many as the
 backend keeps alive: for vLLM what the host's memory holds) and round r of each runs before round
 r + 1 of any, so host drift hits them alike; a configuration given alone runs its rounds back to
-back in a fresh server. Every round's per-level metrics are kept (``per_level_rounds``), and
+back in a fresh server. Every group after the first measures no speculation again (a ``bridge``
+row, ``--no-bridge`` to spare the slot), so a ratio between rows of different groups is
+(A / bridge in A's group) x (bridge / B in B's group): drift between the groups cancels instead of
+passing for a difference (``autotune.stats.bridged_ratio``; each ratio's ``across`` says so). Every round's per-level metrics are kept (``per_level_rounds``), and
 the arrival trace's (``trace_rounds``) when the workload has one. A command already measured is
 not run twice (the row says ``same_as``), except no speculation, measured first and again last
 (the drift check).
@@ -45,7 +48,7 @@ from autotune.backends.server import ServerError
 from autotune.knobs import Knobs
 from autotune.records import LEVEL_KEYS, PER_POSITION
 from autotune.selection import LevelChoice, Point, TablePlan, choose_with_margin, plan_table
-from autotune.stats import Estimate, paired_ratio, t975
+from autotune.stats import Estimate, bridged_ratio, paired_ratio, t975
 from autotune.table import fmt, table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +67,13 @@ def arguments(doc: str, stack: str, grid_help: str) -> argparse.Namespace:
         metavar="N",
         help="configurations whose servers are alive at once, their rounds interleaved (default: the "
         "backend's keep_servers, sized from the host's memory for vLLM; 1: back to back)",
+    )
+    p.add_argument(
+        "--no-bridge",
+        dest="bridge",
+        action="store_false",
+        help="do not measure no speculation again in every later group (ratios across groups are then "
+        "unpaired in time)",
     )
     p.add_argument("--grid", default="1,2,3,5", help=grid_help)
     p.add_argument(
@@ -157,6 +167,7 @@ class Plan:
         checkpoint=None,
         host_flag: str = "--host",
         interleave: int = 1,
+        bridge: bool = True,
     ) -> None:
         self.backend, self.batch, self.levels = backend, batch, list(levels)
         self.repeats, self.seed, self.greedy, self.host_flag = repeats, seed, greedy, host_flag
@@ -169,6 +180,11 @@ class Plan:
         self.measure_new = True
         self.skipped: list[str] = []  # labels --measured-only did not measure
         self.interleave = interleave  # configurations measured together at most (see :meth:`together`)
+        if backend is not None and getattr(backend, "keep_servers", 1) < interleave:
+            backend.keep_servers = interleave  # a group's servers stay up across its rounds
+        self.bridge = bridge  # measure the first no speculation again in every later group (see together)
+        self._bridge: tuple[dict, list[str]] | None = None  # (row, command) of that configuration
+        self._groups = 0  # groups measured so far: a row's ``group``
         self._queue: list[tuple[dict, list[str]]] | None = None  # inside together(): to measure
         self._aliases: list[tuple[dict, dict]] = []  # (alias row, the row it names) not yet filled
 
@@ -182,6 +198,7 @@ class Plan:
             row["per_level_rounds"] = {int(b): v for b, v in row["per_level_rounds"].items()}
             row["k_per_level"] = {int(b): k for b, k in (row.get("k_per_level") or {}).items()}
             self.previous[row["config"]] = row
+        self._groups = 1 + max((r.get("group", -1) for r in self.previous.values()), default=-1)
         self.measure_new = measure_new
 
     def resumed_label(self, prefix: str) -> str | None:
@@ -218,7 +235,12 @@ class Plan:
         """Configurations given to :meth:`run` inside the block are measured on leaving it, their
         rounds interleaved (A B C A B C ...), so drift hits them alike: in groups of at most
         ``interleave`` (the servers kept alive at once; the backend's ``keep_servers``), each group's
-        servers started once. The rows :meth:`run` returned are filled in place then."""
+        servers started once. The rows :meth:`run` returned are filled in place then.
+
+        With ``bridge`` (and ``interleave`` > 1), every group after the one that measured no
+        speculation first measures it again (a ``bridge`` row, unless the group already holds that
+        command, as the drift check does), so :func:`analyse` pairs rows of different groups
+        through it (:func:`autotune.stats.bridged_ratio`) instead of comparing minutes apart."""
         if self._queue is not None:
             raise RuntimeError("Plan.together() does not nest")
         self._queue = []
@@ -226,12 +248,38 @@ class Plan:
             yield
             queue, self._queue = self._queue, None
             size = max(1, self.interleave)
-            for at in range(0, len(queue), size):
+            while queue:
+                bridge = self._bridge_for(queue[:size])
+                if bridge is None or any(entry is bridge for entry in queue[:size]):
+                    group, queue = queue[:size], queue[size:]
+                else:  # room for the bridge
+                    group, queue = [*queue[: size - 1], bridge], queue[size - 1 :]
                 self.backend.close()  # fresh servers for every group
-                self._measure(queue[at : at + size])
+                self._measure(group)
         finally:
             self._queue = None
             self.backend.close()
+
+    def _bridge_for(self, group: list[tuple[dict, list[str]]]) -> tuple[dict, list[str]] | None:
+        """The bridge entry to measure in ``group`` (its own no speculation where it holds that
+        command among its first ``interleave - 1``), or None: no bridging, no bridge measured yet,
+        or the bridge's own group."""
+        if not self.bridge or self.interleave < 2 or self._bridge is None:
+            return None
+        first, command = self._bridge
+        if "group" not in first or "error" in first or any(row is first for row, _ in group):
+            return None
+        for entry in group[: self.interleave - 1]:
+            if entry[1] == command:
+                entry[0]["bridge"] = True
+                return entry
+        label = f"{first['config']} (bridge, group {self._groups + 1})"
+        row = {**{k: first[k] for k in ("knobs", "k_per_level", "args") if k in first}}
+        row.update(config=label, kind="bridge", bridge=True)
+        if first["config"] in self.knobs:
+            self.knobs[label] = self.knobs[first["config"]]
+        self.rows.insert(self.rows.index(group[0][0]), row)
+        return row, command
 
     def run(
         self,
@@ -258,6 +306,7 @@ class Plan:
             row = self.previous[label]
             self.rows.append(row)
             self._by_command.setdefault(key, row)
+            self._take_bridge(row, command)
             print(f"{label}: measured in the resumed run, not run again", file=sys.stderr)
             self._checkpoint()
             return row
@@ -284,6 +333,7 @@ class Plan:
         }
         self._by_command.setdefault(key, row)
         self.rows.append(row)
+        self._take_bridge(row, command)
         if self._queue is not None:
             self._queue.append((row, command))
         else:
@@ -292,35 +342,39 @@ class Plan:
             self.backend.close()
         return row
 
+    def _take_bridge(self, row: dict, command: list[str]) -> None:
+        """The first no speculation given is the bridge every later group measures again."""
+        if self._bridge is None and row["kind"] == "off":
+            self._bridge = (row, command)
+            row["bridge"] = True
+
     def _measure(self, group: Sequence[tuple[dict, list[str]]]) -> None:
         """Every round of every configuration of ``group``, interleaved (round r of each, then r + 1),
         each in its own server kept alive across the rounds; the rows filled in place."""
-        keep = getattr(self.backend, "keep_servers", 1)
-        self.backend.keep_servers = max(keep, len(group))
         records: dict[str, dict] = {row["config"]: {} for row, _ in group}
         runs: dict[str, list] = {row["config"]: [] for row, _ in group}
         startup: dict[str, float | None] = {}
         if len(group) > 1:
             print(f"interleaved: {', '.join(row['config'] for row, _ in group)}", file=sys.stderr)
-        try:
-            for r in range(self.repeats):
-                for row, command in group:
-                    label = row["config"]
-                    if "error" in row:
-                        continue
-                    keep_records = records[label] if r == 0 else None
-                    try:
-                        res = self.backend.run_command(
-                            command, self.batch, self.seed + r, keep_records, with_trace=True
-                        )
-                    except ServerError as exc:
-                        print(f"{label}: failed: {exc}", file=sys.stderr)
-                        row["error"] = str(exc)[:2000]
-                        continue
-                    runs[label].append(res)
-                    startup.setdefault(label, self.backend.server.startup_s if self.backend.server else None)
-        finally:
-            self.backend.keep_servers = keep
+        for row, _ in group:
+            row["group"] = self._groups
+        self._groups += 1
+        for r in range(self.repeats):
+            for row, command in group:
+                label = row["config"]
+                if "error" in row:
+                    continue
+                keep_records = records[label] if r == 0 else None
+                try:
+                    res = self.backend.run_command(
+                        command, self.batch, self.seed + r, keep_records, with_trace=True
+                    )
+                except ServerError as exc:
+                    print(f"{label}: failed: {exc}", file=sys.stderr)
+                    row["error"] = str(exc)[:2000]
+                    continue
+                runs[label].append(res)
+                startup.setdefault(label, self.backend.server.startup_s if self.backend.server else None)
         for row, _ in group:
             if "error" not in row:
                 self._fill(row, runs[row["config"]], records[row["config"]], startup.get(row["config"]))
@@ -444,6 +498,45 @@ def _ratio(a: Sequence[float], b: Sequence[float]) -> Estimate | None:
     return paired_ratio(a, b)
 
 
+def _usable(*series: Sequence[float]) -> bool:
+    n = len(series[0])
+    return n > 0 and all(len(s) == n and all(x is not None and x > 0 for x in s) for s in series)
+
+
+class Pairing:
+    """Ratios of one row's rounds over another's: paired round by round where both were measured in
+    one group (interleaved), through the group's bridge rows where they were not
+    (:func:`autotune.stats.bridged_ratio`); rows of different groups with no bridge in either are
+    paired round by round as before (unpaired in time: the dict says ``"across": "groups"``).
+
+    Example:
+        >>> def row(name, group, tps, bridge=False):
+        ...     return {"config": name, "group": group, "bridge": bridge, "tokens_per_second_runs": tps}
+        >>> rows = [row("off", 0, [100, 110], True), row("K=3", 1, [150, 165]),
+        ...         row("off (bridge)", 1, [120, 132], True)]
+        >>> est = Pairing(rows).ratio(rows[1], rows[0], lambda r: r["tokens_per_second_runs"])
+        >>> round(est["value"], 3), est["across"]
+        (1.25, 'bridge')
+    """
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.bridges = {r["group"]: r for r in rows if r.get("bridge") and "group" in r and "error" not in r}
+
+    def ratio(self, a: dict, b: dict, series) -> dict | None:
+        """``series(a)`` over ``series(b)``: :meth:`Estimate.as_dict` plus ``across`` when a and b
+        were measured in different groups (``bridge`` or ``groups``); None where rounds are missing."""
+        x, y = series(a), series(b)
+        ga, gb = a.get("group"), b.get("group")
+        if ga is None or gb is None or ga == gb:
+            est = _ratio(x, y)
+            return est and est.as_dict()
+        ba, bb = self.bridges.get(ga), self.bridges.get(gb)
+        if ba is not None and bb is not None and _usable(x, series(ba)) and _usable(y, series(bb)):
+            return {**bridged_ratio(x, series(ba), series(bb), y).as_dict(), "across": "bridge"}
+        est = _ratio(x, y)
+        return est and {**est.as_dict(), "across": "groups"}
+
+
 def ratio_text(r: dict | None) -> str | None:
     """``1.23 (1.10-1.35)`` from an :meth:`Estimate.as_dict`; one round: ``1.23``."""
     if r is None:
@@ -479,32 +572,36 @@ def analyse(rows: list[dict], levels: Sequence[int], slo: float) -> dict:
     if base is None or not constants:
         return {"no_speculation": None, "best_constant": None, "best_constant_at": {}}
 
-    def level_tps(r: dict, b: int) -> list[float]:
-        return r["per_level_rounds"][b]["tokens_per_second"]
+    pairing = Pairing(ok)
 
-    best_at = {b: max(constants, key=lambda r, b=b: _median(level_tps(r, b))) for b in levels}
-    best = max(constants, key=lambda r: _median(r["tokens_per_second_runs"]))
+    def level_tps(b: int):
+        return lambda r: r["per_level_rounds"][b]["tokens_per_second"]
+
+    def sweep(r: dict) -> list[float]:
+        return r["tokens_per_second_runs"]
+
+    def over_base(series):  # ranks the constants on their ratio over no speculation: bridged across groups
+        return lambda r: 1.0 if r is base else ((pairing.ratio(r, base, series) or {}).get("value") or 0.0)
+
+    best_at = {b: max(constants, key=over_base(level_tps(b))) for b in levels}
+    best = max(constants, key=over_base(sweep))
     for r in ok:
         r["levels"] = {}
         for b in levels:
             lv = r["per_level_rounds"][b]
             tpot = [x for x in lv["tpot_ms_p95"] if x is not None]
-            over_off, over_best = (
-                _ratio(level_tps(r, b), level_tps(base, b)),
-                _ratio(level_tps(r, b), level_tps(best_at[b], b)),
-            )
             r["levels"][b] = {
                 "k": (r.get("k_per_level") or {}).get(b),
                 "tokens_per_second": _spread(lv["tokens_per_second"]),
                 "tpot_ms_p95": _median(tpot) if tpot else None,
                 "meets_slo": bool(tpot) and _median(tpot) <= slo,
-                "over_no_speculation": over_off and over_off.as_dict(),
-                "over_best_constant_here": over_best and over_best.as_dict(),
+                "over_no_speculation": pairing.ratio(r, base, level_tps(b)),
+                "over_best_constant_here": pairing.ratio(r, best_at[b], level_tps(b)),
                 "best_constant_here": best_at[b]["config"],
             }
         trace = r.get("trace_rounds")
-        over_off = _ratio(r["tokens_per_second_runs"], base["tokens_per_second_runs"])
-        over_best = _ratio(r["tokens_per_second_runs"], best["tokens_per_second_runs"])
+        over_off = pairing.ratio(r, base, sweep)
+        over_best = pairing.ratio(r, best, sweep)
         worst_best = [lv["over_best_constant_here"] for lv in r["levels"].values()]
         worst_off = [lv["over_no_speculation"] for lv in r["levels"].values()]
         r["aggregate"] = {
@@ -512,8 +609,8 @@ def analyse(rows: list[dict], levels: Sequence[int], slo: float) -> dict:
             "trace_tokens_per_second": _spread([t["tokens_per_second"] for t in trace]) if trace else None,
             "goodput_tokens_per_second": _spread(_goodput(r["per_level_rounds"], slo)),
             "levels_meeting_slo": [b for b in levels if r["levels"][b]["meets_slo"]],
-            "over_no_speculation": over_off and over_off.as_dict(),
-            "over_best_constant": over_best and over_best.as_dict(),
+            "over_no_speculation": over_off,
+            "over_best_constant": over_best,
             "worst_level_over_best_constant_here": min(
                 (x for x in worst_best if x), key=lambda x: x["value"], default=None
             ),
@@ -557,6 +654,7 @@ def table_cost(rows: list[dict], label: str, levels: Sequence[int]) -> dict[int,
     those of the grid's constant with the K the table holds there (None when either is missing)."""
     by_name = {r["config"]: r for r in rows if "error" not in r}
     table = by_name.get(label)
+    pairing = Pairing(list(by_name.values()))
     constants = {
         (r.get("k_per_level") or {}).get(levels[0]): r
         for r in rows
@@ -568,12 +666,11 @@ def table_cost(rows: list[dict], label: str, levels: Sequence[int]) -> dict[int,
     for b in levels:
         k = (table.get("k_per_level") or {}).get(b)
         same = constants.get(k)
-        est = same and _ratio(
-            table["per_level_rounds"][b]["tokens_per_second"],
-            same["per_level_rounds"][b]["tokens_per_second"],
+        est = same and pairing.ratio(
+            table, same, lambda r, b=b: r["per_level_rounds"][b]["tokens_per_second"]
         )
         if est:
-            out[b] = {"k": k, "over_constant_same_k": est.as_dict()}
+            out[b] = {"k": k, "over_constant_same_k": est}
     return out
 
 
@@ -863,6 +960,33 @@ def goal_lines(rows: list[dict], labels: Sequence[str | None]) -> tuple[list[dic
     return found, lines
 
 
+def pairing_note(rows: list[dict]) -> str:
+    """How the ratios between configurations of different groups were paired ("" when every ratio
+    is within one group)."""
+    across = {
+        est.get("across")
+        for r in rows
+        for est in (
+            *(
+                lv.get(k)
+                for lv in r.get("levels", {}).values()
+                for k in ("over_no_speculation", "over_best_constant_here")
+            ),
+            *(r.get("aggregate", {}).get(k) for k in ("over_no_speculation", "over_best_constant")),
+        )
+        if est
+    }
+    notes = []
+    if "bridge" in across:
+        notes.append(
+            "ratios between configurations of different groups go through the bridge (no speculation "
+            "measured in both groups: autotune.stats.bridged_ratio)"
+        )
+    if "groups" in across:
+        notes.append("some ratios compare groups measured minutes apart with no bridge: unpaired in time")
+    return "; ".join(notes)
+
+
 def print_report(
     header: str, result: dict, levels: Sequence[int], concurrency: bool, extra: list[str]
 ) -> None:
@@ -876,6 +1000,8 @@ def print_report(
         "goodput: per round, the tokens of the levels whose TPOT p95 meets the SLO over the wall time of "
         "all levels (median of rounds)"
     )
+    if note := pairing_note(rows):
+        print(note)
     if extra:
         print("\n" + "\n".join(extra))
     print("\n" + "\n".join(summary_text(k, v) for k, v in result["summary"].items()))

@@ -6,7 +6,8 @@ sweep config, e.g. ``workload.concurrency: [1, 2, 4, 8, 16]`` and ``search.max_b
 [16]``). Each configuration runs every load level ``--repeats`` times, round r with the same seed
 in every configuration (paired rounds); with ``--interleave N`` (N servers up at once; default 1:
 back to back, a fresh server each) items 1-2, then 4 and the drift check, run their rounds
-interleaved (``benchmarks/_schedule.py``). In this order:
+interleaved (``benchmarks/_schedule.py``; every later group measures no speculation again, so
+ratios across groups go through it: the bridge, ``--no-bridge``). In this order:
 
 1. llama-server without speculation (measured again at the end: the drift check);
 2. a grid of ``--spec-draft-n-max`` with the draft model and ``--spec-draft-p-min 0``
@@ -110,7 +111,15 @@ def main() -> None:
     interleave = args.interleave or backend.keep_servers
     greedy = w.temperature == 0
     plan = Plan(
-        backend, batch, levels, args.repeats, cfg.budget.seed, greedy, checkpoint, interleave=interleave
+        backend,
+        batch,
+        levels,
+        args.repeats,
+        cfg.budget.seed,
+        greedy,
+        checkpoint,
+        interleave=interleave,
+        bridge=args.bridge,
     )
     if args.resume is not None:  # the rows (and the host they were measured on) of an earlier run
         plan.resume(args.resume, measure_new=not args.measured_only)

@@ -6,7 +6,8 @@ workload of ``--config`` (default the bundled tune.yaml; for the issue a sweep c
 configuration runs every load level ``--repeats`` times, round r with the same seed in every
 configuration (paired rounds), interleaved in two phases (items 1-3, then 4-6 and the drift
 check), in groups of as many servers as are up at once (``--interleave``, default what the host's
-memory holds; ``benchmarks/_schedule.py``), in this order:
+memory holds; ``benchmarks/_schedule.py``), every later group measuring no speculation again so
+ratios across groups go through it (the bridge; ``--no-bridge``), in this order:
 
 1. vLLM without speculation (measured again at the end: the drift check);
 2. a grid of constant K with the draft model (``--grid``, default 1,2,3,5);
@@ -41,7 +42,7 @@ level and >= 0.98x no speculation; where the per-level best K differ, the tuned 
 >= 1.05x the best single constant's. Usage::
 
     python benchmarks/schedule_vllm.py [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
-[--interleave N] [--slo-tpot-ms 50] \
+[--interleave N] [--no-bridge] [--slo-tpot-ms 50] \
 [--out benchmarks/results/schedule_vllm.json] [--resume JSON [--measured-only]]
 """
 
@@ -132,6 +133,7 @@ def main() -> None:
         w.temperature == 0,
         checkpoint,
         interleave=interleave,
+        bridge=args.bridge,
     )
     if args.resume is not None:  # the rows (and the host they were measured on) of an earlier run
         plan.resume(args.resume, measure_new=not args.measured_only)

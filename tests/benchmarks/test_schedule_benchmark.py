@@ -78,7 +78,7 @@ class FakeStack:
 
 def test_together_interleaves_the_rounds_in_groups_the_kept_servers_hold_and_fills_the_rows() -> None:
     stack = FakeStack()
-    plan = _schedule.Plan(stack, 16, (1,), 2, 10, True, interleave=2)
+    plan = _schedule.Plan(stack, 16, (1,), 2, 10, True, interleave=2, bridge=False)
     with plan.together():
         a = plan.run("A", ["a", "--host"], "off")
         b = plan.run("B", ["b", "--host"], "constant")
@@ -90,7 +90,7 @@ def test_together_interleaves_the_rounds_in_groups_the_kept_servers_hold_and_fil
     assert stack.calls == [
         ("a", 10), ("b", 10), ("a", 11), ("b", 11), ("broken", 10), ("c", 10), ("c", 11)
     ]  # fmt: skip
-    assert set(stack.kept) == {2} and stack.keep_servers == 1  # both servers alive while interleaved
+    assert set(stack.kept) == {2} and stack.keep_servers == 2  # both servers alive while interleaved
     assert a["tokens_per_second_runs"] == [100.0, 300.0] and b["tokens_per_second_runs"] == [200.0, 400.0]
     assert c["tokens_per_second_runs"] == [600.0, 700.0]
     assert same["tokens_per_second_runs"] == a["tokens_per_second_runs"] and same["same_as"] == "A"
@@ -106,3 +106,65 @@ def test_run_outside_together_measures_at_once_in_a_fresh_server() -> None:
     row = plan.run("A", ["a", "--host"], "off")
     assert stack.calls == [("a", 0), ("a", 1)] and row["tokens_per_second_runs"] == [100.0, 200.0]
     assert stack.closes == 2  # before (fresh) and after
+
+
+def test_every_later_group_measures_the_bridge_again_and_its_ratios_go_through_it() -> None:
+    stack = FakeStack()
+    plan = _schedule.Plan(stack, 16, (1,), 2, 10, True, interleave=3)
+    with plan.together():
+        off = plan.run("off", ["off", "--host"], "off")
+        for k in "bcde":
+            plan.run(k, [k, "--host"], "constant")
+    with plan.together():
+        again = plan.run("off again", ["off", "--host"], "off-again")  # the drift check bridges its group
+        plan.run("f", ["f", "--host"], "constant")
+    # groups of 3: [off b c], then [d e] + the bridge, then [off-again f] (no extra bridge)
+    assert [c for c, _ in stack.calls] == [
+        *"off b c off b c".split(),
+        *"d e off d e off".split(),
+        *"off f off f".split(),
+    ]
+    labels = [r["config"] for r in plan.rows]
+    assert labels == ["off", "b", "c", "off (bridge, group 2)", "d", "e", "off again", "f"]
+    assert [r["group"] for r in plan.rows] == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert [r["config"] for r in plan.rows if r.get("bridge")] == [
+        "off",
+        "off (bridge, group 2)",
+        "off again",
+    ]
+    assert off["bridge"] and again["bridge"] and plan.knobs == {}
+
+
+def test_ratios_across_groups_cancel_the_drift_the_bridge_saw() -> None:
+    def measured(label, kind, group, tps, bridge=False):
+        return {
+            **row(label, kind, {1: 0 if kind in ("off", "bridge") else 3}, {1: tps}),
+            "group": group,
+            "bridge": bridge,
+            "tokens_per_second_runs": tps,
+            "latency_ms_runs": [1.0] * len(tps),
+        }
+
+    def fill(r):
+        lv = r["per_level_rounds"][1]
+        lv.update(
+            tpot_ms_p95=[10.0] * 3,
+            generated_tokens=[100] * 3,
+            wall_s=[100 / x for x in lv["tokens_per_second"]],
+        )
+        return r
+
+    # the host ran 1.5x faster for group 1: K=3 looks 1.8x no speculation unpaired, 1.2x through the bridge
+    rows = [
+        fill(measured("no speculation", "off", 0, [100, 104, 96], bridge=True)),
+        fill(measured("K=3", "constant", 1, [180, 187, 173])),
+        fill(measured("no speculation (bridge)", "bridge", 1, [150, 156, 144], bridge=True)),
+    ]
+    _schedule.analyse(rows, (1,), slo=50.0)
+    k3 = rows[1]["aggregate"]["over_no_speculation"]
+    assert k3["across"] == "bridge" and round(k3["value"], 3) == 1.2
+    assert rows[1]["levels"][1]["over_no_speculation"]["across"] == "bridge"
+    unbridged = [dict(r, bridge=False) for r in rows]
+    _schedule.analyse(unbridged, (1,), slo=50.0)
+    assert unbridged[1]["aggregate"]["over_no_speculation"]["across"] == "groups"
+    assert round(unbridged[1]["aggregate"]["over_no_speculation"]["value"], 2) == 1.8
