@@ -87,6 +87,7 @@ class ServerProcess:
         self.clock = clock
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
+        self.warmed = False  # the backend's warm-up run has been served (HttpBackend.run_command)
 
     @property
     def base_url(self) -> str:

@@ -342,6 +342,8 @@ def test_a_run_returns_the_engine_result_shape_and_reuses_an_identical_server(
 ) -> None:
     backend = _fake_vllm_backend(tmp_path, tiny_pair_dirs, fake_vllm, keep_servers=1)
     knobs = Knobs("model", 2, max_batch_size=2)
+    warmups, warmup = [], backend._warmup
+    backend._warmup = lambda *a: (warmups.append(backend.server.proc.pid), warmup(*a))  # type: ignore[method-assign]
     try:
         first = backend.run(knobs, 0).to_json()
         pid = backend.server.proc.pid
@@ -349,6 +351,7 @@ def test_a_run_returns_the_engine_result_shape_and_reuses_an_identical_server(
         assert backend.server.proc.pid == pid  # same flags: same server
         backend.run(dataclasses.replace(knobs, gamma=3), 0)
         assert backend.server.proc.pid != pid and _gone(pid)
+        assert warmups == [pid, backend.server.proc.pid]  # once per server, not per run
     finally:
         backend.close()
     from autotune.records import LEVEL_KEYS, PER_POSITION
