@@ -11,8 +11,9 @@ r + 1 of any, so host drift hits them alike; a configuration given alone runs it
 back in a fresh server. Every group after the first measures no speculation again (a ``bridge``
 row, ``--no-bridge`` to spare the slot), so a ratio between rows of different groups is
 (A / bridge in A's group) x (bridge / B in B's group): drift between the groups cancels instead of
-passing for a difference (``autotune.stats.bridged_ratio``; each ratio's ``across`` says so). Every round's per-level metrics are kept (``per_level_rounds``), and
-the arrival trace's (``trace_rounds``) when the workload has one. A command already measured is
+passing for a difference (``autotune.stats.bridged_ratio``; each ratio's ``across`` says so).
+Every round's per-level metrics are kept (``per_level_rounds``), and the arrival trace's
+(``trace_rounds``) when the workload has one. A command already measured is
 not run twice (the row says ``same_as``), except no speculation, measured first and again last
 (the drift check).
 

@@ -10,6 +10,9 @@ One small interface, its implementations:
   is long enough, else the draft model's (which the confidence threshold may cut to nothing);
 - ``Eagle3Drafter`` (engine.eagle3_drafter): an EAGLE-3 head fed with the target's hidden states.
 
+Both model drafters draw their chains through :class:`ChainProposal` (the token, its
+probabilities, its confidence and the threshold rule, position by position).
+
 Rows are packed in slots ``0..B-1``; the engine owns the token buffer and the per-row lengths
 and tells the drafter when rows are prefilled, committed or moved.
 """
@@ -108,6 +111,68 @@ SOURCES = ("none", "ngram", "model")  # per-row draft sources a drafter may repo
 PENDING_MAX = 2
 
 
+class ChainProposal:
+    """A chain proposal drawn position by position, shared by the drafters that draft with a model
+    (:class:`ModelDrafter`, ``Eagle3Drafter``): each position's token (the argmax when every row is
+    greedy, the draft's one-hot q being exact there; else a sample of the draft's processed
+    distribution, whose probabilities the exact acceptance needs), its confidence, and the rows
+    still proposing under ``threshold`` and their gammas.
+
+    The drafter feeds each position's logits (B, 1, V) to :meth:`take` and reads
+    :meth:`result` at the end.
+    """
+
+    def __init__(
+        self,
+        gammas: torch.Tensor,
+        threshold: float,
+        sampling: BatchSampling,
+        generator: torch.Generator | None,
+        record_confidence: bool,
+        sync_free: bool,
+    ) -> None:
+        self.gammas, self.threshold, self.sampling, self.generator = gammas, threshold, sampling, generator
+        self.sync_free = sync_free
+        self.greedy = sampling.temperature <= 0
+        self.want_conf = threshold > 0 or record_confidence
+        self.toks: list[torch.Tensor] = []
+        self.probs: list[torch.Tensor] = []
+        self.conf: list[torch.Tensor] = []  # (B,) per position: the drafter's ``confidence``
+        self.n_proposed = torch.zeros(gammas.shape[0], dtype=torch.long, device=gammas.device)
+        self.active = gammas > 0
+
+    def take(self, logits: torch.Tensor) -> bool:
+        """Draw the next position from ``logits`` (B, 1, V); False when no row proposes further
+        (read only where the step may sync: a sync-free step drafts every position)."""
+        i = len(self.toks)
+        if self.sampling.all_greedy:  # q is one-hot: the deterministic-drafter rule is exact
+            probs, tok = None, logits[:, 0].argmax(-1)
+        else:
+            probs = self.sampling.probs(logits)[:, 0]  # (B, V); a reduced vocabulary's: 0 outside it
+            tok = sample(probs, self.generator)  # one-hot rows (greedy) give their argmax
+            self.probs.append(probs)
+        self.toks.append(tok)
+        if self.want_conf:
+            top = logits[:, 0].float().softmax(-1).amax(-1)
+            conf = top if probs is None else torch.where(self.greedy, top, probs.amax(-1))  # (B,)
+            self.conf.append(conf)
+        if self.threshold > 0:  # a row proposes position i while confident and under its gamma
+            self.active = self.active & (conf >= self.threshold)
+            self.n_proposed += self.active.long()
+            self.active = self.active & (self.gammas > i + 1)
+            if not self.sync_free and not bool(self.active.any()):
+                return False
+        return True
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(tokens (B, iters), probs (B, iters, V) or None when all greedy, n_proposed (B,))."""
+        iters = len(self.toks)
+        # no threshold: row b proposes its first gammas[b] positions
+        n_proposed = self.gammas.clamp(max=iters) if self.threshold <= 0 else self.n_proposed
+        probs = torch.stack(self.probs, 1) if self.probs else None
+        return torch.stack(self.toks, 1), probs, n_proposed
+
+
 class ModelDrafter(Drafter):
     """A draft model with its own static KV cache and per-row committed length.
 
@@ -168,43 +233,21 @@ class ModelDrafter(Drafter):
         offs = torch.arange(width, device=device)
         idx = (dlen[:, None] + offs[None, :]).clamp(max=tokens.shape[1] - 1)  # (B, W)
         inp = tokens.gather(1, idx)  # (B, W) right-padded pending tokens
-        greedy = sampling.temperature <= 0
-        want_conf = threshold > 0 or self.record_confidence
-        toks, out_probs = [], []
-        n_proposed = torch.zeros(b, dtype=torch.long, device=device)
-        active = gammas > 0
+        chain = ChainProposal(gammas, threshold, sampling, generator, self.record_confidence, self.sync_free)
+        self._conf = chain.conf
         start = dlen
-        self._conf = []
         for i in range(gamma_max):
             logits = self.model.decode(inp, self.cache, start, kv_len)  # (B, W, V); W = 1 after the first
             if i == 0 and width > 1:  # each row's last pending token
                 logits = logits.gather(1, (n_pending - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))
-            if sampling.all_greedy:  # q is one-hot: the deterministic-drafter rule is exact
-                probs, tok = None, logits[:, 0].argmax(-1)
-            else:
-                probs = sampling.probs(logits)[:, 0]  # (B, V)
-                tok = sample(probs, generator)  # one-hot rows (greedy) give their argmax
-                out_probs.append(probs)
-            toks.append(tok)
-            if want_conf:
-                top = logits[:, 0].float().softmax(-1).amax(-1)
-                conf = top if probs is None else torch.where(greedy, top, probs.amax(-1))  # (B,)
-                self._conf.append(conf)
-            if threshold > 0:  # a row proposes position i while confident and under its gamma
-                active = active & (conf >= threshold)
-                n_proposed += active.long()
-                active = active & (gammas > i + 1)
-                if not self.sync_free and not bool(active.any()):
-                    break
+            if not chain.take(logits):
+                break
             if i + 1 < gamma_max:
-                start, inp = start + (n_pending if i == 0 else 1), tok[:, None]
-        iters = len(toks)
-        if threshold <= 0:  # no threshold: row b proposes its first gammas[b] positions
-            n_proposed = gammas.clamp(max=iters)
+                start, inp = start + (n_pending if i == 0 else 1), chain.toks[-1][:, None]
+        iters = len(chain.toks)
         self._fed[:b] = dlen + n_pending + iters - 1  # positions written with valid inputs
         self.forwards = iters
-        probs_t = torch.stack(out_probs, 1) if out_probs else None  # (B, iters, V)
-        return torch.stack(toks, 1), probs_t, n_proposed
+        return chain.result()
 
     def confidence(self, batch: int, width: int) -> torch.Tensor:
         return torch.stack(self._conf, 1)[:batch, :width]

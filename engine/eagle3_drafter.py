@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.drafters import Drafter
+from engine.drafters import ChainProposal, Drafter
 from engine.eagle3 import Eagle3Head
 from engine.kv_cache import KVCache
 from engine.model import ExplicitAttention
-from engine.sampling import BatchSampling, sample
+from engine.sampling import BatchSampling
 from engine.tree import DynamicTree, RowTrees, TreeTensors
 from engine.tree_draft import LevelForward, draft_dynamic_tree, draft_static_tree
 
@@ -124,43 +124,18 @@ class Eagle3Drafter(Drafter):
         kv_len: int,
         generator: torch.Generator | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        b = tokens.shape[0]
         logits, out = self._feed_staged(tokens, length, kv_len)  # (B, 1, V), (B, 1, H)
-        greedy = sampling.temperature <= 0
-        want_conf = threshold > 0 or self.record_confidence
-        toks: list[torch.Tensor] = []
-        out_probs: list[torch.Tensor] = []
-        n_proposed = torch.zeros(b, dtype=torch.long, device=tokens.device)
-        active = gammas > 0
+        chain = ChainProposal(gammas, threshold, sampling, generator, self.record_confidence, self.sync_free)
+        self._conf = chain.conf
         start = length - 1  # the first proposal's position
-        self._conf = []
         for i in range(gamma_max):
             if i > 0:
-                logits, out = self.head(toks[-1][:, None], out, self.cache, start, kv_len)
+                logits, out = self.head(chain.toks[-1][:, None], out, self.cache, start, kv_len)
                 start = start + 1
-            if sampling.all_greedy:
-                probs, tok = None, logits[:, 0].argmax(-1)
-            else:
-                probs = sampling.probs(logits)[:, 0]  # (B, V): zero outside the draft vocabulary
-                tok = sample(probs, generator)
-                out_probs.append(probs)
-            toks.append(tok)
-            if want_conf:
-                top = logits[:, 0].float().softmax(-1).amax(-1)
-                conf = top if probs is None else torch.where(greedy, top, probs.amax(-1))  # (B,)
-                self._conf.append(conf)
-            if threshold > 0:  # a row proposes position i while confident and under its gamma
-                active = active & (conf >= threshold)
-                n_proposed += active.long()
-                active = active & (gammas > i + 1)
-                if not self.sync_free and not bool(active.any()):
-                    break
-        iters = len(toks)
-        if threshold <= 0:
-            n_proposed = gammas.clamp(max=iters)
-        self.forwards = iters
-        probs_t = torch.stack(out_probs, 1) if out_probs else None  # (B, iters, V)
-        return torch.stack(toks, 1), probs_t, n_proposed
+            if not chain.take(logits):
+                break
+        self.forwards = len(chain.toks)
+        return chain.result()
 
     def catch_up(self, tokens: torch.Tensor, length: torch.Tensor, kv_len: int) -> None:
         """Feed the staged positions and propose nothing (a step whose K is 0)."""
