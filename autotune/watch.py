@@ -521,6 +521,12 @@ def assess(model: ProfileModel, win: Window, stack: str) -> Assessment:
     served_from = "profile"
     if live_ok and (served > len(live) or (served == 0 and stack == "llamacpp")):
         served, served_from = len(live), "server"
+    elif live_ok and stack == "vllm" and win.mean_draft_length is not None:
+        # vLLM drafts the K it serves for every running request: the window's draft tokens per
+        # draft are that K (a table's, at the window's loads), whatever the profile exported
+        k = round(win.mean_draft_length)
+        if 1 <= k <= len(live) and k != served:
+            served, served_from = k, "server"
     top = max(model.gamma_max, served, len(live))
     if live_ok:
         acceptance, source, observed = extend_acceptance(live, top), "live", len(live)

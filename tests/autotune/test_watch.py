@@ -11,6 +11,7 @@ six significant digits, ``1.23457e+06``, ``nan``; the per-position series only o
 from __future__ import annotations
 
 import copy
+import dataclasses
 import http.server
 import json
 import math
@@ -230,16 +231,33 @@ def test_a_load_switch_is_stale_where_the_profile_serves_the_wrong_k_there() -> 
     assert max(range(7), key=tps.__getitem__) == 2 and tps[2] / tps[5] > 1.1
     for stack, stale in (("vllm", False), ("llamacpp", True)):
         rule = w.Staleness(windows_to_stale=3)
-        quiet = [rule.update(w.assess(m, live_window(ALPHA, running=1), stack)) for _ in range(3)]
-        busy = [rule.update(w.assess(m, live_window(ALPHA, running=8), stack)) for _ in range(3)]
+
+        def served(running: float, stack: str = stack) -> w.Window:  # drafts of the K the stack serves
+            return live_window(ALPHA, running=running, k=m.served_k(stack, running))
+
+        quiet = [rule.update(w.assess(m, served(1), stack)) for _ in range(3)]
+        busy = [rule.update(w.assess(m, served(8), stack)) for _ in range(3)]
         assert not any(v.stale for v in quiet) and busy[-1].stale == stale, stack
-    assert busy[-1].alternative == 2 and busy[-1].assessment.served_k == 5
+        assert busy[-1].assessment.served_k == (2 if stack == "vllm" else 5)
+    assert busy[-1].alternative == 2
 
 
 def test_the_server_running_fewer_positions_than_the_profiles_k_is_what_is_served() -> None:
     a = w.assess(model(), live_window(ALPHA, k=3), "vllm")
     assert a.served_k == 3 and a.served_from == "server" and a.observed_positions == 3
     assert w.assess(model(), live_window(ALPHA), "vllm").served_from == "profile"
+
+
+def test_a_vllm_server_drafting_another_k_than_the_profiles_is_held_at_its_own_k() -> None:
+    """vLLM drafts the K it serves for every running request: 600 drafts of 3 tokens each, with
+    counters for 5 positions (a table whose largest K is 5, serving 3 at this load), say K=3 is
+    served whatever the profile exported (5); llama-server's drafts stop early on the draft's
+    confidence, so there the counted positions stay its K."""
+    win = live_window(ALPHA, k=5)
+    win = dataclasses.replace(win, draft_tokens=win.drafts * 3)
+    a = w.assess(model(), win, "vllm")
+    assert a.served_k == 3 and a.served_from == "server" and a.observed_positions == 5
+    assert w.assess(model(), win, "llamacpp").served_k == 5
 
 
 def k1_best_at_4_requests():
