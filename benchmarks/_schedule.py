@@ -305,6 +305,13 @@ class Plan:
         key = json.dumps(command)
         if label in self.previous:
             row = self.previous[label]
+            self.rows.extend(  # its group's bridge, which no run() names, goes back in the report with it
+                prev
+                for prev in self.previous.values()
+                if prev["kind"] == "bridge"
+                and prev.get("group") == row.get("group")
+                and all(prev is not r for r in self.rows)
+            )
             self.rows.append(row)
             self._by_command.setdefault(key, row)
             self._take_bridge(row, command)
@@ -508,7 +515,9 @@ class Pairing:
     """Ratios of one row's rounds over another's: paired round by round where both were measured in
     one group (interleaved), through the group's bridge rows where they were not
     (:func:`autotune.stats.bridged_ratio`); rows of different groups with no bridge in either are
-    paired round by round as before (unpaired in time: the dict says ``"across": "groups"``).
+    paired round by round as before (unpaired in time: the dict says ``"across": "groups"``). Two
+    bridge rows (no speculation in two groups) are compared directly: that ratio is the drift
+    between the groups (``"across": "drift"``), which a bridged ratio would cancel to 1.
 
     Example:
         >>> def row(name, group, tps, bridge=False):
@@ -532,6 +541,9 @@ class Pairing:
             est = _ratio(x, y)
             return est and est.as_dict()
         ba, bb = self.bridges.get(ga), self.bridges.get(gb)
+        if a is ba and b is bb:
+            est = _ratio(x, y)
+            return est and {**est.as_dict(), "across": "drift"}
         if ba is not None and bb is not None and _usable(x, series(ba)) and _usable(y, series(bb)):
             return {**bridged_ratio(x, series(ba), series(bb), y).as_dict(), "across": "bridge"}
         est = _ratio(x, y)
@@ -982,6 +994,11 @@ def pairing_note(rows: list[dict]) -> str:
         notes.append(
             "ratios between configurations of different groups go through the bridge (no speculation "
             "measured in both groups: autotune.stats.bridged_ratio)"
+        )
+    if "drift" in across:
+        notes.append(
+            "no speculation in a later group over the first (x no-spec of a bridge row) is the drift "
+            "between the groups, unpaired"
         )
     if "groups" in across:
         notes.append("some ratios compare groups measured minutes apart with no bridge: unpaired in time")

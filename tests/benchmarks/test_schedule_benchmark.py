@@ -164,6 +164,8 @@ def test_ratios_across_groups_cancel_the_drift_the_bridge_saw() -> None:
     k3 = rows[1]["aggregate"]["over_no_speculation"]
     assert k3["across"] == "bridge" and round(k3["value"], 3) == 1.2
     assert rows[1]["levels"][1]["over_no_speculation"]["across"] == "bridge"
+    drift = rows[2]["aggregate"]["over_no_speculation"]  # the bridge over the first: the drift, unpaired
+    assert drift["across"] == "drift" and round(drift["value"], 2) == 1.5
     unbridged = [dict(r, bridge=False) for r in rows]
     _schedule.analyse(unbridged, (1,), slo=50.0)
     assert unbridged[1]["aggregate"]["over_no_speculation"]["across"] == "groups"
