@@ -275,7 +275,7 @@ class Plan:
                 entry[0]["bridge"] = True
                 return entry
         label = f"{first['config']} (bridge, group {self._groups + 1})"
-        row = {**{k: first[k] for k in ("knobs", "k_per_level", "args") if k in first}}
+        row = {k: first[k] for k in ("knobs", "k_per_level", "args") if k in first}
         row.update(config=label, kind="bridge", bridge=True)
         if first["config"] in self.knobs:
             self.knobs[label] = self.knobs[first["config"]]
