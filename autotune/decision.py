@@ -194,9 +194,9 @@ def undecided(points: list[Point], choice: Choice, has_slo: bool, knee: bool) ->
 
 def levels_undecided(levels: list[LevelChoice], points: list[Point]) -> list[int]:
     """The load levels where the per-level rule kept a configuration that is not the fastest one
-    measured there (:func:`autotune.selection.per_level_choices`: speculation off or a constant K of
-    the same drafter, on the medians: :func:`autotune.selection.level_pool`): as with :func:`undecided`, the intervals, not the medians,
-    decided, so more rounds can change that level's K.
+    measured there (:func:`autotune.selection.per_level_choices`, whose candidates are
+    :func:`autotune.selection.level_pool`, on the medians): as with :func:`undecided`, the
+    intervals, not the medians, decided, so more rounds can change that level's K.
 
     Example:
         >>> def pt(g, tps):

@@ -235,9 +235,10 @@ def per_level_choices(
     over the whole workload, or its best constant K) unless another K is significantly faster at
     that level.
 
-    The pool at level ``b`` is :func:`level_pool`. A table's K=0 range is not speculation off: the drafter still reads every new token
-    there (the engine's ``Drafter.catch_up``, vLLM's proposer keeping the draft's KV cache in sync),
-    so the K a table holds are chosen with ``with_off=False``. The fastest of the
+    The pool at level ``b`` is :func:`level_pool`. A table's K=0 range is not speculation off:
+    the drafter still reads every new token there (the engine's ``Drafter.catch_up``, vLLM's
+    proposer keeping the draft's KV cache in sync), so the K a table holds are chosen with
+    ``with_off=False``. The fastest of the
     pool that beats the anchor there with a paired-ratio interval excluding 1 replaces it at that
     level; otherwise the anchor stays and the reason gives the comparison. Anchoring on the
     constant, rather than on the simplest K, means a table departs from the constant only where

@@ -118,6 +118,15 @@ def estimate(xs: Sequence[float]) -> Estimate:
     return Estimate(float(statistics.median(xs)), low, high, len(xs))
 
 
+def _log_ratios(a: Sequence[float], b: Sequence[float], who: str) -> list[float]:
+    """log(a_r / b_r) per round; ValueError (naming ``who``) on unequal rounds or values <= 0."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"{who}: need equally many rounds (got {len(a)} and {len(b)})")
+    if any(x <= 0 for x in (*a, *b)):
+        raise ValueError(f"{who}: values must be positive")
+    return [math.log(x / y) for x, y in zip(a, b, strict=True)]
+
+
 def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Estimate:
     """A/B from paired rounds: geometric mean of the per-round ratios, t interval on their logs.
 
@@ -128,11 +137,7 @@ def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Estimate:
         >>> paired_ratio([2.0], [1.0]).text(unit="x")
         '2.00x (1 run, no interval)'
     """
-    if len(a) != len(b) or not a:
-        raise ValueError(f"paired_ratio: need equally many rounds (got {len(a)} and {len(b)})")
-    if any(x <= 0 for x in (*a, *b)):
-        raise ValueError("paired_ratio: values must be positive")
-    logs = [math.log(x / y) for x, y in zip(a, b, strict=True)]
+    logs = _log_ratios(a, b, "paired_ratio")
     low, high = _t_interval(logs)
     return Estimate(math.exp(statistics.fmean(logs)), math.exp(low), math.exp(high), len(logs))
 
@@ -154,13 +159,7 @@ def bridged_ratio(
         >>> bridged_ratio([2.0], [1.0], [1.0], [1.0]).text(unit="x")
         '2.00x (1 run, no interval)'
     """
-    parts = []
-    for x, y in ((a, a_bridge), (b_bridge, b)):
-        if len(x) != len(y) or not x:
-            raise ValueError(f"bridged_ratio: need equally many rounds (got {len(x)} and {len(y)})")
-        if any(v <= 0 for v in (*x, *y)):
-            raise ValueError("bridged_ratio: values must be positive")
-        parts.append([math.log(p / q) for p, q in zip(x, y, strict=True)])
+    parts = [_log_ratios(a, a_bridge, "bridged_ratio"), _log_ratios(b_bridge, b, "bridged_ratio")]
     mean = sum(statistics.fmean(logs) for logs in parts)
     n = min(len(logs) for logs in parts)
     if n < 2:
