@@ -114,6 +114,7 @@ class Remeasured:
     order: str  # the backend's remeasure_order: "interleaved" or "back-to-back per server"
     rounds: list[list[TrialResult]] = dataclasses.field(default_factory=list)  # per config, per round
     first_repeats: int | None = None  # rounds before the second look (None: no second look)
+    levels: tuple[int, ...] | None = None  # the batch sizes the second look ran (None: every level)
 
     @property
     def points(self) -> list[Point]:
@@ -121,6 +122,16 @@ class Remeasured:
 
     def find(self, knobs: Knobs) -> tuple[Point, TrialResult]:
         return next((p, r) for p, r in self.pairs if p.knobs == knobs)
+
+    def to_json(self) -> dict[str, Any]:
+        """The profile's ``remeasure``: rounds (at the second look's levels, where it ran some only),
+        order, the rounds before the second look and the levels it ran."""
+        return {
+            "repeats": self.repeats,
+            "order": self.order,
+            **({"first_repeats": self.first_repeats} if self.first_repeats else {}),
+            **({"second_look_levels": list(self.levels)} if self.levels is not None else {}),
+        }
 
 
 def remeasure(
@@ -131,10 +142,13 @@ def remeasure(
     what: str,
     earlier: Remeasured | None = None,
     repeats: int | None = None,
+    levels: tuple[int, ...] | None = None,
 ) -> Remeasured:
     """Run each configuration ``repeats`` (default ``budget.repeats``) times on ``backend``; round r
     uses seed + 1 + r for all, so rounds are paired. With ``earlier`` (the same configurations,
-    fewer rounds) only the missing rounds run, and the points are made from all of them.
+    fewer rounds) only the missing rounds run, and the points are made from all of them; with
+    ``levels`` those rounds run at these batch sizes only (a second look where only some levels are
+    undecided: the sweep's aggregate keeps its earlier rounds, each of those levels gets more).
 
     Interleaved (A B C A B C ...) where the backend allows it (the engine; a serving stack that
     keeps every configuration's server alive), so drift hits every configuration alike; else a
@@ -146,25 +160,30 @@ def remeasure(
     say(
         f"{what}: {len(configs)} configurations x {repeats - done} repeats"
         + (f" (rounds {done + 1}-{repeats})" if done else "")
+        + (f" at batch size {', '.join(map(str, levels))} only" if levels is not None else "")
         + (" (interleaved)" if order == "interleaved" else " (back to back in each configuration's server)")
     )
     seed = cfg.budget.seed + 1
     rounds: list[list[TrialResult]] = (
         [list(r) for r in earlier.rounds] if earlier is not None else [[] for _ in configs]
     )
+    kw: dict[str, Any] = {"levels": levels} if levels is not None else {"with_trace": True}
     if order == "interleaved":
         for r in range(done, repeats):
             for i, (knobs, _) in enumerate(configs):
-                rounds[i].append(backend.run(knobs, seed + r, with_trace=True))
+                rounds[i].append(backend.run(knobs, seed + r, **kw))
     else:
         for i, (knobs, _) in enumerate(configs):
-            rounds[i].extend(backend.run(knobs, seed + r, with_trace=True) for r in range(done, repeats))
+            rounds[i].extend(backend.run(knobs, seed + r, **kw) for r in range(done, repeats))
     pairs: list[tuple[Point, TrialResult]] = []
     for (knobs, number), results in zip(configs, rounds, strict=True):
         result = TrialResult.median(results)
         viol = sum(max(v, 0.0) for v in slo_violations(cfg, result).values())
         per_batch = {b: _tps(lv) for b, lv in result.per_level.items()}
-        per_batch_rounds = {b: tuple(_tps(r.per_level[b]) for r in results) for b in per_batch}
+        per_batch_rounds = {
+            b: tuple(_tps(r.per_level[b]) for r in results if b in r.per_level) for b in per_batch
+        }
+        sweeps = [r for r in results if r.per_level.keys() == result.per_level.keys()]  # every level run
         point = Point(
             knobs,
             result.tokens_per_second,
@@ -172,11 +191,11 @@ def remeasure(
             viol,
             per_batch,
             number,
-            tuple((r.tokens_per_second, r.latency_ms) for r in results),
+            tuple((r.tokens_per_second, r.latency_ms) for r in sweeps),
             per_batch_rounds,
         )
         pairs.append((point, result))
-    return Remeasured(pairs, repeats, order, rounds, earlier.repeats if earlier is not None else None)
+    return Remeasured(pairs, repeats, order, rounds, earlier.repeats if earlier is not None else None, levels)
 
 
 def undecided(points: list[Point], choice: Choice, has_slo: bool, knee: bool) -> bool:
@@ -302,10 +321,11 @@ def decide(
     )
     has_slo, knee = bool(cfg.objectives.slo), cfg.objectives.knee
     choice = choose_with_margin(remeasured.points, has_slo, knee)  # must beat plain decoding by a margin
-    if cfg.budget.max_repeats > remeasured.repeats and (why := _second_look(cfg, final, remeasured, choice)):
+    why, open_levels = _second_look(cfg, final, remeasured, choice)
+    if cfg.budget.max_repeats > remeasured.repeats and why:
         say(f"undecided on {remeasured.repeats} rounds ({why}): a second look")
         remeasured = remeasure(
-            cfg, backend, final.configs, say, "re-measuring", remeasured, cfg.budget.max_repeats
+            cfg, backend, final.configs, say, "re-measuring", remeasured, cfg.budget.max_repeats, open_levels
         )
         choice = choose_with_margin(remeasured.points, has_slo, knee)
     base_point, baseline = remeasured.find(final.baseline)
@@ -344,13 +364,17 @@ def decide(
     )
 
 
-def _second_look(cfg: TuneConfig, final: Finalists, remeasured: Remeasured, choice: Choice) -> str:
-    """Why the re-measured rounds leave the decision open ("" where they do not): the margin kept a
-    simpler configuration than the fastest measured (:func:`undecided`), or a load level's choice is
-    not the fastest measured there (:func:`levels_undecided`)."""
+def _second_look(
+    cfg: TuneConfig, final: Finalists, remeasured: Remeasured, choice: Choice
+) -> tuple[str, tuple[int, ...] | None]:
+    """Why the re-measured rounds leave the decision open ("" where they do not), and where to look
+    again: every level (None) when the margin kept a simpler configuration over the sweep than the
+    fastest measured (:func:`undecided`); else only the load levels whose choice is not the fastest
+    measured there (:func:`levels_undecided`), the others' rounds being spent on what is decided."""
     has_slo, knee = bool(cfg.objectives.slo), cfg.objectives.knee
     why = []
-    if undecided(remeasured.points, choice, has_slo, knee):
+    overall = undecided(remeasured.points, choice, has_slo, knee)
+    if overall:
         why.append(f"kept {choice.reason.split('; kept ', 1)[-1]}")
     static = remeasured.find(final.best_static.knobs)[0] if final.best_static is not None else None
     constant = _constant(choice.point, static)
@@ -361,7 +385,7 @@ def _second_look(cfg: TuneConfig, final: Finalists, remeasured: Remeasured, choi
             + ", ".join(str(b) for b in open_levels)
             + " the per-level choice is not the fastest measured there"
         )
-    return "; ".join(why)
+    return "; ".join(why), None if overall or not open_levels else tuple(open_levels)
 
 
 def _constant(chosen: Point, best_static: Point | None) -> Point:
@@ -601,7 +625,8 @@ def _chosen_metrics(
         "speedup_over_best_static_ci95": [over_static.low, over_static.high] if over_static else None,
         "best_static": space.params(best_static.knobs) if best_static else None,
         "chosen_is_best_static": best_static is not None and best_static.knobs == chosen_point.knobs,
-        "repeats": len(chosen_point.rounds),  # the rounds its medians are of (a second look: more)
+        # the sweep rounds its medians are of (a second look at every level: more; at some: per level)
+        "repeats": len(chosen_point.rounds),
         "acceptance_rate": _mean([lv.acceptance_rate for lv in chosen_result.per_level.values()]),
     }
 
@@ -668,11 +693,7 @@ def build_profile(
         },
         trials=[{**row(p), "per_batch_tokens_per_second": dict(p.per_batch)} for p in d.points],
         pareto_front=[row(p) for p in pareto_front(d.points)],
-        remeasure={
-            "repeats": d.remeasured.repeats,
-            "order": d.remeasured.order,
-            **({"first_repeats": d.remeasured.first_repeats} if d.remeasured.first_repeats else {}),
-        },
+        remeasure=d.remeasured.to_json(),
         remeasured=[
             {
                 **row(p),

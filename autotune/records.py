@@ -119,31 +119,38 @@ class TrialResult:
     def median(cls, rounds: Sequence[TrialResult]) -> TrialResult:
         """One result from repeated runs of a configuration: the median of every numeric metric, top level,
         per level and of the trace runs (a metric some round lacks, or a non-number, is taken from the
-        first round)."""
+        first round). A round that ran some load levels only (a second look's, ``Backend.run(levels=...)``)
+        counts at those levels; the top-level metrics, which aggregate the whole sweep, are the medians
+        of the rounds that ran every level."""
 
         def med(values: list[Any]) -> Any:
             nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
             return statistics.median(nums) if nums and len(nums) == len(values) else values[0]
 
-        first = rounds[0]
+        every = max((r.per_level.keys() for r in rounds), key=len)
+        full = [r for r in rounds if r.per_level.keys() == every]
+        first = full[0]
         per_level = {
             b: LevelMetrics(
-                **{k: med([getattr(r.per_level[b], k) for r in rounds]) for k in LEVEL_KEYS},
+                **{
+                    k: med([getattr(r.per_level[b], k) for r in rounds if b in r.per_level])
+                    for k in LEVEL_KEYS
+                },
                 per_position_acceptance=first.per_level[
                     b
                 ].per_position_acceptance,  # greedy: the same each round
             )
             for b in first.per_level
         }
-        startup = MISSING if first.startup_s is MISSING else med([r.startup_s for r in rounds])
-        extra = {k: med([r.extra.get(k) for r in rounds]) for k in first.extra}
-        traces = [r.trace for r in rounds if r.trace is not None]
+        startup = MISSING if first.startup_s is MISSING else med([r.startup_s for r in full])
+        extra = {k: med([r.extra.get(k) for r in full]) for k in first.extra}
+        traces = [r.trace for r in full if r.trace is not None]
         trace = (
             LevelMetrics(**{k: med([getattr(t, k) for t in traces]) for k in LEVEL_KEYS}) if traces else None
         )
         return cls(
-            med([r.tokens_per_second for r in rounds]),
-            med([r.latency_ms for r in rounds]),
+            med([r.tokens_per_second for r in full]),
+            med([r.latency_ms for r in full]),
             per_level,
             startup,
             extra,

@@ -14,7 +14,7 @@ apart (``TrialResult.trace``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -75,9 +75,12 @@ class Backend(Protocol):
         """Start (or reuse) what a run of ``knobs`` needs, before the host is read for the run: a
         server's start-up (its compile workers come and go) is no part of the run's disturbance reading."""
 
-    def run(self, knobs: Knobs, seed: int, with_trace: bool = False) -> TrialResult:
-        """One configuration at every load level of the workload; ``with_trace``: then the workload's
-        arrival trace (``workload.trace``; the re-measurement runs it, study trials do not)."""
+    def run(
+        self, knobs: Knobs, seed: int, with_trace: bool = False, levels: Collection[int] | None = None
+    ) -> TrialResult:
+        """One configuration at every load level of the workload (``levels``: only at these batch
+        sizes, a second look's rounds); ``with_trace``: then the workload's arrival trace
+        (``workload.trace``; the re-measurement runs it, study trials do not)."""
 
     def describe(self) -> dict[str, Any]:
         """What measured a profile (the profile's ``backend``): name, and for a stack its version and flags."""
@@ -93,8 +96,10 @@ def run_levels(
     clock: Callable[[], float] = time.perf_counter,
     startup_s: float | None = MISSING,
     trace: Sequence[tuple[float, Request]] | None = None,
+    only: Collection[int] | None = None,
 ) -> TrialResult:
-    """Run every load level of ``cfg``'s workload; aggregate the two objectives.
+    """Run every load level of ``cfg``'s workload (``only``: the levels of these batch sizes, e.g.
+    the undecided ones of a second look); aggregate the two objectives over the levels run.
 
     ``tokens_per_second`` is generated tokens / wall time over all levels, ``latency_ms`` the
     configured latency percentile at the worst level. ``budget.trial_timeout_s`` covers the whole
@@ -109,6 +114,10 @@ def run_levels(
     per_level: dict[int, LevelMetrics] = {}
     tokens = wall = 0.0
     levels = cfg.workload.load_levels
+    if only is not None:
+        levels = tuple(lv for lv in levels if lv.batch_key(max_batch_size) in only)
+        if not levels:
+            raise ValueError(f"run_levels: no load level at batch sizes {sorted(only)}")
     if trace is not None:
         levels = (*levels, LoadLevel(trace=tuple(trace)))
     fixed, cut = cfg.budget.trial_timeout_s, TRIAL_CUT.get()

@@ -8,7 +8,7 @@ give the prompt-lookup window of the drafters that look up n-grams.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypedDict
 
 from autotune.backends.base import TrialBudget, run_levels
@@ -51,6 +51,7 @@ class EngineBackend:
         knobs: Knobs,
         seed: int,
         with_trace: bool = False,
+        levels: Collection[int] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> TrialResult:
         cfg, ctx = self.cfg, self.ctx
@@ -74,7 +75,7 @@ class EngineBackend:
             ).metrics
 
         trace = getattr(ctx, "trace", None) if with_trace else None  # a test's stand-in context may lack it
-        return run_levels(cfg, knobs.max_batch_size, run_level, clock, trace=trace)
+        return run_levels(cfg, knobs.max_batch_size, run_level, clock, trace=trace, only=levels)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}

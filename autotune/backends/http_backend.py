@@ -11,7 +11,7 @@ return the same :class:`autotune.records.TrialResult` as the engine.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -177,11 +177,15 @@ class HttpBackend:
             raise ValueError(f"{self.name} serves no by-batch-size table ({knobs.label})")
         self.server_for(self.command(knobs))
 
-    def run(self, knobs: Knobs, seed: int, with_trace: bool = False) -> TrialResult:
-        """One configuration at every load level in one server (started or reused)."""
+    def run(
+        self, knobs: Knobs, seed: int, with_trace: bool = False, levels: Collection[int] | None = None
+    ) -> TrialResult:
+        """One configuration at every load level (or at ``levels``) in one server (started or reused)."""
         if knobs.is_table and not self.serves_table:
             raise ValueError(f"{self.name} serves no by-batch-size table ({knobs.label})")
-        return self.run_command(self.command(knobs), knobs.max_batch_size, seed, with_trace=with_trace)
+        return self.run_command(
+            self.command(knobs), knobs.max_batch_size, seed, with_trace=with_trace, levels=levels
+        )
 
     def run_command(
         self,
@@ -190,9 +194,10 @@ class HttpBackend:
         seed: int,
         records: dict | None = None,
         with_trace: bool = False,
+        levels: Collection[int] | None = None,
     ) -> TrialResult:
-        """The workload's load levels (and with ``with_trace`` its arrival trace) against the server of
-        ``command``; ``records`` collects each level's requests."""
+        """The workload's load levels (those at ``levels``, where given; with ``with_trace`` then its
+        arrival trace) against the server of ``command``; ``records`` collects each level's requests."""
         cfg = self.cfg
         server = self.server_for(command)
         endpoint = self.endpoint(server)
@@ -219,7 +224,9 @@ class HttpBackend:
                 self._warmup(endpoint, max_batch_size)
                 server.warmed = True
             trace = getattr(self.ctx, "trace", None) if with_trace else None  # stand-in contexts lack it
-            return run_levels(cfg, max_batch_size, run_level, startup_s=server.startup_s, trace=trace)
+            return run_levels(
+                cfg, max_batch_size, run_level, startup_s=server.startup_s, trace=trace, only=levels
+            )
         except (LoadError, TimeoutError, OSError) as exc:
             server.check_alive(grace_s=3.0)  # a dead server explains the failure better, with its log
             self.drop_current()  # a hung or broken server is not reused

@@ -265,6 +265,12 @@ def render_tune(p: Profile | Mapping[str, Any]) -> str:
             f"; medians of {m['repeats']} repeats ({(p.remeasure or {}).get('order', 'interleaved')})"
             if m.get("repeats")
             else ""
+        )
+        + (
+            f"; a second look at batch size {', '.join(map(str, looked))}: "
+            f"{(p.remeasure or {}).get('repeats')} rounds there"
+            if (looked := (p.remeasure or {}).get("second_look_levels"))
+            else ""
         ),
         f"speedup     {_ratio(m['speedup'], m.get('speedup_ci95'))} over AR"
         + (

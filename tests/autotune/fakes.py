@@ -7,7 +7,7 @@ n-th trial run. :class:`ScriptedHost` is the host as the per-trial disturbance c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from autotune.backends.base import Backend, TrialBudget
@@ -32,6 +32,7 @@ class FakeBackend:
     def __init__(self, ctx: Context, run: RunFn) -> None:
         self.cfg, self._run = ctx.cfg, run
         self.ran: list[Knobs] = []
+        self.levels_run: list[tuple[int, ...] | None] = []  # per run: the batch sizes it ran (None: all)
         self.closed = False
 
     def remeasure_order(self, n_configs: int) -> str:  # noqa: ARG002
@@ -43,9 +44,16 @@ class FakeBackend:
     def prepare(self, knobs: Knobs) -> None:
         pass
 
-    def run(self, knobs: Knobs, seed: int, with_trace: bool = False) -> TrialResult:  # noqa: ARG002
+    def run(
+        self, knobs: Knobs, seed: int, with_trace: bool = False, levels: Collection[int] | None = None
+    ) -> TrialResult:  # noqa: ARG002
+        """``levels``: the run's levels at those batch sizes only, aggregated over them like the real loop."""
         self.ran.append(knobs)
-        return self._run(self.cfg, knobs, seed)
+        self.levels_run.append(None if levels is None else tuple(levels))
+        result = self._run(self.cfg, knobs, seed)
+        if levels is None:
+            return result
+        return result_of({b: lv.to_json() for b, lv in result.per_level.items() if b in levels})
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}

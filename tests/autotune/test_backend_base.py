@@ -78,3 +78,34 @@ def test_levels_are_keyed_by_batch_size_and_aggregated_over_all_levels() -> None
         dataclasses.replace(CFG, workload=dataclasses.replace(CFG.workload, rate=3.0)), 4, level
     )
     assert list(rate.per_level) == [4]
+
+
+def test_only_runs_the_levels_of_those_batch_sizes_and_aggregates_over_them() -> None:
+    """A second look's round: ``only={2}`` runs concurrency 2 alone; an empty selection is refused."""
+    seen = []
+
+    def level(level: LoadLevel, left: float | None) -> dict:  # noqa: ARG001
+        seen.append(level.concurrency)
+        c = level.concurrency or 0
+        return {"generated_tokens": 10 * c, "wall_s": 1.0, "tpot_ms_p95": 5.0 * c, "tokens_per_second": 1.0}
+
+    result = run_levels(CFG, 4, level, only={2})
+    assert seen == [2] and list(result.per_level) == [2]
+    assert result.tokens_per_second == 20.0 and result.latency_ms == 10.0
+    with pytest.raises(ValueError, match=r"no load level at batch sizes \[8\]"):
+        run_levels(CFG, 4, level, only={8})
+
+
+def test_the_median_of_rounds_some_at_some_levels_only() -> None:
+    """Per level: every round that ran the level; the sweep's aggregate: the rounds that ran every level."""
+    from autotune.records import LEVEL_KEYS, LevelMetrics, TrialResult
+
+    def lv(tps: float) -> LevelMetrics:
+        return LevelMetrics(**{**dict.fromkeys(LEVEL_KEYS, 1.0), "tokens_per_second": tps})
+
+    full = [TrialResult(t, 9.0, {1: lv(t), 2: lv(2 * t)}) for t in (10.0, 12.0, 14.0)]
+    second_look = [TrialResult(99.0, 1.0, {2: lv(t)}) for t in (40.0, 50.0)]
+    med = TrialResult.median([*full, *second_look])
+    assert med.tokens_per_second == 12.0 and med.latency_ms == 9.0  # not pulled by the partial rounds
+    assert med.per_level[1].tokens_per_second == 12.0
+    assert med.per_level[2].tokens_per_second == 28.0  # median of 20, 24, 28, 40, 50

@@ -376,16 +376,33 @@ OFF_AT_TWO_UNDECIDED = {1: 0.75, 2: 0.97, 3: 0.80, 4: 0.78, 5: 0.82, 6: 0.79}
 
 
 def test_a_level_whose_choice_is_not_its_fastest_gets_more_rounds_and_is_decided_on_all(tune_config) -> None:
+    """The sweep is decided on three rounds (2x), batch 2 is not: rounds 4-6 run at batch 2 only,
+    every finalist alike, and the sweep's aggregate stays the medians of its three full rounds."""
     cfg = tune_config(search={"gamma": {"low": 0, "high": 2}, "confidence_threshold": 0.0})
     lines: list[str] = []
     run = ratio_by_level_and_round(OFF_AT_TWO_UNDECIDED)
-    profile = run_tune(cfg, say=lines.append, backend_for=backend_of(run))
+    backends: list[FakeBackend] = []
+    profile = run_tune(
+        cfg, say=lines.append, backend_for=lambda ctx: backends.append(FakeBackend(ctx, run)) or backends[-1]
+    )
 
     assert any(
         line.startswith("undecided on 3 rounds (at batch size 2 the per-level choice is not the fastest")
         for line in lines
     ), lines
-    assert profile["remeasure"] == {"repeats": 6, "order": "interleaved", "first_repeats": 3}
+    assert any("x 3 repeats (rounds 4-6) at batch size 2 only" in line for line in lines), lines
+    assert profile["remeasure"] == {
+        "repeats": 6,
+        "order": "interleaved",
+        "first_repeats": 3,
+        "second_look_levels": [2],
+    }
+    second = [lv for lv in backends[0].levels_run if lv is not None]
+    assert second and set(second) == {(2,)}  # only batch 2 ran again
+    assert len(second) == 3 * len(profile["remeasured"])  # rounds 4-6 of every finalist
+    assert profile["metrics"]["repeats"] == 3  # the sweep's medians: the full rounds only
+    assert {b: r["n"] for b, r in profile["metrics"]["per_level_speedup"].items()} == {"1": 3, "2": 6}
+    assert all(len(r["rounds"]) == 3 for r in profile["remeasured"])
     assert profile["chosen"]["gamma"] > 0  # 2x over the sweep: decided on the first rounds
     levels = {lv["batch_size"]: lv for lv in profile["table_decision"]["levels"]}
     assert levels[1]["gamma"] > 0 and levels[2]["gamma"] == 0, levels  # off at 2, significant on six
