@@ -56,8 +56,39 @@ ROOT = Path(__file__).resolve().parents[1]
 CONSTANT_KINDS = ("off", "constant")  # the rows the best constant (overall and per level) is taken from
 
 
-def arguments(doc: str, stack: str, grid_help: str) -> argparse.Namespace:
-    """The flags both schedule benchmarks take."""
+def parse_table(text: str) -> tuple[tuple[int, int], ...]:
+    """``--table`` text, vLLM's ranges written as :func:`autotune.knobs.table_text` prints them
+    ("1-8:3,9-16:2", commas or spaces), as ``Knobs.for_table`` points (upper batch size, K).
+
+    Example:
+        >>> parse_table("1-8:3,9-16:2"), parse_table("1:5 2-16:1")
+        (((8, 3), (16, 2)), ((1, 5), (16, 1)))
+        >>> parse_table("2-16:1")
+        Traceback (most recent call last):
+        ...
+        ValueError: table '2-16:1': its ranges must start at 1 and follow each other (got 2-16 after 0)
+    """
+    points, last = [], 0
+    for entry in text.replace(",", " ").split():
+        span, _, k = entry.partition(":")
+        lo, _, hi = span.partition("-")
+        try:
+            lo_i, hi_i, k_i = int(lo), int(hi or lo), int(k)
+        except ValueError:
+            raise ValueError(f"table {text!r}: {entry!r} is not LO-HI:K") from None
+        if lo_i != last + 1 or hi_i < lo_i or k_i < 0:
+            raise ValueError(
+                f"table {text!r}: its ranges must start at 1 and follow each other (got {span} after {last})"
+            )
+        points.append((hi_i, k_i))
+        last = hi_i
+    if not points:
+        raise ValueError(f"table {text!r}: no range")
+    return tuple(points)
+
+
+def arguments(doc: str, stack: str, grid_help: str, tables: bool = False) -> argparse.Namespace:
+    """The flags both schedule benchmarks take (``tables``: ``--table``, a stack that serves tables)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, default=ROOT / "tune.yaml")
     p.add_argument("--repeats", type=int, default=3, help="rounds per configuration")
@@ -112,7 +143,22 @@ def arguments(doc: str, stack: str, grid_help: str) -> argparse.Namespace:
         action="store_true",
         help="with --resume: measure nothing new, report what the JSON holds (a partial run)",
     )
+    if tables:
+        p.add_argument(
+            "--table",
+            dest="tables",
+            action="append",
+            default=[],
+            metavar="RANGES",
+            help="also serve this table beside the grid, in the first group (repeatable), e.g. "
+            "1-16:2 (one K everywhere: what the table mechanism costs over the constant) or 1-8:3,9-16:1",
+        )
     args = p.parse_args()
+    for text in getattr(args, "tables", []):
+        try:
+            parse_table(text)
+        except ValueError as e:
+            p.error(f"--table: {e}")
     if args.measured_only and args.resume is None:
         p.error("--measured-only needs --resume JSON")
     if args.repeats < 1:
@@ -294,7 +340,7 @@ class Plan:
         Inside :meth:`together` it is measured on leaving the block, and the row filled then.
 
         ``kind``: ``off`` (no speculation, first), ``constant`` (the grid), ``table``, ``table-zero``,
-        ``table-fastest``,
+        ``table-fastest``, ``table-asked`` (``--table``),
         ``profile``, ``alias`` (a row pointing at a measured one) or ``off-again`` (the drift check).
         """
         if knobs is not None:

@@ -10,7 +10,9 @@ memory holds; ``benchmarks/_schedule.py``), every later group measuring no specu
 ratios across groups go through it (the bridge; ``--no-bridge``), in this order:
 
 1. vLLM without speculation (measured again at the end: the drift check);
-2. a grid of constant K with the draft model (``--grid``, default 1,2,3,5);
+2. a grid of constant K with the draft model (``--grid``, default 1,2,3,5), and any table asked
+   for with ``--table`` (e.g. ``1-16:2``: one K everywhere, so over grid K=2 it is what the table
+   mechanism alone costs; each asked table's cost per level is printed like item 5's);
 3. the table with K=0 at every batch size (``num_speculative_tokens`` 1,
    ``num_speculative_tokens_per_batch_size [[1, max_num_seqs, 0]]``): what merely enabling the
    table costs against no speculation (vLLM #49548);
@@ -42,7 +44,7 @@ level and >= 0.98x no speculation; where the per-level best K differ, the tuned 
 >= 1.05x the best single constant's. Usage::
 
     python benchmarks/schedule_vllm.py [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
-[--interleave N] [--no-bridge] [--slo-tpot-ms 50] \
+[--interleave N] [--no-bridge] [--slo-tpot-ms 50] [--table 1-16:2 ...] \
 [--out benchmarks/results/schedule_vllm.json] [--resume JSON [--measured-only]]
 """
 
@@ -71,6 +73,7 @@ from _schedule import (  # noqa: E402
     level_choice_text,
     noise_by_level,
     noise_lines,
+    parse_table,
     print_report,
     ratio_text,
     table_cost,
@@ -88,7 +91,7 @@ TABLE_KEY = "num_speculative_tokens_per_batch_size"
 
 
 def main() -> None:
-    args = arguments(__doc__, "vllm", "constant K values of the grid (draft model)")
+    args = arguments(__doc__, "vllm", "constant K values of the grid (draft model)", tables=True)
     grid = grid_values(args.grid)
     cfg, ctx, backend, engine_prof, vllm_prof = open_stack(args, "vllm", VllmBackend)
     batch = max(cfg.search.max_batch_size)
@@ -145,11 +148,14 @@ def main() -> None:
         )
         if earlier.get("device") != ctx.fingerprint["label"]:
             print(f"note: the resumed rows were measured on {earlier.get('device')}", file=sys.stderr)
+    asked = [Knobs.for_table("model", parse_table(t), batch) for t in args.tables]
     try:
         with plan.together():  # what the table is made of, interleaved
             plan.run("no speculation", command(constant(0)), "off", constant(0))
             for k in grid:
                 plan.run(f"grid K={k}", command(constant(k)), "constant", constant(k))
+            for knobs in asked:
+                plan.run(f"asked {knobs.label}", command(knobs), "table-asked", knobs)
             zero = command(constant(1))  # K=1 chain, its table replaced by K=0 everywhere
             at = zero.index("--speculative-config") + 1
             zero[at] = json.dumps({**json.loads(zero[at]), TABLE_KEY: [[1, batch, 0]]})
@@ -262,6 +268,19 @@ def main() -> None:
             "costs (x the constant of the K it holds there, per level): "
             + ", ".join(f"{b} (K={c['k']}): {ratio_text(c['over_constant_same_k'])}" for b, c in cost.items())
         )
+    for knobs in asked:
+        label = f"asked {knobs.label}"
+        if cost := table_cost(rows, label, levels):
+            summary.setdefault("asked_tables", {})[knobs.label] = {
+                "over_constant_same_k": {b: c["over_constant_same_k"] for b, c in cost.items()}
+            }
+            per_level = (
+                f"{b} (K={c['k']}): {ratio_text(c['over_constant_same_k'])}" for b, c in cost.items()
+            )
+            extra.append(
+                f"{label}: what serving it as a table costs (x the constant of the K it holds there, "
+                "per level): " + ", ".join(per_level)
+            )
     found, lines = goal_lines(
         rows, [table_label, served if served != table_label else None, fastest_label, *profile_labels]
     )
