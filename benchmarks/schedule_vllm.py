@@ -84,6 +84,7 @@ from _transfer import open_stack  # noqa: E402
 from autotune.backends.vllm import VllmBackend, serve_command, trial_inputs  # noqa: E402
 from autotune.knobs import Knobs, table_text  # noqa: E402
 from autotune.selection import table_verdict  # noqa: E402
+from profiles.exporters._common import batch_ranges  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
 from profiles.schema import Profile  # noqa: E402
 
@@ -104,6 +105,13 @@ def main() -> None:
 
     def command(knobs: Knobs) -> list[str]:
         return serve_command(backend.python, cfg, trial_inputs(cfg, ctx.fingerprint, knobs))
+
+    def as_table(knobs: Knobs, ranges: list[list[int]]) -> list[str]:
+        """The server command of chain ``knobs`` with vLLM's table set to ``ranges`` as given."""
+        cmd = command(knobs)
+        at = cmd.index("--speculative-config") + 1
+        cmd[at] = json.dumps({**json.loads(cmd[at]), TABLE_KEY: ranges})
+        return cmd
 
     result: dict = {
         **identity(ctx, args.config),
@@ -154,11 +162,11 @@ def main() -> None:
             plan.run("no speculation", command(constant(0)), "off", constant(0))
             for k in grid:
                 plan.run(f"grid K={k}", command(constant(k)), "constant", constant(k))
-            for knobs in asked:
-                plan.run(f"asked {knobs.label}", command(knobs), "table-asked", knobs)
-            zero = command(constant(1))  # K=1 chain, its table replaced by K=0 everywhere
-            at = zero.index("--speculative-config") + 1
-            zero[at] = json.dumps({**json.loads(zero[at]), TABLE_KEY: [[1, batch, 0]]})
+            for knobs in asked:  # written as a table even where it holds one K (the export would not)
+                ranges = [[lo, hi, k] for lo, hi, k in batch_ranges(knobs.table)]
+                cmd = as_table(constant(knobs.gamma), ranges)
+                plan.run(f"asked {knobs.label}", cmd, "table-asked", knobs)
+            zero = as_table(constant(1), [[1, batch, 0]])  # K=1 chain, its table K=0 everywhere
             plan.run(
                 f"table 1-{batch}:0 (K=0 everywhere)", zero, "table-zero", k_per_level={b: 0 for b in levels}
             )
