@@ -135,6 +135,24 @@ class WorkloadConfig:
     num_requests: int = 8
     truncate_prompts: bool = False
     trace: Path | str | None = None  # null | "phases" (autotune.trace.phase_trace) | a JSONL trace file
+    min_batches: int = 1  # a closed-loop level of concurrency c runs at least min_batches x c requests
+
+    def requests_at(self, concurrency: int | None) -> int:
+        """Requests a load level runs: ``num_requests``, and under closed-loop ``concurrency`` at
+        least ``min_batches`` batches' worth, so the level's slots refill as a server's do at that
+        load instead of one batch that starts and ends together (at 16 on a 2-core host, speculation
+        ran 0.85x no speculation on one batch of 16 requests, 1.00x, 95% CI 0.94-1.06, on 48).
+
+        Example:
+            >>> w = WorkloadConfig(Path("p"), num_requests=16, min_batches=3)
+            >>> [w.requests_at(c) for c in (1, 4, 8, 16)], w.requests_at(None)
+            ([16, 16, 24, 48], 16)
+        """
+        return (
+            self.num_requests
+            if concurrency is None
+            else max(self.num_requests, self.min_batches * concurrency)
+        )
 
     @property
     def load_levels(self) -> tuple[LoadLevel, ...]:
@@ -153,6 +171,7 @@ class WorkloadConfig:
         rate = s.num("rate", None, lo=0.0, open_lo=True, allow_none=True)
         concurrency = s.ints("concurrency", (1, 4))
         num_requests = s.int("num_requests", 8, lo=1)
+        min_batches = s.int("min_batches", 1, lo=1)
         truncate = s.get("truncate_prompts", False)
         if not isinstance(truncate, bool):
             raise ConfigError(f"workload.truncate_prompts: must be true or false (got {truncate!r})")
@@ -163,9 +182,19 @@ class WorkloadConfig:
                 raise ConfigError(f"workload.trace: {s.raw['trace']} is not a file (resolved to {trace})")
         s.done()
         assert prompts is not None and max_new is not None and num_requests is not None
-        assert temperature is not None and top_k is not None and top_p is not None
+        assert temperature is not None and top_k is not None and top_p is not None and min_batches is not None
         return cls(
-            prompts, max_new, temperature, top_k, top_p, concurrency, rate, num_requests, truncate, trace
+            prompts,
+            max_new,
+            temperature,
+            top_k,
+            top_p,
+            concurrency,
+            rate,
+            num_requests,
+            truncate,
+            trace,
+            min_batches,
         )
 
 

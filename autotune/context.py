@@ -108,6 +108,8 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
         "rate": cfg.workload.rate,
         "num_requests": cfg.workload.num_requests,
         "dtype": cfg.models.dtype,
+        # absent at 1 (one run of num_requests per level): the identity of earlier workloads holds
+        **({"min_batches": cfg.workload.min_batches} if cfg.workload.min_batches != 1 else {}),
     }
     store.upsert_device(fp)
     drafter = "model" if needs_draft else "eagle3" if needs_head else cfg.search.drafter[0]

@@ -309,7 +309,7 @@ def warm_starts(
             min(gmax, space.gamma_high),
             thresholds,
             cfg.workload.max_new_tokens,
-            max(cfg.workload.num_requests, b),
+            max(cfg.workload.requests_at(b), b),
             [len(r.prompt_ids) for r in ctx.requests],
         )
         knobs = replace(

@@ -39,13 +39,14 @@ import math
 import shlex
 import statistics
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from _common import portable
 
 from autotune.backends.server import ServerError
+from autotune.config import WorkloadConfig
 from autotune.knobs import Knobs
 from autotune.records import LEVEL_KEYS, PER_POSITION
 from autotune.selection import LevelChoice, Point, TablePlan, choose_with_margin, plan_table
@@ -928,7 +929,27 @@ def choice_lines(choices: Sequence[LevelChoice]) -> list[str]:
     return [f"  {c.batch_size}: K={c.gamma}: {c.reason}" for c in choices]
 
 
-def noise_by_level(rows: list[dict], levels: Sequence[int], requests: int, target: float = 0.05) -> dict:
+def level_requests(workload: WorkloadConfig, max_batch_size: int) -> dict[int, int]:
+    """Requests per load level, by batch size (``workload.min_batches`` raises the high levels')."""
+    return {lv.batch_key(max_batch_size): workload.requests_at(lv.concurrency) for lv in workload.load_levels}
+
+
+def requests_text(requests: Mapping[int, int]) -> str:
+    """``"16 requests"`` where every level runs as many, else ``"16-48 requests (1: 16, ..., 16: 48)"``.
+
+    Example:
+        >>> requests_text({1: 16, 4: 16}), requests_text({1: 16, 8: 24, 16: 48})
+        ('16 requests', '16-48 requests (1: 16, 8: 24, 16: 48)')
+    """
+    counts = sorted(set(requests.values()))
+    if len(counts) == 1:
+        return f"{counts[0]} requests"
+    return f"{counts[0]}-{counts[-1]} requests (" + ", ".join(f"{b}: {n}" for b, n in requests.items()) + ")"
+
+
+def noise_by_level(
+    rows: list[dict], levels: Sequence[int], requests: int | Mapping[int, int], target: float = 0.05
+) -> dict:
     """How many requests per level the measured noise asks for.
 
     Per level: the round-to-round coefficient of variation of tokens/s (median over the measured
@@ -965,7 +986,8 @@ def noise_by_level(rows: list[dict], levels: Sequence[int], requests: int, targe
             "cv": cv,
             "rounds": n,
             "ratio_half_width_95": half,
-            "requests_for_target": math.ceil(requests * (half / target) ** 2),
+            "requests": (n_req := requests[b] if isinstance(requests, Mapping) else requests),
+            "requests_for_target": math.ceil(n_req * (half / target) ** 2),
             "rounds_for_target": next(
                 (m for m in range(2, 61) if t975(m - 1) * cv * math.sqrt(2.0 / m) <= target), None
             ),
@@ -974,16 +996,15 @@ def noise_by_level(rows: list[dict], levels: Sequence[int], requests: int, targe
     return out
 
 
-def noise_lines(noise: dict, requests: int) -> list[str]:
+def noise_lines(noise: dict) -> list[str]:
     """The report's lines for :func:`noise_by_level`."""
-    lines = [
-        f"noise per level ({requests} requests per level; round-to-round CV of tokens/s, median of configs):"
-    ]
+    lines = ["noise per level (round-to-round CV of tokens/s, median of configs):"]
     for b, n in noise.items():
         lines.append(
-            f"  {b}: CV {n['cv']:.1%}, paired-ratio 95% half-width ~{n['ratio_half_width_95']:.1%} over "
-            f"{n['rounds']} rounds; +-{n['target_half_width']:.0%} needs ~{n['requests_for_target']} "
-            f"requests per level, or {n['rounds_for_target'] or '> 60'} rounds of {requests}"
+            f"  {b} ({n['requests']} requests): CV {n['cv']:.1%}, paired-ratio 95% half-width "
+            f"~{n['ratio_half_width_95']:.1%} over {n['rounds']} rounds; +-{n['target_half_width']:.0%} "
+            f"needs ~{n['requests_for_target']} requests per level, or {n['rounds_for_target'] or '> 60'} "
+            f"rounds of {n['requests']}"
         )
     return lines
 

@@ -59,9 +59,11 @@ from _schedule import (  # noqa: E402
     goal_lines,
     grid_values,
     level_choice_text,
+    level_requests,
     noise_by_level,
     noise_lines,
     print_report,
+    requests_text,
     write_json,
 )
 from _transfer import open_stack  # noqa: E402
@@ -194,8 +196,8 @@ def main() -> None:
     found, lines = goal_lines(rows, [sweep_label, None if margin == sweep_of else margin, *profile_labels])
     summary["goals"] = found
     extra += lines
-    summary["noise"] = noise_by_level(rows, levels, w.num_requests)
-    extra += noise_lines(summary["noise"], w.num_requests)
+    summary["noise"] = noise_by_level(rows, levels, level_requests(w, batch))
+    extra += noise_lines(summary["noise"])
 
     result.update(
         llama_server_version=backend.version or result["llama_server_version"],
@@ -210,7 +212,8 @@ def main() -> None:
     print_report(
         f"llama-server {result['llama_server_version']} on {result['device']}, "
         f"-t {cfg.backend.llamacpp.threads}; "
-        f"workload {w.prompts.name}, concurrency {list(w.concurrency)}, {w.num_requests} requests x "
+        f"workload {w.prompts.name}, concurrency {list(w.concurrency)}, "
+        f"{requests_text(level_requests(w, batch))} x "
         f"{w.max_new_tokens} tokens per level"
         + (f", trace {w.trace}" if w.trace is not None else "")
         + f"; {args.repeats} rounds per server; -np {batch}",

@@ -71,11 +71,13 @@ from _schedule import (  # noqa: E402
     identity,
     k_at,
     level_choice_text,
+    level_requests,
     noise_by_level,
     noise_lines,
     parse_table,
     print_report,
     ratio_text,
+    requests_text,
     table_cost,
     write_json,
 )
@@ -294,8 +296,8 @@ def main() -> None:
     )
     summary["goals"] = found
     extra += lines
-    summary["noise"] = noise_by_level(rows, levels, w.num_requests)
-    extra += noise_lines(summary["noise"], w.num_requests)
+    summary["noise"] = noise_by_level(rows, levels, level_requests(w, batch))
+    extra += noise_lines(summary["noise"])
 
     result.update(
         vllm_version=backend.version or result["vllm_version"],
@@ -309,7 +311,8 @@ def main() -> None:
     write_json(args.out, result)
     print_report(
         f"vLLM {result['vllm_version']} on {result['device']}; workload {w.prompts.name}, concurrency "
-        f"{list(w.concurrency)}, {w.num_requests} requests x {w.max_new_tokens} tokens per level"
+        f"{list(w.concurrency)}, {requests_text(level_requests(w, batch))} x {w.max_new_tokens} tokens "
+        "per level"
         + (f", trace {w.trace}" if w.trace is not None else "")
         + f"; {args.repeats} rounds per server; --max-num-seqs {batch}",
         result,

@@ -67,7 +67,7 @@ class EngineBackend:
                 max_batch_size=knobs.max_batch_size,
                 concurrency=level.concurrency,
                 rate=level.rate,
-                num_requests=cfg.workload.num_requests,
+                num_requests=cfg.workload.requests_at(level.concurrency),
                 arrivals=level.trace,  # the workload's arrival trace (run_levels runs it last)
             )
             return run_load(

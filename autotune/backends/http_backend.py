@@ -207,7 +207,7 @@ class HttpBackend:
             run = run_http_load(
                 endpoint,
                 self.ctx.requests,
-                len(level.trace) if level.trace is not None else cfg.workload.num_requests,
+                len(level.trace) if level.trace is not None else cfg.workload.requests_at(level.concurrency),
                 concurrency=level.concurrency,
                 rate=level.rate,
                 seed=seed,

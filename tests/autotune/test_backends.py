@@ -364,6 +364,35 @@ def test_a_run_returns_the_engine_result_shape_and_reuses_an_identical_server(
     assert backend.describe()["version"] == "0.0.0-fake" and len(backend.describe()["startup_s"]) == 2
 
 
+def test_each_level_sends_its_requests_and_a_second_look_round_runs_its_levels_only(
+    tmp_path, tiny_pair_dirs, fake_vllm, monkeypatch
+) -> None:
+    """``workload.min_batches: 3`` with 2 requests: 3 at concurrency 1, 6 at 2; ``levels={2}``: only 2."""
+    from autotune.backends import http_backend
+
+    backend = _fake_vllm_backend(tmp_path, tiny_pair_dirs, fake_vllm, keep_servers=1)
+    backend.cfg = dataclasses.replace(
+        backend.cfg, workload=dataclasses.replace(backend.cfg.workload, min_batches=3)
+    )
+    sent, real = [], http_backend.run_http_load
+    monkeypatch.setattr(
+        http_backend,
+        "run_http_load",
+        lambda endpoint, requests, n, **kw: (
+            sent.append((kw["concurrency"], n)),
+            real(endpoint, requests, n, **kw),
+        )[1],
+    )
+    try:
+        backend.run(Knobs("model", 2, max_batch_size=2), 0)
+        assert sent == [(2, 2), (1, 3), (2, 6)]  # the server's warm-up (its batch once), then the levels
+        sent.clear()
+        only = backend.run(Knobs("model", 2, max_batch_size=2), 1, levels={2})
+        assert sent == [(2, 6)] and list(only.per_level) == [2]
+    finally:
+        backend.close()
+
+
 def test_kept_servers_serve_a_configuration_again_without_a_start_and_the_oldest_goes_first(
     tmp_path, tiny_pair_dirs, fake_vllm
 ) -> None:

@@ -92,6 +92,8 @@ def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dir
     assert cfg.workload.concurrency == (1, 2, 4, 8, 16) and cfg.workload.rate is None
     assert cfg.batch_sizes == (1, 2, 4, 8, 16)
     assert cfg.workload.num_requests == 16 and cfg.workload.truncate_prompts is False
+    assert cfg.workload.min_batches == 3  # each level's slots refill: 24 requests at 8, 48 at 16
+    assert [cfg.workload.requests_at(c) for c in cfg.workload.concurrency] == [16, 16, 16, 24, 48]
     assert cfg.search.drafter == ("model",)
     assert cfg.search.gamma == Range(0, 8) and not cfg.search.gamma.fixed
     assert cfg.search.confidence_threshold == Range(0.0, 0.5)
@@ -224,6 +226,8 @@ ERRORS = [
     ),
     ("slo negative", lambda r: _set(r, "objectives.slo", {"tpot_ms_p95": -5}), "objectives.slo.tpot_ms_p95"),
     ("slo not a mapping", lambda r: _set(r, "objectives.slo", [40]), "objectives.slo"),
+    ("min_batches 0", lambda r: _set(r, "workload.min_batches", 0), "workload.min_batches"),
+    ("min_batches not an integer", lambda r: _set(r, "workload.min_batches", 1.5), "workload.min_batches"),
     ("n_trials 0", lambda r: _set(r, "budget.n_trials", 0), "budget.n_trials"),
     ("timeout_s 0", lambda r: _set(r, "budget.timeout_s", 0), "budget.timeout_s"),
     ("repeats 0", lambda r: _set(r, "budget.repeats", 0), "budget.repeats"),
