@@ -140,8 +140,8 @@ class WorkloadConfig:
     def requests_at(self, concurrency: int | None) -> int:
         """Requests a load level runs: ``num_requests``, and under closed-loop ``concurrency`` at
         least ``min_batches`` batches' worth, so the level's slots refill as a server's do at that
-        load instead of one batch that starts and ends together (at 16 on a 2-core host, speculation
-        ran 0.85x no speculation on one batch of 16 requests, 1.00x, 95% CI 0.94-1.06, on 48).
+        load instead of one batch that starts and ends together (at 16 in vLLM-CPU on a 2-core host
+        a round of one batch varied twice as much as one of three: CV 13% and 6%).
 
         Example:
             >>> w = WorkloadConfig(Path("p"), num_requests=16, min_batches=3)
