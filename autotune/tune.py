@@ -201,7 +201,9 @@ def _run_study(
         nearest = ctx.store.nearest_profile(
             ctx.fingerprint["label"], target_hash=ctx.target_hash, draft_hash=ctx.draft_hash
         )
-        for label, params in study_mod.warm_starts(ctx, space, measurement, nearest):
+        for label, params in study_mod.warm_starts(
+            ctx, space, measurement, nearest, in_stack=backend.plans_by_cost
+        ):
             study.enqueue_trial(params, user_attrs={"warm_start": label}, skip_if_exists=True)
     remaining = max(budget.n_trials - done_before, 0)
     say(

@@ -15,7 +15,7 @@ import pytest
 from autotune import stackcost
 from autotune.knobs import Knobs
 from autotune.records import LevelMetrics
-from autotune.stackcost import Observation, StackCost, calibrate, extend, next_k
+from autotune.stackcost import LevelCost, Observation, StackCost, calibrate, extend, next_k
 from autotune.tune import run_tune
 from tests.autotune.fakes import FakeBackend, result_of
 
@@ -119,6 +119,45 @@ def test_a_best_k_inside_the_margin_is_served_only_across_a_gap_of_unmeasured_k(
     assert next_k(at_one, range(9), {0, 5, 8}, margin=1.0)[0] is None  # 5 is next to 6
     assert next_k(at_one, range(9), {0, 6}, margin=1.0)[0] is None  # measured: nothing to serve
     assert next_k(at_one, range(1, 9), {2}, margin=1.0)[0] == 6  # K=0 is no neighbour of a chain
+
+
+@pytest.mark.parametrize("high", range(1, 13))
+def test_the_first_two_k_are_three_apart_inside_the_range_over_the_hints(high: int) -> None:
+    """Every window the range holds is tried: the pair is in range and three apart (both ends where
+    the range is shorter), covers the hints a window of six can cover, and sits mid-range otherwise."""
+    ks = stackcost.first_ks(0, high)
+    if high <= 4:
+        assert ks == tuple(sorted({1, high}))
+        return
+    a, b = ks
+    assert 1 <= a and b == a + 3 <= high
+    assert abs((a + b) / 2 - (1 + high) / 2) <= 0.5  # mid-range without hints
+    for hints in ([1], [high], [1, 2], [high - 1, high], [2, 6]):
+        a, b = stackcost.first_ks(0, high, hints)
+        reachable = max(sum(1 for h in hints if w - 1 <= h <= w + 4) for w in range(1, high - 2))
+        assert b == a + 3 and sum(1 for h in hints if a - 1 <= h <= b + 1) == reachable, hints
+
+
+def test_spread_first_k_settle_the_fit_where_the_cost_models_k_needed_a_fourth_server() -> None:
+    """The vLLM-CPU case: the engine cost model's K=2 and K=6 were served first, the fit's best K per
+    level came out 7, 4, 3, 0, 0 and a fourth server (K=3 or 4) was needed. Three apart over the same
+    hints, K=3 and K=6 leave every level's best within one step and inside the margin: three servers."""
+    acceptance = tuple(0.75 ** (i + 1) for i in range(8))
+    costs = {
+        1: (0.010, 0.001, 0.0004),
+        2: (0.010, 0.001, 0.0014),
+        4: (0.010, 0.001, 0.0020),
+        8: (0.010, 0.006, 0.004),
+        16: (0.010, 0.008, 0.006),
+    }
+    cost = StackCost(
+        "model", {b: LevelCost(*c, float(b)) for b, c in costs.items()}, acceptance, (0, 2, 6), "linear"
+    )
+    assert {b: cost.best_k(b, range(9)) for b in costs} == {1: 7, 2: 4, 4: 3, 8: 0, 16: 0}
+    assert next_k(cost, range(9), {0, 2, 6})[0] is not None  # the cost model's pair: a fourth server
+    spread = stackcost.first_ks(0, 8, hints=[2, 6])
+    assert spread == (3, 6)
+    assert next_k(cost, range(9), {0, *spread})[0] is None  # three servers
 
 
 def test_acceptance_comes_from_the_largest_k_counters_with_a_geometric_tail() -> None:
@@ -234,3 +273,34 @@ def test_a_study_that_plans_by_cost_serves_only_the_predicted_best_k_and_stops(t
     assert {int(b): c["per_token_ms"] for b, c in stored["levels"].items()} == pytest.approx(
         {c: 1e3 * COSTS[b][2] for c, b in zip((1, 2, 3), sorted(COSTS), strict=True)}
     )
+
+
+def test_a_study_that_plans_by_cost_first_serves_no_speculation_and_two_k_three_apart(tune_config) -> None:
+    """Over gamma 0-8 the in-stack study's warm starts are no speculation and the calibration's two K
+    (not the engine cost model's best K); the planner goes on from there and every level's choice is
+    within the in-stack goal's 3% of the synthetic stack's best there."""
+    cfg = tune_config(
+        workload={"concurrency": [1, 2, 3], "num_requests": 3},
+        search={
+            "gamma": {"low": 0, "high": 8},
+            "confidence_threshold": 0.0,
+            "gamma_schedule": "constant",
+            "max_batch_size": [3],
+            "gamma_cap": "off",
+        },
+        profile={"gamma_max": 8},
+        budget={"n_trials": 12, "repeats": 1},
+        export={"formats": ["yaml"]},
+    )
+    lines: list[str] = []
+    profile = run_tune(cfg, say=lines.append, backend_for=lambda ctx: PlanningBackend(ctx, synthetic_stack))
+    planned = [line for line in lines if line.startswith("  stack cost (")]
+    first = planned[0].split("K measured [")[1].split("]")[0]
+    zero, a, b = (int(k) for k in first.split(", "))
+    assert zero == 0 and b == a + 3, planned[0]  # the fit's first points: no speculation and K three apart
+    served = {r["k"] for r in profile["stack_cost"]["predicted_vs_measured"]}
+    chosen = {lv["batch_size"]: lv["gamma"] for lv in profile["table_decision"]["levels"]}
+    for c, level in zip((1, 2, 3), sorted(COSTS), strict=True):
+        best = max(true_tps(level, k) for k in range(9))
+        assert true_tps(level, chosen[c]) >= 0.97 * best, (c, chosen[c], sorted(served))
+    assert profile["stack_cost"]["trials"] < cfg.budget.n_trials
