@@ -183,7 +183,7 @@ def remeasure(
         per_batch_rounds = {
             b: tuple(_tps(r.per_level[b]) for r in results if b in r.per_level) for b in per_batch
         }
-        sweeps = [r for r in results if r.per_level.keys() == result.per_level.keys()]  # every level run
+        sweeps = TrialResult.full_rounds(results)
         point = Point(
             knobs,
             result.tokens_per_second,

@@ -115,6 +115,12 @@ class TrialResult:
             None if trace is None else LevelMetrics.from_json(trace),
         )
 
+    @staticmethod
+    def full_rounds(rounds: Sequence[TrialResult]) -> list[TrialResult]:
+        """The rounds that ran every load level the rounds hold (a second look's rounds may run some)."""
+        every = max((r.per_level.keys() for r in rounds), key=len)
+        return [r for r in rounds if r.per_level.keys() == every]
+
     @classmethod
     def median(cls, rounds: Sequence[TrialResult]) -> TrialResult:
         """One result from repeated runs of a configuration: the median of every numeric metric, top level,
@@ -127,8 +133,7 @@ class TrialResult:
             nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
             return statistics.median(nums) if nums and len(nums) == len(values) else values[0]
 
-        every = max((r.per_level.keys() for r in rounds), key=len)
-        full = [r for r in rounds if r.per_level.keys() == every]
+        full = cls.full_rounds(rounds)
         first = full[0]
         per_level = {
             b: LevelMetrics(
