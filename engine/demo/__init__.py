@@ -1,6 +1,6 @@
 """The bundled demo pair and workload (trained by ``python -m tools.demo_pair.train``) and the demo
-target's EAGLE-3 head (``python -m tools.demo_pair.eagle3 --draft-vocab 1024 --budget-minutes 30
---out engine/demo/eagle3``)."""
+target's EAGLE-3 head (``python -m tools.demo_pair.eagle3 --draft-vocab 1024 --budget-minutes 65
+--train-prompts 2400 --out engine/demo/eagle3``)."""
 
 from __future__ import annotations
 
