@@ -37,6 +37,7 @@ Pure Python, no torch: tested on synthetic costs with known answers.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,9 +61,36 @@ class LevelCost:
     fixed_s: float
     per_token_s: float
     in_flight: float
+    points: tuple[tuple[int, float], ...] = ()  # the measured speculative (K, row-step s) it was fitted to
 
     def step_s(self, k: int) -> float:
         return self.decode_s + (self.fixed_s + k * self.per_token_s if k > 0 else 0.0)
+
+    def sensitivity(self, k: int) -> dict[int, float]:
+        """How a relative error in each measured row-step (key: its K, 0 = no speculation) carries
+        into the step predicted at ``k``: d log step(k) / d log step(K_i), with the weights of the
+        unclamped line through the measured K (least squares; through no speculation with one K).
+        A clamped fit (:func:`_line`) is no surer than the line it clamps: noise made the line
+        negative there. Empty without the points.
+
+        Example: K=1 predicted from K=3 and K=6 leans 5/3 on K=3 and -2/3 on K=6.
+            >>> c = LevelCost(0.010, 0.0, 0.010, 1.0, ((3, 0.040), (6, 0.070)))
+            >>> {i: round(w, 3) for i, w in c.sensitivity(1).items()}
+            {0: 0.0, 3: 3.333, 6: -2.333}
+        """
+        if not self.points:
+            return {}
+        if k == 0:
+            return {0: 1.0}
+        ks = [p for p, _ in self.points]
+        if len(ks) == 1:
+            weights = {0: 1 - k / ks[0], ks[0]: k / ks[0]}
+        else:
+            mean = sum(ks) / len(ks)
+            sxx = sum((p - mean) ** 2 for p in ks)
+            weights = {0: 0.0, **{p: 1 / len(ks) + (k - mean) * (p - mean) / sxx for p in ks}}
+        steps = {0: self.decode_s, **dict(self.points)}
+        return {i: w * steps[i] / self.step_s(k) for i, w in weights.items()}
 
 
 @dataclass(frozen=True)
@@ -74,6 +102,7 @@ class StackCost:
     acceptance: tuple[float, ...]  # unconditional per-position acceptance p_0, p_1, ...
     measured_k: tuple[int, ...]
     fit: str  # "linear" (>= 2 speculative K per level) or "proportional" (one K: fixed cost taken as 0)
+    noise: float | None = None  # one round's relative spread of a level's tokens/s (replicates); None: unmeasured
 
     def expected_tokens(self, k: int, acceptance: Sequence[float] | None = None) -> float:
         """L(K) = 1 + sum of the first K per-position acceptances (geometric tail past the measured ones)."""
@@ -105,6 +134,23 @@ class StackCost:
         c = self.at_load(in_flight)
         return in_flight * self.expected_tokens(k, acceptance) / c.step_s(k)
 
+    def gain_error(self, level: int, k: int, m: int) -> float:
+        """The standard error of the predicted log(tokens/s at ``k`` over ``m``) at ``level``: one
+        round's noise carried through the fit (both predictions rest on the same measured points,
+        so their shared errors cancel). 0 where the noise or the level's points are unknown.
+
+        Example: from K = 0, 3, 6, extrapolating to K=1 doubles and more one round's error, the
+        interpolation at K=4 carries less than it.
+            >>> c = LevelCost(0.0129, 0.0010, 0.0074, 4.0, ((3, 0.0361), (6, 0.0583)))
+            >>> s = StackCost("model", {4: c}, (0.8, 0.6), (0, 3, 6), "linear", noise=0.04)
+            >>> round(s.gain_error(4, 1, 3) / 0.04, 2), round(s.gain_error(4, 4, 3) / 0.04, 2)
+            (2.58, 0.63)
+        """
+        if not self.noise or level not in self.levels:
+            return 0.0
+        a, b = self.levels[level].sensitivity(k), self.levels[level].sensitivity(m)
+        return self.noise * math.sqrt(sum((a.get(i, 0.0) - b.get(i, 0.0)) ** 2 for i in {*a, *b}))
+
     def best_k(self, level: int, ks: Iterable[int]) -> int:
         """The K with the highest predicted tokens/s at ``level`` (ties to the smaller K)."""
         return max(sorted(set(ks)), key=lambda k: (self.tokens_per_second(level, k), -k))
@@ -115,12 +161,14 @@ class StackCost:
             "fit": self.fit,
             "measured_k": list(self.measured_k),
             "acceptance": [round(p, 6) for p in self.acceptance],
+            "noise": self.noise,
             "levels": {
                 str(b): {
                     "decode_ms": 1e3 * c.decode_s,
                     "fixed_ms": 1e3 * c.fixed_s,
                     "per_token_ms": 1e3 * c.per_token_s,
                     "in_flight": c.in_flight,
+                    "points_ms": [[k, 1e3 * s] for k, s in c.points],
                 }
                 for b, c in sorted(self.levels.items())
             },
@@ -136,12 +184,14 @@ class StackCost:
                     lv["fixed_ms"] / 1e3,
                     lv["per_token_ms"] / 1e3,
                     float(lv["in_flight"]),
+                    tuple((int(k), ms / 1e3) for k, ms in lv.get("points_ms", ())),
                 )
                 for b, lv in data["levels"].items()
             },
             tuple(float(p) for p in data["acceptance"]),
             tuple(int(k) for k in data["measured_k"]),
             str(data["fit"]),
+            None if data.get("noise") is None else float(data["noise"]),
         )
 
 
@@ -202,8 +252,37 @@ def acceptance_of(observations: Sequence[Observation]) -> tuple[float, ...]:
     return tuple(out)
 
 
+def replicate_noise(observations: Sequence[Observation]) -> float | None:
+    """One round's relative spread of a level's tokens/s on this host now, from the K measured more
+    than once (an in-stack study serves no speculation twice in its first server): the variance
+    over the mean squared, pooled over those K and their levels by degrees of freedom, as a
+    standard deviation. None without a replicate.
+
+    Example:
+        >>> lv = lambda t: {1: LevelMetrics(tokens_per_second=t), 4: LevelMetrics(tokens_per_second=2 * t)}
+        >>> round(replicate_noise([Observation(0, lv(100.0)), Observation(0, lv(110.0))]), 4)
+        0.0673
+    """
+    by_k: dict[int, list[Observation]] = {}
+    for o in observations:
+        by_k.setdefault(o.k, []).append(o)
+    total, dof = 0.0, 0
+    for group in by_k.values():
+        for level in group[0].per_level:
+            xs = [
+                t for o in group if level in o.per_level and (t := o.per_level[level].tokens_per_second)
+            ]
+            if len(xs) < 2:
+                continue
+            mean = sum(xs) / len(xs)
+            total += sum((x - mean) ** 2 for x in xs) / mean**2
+            dof += len(xs) - 1
+    return math.sqrt(total / dof) if dof else None
+
+
 def calibrate(observations: Sequence[Observation], drafter: str) -> StackCost | None:
-    """Fit every level's cost from no speculation and the measured K; None without both."""
+    """Fit every level's cost from no speculation and the measured K (the first measurement of each);
+    None without both. The K measured more than once give the fit its noise (:func:`replicate_noise`)."""
     by_k: dict[int, Observation] = {}
     for o in observations:
         by_k.setdefault(o.k, o)  # the first measurement of a K (a study measures each once)
@@ -222,7 +301,7 @@ def calibrate(observations: Sequence[Observation], drafter: str) -> StackCost | 
         if decode is None or not pts:
             continue
         fixed, per_token = _line(decode, pts)
-        levels[level] = LevelCost(decode, fixed, per_token, float(level))
+        levels[level] = LevelCost(decode, fixed, per_token, float(level), tuple(pts))
     if not levels:
         return None
     return StackCost(
@@ -231,6 +310,7 @@ def calibrate(observations: Sequence[Observation], drafter: str) -> StackCost | 
         acceptance_of(list(by_k.values())),
         tuple(sorted(by_k)),
         "linear" if len(spec_ks) >= 2 else "proportional",
+        replicate_noise(observations),
     )
 
 
@@ -287,8 +367,13 @@ def first_ks(low: int, high: int, hints: Iterable[int] = ()) -> tuple[int, ...]:
 
 SERVE_MARGIN = 0.03
 """An unserved K is worth a server start only where it is predicted this much faster than every
-served K at some level (the in-stack goal's 3%): below it, the fit cannot tell them apart from
-its own error, and chasing its noise costs minutes per start."""
+served K at some level (the in-stack goal's 3%), beyond the prediction's own error
+(:data:`SERVE_Z`): below it, the fit cannot tell them apart, and chasing its noise costs minutes
+per start."""
+
+SERVE_Z = 1.0
+"""Standard errors of the predicted gain (:meth:`StackCost.gain_error`) a K must clear beyond the
+margin, where the host's round-to-round noise is measured: one-sided 84% that the gain is real."""
 
 
 def next_k(
@@ -297,17 +382,23 @@ def next_k(
     measured: Iterable[int],
     margin: float = SERVE_MARGIN,
     tables: bool = False,
+    z: float = SERVE_Z,
 ) -> tuple[int | None, dict[int, int]]:
     """The K an in-stack study should serve next: of the levels whose predicted best K is not yet
-    measured and is predicted more than ``margin`` faster than the best measured K there, the one
-    where it gains most (None: no such level), and the predicted best per level.
+    measured and is predicted faster than the best measured K there by more than ``margin`` plus
+    ``z`` standard errors of that prediction (:meth:`StackCost.gain_error`, zero where the host's
+    noise is unmeasured), the one where it gains most (None: no such level), and the predicted best
+    per level. The error grows where the fit extrapolates: measured on vLLM-CPU, a fit from K = 0,
+    3, 6 predicted K=1 3.2% faster than K=3 at four requests; one round's 4% noise carried to K=1
+    is 11%, and the grid then measured K=1 there at 1.00x (0.72-1.39) the best.
 
-    Where no K clears the margin, a level's predicted best K that lies more than one step from
-    every measured K > 0 is served (the most gaining first): there the fit interpolates across a
-    gap it never measured, its error (of the order of a round's spread, 5-8% on a 2-core host) is
-    larger than the margin, and one server start settles it. A best K next to a measured one is
-    left to the margin. (Measured: without this rule a study that served K = 0, 1, 5, 7 stopped
-    with K=3, the grid's best at one and two requests, unserved: its best served K was 0.88x there.)
+    Where no K clears that bar, a level's predicted best K that lies more than one step from every
+    measured K > 0 is served (the most gaining first) if one round can settle it: where the
+    noise is unmeasured or ``z`` rounds' noise of a measured ratio (sqrt 2 rounds) is inside the
+    margin. There the fit interpolates across a gap it never measured, its error is larger than
+    the margin, and one server start settles it. A best K next to a measured one is left to the
+    margin. (Measured: without this rule a study that served K = 0, 1, 5, 7 stopped with K=3, the
+    grid's best at one and two requests, unserved: its best served K was 0.88x there.)
 
     ``tables`` (a stack that serves a by-batch-size table): a table holds K >= 1 at every level (its
     K=0 range still runs the drafter), so at each level the best K >= 1 is a candidate too, against
@@ -320,11 +411,12 @@ def next_k(
     """
     ks, done = sorted(set(ks)), set(measured)
     best = {level: cost.best_k(level, ks) for level in sorted(cost.levels)}
+    settles = cost.noise is None or z * math.sqrt(2) * cost.noise <= margin
     pools = [(ks, done)]
     if tables:
         pools.append(([k for k in ks if k > 0], {k for k in done if k > 0}))
     gains: dict[int, float] = {}
-    gaps: dict[int, float] = {}  # best K inside the margin but more than one step from a measured K
+    gaps: dict[int, float] = {}  # best K inside the bar but more than one step from a measured K
     for pool, served_ks in pools:
         if not pool or not served_ks:
             continue
@@ -332,11 +424,11 @@ def next_k(
             k = cost.best_k(level, pool)
             if k in done:
                 continue
-            served = max(cost.tokens_per_second(level, m) for m in served_ks)
-            gain = cost.tokens_per_second(level, k) / served
-            if gain > 1 + margin:
+            m = max(sorted(served_ks), key=lambda x: cost.tokens_per_second(level, x))
+            gain = cost.tokens_per_second(level, k) / cost.tokens_per_second(level, m)
+            if math.log(gain) > math.log(1 + margin) + z * cost.gain_error(level, k, m):
                 gains[k] = max(gains.get(k, 0.0), gain)
-            elif k > 0 and min((abs(k - m) for m in done if m > 0), default=k) > 1:
+            elif settles and k > 0 and min((abs(k - x) for x in done if x > 0), default=k) > 1:
                 gaps[k] = max(gaps.get(k, 0.0), gain)
     pick = gains or gaps
     return (max(pick, key=lambda k: (pick[k], -k)) if pick else None), best

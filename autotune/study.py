@@ -293,7 +293,10 @@ def warm_starts(
 
     ``in_stack`` (a backend that plans by cost): the chains are the stack-cost calibration's two K
     (:func:`autotune.stackcost.first_ks`), placed over the cost model's best K, not those K: the
-    engine's costs are another stack's, and the fit needs its span more than their guess."""
+    engine's costs are another stack's, and the fit needs its span more than their guess. And the
+    baseline runs twice, back to back in its one server (no second start): the two rounds give the
+    host's round-to-round noise (:func:`autotune.stackcost.replicate_noise`), which sets how large
+    a predicted gain must be to earn a server start."""
     cfg = ctx.cfg
     base = Knobs(
         space.drafters[0], 0, space.threshold_low, space.gamma_policies[0], max(space.max_batch_sizes)
@@ -349,6 +352,8 @@ def warm_starts(
         if clipped and key not in seen:
             seen.add(key)
             out.append((label, clipped))
+    if in_stack:
+        out.insert(1, ("baseline again, same server (the host's round-to-round noise)", out[0][1]))
     return out
 
 
@@ -394,8 +399,8 @@ def stack_planner(
     """An Optuna callback for a backend that plans by cost (``Backend.plans_by_cost``): once the warm
     starts have run, fit the stack cost (:mod:`autotune.stackcost`) from the finished trials, enqueue
     the unserved K predicted most faster than every served K at some level (:func:`stackcost.next_k`:
-    by more than ``SERVE_MARGIN``, else a level's predicted best K more than one step from every
-    measured K; with ``tables``, a backend that serves a by-batch-size table, also
+    by more than ``SERVE_MARGIN`` plus ``SERVE_Z`` standard errors of the prediction, else a level's
+    predicted best K more than one step from every measured K where one round can settle it; with ``tables``, a backend that serves a by-batch-size table, also
     the best K >= 1 of a level against the served K >= 1, since a table holds no K=0), and stop the
     study once there is none (a failed K is not served again). Until the fit exists, TPE goes on."""
 
@@ -409,19 +414,23 @@ def stack_planner(
         tried = {k.gamma if k.speculates else 0 for k in ran if not k.speculates or k.drafter == cost.drafter}
         k, best = stackcost.next_k(cost, range(space.gamma_low, space.gamma_high + 1), tried, tables=tables)
         plan = ", ".join(f"{b}:{g}" for b, g in best.items())
+        noise = (
+            f"one round's noise {cost.noise:.1%} carried through the fit" if cost.noise is not None else "noise unmeasured"
+        )
         if k is None:
             say(
-                f"  stack cost ({cost.fit} fit, K measured {list(cost.measured_k)}): predicted best K per level "
-                f"{plan}; no unserved K predicted > {stackcost.SERVE_MARGIN:.0%} faster than the served ones "
-                "at any level, nor a level's best K more than one step from a measured one: the study stops"
+                f"  stack cost ({cost.fit} fit, K measured {list(cost.measured_k)}, {noise}): predicted best K "
+                f"per level {plan}; no unserved K predicted > {stackcost.SERVE_MARGIN:.0%} faster than the served "
+                f"ones beyond {stackcost.SERVE_Z:g} standard error of the prediction at any level, nor a level's "
+                "best K more than one step from a measured one that one round can settle: the study stops"
             )
             study.stop()
             return
         knobs = Knobs(cost.drafter, k, 0.0, "constant", max(space.max_batch_sizes))
         study.enqueue_trial(space.clip(knobs), user_attrs={"warm_start": f"stack cost: predicted best K={k}"})
         say(
-            f"  stack cost ({cost.fit} fit, K measured {list(cost.measured_k)}): predicted best K per level "
-            f"{plan}; serving K={k} next"
+            f"  stack cost ({cost.fit} fit, K measured {list(cost.measured_k)}, {noise}): predicted best K per "
+            f"level {plan}; serving K={k} next"
         )
 
     return callback

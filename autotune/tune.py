@@ -204,7 +204,8 @@ def _run_study(
         for label, params in study_mod.warm_starts(
             ctx, space, measurement, nearest, in_stack=backend.plans_by_cost
         ):
-            study.enqueue_trial(params, user_attrs={"warm_start": label}, skip_if_exists=True)
+            # a new study: nothing to skip, and an in-stack study's baseline runs twice on purpose
+            study.enqueue_trial(params, user_attrs={"warm_start": label}, skip_if_exists=False)
     remaining = max(budget.n_trials - done_before, 0)
     say(
         f"study: {name} ({'resumed, ' + str(done_before) + ' finished trials kept' if resume else 'new'}); "

@@ -9,28 +9,33 @@ earlier run of this script or of ``schedule_vllm.py``.
 Then, with :mod:`autotune.stackcost`:
 
 1. **Predicted vs measured.** The fit from the calibration servers (``--calibrate``, default no
-   speculation, the smallest and the largest K of the grid) predicts every other K at every level
-   (``--start``, default no speculation and the largest K, is where the planner begins);
+   speculation, the smallest and the largest K of the grid) predicts every other K at every level,
    printed as the ratio predicted / measured (median tokens/s over rounds), with the measurement's
    own round-to-round spread beside it, so a miss inside the noise reads as such.
 2. **The planner against the exhaustive grid.** The in-stack study's planner
    (:func:`autotune.stackcost.next_k`, as ``autotune tune --backend vllm`` runs it) is replayed on
-   the grid's measurements: start from the calibration K, fit, serve the first level's predicted
-   best K not yet served (of those predicted > 3% faster than the served ones there, the largest
-   gain), refit, until there is none. Reported: the server
-   starts it took against the grid's, and per level the best measured tokens/s among the K it
-   served against the grid's per-level best (goal: within 3% with at most a third of the starts).
+   the grid's medians: start from ``--start``, fit, serve what :func:`~autotune.stackcost.next_k`
+   names, refit, until it names none. Reported: the server starts it took against the grid's, and
+   per level the best measured tokens/s among the K it served against the grid's per-level best
+   (goal: within 3% with at most a third of the starts).
+3. **The planner on one round per server** (a grid of two rounds or more): as a study meets the
+   host, each server measured once (``--draws`` seeded draws of a round per K), from no
+   speculation and :func:`~autotune.stackcost.first_ks`; with the study's second no-speculation
+   round (the host's noise, :func:`~autotune.stackcost.replicate_noise`) and without it (the rule
+   before it). Reported: mean starts, the share within a third of the grid's, and the landing on
+   the grid's per-level medians.
 
 JSON: ``benchmarks/results/stack_cost_vllm.json`` (rows rewritten after each server). Usage::
 
     python benchmarks/stack_cost.py [--config tune.yaml] [--grid 1,2,3,4,5,6,7,8] [--repeats 1] \
-[--calibrate 0,1,8] [--start 0,8] [--from JSON] [--out benchmarks/results/stack_cost_vllm.json]
+[--calibrate 1,8] [--start 3,6] [--draws 300] [--from JSON] [--out benchmarks/results/stack_cost_vllm.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -54,12 +59,16 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--grid", default="1,2,3,4,5,6,7,8", help="constant K of the grid (draft model)")
     p.add_argument("--repeats", type=int, default=1, help="rounds per server, back to back")
     p.add_argument(
-        "--calibrate", default=None, help="K of the calibration servers (default 0, min, max of the grid)"
+        "--calibrate", default=None, help="K of the calibration servers beside no speculation (default min, max of the grid)"
     )
-    p.add_argument("--start", default=None, help="K the planner starts from (default 0 and the grid's max)")
+    p.add_argument(
+        "--start", default=None, help="K the planner starts from beside no speculation (default the grid's max)"
+    )
     p.add_argument(
         "--from", dest="source", type=Path, default=None, help="analyse this run's rows, start nothing"
     )
+    p.add_argument("--draws", type=int, default=300, help="seeded one-round replays (grids of 2+ rounds)")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stack_cost_vllm.json")
     return p.parse_args()
 
@@ -91,11 +100,26 @@ def spread(row: dict, level: int) -> float:
     return (max(xs) - min(xs)) / 2 / statistics.median(xs) if len(xs) > 1 else 0.0
 
 
-def replay(obs: dict[int, stackcost.Observation], start: Sequence[int], ks: Sequence[int]) -> dict:
-    """The study's planner on measured observations: starts, fits, and per level the K it would pick."""
+def round_observation(row: dict, k: int, i: int) -> stackcost.Observation:
+    """A row's ``i``-th round alone, as one study trial measures it."""
+    per_level = {
+        int(b): LevelMetrics.from_metrics({key: values[i] for key, values in lv.items()})
+        for b, lv in row["per_level_rounds"].items()
+    }
+    return stackcost.Observation(k, per_level)
+
+
+def replay(
+    obs: dict[int, stackcost.Observation],
+    start: Sequence[int],
+    ks: Sequence[int],
+    extra: Sequence[stackcost.Observation] = (),
+) -> dict:
+    """The study's planner on measured observations: starts, fits, and per level the K it would pick.
+    ``extra``: more runs for the fit (the study's second no-speculation round: its noise)."""
     served, steps = list(start), []
     while True:
-        cost = stackcost.calibrate([obs[k] for k in served], "model")
+        cost = stackcost.calibrate([obs[k] for k in served] + list(extra), "model")
         if cost is None:
             return {"served": served, "steps": steps, "error": "no fit from the start set"}
         k, best = stackcost.next_k(cost, ks, served)
@@ -105,6 +129,42 @@ def replay(obs: dict[int, stackcost.Observation], start: Sequence[int], ks: Sequ
         if k is None or k not in obs:
             return {"served": served, "steps": steps, "cost": cost.to_json(), "unmeasured": k}
         served.append(k)
+
+
+def resampled(rows: dict[int, dict], ks: Sequence[int], draws: int, seed: int, noise: bool) -> dict:
+    """The planner as a study meets this grid: every server measured once (a round drawn at random
+    per K, seeded), from no speculation and :func:`autotune.stackcost.first_ks`; with ``noise``, no
+    speculation's second round in its server (another of its rounds) gives the fit its noise, as
+    ``autotune tune --backend vllm`` does; without, the rule before it. Landing is judged on the
+    grid's per-level medians over all rounds."""
+    rng = random.Random(seed)
+    levels = sorted(int(b) for b in rows[0]["per_level_rounds"])
+    n = {k: len(r["per_level_rounds"][levels[0]]["tokens_per_second"]) for k, r in rows.items()}
+    median = {
+        b: {k: statistics.median(r["per_level_rounds"][b]["tokens_per_second"]) for k, r in rows.items()}
+        for b in levels
+    }
+    start = [0, *stackcost.first_ks(min(ks), max(ks))]
+    starts, within, worst = [], [], []
+    for _ in range(draws):
+        pick = {k: rng.randrange(n[k]) for k in rows}
+        obs = {k: round_observation(r, k, pick[k]) for k, r in rows.items()}
+        again = [round_observation(rows[0], 0, rng.choice([i for i in range(n[0]) if i != pick[0]]))]
+        served = replay(obs, start, ks, again if noise else ())["served"]
+        ratios = [max(median[b][k] for k in served) / max(median[b].values()) for b in levels]
+        starts.append(len(served))
+        within.append(sum(x >= 0.97 for x in ratios) / len(ratios))
+        worst.append(min(ratios))
+    return {
+        "rule": "margin + fit error (noise from the second no-speculation round)" if noise else "margin only",
+        "start": start,
+        "draws": draws,
+        "mean_starts": statistics.mean(starts),
+        "share_within_a_third": sum(x <= len(ks) / 3 for x in starts) / draws,
+        "starts_histogram": {str(x): starts.count(x) for x in sorted(set(starts))},
+        "levels_within_3pct": statistics.mean(within),
+        "worst_level_mean": statistics.mean(worst),
+    }
 
 
 def main() -> None:
@@ -188,9 +248,9 @@ def main() -> None:
         )
     print()
     ks = sorted(obs)
-    start = grid_values(args.start) if args.start else [0, spec[-1]]
-    if 0 not in start or any(k not in obs for k in start):
-        sys.exit(f"--start: needs 0 and measured K (got {start})")
+    start = sorted({0, *grid_values(args.start)}) if args.start else [0, spec[-1]]
+    if any(k not in obs for k in start):
+        sys.exit(f"--start: K {[k for k in start if k not in obs]} not measured in this run")
     plan = replay(obs, start, ks)
     grid_best = {b: max(ks, key=lambda k: obs[k].per_level[b].tokens_per_second or 0.0) for b in levels}
     served = plan["served"]
@@ -218,7 +278,7 @@ def main() -> None:
             + (
                 f" -> serve K={s['next']}"
                 if s["next"] is not None
-                else " -> nothing predicted >3% faster: stop"
+                else " -> nothing predicted >3% faster beyond the fit's error: stop"
             )
         )
     print(
@@ -243,7 +303,27 @@ def main() -> None:
         f"(worst {worst:.3f}); at most a third of the grid's starts: "
         f"{'met' if starts_ok else 'NOT met'} ({len(served)} of {len(ks)})"
     )
+    resamples = []
+    if min(len(r["per_level_rounds"][levels[0]]["tokens_per_second"]) for r in rows.values()) >= 2:
+        resamples = [resampled(rows, ks, args.draws, args.seed, noise) for noise in (False, True)]
+        print(f"\nthe planner on one round per server ({args.draws} seeded draws of the grid's rounds):")
+        print(
+            table(
+                ["rule", "starts (mean)", "<= a third", "levels within 3%", "worst level (mean)"],
+                [
+                    [
+                        r["rule"],
+                        fmt(r["mean_starts"], 2),
+                        f"{r['share_within_a_third']:.0%}",
+                        f"{r['levels_within_3pct']:.0%}",
+                        fmt(r["worst_level_mean"], 3),
+                    ]
+                    for r in resamples
+                ],
+            )
+        )
     result["analysis"] = {
+        "resampled": resamples,
         "calibration": cal,
         "start": start,
         "cost": cost.to_json(),

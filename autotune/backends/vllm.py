@@ -166,6 +166,7 @@ class VllmBackend(HttpBackend):
     fixed_knobs = FIXED_KNOBS
     serves_table = True  # num_speculative_tokens_per_batch_size, applied by vLLM's scheduler
     plans_by_cost = True  # ~2 min per server start here: serve the K the stack cost fit predicts best
+    default_trials = 7  # six server starts, and no speculation's second round in its own server
     extra_body = (("return_token_ids", True),)
 
     def __init__(self, ctx: Context, python: Path | None = None) -> None:
