@@ -3,7 +3,8 @@
 The study ranks configurations on single runs; what is chosen is decided on repeated ones:
 
 1. :func:`finalists`: the ``budget.remeasure_top`` fastest Pareto points, the AR baseline, the
-   best static gamma (what a stack's constant K is) and the best static gamma of each load level;
+   best static gamma (what a stack's constant K is) and the best static gamma of each load level
+   (on a backend that plans by cost, which serves few K on purpose: every static gamma it served);
 2. :func:`remeasure`: each run ``budget.repeats`` times on the backend, with paired seeds;
 3. :func:`decide`: the margin rule picks the configuration (one of a simpler structure is kept
    unless the interval of the paired ratio excludes 1). Where that kept a simpler configuration
@@ -76,9 +77,13 @@ class Finalists:
     level_best: list[Point] = dataclasses.field(default_factory=list)
 
 
-def finalists(cfg: TuneConfig, points: list[Point]) -> Finalists:
+def finalists(cfg: TuneConfig, points: list[Point], every_chain: bool = False) -> Finalists:
     """The ``budget.remeasure_top`` fastest Pareto points (SLO-feasible ones when any), gamma=0, the
-    best static gamma overall and at each load level."""
+    best static gamma overall and at each load level; with ``every_chain`` (a study that served
+    few K on purpose: a backend that plans by cost) every static chain it measured, so that one
+    noisy round per server does not drop a K before the paired rounds. (Measured on vLLM-CPU:
+    K=6's one round ran ahead of K=3's at every level, 383 vs 354 tok/s over the sweep, and K=3
+    was not re-measured; the grid half an hour later put K=3 at 1.07x K=6 at one and two requests.)"""
     pool = (
         [p for p in points if p.feasible]
         if cfg.objectives.slo and any(p.feasible for p in points)
@@ -99,6 +104,7 @@ def finalists(cfg: TuneConfig, points: list[Point]) -> Finalists:
         (baseline, None),
         *([(best_static.knobs, best_static.number)] if best_static else []),
         *((p.knobs, p.number) for p in level_best),
+        *((p.knobs, p.number) for p in (static if every_chain else [])),
     ]:
         if all(knobs != k for k, _ in configs):
             configs.append((knobs, number))
@@ -310,14 +316,20 @@ def decide(
     cfg: TuneConfig, backend: Backend, space: Space, measurement: dict, points: list[Point], say: Say
 ) -> Decision:
     """Re-measure the finalists, choose with a margin, contest the per-level table, check the prediction."""
-    final = finalists(cfg, points)
+    final = finalists(cfg, points, every_chain=backend.plans_by_cost)
     remeasured = remeasure(
         cfg,
         backend,
         final.configs,
         say,
         f"re-measuring the top {len(final.candidates)} candidates of the Pareto front, the AR baseline"
-        + (", the best static gamma and each load level's" if final.best_static is not None else ""),
+        + (
+            ", every constant K served (the study served few on purpose)"
+            if backend.plans_by_cost and final.best_static is not None
+            else ", the best static gamma and each load level's"
+            if final.best_static is not None
+            else ""
+        ),
     )
     has_slo, knee = bool(cfg.objectives.slo), cfg.objectives.knee
     choice = choose_with_margin(remeasured.points, has_slo, knee)  # must beat plain decoding by a margin

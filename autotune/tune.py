@@ -280,11 +280,14 @@ def _trial_logger(
     of it was disturbed."""
     best = {"tps": 0.0}
     progress = {"done": 0, "t0": clock()}
+    last: list[Knobs] = []  # the previous trial's knobs: a stack serves the same ones in the same server
 
     def on_trial(
         number: int, knobs: Knobs, result: TrialResult | None, error: str | None, pruned: bool = False
     ) -> None:
         progress["done"] += 1
+        same = last[-1:] == [knobs]
+        last[:] = [knobs] if result is not None and not pruned else []  # a failed trial's server is dropped
         done, elapsed = progress["done"], clock() - progress["t0"]
         eta = f"[{done}/{remaining}, ETA {_duration(elapsed / done * (remaining - done))}]"
         described = (
@@ -299,7 +302,9 @@ def _trial_logger(
             say(f"  trial {number}: failed ({error}) | {described} (traceback in {log}) {eta}")
             return
         best["tps"] = max(best["tps"], result.tokens_per_second)
-        startup = f" (server start {result.startup_s:.0f} s)" if result.startup_s else ""
+        startup = (
+            "" if not result.startup_s else " (same server)" if same else f" (server start {result.startup_s:.0f} s)"
+        )
         say(
             f"  trial {number}: {result.tokens_per_second:.1f} tok/s, {cfg.objectives.latency} {result.latency_ms:.1f} ms "
             f"| {described} | best so far {best['tps']:.1f} tok/s{startup} {eta}"

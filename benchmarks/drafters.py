@@ -112,8 +112,28 @@ def engine_part(pair, requests, drafters, grid, levels, rounds, seed) -> dict:
     return {"rows": rows, "best": best}
 
 
-def engine_goals(best: dict, levels) -> dict:
-    """The head's accepted length and draft cost at its best gamma against the draft model's."""
+def head_ceiling(rows: list[dict], c: int) -> dict | None:
+    """The most the head's cheaper drafting can buy over the draft model at load ``c``, at one gamma:
+    ``(L_head / L_model) x (1 + K c_model) / (1 + K c_head)`` (``c``: draft cost per proposed token
+    in AR steps), the tokens/s ratio if verifying K+1 tokens cost no more than one AR step; a dearer
+    verify (``v > 1`` in place of the 1s) only lowers it. The best gamma of the grid, or None."""
+    by = {(r["drafter"], r["gamma"]): r for r in rows if r["concurrency"] == c}
+    best = None
+    for (drafter, k), head in by.items():
+        model = by.get(("model", k))
+        if drafter != "eagle3" or model is None or not head["draft_cost_ratio"] or not model["draft_cost_ratio"]:
+            continue
+        value = (head["mean_acceptance_length"] / model["mean_acceptance_length"]) * (
+            (1 + k * model["draft_cost_ratio"]) / (1 + k * head["draft_cost_ratio"])
+        )
+        if best is None or value > best["value"]:
+            best = {"gamma": k, "value": value}
+    return best
+
+
+def engine_goals(best: dict, levels, rows: list[dict]) -> dict:
+    """The head's accepted length and draft cost at its best gamma against the draft model's, and
+    the head's ceiling over the draft model (:func:`head_ceiling`)."""
     out = {}
     for c in levels:
         head, model = best.get(f"eagle3@{c}"), best.get(f"model@{c}")
@@ -129,6 +149,7 @@ def engine_goals(best: dict, levels) -> dict:
             "accepted_length_head_over_model": length,
             "draft_cost_head_over_model": cost,
             "goal_met": length >= 1.0 and cost is not None and cost <= 0.5,
+            "head_ceiling_over_model": head_ceiling(rows, c),
         }
     return out
 
@@ -330,7 +351,10 @@ def main() -> None:
     pair, requests = _common.load(bench, eagle3=args.eagle3 if "eagle3" in drafters else None)
     requests = [dataclasses.replace(r, temperature=0.0) for r in requests]
     engine = engine_part(pair, requests, drafters, args.grid, args.concurrency, args.rounds, args.seed)
-    results: dict = {"engine": engine, "engine_goals": engine_goals(engine["best"], args.concurrency)}
+    results: dict = {
+        "engine": engine,
+        "engine_goals": engine_goals(engine["best"], args.concurrency, engine["rows"]),
+    }
     _common.print_table(
         f"engine: {len(requests)} held-out prompts x {args.max_new_tokens} tokens, greedy, "
         f"{args.rounds} interleaved rounds (x no speculation: paired over rounds)",
@@ -373,6 +397,12 @@ def main() -> None:
             f"model's, draft cost {'-' if cost is None else f'{cost:.2f}'}x: "
             + ("met" if g["goal_met"] else "NOT met")
         )
+        top = g["head_ceiling_over_model"]
+        if top is not None:
+            print(
+                f"  the head's ceiling over the draft model at load {c}: {top['value']:.2f}x (gamma {top['gamma']}: "
+                "accepted length ratio x step-cost ratio with a verify no dearer than an AR step)"
+            )
     if args.tune:
         tuned = tune_part(args, drafters, args.concurrency, engine["rows"], pair, requests)
         results["tune"] = tuned

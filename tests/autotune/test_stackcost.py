@@ -317,6 +317,10 @@ def test_a_study_that_plans_by_cost_serves_only_the_predicted_best_k_and_stops(t
     # none on this deterministic stack
     assert [k.speculates for k in backends[0].ran[:3]] == [False, False, True]
     assert stored["noise"] == 0.0 and any("one round's noise 0.0%" in line for line in lines)
+    # it served few K on purpose: every one of them is re-measured in paired rounds, not only the
+    # fastest by its single round
+    remeasured = {k.gamma_at(1) if k.speculates else 0 for k in backends[0].ran[stored["trials"] :]}
+    assert served <= remeasured and any("every constant K served" in line for line in lines)
     assert all(math.isclose(r["ratio"], 1.0, rel_tol=1e-6) for r in stored["predicted_vs_measured"])
     decision = profile["table_decision"]
     assert {lv["batch_size"]: lv["gamma"] for lv in decision["levels"]} == truth

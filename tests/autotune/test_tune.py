@@ -494,3 +494,22 @@ def test_trial_lines_say_done_planned_and_eta_from_the_clock() -> None:
         "  trial 1: failed (RuntimeError: boom) | gamma=2 thr=0.10 constant B=4 model "
         "(traceback in study.log) [2/3, ETA 45s]"
     )
+
+
+def test_trial_lines_name_a_server_start_only_where_the_trial_started_one() -> None:
+    """A stack serves the same knobs again in the same server (the in-stack study's second
+    no-speculation round); a failed trial's server is dropped, so the next one starts anew."""
+    from autotune.tune import _trial_logger
+
+    lines: list[str] = []
+    cfg = SimpleNamespace(objectives=SimpleNamespace(latency="tpot_ms_p95"))
+    log = _trial_logger(cfg, 5, lines.append, Path("study.log"), clock=lambda: 0.0)
+    off, k3 = Knobs("model", 0, 0.0, "constant", 16), Knobs("model", 3, 0.0, "constant", 16)
+    log(0, off, TrialResult(50.0, 12.0, {}, startup_s=35.0), None)
+    log(1, off, TrialResult(51.0, 12.0, {}, startup_s=35.0), None)
+    log(2, k3, TrialResult(60.0, 12.0, {}, startup_s=36.0), None)
+    log(3, k3, None, "ServerError: died")
+    log(4, k3, TrialResult(61.0, 12.0, {}, startup_s=40.0), None)
+    assert "failed (ServerError: died)" in lines[3]
+    starts = [line.split("tok/s")[-1].split(" [")[0] for line in lines if "failed" not in line]
+    assert starts == [" (server start 35 s)", " (same server)", " (server start 36 s)", " (server start 40 s)"]

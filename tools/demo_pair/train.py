@@ -777,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
         "target_config": tcfg.to_hf_dict(),
         "params": {"target": n_t},
         "corpus": {
-            "stdlib": str(root),
+            "stdlib": str(root).replace(str(Path.home()), "~", 1),  # no machine's home in a shipped log
             "files": {k: len(v) for k, v in splits.items()},
             "split_rule": "bucket = int(sha256(relpath).hexdigest()[:8], 16) % 100; "
             "<5 prompt, <10 val, else train",
