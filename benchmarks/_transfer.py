@@ -93,53 +93,98 @@ def newest_profile(ctx, backend: str, profile_id: int | None) -> dict | None:
 
 
 def measure_plan(
-    backend, plan: list[tuple[str, list[str]]], batch: int, repeats: int, seed: int, host_flag: str = "--host"
+    backend,
+    plan: list[tuple[str, list[str]]],
+    batch: int,
+    repeats: int,
+    seed: int,
+    host_flag: str = "--host",
+    interleaved: bool = False,
 ) -> list[dict]:
-    """Run every configuration of ``plan`` in a fresh server; one row per entry (see the module docstring)."""
-    measured: dict[str, dict] = {}
-    rows = []
+    """Every configuration of ``plan`` in a fresh server; one row per entry (see the module docstring).
+
+    ``interleaved``: the servers stay up together and round r runs every configuration before round
+    r+1 (a host's drift then hits each round's pairs alike); where the backend keeps fewer servers
+    than the plan has configurations (``keep_servers``, sized by memory), back to back instead."""
+    distinct = {json.dumps(c) for _, c in plan}
+    if interleaved and getattr(backend, "keep_servers", 1) < len(distinct):
+        print(
+            f"interleaving {len(distinct)} servers needs keep_servers >= {len(distinct)} "
+            f"(this host keeps {backend.keep_servers}): back to back per server",
+            file=sys.stderr,
+        )
+        interleaved = False
+    order: list[tuple[str, list[str]]] = []
+    labels: dict[str, str] = {}  # command key -> the label of its first (measured) entry
     for label, command in plan:
         key = json.dumps(command)
-        if key in measured and not label.startswith("no speculation"):
-            rows.append({**measured[key], "config": label, "same_as": measured[key]["config"]})
-            continue
-        backend.close()  # a fresh server for every configuration
-        records: dict = {}
-        tps, runs = [], []
+        if key not in labels or label.startswith("no speculation"):
+            labels.setdefault(key, label)
+            order.append((label, command))
+    runs: dict[str, list[dict]] = {label: [] for label, _ in order}
+    records: dict[str, dict] = {label: {} for label, _ in order}
+    startup: dict[str, float] = {}
+    failed: dict[str, str] = {}
+
+    def one(label: str, command: list[str], r: int) -> None:
+        if label in failed:
+            return
         try:
-            for r in range(repeats):
-                res = backend.run_command(command, batch, seed + r, records if r == 0 else None).to_json()
-                tps.append(res["tokens_per_second"])
-                runs.append(res)
+            res = backend.run_command(command, batch, seed + r, records[label] if r == 0 else None).to_json()
         except ServerError as exc:
             print(f"{label}: failed: {exc}", file=sys.stderr)
-            rows.append({"config": label, "error": str(exc)[:2000], "args": shlex.join(command)})
+            failed[label] = str(exc)[:2000]
+            return
+        startup.setdefault(label, backend.server.startup_s)
+        runs[label].append(res)
+
+    if interleaved:
+        backend.close()
+        for r in range(repeats):
+            for label, command in order:
+                one(label, command, r)
+    else:
+        for label, command in order:
+            backend.close()  # a fresh server for every configuration
+            for r in range(repeats):
+                one(label, command, r)
+    backend.close()
+    rows, measured = [], {}
+    for label, command in plan:
+        key = json.dumps(command)
+        own = label if label in runs else labels[key]
+        if own != label:
+            rows.append({**measured[own], "config": label, "same_as": own})
             continue
-        first_level = min(records)
+        if label in failed:
+            rows.append({"config": label, "error": failed[label], "args": shlex.join(command)})
+            continue
+        mine = runs[label]
+        tps = [run["tokens_per_second"] for run in mine]
+        first_level = min(records[label])
         entry = {
             "config": label,
             "args": shlex.join(command[1 : command.index(host_flag)]),
-            "startup_s": backend.server.startup_s,
+            "startup_s": startup[label],
+            "order": "interleaved" if interleaved else "back to back",
             "tokens_per_second_runs": tps,
             "tokens_per_second": statistics.median(tps),
             "min": min(tps),
             "max": max(tps),
-            "acceptance_rate": runs[-1]["per_level"][first_level]["acceptance_rate"],
-            "per_level": runs[-1]["per_level"],
+            "acceptance_rate": mine[-1]["per_level"][first_level]["acceptance_rate"],
+            "per_level": mine[-1]["per_level"],
             "per_level_runs": {  # tokens/s of every round at each level (paired ratios per level)
-                str(b): [run["per_level"][b]["tokens_per_second"] for run in runs]
-                for b in runs[-1]["per_level"]
+                str(b): [run["per_level"][b]["tokens_per_second"] for run in mine] for b in mine[-1]["per_level"]
             },
-            "outputs": [r.output_tokens for r in records[first_level]],
+            "outputs": [rec.output_tokens for rec in records[label][first_level]],
         }
-        measured.setdefault(key, entry)
+        measured[label] = entry
         rows.append(entry)
         print(
             f"{label}: {entry['tokens_per_second']:.1f} tok/s ({entry['min']:.1f}-{entry['max']:.1f}), "
             f"start-up {entry['startup_s']:.1f} s",
             file=sys.stderr,
         )
-    backend.close()
     return rows
 
 

