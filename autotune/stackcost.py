@@ -36,8 +36,8 @@ Pure Python, no torch: tested on synthetic costs with known answers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
