@@ -102,7 +102,8 @@ class StackCost:
     acceptance: tuple[float, ...]  # unconditional per-position acceptance p_0, p_1, ...
     measured_k: tuple[int, ...]
     fit: str  # "linear" (>= 2 speculative K per level) or "proportional" (one K: fixed cost taken as 0)
-    noise: float | None = None  # one round's relative spread of a level's tokens/s (replicates); None: unmeasured
+    # one round's relative spread of a level's tokens/s (from replicates); None: not measured
+    noise: float | None = None
 
     def expected_tokens(self, k: int, acceptance: Sequence[float] | None = None) -> float:
         """L(K) = 1 + sum of the first K per-position acceptances (geometric tail past the measured ones)."""
@@ -269,9 +270,7 @@ def replicate_noise(observations: Sequence[Observation]) -> float | None:
     total, dof = 0.0, 0
     for group in by_k.values():
         for level in group[0].per_level:
-            xs = [
-                t for o in group if level in o.per_level and (t := o.per_level[level].tokens_per_second)
-            ]
+            xs = [t for o in group if level in o.per_level and (t := o.per_level[level].tokens_per_second)]
             if len(xs) < 2:
                 continue
             mean = sum(xs) / len(xs)

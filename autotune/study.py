@@ -415,7 +415,9 @@ def stack_planner(
         k, best = stackcost.next_k(cost, range(space.gamma_low, space.gamma_high + 1), tried, tables=tables)
         plan = ", ".join(f"{b}:{g}" for b, g in best.items())
         noise = (
-            f"one round's noise {cost.noise:.1%} carried through the fit" if cost.noise is not None else "noise unmeasured"
+            f"one round's noise {cost.noise:.1%} carried through the fit"
+            if cost.noise is not None
+            else "noise unmeasured"
         )
         if k is None:
             say(

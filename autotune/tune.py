@@ -303,7 +303,11 @@ def _trial_logger(
             return
         best["tps"] = max(best["tps"], result.tokens_per_second)
         startup = (
-            "" if not result.startup_s else " (same server)" if same else f" (server start {result.startup_s:.0f} s)"
+            ""
+            if not result.startup_s
+            else " (same server)"
+            if same
+            else f" (server start {result.startup_s:.0f} s)"
         )
         say(
             f"  trial {number}: {result.tokens_per_second:.1f} tok/s, {cfg.objectives.latency} {result.latency_ms:.1f} ms "

@@ -174,7 +174,8 @@ def measure_plan(
             "acceptance_rate": mine[-1]["per_level"][first_level]["acceptance_rate"],
             "per_level": mine[-1]["per_level"],
             "per_level_runs": {  # tokens/s of every round at each level (paired ratios per level)
-                str(b): [run["per_level"][b]["tokens_per_second"] for run in mine] for b in mine[-1]["per_level"]
+                str(b): [run["per_level"][b]["tokens_per_second"] for run in mine]
+                for b in mine[-1]["per_level"]
             },
             "outputs": [rec.output_tokens for rec in records[label][first_level]],
         }

@@ -122,7 +122,12 @@ def head_ceiling(rows: list[dict], c: int) -> dict | None:
     best = None
     for (drafter, k), head in by.items():
         model = by.get(("model", k))
-        if drafter != "eagle3" or model is None or not head["draft_cost_ratio"] or not model["draft_cost_ratio"]:
+        if (
+            drafter != "eagle3"
+            or model is None
+            or not head["draft_cost_ratio"]
+            or not model["draft_cost_ratio"]
+        ):
             continue
         value = (head["mean_acceptance_length"] / model["mean_acceptance_length"]) * (
             (1 + k * model["draft_cost_ratio"]) / (1 + k * head["draft_cost_ratio"])
@@ -401,8 +406,9 @@ def main() -> None:
         top = g["head_ceiling_over_model"]
         if top is not None:
             print(
-                f"  the head's ceiling over the draft model at load {c}: {top['value']:.2f}x (gamma {top['gamma']}: "
-                "accepted length ratio x step-cost ratio with a verify no dearer than an AR step)"
+                f"  the head's ceiling over the draft model at load {c}: {top['value']:.2f}x "
+                f"(gamma {top['gamma']}: accepted length ratio x step-cost ratio with a verify no dearer "
+                "than an AR step)"
             )
     if args.tune:
         tuned = tune_part(args, drafters, args.concurrency, engine["rows"], pair, requests)

@@ -59,10 +59,14 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--grid", default="1,2,3,4,5,6,7,8", help="constant K of the grid (draft model)")
     p.add_argument("--repeats", type=int, default=1, help="rounds per server, back to back")
     p.add_argument(
-        "--calibrate", default=None, help="K of the calibration servers beside no speculation (default min, max of the grid)"
+        "--calibrate",
+        default=None,
+        help="K of the calibration servers beside no speculation (default min, max of the grid)",
     )
     p.add_argument(
-        "--start", default=None, help="K the planner starts from beside no speculation (default the grid's max)"
+        "--start",
+        default=None,
+        help="K the planner starts from beside no speculation (default the grid's max)",
     )
     p.add_argument(
         "--from", dest="source", type=Path, default=None, help="analyse this run's rows, start nothing"

@@ -133,7 +133,10 @@ def test_replicates_measure_the_noise_and_its_error_grows_where_the_fit_extrapol
     def scaled(o: Observation, f: float) -> Observation:
         return Observation(
             o.k,
-            {b: dataclasses.replace(lv, tokens_per_second=lv.tokens_per_second * f) for b, lv in o.per_level.items()},
+            {
+                b: dataclasses.replace(lv, tokens_per_second=lv.tokens_per_second * f)
+                for b, lv in o.per_level.items()
+            },
         )
 
     base = [observed(0), observed(3), observed(6)]

@@ -512,4 +512,9 @@ def test_trial_lines_name_a_server_start_only_where_the_trial_started_one() -> N
     log(4, k3, TrialResult(61.0, 12.0, {}, startup_s=40.0), None)
     assert "failed (ServerError: died)" in lines[3]
     starts = [line.split("tok/s")[-1].split(" [")[0] for line in lines if "failed" not in line]
-    assert starts == [" (server start 35 s)", " (same server)", " (server start 36 s)", " (server start 40 s)"]
+    assert starts == [
+        " (server start 35 s)",
+        " (same server)",
+        " (server start 36 s)",
+        " (server start 40 s)",
+    ]

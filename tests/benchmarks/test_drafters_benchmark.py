@@ -53,7 +53,13 @@ def test_the_heads_ceiling_is_its_length_and_cost_advantage_at_one_gamma() -> No
     against the draft model's 0.17: at gamma 4 at most (1 + 4 x 0.17) / (1 + 4 x 0.13) = 1.105x."""
 
     def row(drafter: str, k: int, length: float, cost: float | None, c: int = 1) -> dict:
-        return {"drafter": drafter, "gamma": k, "concurrency": c, "mean_acceptance_length": length, "draft_cost_ratio": cost}
+        return {
+            "drafter": drafter,
+            "gamma": k,
+            "concurrency": c,
+            "mean_acceptance_length": length,
+            "draft_cost_ratio": cost,
+        }
 
     rows = [
         row("model", 2, 2.5, 0.17),

@@ -40,7 +40,13 @@ class StackStub:
 
 def plan() -> list[tuple[str, list[str]]]:
     cmd = lambda n: ["python", f"c{n}", "--host", "127.0.0.1"]  # noqa: E731
-    return [("no speculation", cmd(1)), ("a", cmd(2)), ("b", cmd(3)), ("b again", cmd(3)), ("no speculation (last)", cmd(1))]
+    return [
+        ("no speculation", cmd(1)),
+        ("a", cmd(2)),
+        ("b", cmd(3)),
+        ("b again", cmd(3)),
+        ("no speculation (last)", cmd(1)),
+    ]
 
 
 def test_interleaved_rounds_run_every_configuration_before_the_next_round() -> None:
@@ -51,7 +57,9 @@ def test_interleaved_rounds_run_every_configuration_before_the_next_round() -> N
     assert [n for n, _ in first] == ["c1", "c2", "c3", "c1"]  # "b again" is "b"'s row, not a run
     by = {r["config"]: r for r in rows}
     assert by["a"]["per_level_runs"] == {"1": [210.0, 211.0]} and by["a"]["order"] == "interleaved"
-    assert by["b again"]["same_as"] == "b" and by["b again"]["tokens_per_second"] == by["b"]["tokens_per_second"]
+    assert (
+        by["b again"]["same_as"] == "b" and by["b again"]["tokens_per_second"] == by["b"]["tokens_per_second"]
+    )
     assert by["no speculation (last)"]["tokens_per_second_runs"] == [110.0, 111.0]
 
 
