@@ -406,7 +406,7 @@ class BackendConfig:
     """``backend``: where a trial runs, and the study's budget there (each trial a server start)."""
 
     name: str = "engine"
-    n_trials: int | None = None  # None: the backend's own default (vllm 6, llamacpp 20)
+    n_trials: int | None = None  # None: the backend's own default (vllm 7, llamacpp 20)
     timeout_s: float | None = None
     vllm: VllmConfig = VllmConfig()
     llamacpp: LlamacppConfig = LlamacppConfig()
