@@ -400,9 +400,10 @@ def stack_planner(
     starts have run, fit the stack cost (:mod:`autotune.stackcost`) from the finished trials, enqueue
     the unserved K predicted most faster than every served K at some level (:func:`stackcost.next_k`:
     by more than ``SERVE_MARGIN`` plus ``SERVE_Z`` standard errors of the prediction, else a level's
-    predicted best K more than one step from every measured K where one round can settle it; with ``tables``, a backend that serves a by-batch-size table, also
-    the best K >= 1 of a level against the served K >= 1, since a table holds no K=0), and stop the
-    study once there is none (a failed K is not served again). Until the fit exists, TPE goes on."""
+    predicted best K more than one step from every measured K where one round can settle it; with
+    ``tables``, a backend that serves a by-batch-size table, also the best K >= 1 of a level against
+    the served K >= 1, since a table holds no K=0), and stop the study once there is none (a failed
+    K is not served again). Until the fit exists, TPE goes on."""
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:  # noqa: ARG001
         if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
