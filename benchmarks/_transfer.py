@@ -153,11 +153,11 @@ def measure_plan(
     for label, command in plan:
         key = json.dumps(command)
         own = label if label in runs else labels[key]
+        if own in failed:
+            rows.append({"config": label, "error": failed[own], "args": shlex.join(command)})
+            continue
         if own != label:
             rows.append({**measured[own], "config": label, "same_as": own})
-            continue
-        if label in failed:
-            rows.append({"config": label, "error": failed[label], "args": shlex.join(command)})
             continue
         mine = runs[label]
         tps = [run["tokens_per_second"] for run in mine]

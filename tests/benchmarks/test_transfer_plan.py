@@ -70,3 +70,5 @@ def test_back_to_back_where_the_host_keeps_too_few_servers_and_a_failed_server_i
     by = {r["config"]: r for r in rows}
     assert "c2 died" in by["a"]["error"] and by["b"]["order"] == "back to back"
     assert [r["config"] for r in rows] == [name for name, _ in plan()]
+    broken_b = measure_plan(StackStub(keep_servers=5, broken="c3"), plan(), batch=4, repeats=1, seed=0)
+    assert [r["config"] for r in broken_b if "error" in r] == ["b", "b again"]  # its alias failed with it
