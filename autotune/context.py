@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from autotune import hostnoise, profiler
 from autotune.config import TuneConfig, check_device
-from autotune.hardware import fingerprint
-from autotune.runner import Sampling, build_requests
-from autotune.trace import Arrival, load_trace
+from autotune.device import hostnoise, profiler
+from autotune.device.hardware import fingerprint
+from autotune.workload.runner import Sampling, build_requests
+from autotune.workload.trace import Arrival, load_trace
 from engine.errors import EngineInputError
 from engine.loader import ModelPair, load_pair
 from engine.speculative import Request, SpecConfig
@@ -39,7 +39,7 @@ class Context:
     pair_id: int
     pair_drafter: str  # how the pair is keyed in the store: "model" with a draft model, "eagle3" with a head
     compile_note: str = ""  # how the engine runs decode (compiled or eager, and why), for tune's log
-    trace: tuple[Arrival, ...] | None = None  # workload.trace as arrivals (autotune.trace)
+    trace: tuple[Arrival, ...] | None = None  # workload.trace as arrivals (autotune.workload.trace)
     head_hash: str | None = None  # the EAGLE-3 head searched beside the draft model (cfg.head_beside)
 
     @property
@@ -179,8 +179,8 @@ def _compile(
     """Compile the pair's decode forward per ``models.compile``; returns the line tune prints
     (``say`` hears that the compile starts).
 
-    ``auto`` first reads the host for :data:`autotune.hostnoise.WINDOW_S`: when other processes hold
-    a core torch's threads need (:func:`autotune.hostnoise.threads_for`), it keeps eager and says so
+    ``auto`` first reads the host for :data:`autotune.device.hostnoise.WINDOW_S`: when other processes hold
+    a core torch's threads need (:func:`autotune.device.hostnoise.threads_for`), it keeps eager and says so
     rather than compile for minutes and then compare the two paths under that load. It compiles and
     falls back to eager, saying why, when torch.compile cannot run here (e.g. no C++ compiler for
     inductor on a CPU host) or when the compiled target decodes clearly slower than eager

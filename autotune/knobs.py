@@ -106,7 +106,7 @@ class Knobs:
     is its depth, its threshold 0 and its policy constant (:meth:`for_tree`). A table (``table`` not ``()``) is a constant-policy chain
     whose K follows the number of running requests; its gamma is its largest K
     (:meth:`for_table`). Tables are not searched by the study: the decision builds one from the
-    per-level choices and serves it live (autotune.decision).
+    per-level choices and serves it live (autotune.decide.decision).
     """
 
     drafter: str
@@ -269,7 +269,7 @@ class Knobs:
         Choosing K=5 over K=3 adds nothing to what a stack is given (one number either way), so
         the faster K of one structure wins on its measurement; no speculation, a per-row policy, a
         table, a tree or a threshold is a different structure, which a winner must beat by a
-        margin (:func:`autotune.selection.choose_with_margin`).
+        margin (:func:`autotune.decide.selection.choose_with_margin`).
 
         Example:
             >>> Knobs("model", 3).structure == Knobs("model", 5).structure, Knobs("model", 0).structure

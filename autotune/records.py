@@ -3,18 +3,19 @@
 Each has ``to_json`` / ``from_json`` for the JSON it is stored as (the measurement in the
 profile store, a trial's per-level metrics as Optuna user attributes); ``from_json(d).to_json()``
 gives ``d`` back. The stored profile itself is :class:`profiles.schema.Profile`; the cost model's
-inputs are :class:`autotune.costmodel.Curves` and :class:`autotune.costmodel.StepSample`.
+inputs are :class:`autotune.records.Curves` and :class:`autotune.records.StepSample`.
 Metric definitions: docs/metrics.md.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from autotune.costmodel import Curves, StepSample
+from autotune.knobs import Knobs
 from profiles.schema import MISSING
 
 # The metrics of one load level, in the order they are stored (docs/metrics.md).
@@ -38,6 +39,127 @@ LEVEL_KEYS = (
 PER_POSITION = "per_position_acceptance"
 """A level's per-position acceptance (a list; a serving stack's counters, the engine's stats): kept
 next to :data:`LEVEL_KEYS` and stored only where measured, so results without it read as before."""
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One profiled verify step of one row: tokens accepted and draft confidence per position."""
+
+    n_accepted: int
+    confidence: tuple[float, ...]
+
+    def to_json(self) -> list:
+        """``[n_accepted, [confidence, ...]]``, as the profiler stores it (``acceptance.samples[i]``)."""
+        return [self.n_accepted, list(self.confidence)]
+
+    @classmethod
+    def from_json(cls, data: Sequence) -> StepSample:
+        n, confidence = data
+        return cls(int(n), tuple(confidence))
+
+
+@dataclass(frozen=True)
+class Curves:
+    """Measured step times in seconds.
+
+    ``t_verify[B][k]``: a target forward of B rows x k tokens; ``t_draft[B]``: one draft
+    forward of B rows x 1 token; ``overhead[B]``: the engine's own work per step (sampling,
+    acceptance, bookkeeping) measured as an engine decode step minus the bare forward;
+    ``draft_overhead[B]``: likewise for one draft forward inside the engine;
+    ``t_prefill[B]``: prefilling B prompts of ``prefill_tokens`` (the workload's median length). Batch sizes are the
+    measured ones (powers of two); other batch sizes are interpolated linearly.
+    """
+
+    t_verify: dict[int, dict[int, float]]
+    t_draft: dict[int, float]
+    overhead: dict[int, float] = field(default_factory=dict)  # engine work per step beyond the forwards
+    t_prefill: dict[int, float] = field(default_factory=dict)  # prefill of B prompts of typical length
+    draft_overhead: dict[int, float] = field(default_factory=dict)  # engine work per draft forward
+    prefill_tokens: int = 0  # prompt length t_prefill was measured at (0: unknown)
+
+    @classmethod
+    def from_json(cls, curves: Mapping[str, Any]) -> Curves:
+        """From the profiler's stored ``curves`` (mapping keys are strings there; other keys are ignored)."""
+
+        def floats(key: str) -> dict[int, float]:
+            return {int(b): float(t) for b, t in curves.get(key, {}).items()}
+
+        return cls(
+            {int(b): {int(k): float(t) for k, t in row.items()} for b, row in curves["t_verify"].items()},
+            floats("t_draft"),
+            floats("overhead"),
+            floats("t_prefill"),
+            floats("draft_overhead"),
+            int(curves.get("prompt_tokens") or 0),
+        )
+
+    def to_json(self) -> dict:
+        """The part of the stored ``curves`` the cost model reads (the profiler stores more: knee curve, samples)."""
+        return {
+            "t_verify": {b: dict(row) for b, row in self.t_verify.items()},
+            "t_draft": dict(self.t_draft),
+            "overhead": dict(self.overhead),
+            "t_prefill": dict(self.t_prefill),
+            "draft_overhead": dict(self.draft_overhead),
+            "prompt_tokens": self.prefill_tokens,
+        }
+
+    def step_overhead(self, batch: float) -> float:
+        return max(interpolate(self.overhead, batch), 0.0) if self.overhead else 0.0
+
+    def prefill(self, batch: float, tokens: int | None = None) -> float:
+        """Prefilling ``batch`` prompts; with ``tokens`` (the batch's longest prompt: shorter
+        rows are padded to it) scaled linearly from the measured prompt length."""
+        t = interpolate(self.t_prefill, batch) if self.t_prefill else 0.0
+        return t * tokens / self.prefill_tokens if tokens and self.prefill_tokens else t
+
+    def verify(self, batch: float, k: float) -> float:
+        """T_verify at batch size ``batch`` and (possibly fractional, mean) verify width ``k``."""
+        lo = max(1, min(int(k), max(max(row) for row in self.t_verify.values())))
+        frac = min(max(k - lo, 0.0), 1.0)
+
+        def at(width: int) -> float:
+            return interpolate({b: row[min(width, max(row))] for b, row in self.t_verify.items()}, batch)
+
+        return at(lo) if frac == 0 else (1 - frac) * at(lo) + frac * at(lo + 1)
+
+    def draft(self, batch: float) -> float:
+        """One draft forward inside the engine: the bare forward plus the engine's work around it."""
+        if not self.t_draft:
+            return 0.0
+        extra = max(interpolate(self.draft_overhead, batch), 0.0) if self.draft_overhead else 0.0
+        return interpolate(self.t_draft, batch) + extra
+
+
+def interpolate(points: dict[int, float], x: float) -> float:
+    """Piecewise-linear in x through measured points; linear extrapolation from the last two."""
+    xs = sorted(points)
+    if len(xs) == 1:
+        return points[xs[0]] * max(x, 1) / xs[0] if x > xs[0] else points[xs[0]]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1 = xs[i - 1], xs[i]
+    y0, y1 = points[x0], points[x1]
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), min(y0, y1) if x < x0 else 0.0)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured configuration: its knobs, objectives and per-batch-size throughput."""
+
+    knobs: Knobs
+    tokens_per_second: float
+    latency_ms: float
+    violation: float = 0.0  # sum of positive SLO excesses (0 = feasible)
+    per_batch: Mapping[int, float] = field(default_factory=dict)  # batch size -> tokens/s
+    number: int | None = None
+    # re-measured points: (tokens/s, latency) per round, and tokens/s per batch size per round; the
+    # rounds of all re-measured points are paired (same seeds, measured alternately)
+    rounds: tuple[tuple[float, float], ...] = ()
+    per_batch_rounds: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        return self.violation <= 0
 
 
 @dataclass(frozen=True)
@@ -91,7 +213,7 @@ class TrialResult:
     chosen latency percentile at the worst level. ``per_level`` is keyed by batch size (the
     concurrency, or max_batch_size under an open-loop rate). ``startup_s``: a serving-stack
     backend's server start-up, present only there. ``trace``: the run of the workload's arrival
-    trace (``workload.trace``, :mod:`autotune.trace`) after the levels, None without one; it is no
+    trace (``workload.trace``, :mod:`autotune.workload.trace`) after the levels, None without one; it is no
     batch-size level and no part of the two objectives.
     """
 
@@ -181,7 +303,7 @@ class Measurement:
 
     ``curves``: t_verify[B][k], t_draft[B], t_prefill[B], overheads, the knee curve and the timing
     samples; ``acceptance``: gamma_max, drafter, acceptance rate, per-position acceptance and the
-    per-step samples; ``classification``: the per-batch-size table (autotune.classify).
+    per-step samples; ``classification``: the per-batch-size table (autotune.device.classify).
     """
 
     fingerprint: Mapping[str, Any]

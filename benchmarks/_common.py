@@ -2,7 +2,7 @@
 
 Every benchmark is ``python benchmarks/<name>.py [flags]``: seeded, greedy, it prints a human
 table and writes ``<out-dir>/<name>.json`` (default ``benchmarks/results/``) holding the exact
-command line, the parsed flags, the machine fingerprint (:func:`autotune.hardware.fingerprint`),
+command line, the parsed flags, the machine fingerprint (:func:`autotune.device.hardware.fingerprint`),
 the torch thread count and the results. Measured figures are ratios of runs made in the same
 invocation, so they compare like with like on a noisy host.
 
@@ -29,19 +29,19 @@ from pathlib import Path
 
 import torch
 
+from autotune.cli.text import table
 from autotune.config import DTYPES
-from autotune.costmodel import Curves, StepSample
-from autotune.errors import USER_ERRORS
-from autotune.hardware import fingerprint
-from autotune.profiler import (
+from autotune.device.hardware import fingerprint
+from autotune.device.profiler import (
     curves_from_json,
     measure_acceptance,
     measure_curves,
     measure_overhead,
     samples_from_json,
 )
-from autotune.runner import Sampling, build_requests
-from autotune.table import table
+from autotune.errors import USER_ERRORS
+from autotune.records import Curves, StepSample
+from autotune.workload.runner import Sampling, build_requests
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 from engine.loader import ModelPair, load_pair
 from engine.scheduler import RunResult

@@ -46,12 +46,12 @@ from typing import Any
 from _common import portable
 
 from autotune.backends.server import ServerError
+from autotune.cli.text import fmt, table
 from autotune.config import WorkloadConfig
+from autotune.decide.selection import LevelChoice, TablePlan, choose_with_margin, plan_table
 from autotune.knobs import Knobs
-from autotune.records import LEVEL_KEYS, PER_POSITION
-from autotune.selection import LevelChoice, Point, TablePlan, choose_with_margin, plan_table
+from autotune.records import LEVEL_KEYS, PER_POSITION, Point
 from autotune.stats import Estimate, bridged_ratio, paired_ratio, t975
-from autotune.table import fmt, table
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTANT_KINDS = ("off", "constant")  # the rows the best constant (overall and per level) is taken from
@@ -500,7 +500,7 @@ class Plan:
         )
 
     def table_plan(self, drafter: str) -> TablePlan | None:
-        """The tool's per-level rule and the table it serves (:func:`autotune.selection.plan_table`)
+        """The tool's per-level rule and the table it serves (:func:`autotune.decide.selection.plan_table`)
         over no speculation and the grid measured so far, anchored on the constant the tool chooses
         over the sweep (:meth:`constant_choice`), the fastest constant K where that is none; None
         before anything is measured."""
@@ -533,7 +533,7 @@ class Plan:
         return [] if plan is None else plan.levels
 
     def constant_choice(self) -> tuple[str | None, str]:
-        """The tool's margin rule (:func:`autotune.selection.choose_with_margin`, on the sweep's
+        """The tool's margin rule (:func:`autotune.decide.selection.choose_with_margin`, on the sweep's
         traffic-weighted tokens/s) over no speculation and the grid: ``(row label, reason)``."""
         rows = self.ok(CONSTANT_KINDS)
         if not rows:

@@ -24,9 +24,9 @@ from _common import portable
 
 from autotune import context
 from autotune.backends.server import ServerError
+from autotune.cli.text import table
 from autotune.config import load_config
 from autotune.errors import USER_ERRORS
-from autotune.table import table
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,10 +1,10 @@
 """How well the cost model predicts throughput under load.
 
-Profiles the pair once, as ``autotune profile`` does: ``autotune.profiler.measure_curves``
+Profiles the pair once, as ``autotune profile`` does: ``autotune.device.profiler.measure_curves``
 (T_verify(B, k) for k = 1 .. gamma_max + 1 and T_draft(B), at the workload's context: median
 prompt length + max_new_tokens / 2) and ``measure_acceptance`` (B=1, gamma_max, threshold 0).
-Then, for each (gamma, B) of the grid, puts the prediction of ``autotune.costmodel.predict``
-next to a real engine run (``autotune.runner.run_load``, closed loop, concurrency =
+Then, for each (gamma, B) of the grid, puts the prediction of ``autotune.cost.costmodel.predict``
+next to a real engine run (``autotune.workload.runner.run_load``, closed loop, concurrency =
 max_batch_size = B, greedy, the same requests):
 
     error = |predicted tokens/s - measured tokens/s| / measured tokens/s
@@ -12,7 +12,7 @@ max_batch_size = B, greedy, the same requests):
 and reports the median error over the grid (goal <= 10%). The model, with N = max_new_tokens:
 
     T_step   = draft_forwards * (T_draft(B) + draft_overhead(B)) + T_verify(B, gamma + 1) + overhead(B)
-    tokens/s = the closed-loop replay of ``autotune.costmodel.simulate_closed_loop``: the run's
+    tokens/s = the closed-loop replay of ``autotune.cost.costmodel.simulate_closed_loop``: the run's
                requests through B slots, prefills as requests arrive (padded to the longest
                prompt admitted together), each row drawing its profiled per-step outcome, the
                batch draining at the end
@@ -34,8 +34,8 @@ import statistics
 
 import _common
 
-from autotune.costmodel import predict
-from autotune.runner import LoadSpec, run_load
+from autotune.cost.costmodel import predict
+from autotune.workload.runner import LoadSpec, run_load
 from engine.speculative import SpecConfig
 
 NAME = "costmodel_accuracy"

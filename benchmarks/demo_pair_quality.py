@@ -3,7 +3,7 @@
 Per drafter (``--drafters``, default the draft model; ``ngram`` and ``eagle3``, the demo target's
 EAGLE-3 head in ``engine/demo/eagle3`` or ``--eagle3``, beside it), the same figures.
 
-The figures ``autotune bench --json`` reports (``autotune.runner.compare``: a speculative run and
+The figures ``autotune bench --json`` reports (``autotune.workload.runner.compare``: a speculative run and
 the same engine's autoregressive run on the same requests, closed loop, one row), measured on
 every held-out prompt by default rather than the first few, in two modes:
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import _common
 
-from autotune.runner import LoadSpec, compare
+from autotune.workload.runner import LoadSpec, compare
 from engine.demo import DEMO_EAGLE3
 from engine.generate import generate
 from engine.speculative import SpecConfig

@@ -1,7 +1,7 @@
 """Drafters side by side: the EAGLE-3 head vs the draft model vs n-gram lookup vs hybrid.
 
 **Engine** (always): for every drafter of ``--drafters`` and gamma of ``--grid`` at each
-``--concurrency``, :func:`autotune.runner.compare` runs the speculative configuration and the
+``--concurrency``, :func:`autotune.workload.runner.compare` runs the speculative configuration and the
 autoregressive baseline on the same requests under the same closed-loop load; ``--rounds``
 rounds, the configurations interleaved within a round. Per (drafter, gamma, load): tokens/s
 (median), x no speculation (the paired ratio over rounds with its 95% interval), mean accepted
@@ -44,8 +44,8 @@ from pathlib import Path
 
 import _common
 
-from autotune.runner import LoadSpec, compare
 from autotune.stats import paired_ratio
+from autotune.workload.runner import LoadSpec, compare
 from engine.demo import DEMO_EAGLE3
 from engine.speculative import SpecConfig
 
@@ -172,7 +172,7 @@ def tune_part(args, drafters: list[str], levels: list[int], rows: list[dict], pa
 
     from autotune.config import load_config
     from autotune.errors import USER_ERRORS
-    from autotune.tune import run_tune
+    from autotune.jobs.tune import run_tune
 
     tmp = Path(tempfile.mkdtemp(prefix="drafters_tune_"))
     prompts = tmp / "prompts.jsonl"

@@ -2,10 +2,10 @@
 
 For each batch size B (closed loop: concurrency = max_batch_size = B; greedy; the same
 requests) and each gamma, the engine runs the requests twice back to back through
-``autotune.runner.run_load``: speculative (draft model, constant gamma, confidence threshold 0)
+``autotune.workload.runner.run_load``: speculative (draft model, constant gamma, confidence threshold 0)
 and autoregressive (gamma 0, same engine). Two predictions sit beside the measurement:
 
-*profile-predicted* (the goal's measure): ``autotune.costmodel.predict`` from a profile taken
+*profile-predicted* (the goal's measure): ``autotune.cost.costmodel.predict`` from a profile taken
 before any cell, as ``autotune profile`` takes it (``_common.profile_pair``: T_verify(B, k),
 T_draft(B), T_prefill(B), the engine's overhead, per-position acceptance at the largest gamma),
 replaying the same closed-loop run (prefills as requests arrive, rows finishing at different
@@ -45,8 +45,8 @@ import statistics
 
 import _common
 
-from autotune.costmodel import predict
-from autotune.runner import LoadSpec, run_load
+from autotune.cost.costmodel import predict
+from autotune.workload.runner import LoadSpec, run_load
 from engine.loader import ModelPair
 from engine.metrics import speedup
 from engine.speculative import SpecConfig
@@ -288,7 +288,7 @@ def main() -> None:
             "cells": cells,
             "summary": summary,
             "per_forward": forwards,
-            "formula": "profile-predicted = autotune.costmodel.predict(profile, closed loop).speedup; "
+            "formula": "profile-predicted = autotune.cost.costmodel.predict(profile, closed loop).speedup; "
             "step formula = E(gamma) * T_decode / (n_draft * T_draft + T_verify)",
             "profiles": {
                 name: {

@@ -82,7 +82,7 @@ read -r -d '' SUMMARY_PY <<'EOF'
 import json
 import sys
 
-from autotune.table import table
+from autotune.cli.text import table
 
 d = json.load(open(sys.argv[1]))
 fp, ce, theo = d["fingerprint"], d["ceilings"], d["fingerprint"].get("theoretical") or {}

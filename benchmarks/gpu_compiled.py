@@ -11,7 +11,7 @@ random weights, no downloads) and each way of running ``Transformer.decode``:
 
 one cached forward of B rows x k new tokens after ``--context`` tokens is timed (CUDA events,
 median of ``--repeats``). The roofline of a forward is weight bytes / measured device copy
-bandwidth (autotune.ceilings): the time a decode takes when it only streams its weights.
+bandwidth (autotune.device.ceilings): the time a decode takes when it only streams its weights.
 ``fraction`` = roofline / measured (goal: AR decode at B=1 >= 0.70 with graphs). T(B, k) / T(B, 1)
 is the verify cost of k tokens in decodes: flat (~1) where the device is memory-bound.
 
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from autotune.ceilings import measure_copy_bandwidth
-from autotune.table import table
+from autotune.cli.text import table
+from autotune.device.ceilings import measure_copy_bandwidth
 from engine.config import ModelConfig
 from engine.loader import load_model, parse_dtype, resolve_device
 from engine.model import Transformer

@@ -3,7 +3,7 @@
 The engine tests (tests/engine) build their tiny models on the CPU and take no device, so on a
 GPU host this check covers the output contract instead: for each dtype and batch size B
 (closed loop, concurrency = max_batch_size = B), the same requests run speculatively (draft
-model, gamma, threshold 0) and autoregressively (gamma 0) through ``autotune.runner.run_load``,
+model, gamma, threshold 0) and autoregressively (gamma 0) through ``autotune.workload.runner.run_load``,
 and the outputs are compared request by request.
 
 The contract (docs/architecture.md) is token-for-token equality in fp32: a float32 mismatch is a failure
@@ -22,7 +22,7 @@ import sys
 
 import _common
 
-from autotune.runner import LoadSpec, run_load
+from autotune.workload.runner import LoadSpec, run_load
 from engine.metrics import speedup
 from engine.speculative import SpecConfig
 

@@ -2,7 +2,7 @@
 
 For each concurrency level C (closed loop, max_batch_size = C, greedy, the same requests) the
 engine runs the workload once per gamma (0 = autoregressive, same engine; the others with the
-draft model, constant gamma, threshold 0), back to back, through ``autotune.runner.run_load``.
+draft model, constant gamma, threshold 0), back to back, through ``autotune.workload.runner.run_load``.
 Each run reports tokens_per_second (generated tokens / wall time) and tpot_ms p95; speedup is
 AR wall time / speculative wall time at the same C (docs/metrics.md).
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import _common
 
-from autotune.runner import LoadSpec, run_load
+from autotune.workload.runner import LoadSpec, run_load
 from engine.metrics import speedup
 from engine.speculative import SpecConfig
 

@@ -54,11 +54,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import portable  # noqa: E402
 
-from autotune import hostnoise  # noqa: E402
+from autotune.cli.text import table  # noqa: E402
 from autotune.config import load_config  # noqa: E402
+from autotune.device import hostnoise  # noqa: E402
 from autotune.errors import USER_ERRORS  # noqa: E402
-from autotune.table import table  # noqa: E402
-from autotune.tune import run_tune  # noqa: E402
+from autotune.jobs.tune import run_tune  # noqa: E402
 
 NO_DIFFERENCE = "no significant difference"
 CONDITIONS = ("quiet", "busy", "midstudy")

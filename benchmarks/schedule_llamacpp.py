@@ -21,7 +21,7 @@ ratios across groups go through it: the bridge, ``--no-bridge``). In this order:
    for this host and pair), when present.
 
 llama.cpp takes one n-max for every batch size (no table): the per-level n-max (the tool's
-per-level rule, ``autotune.selection.per_level_choices``: the sweep's constant unless another
+per-level rule, ``autotune.decide.selection.per_level_choices``: the sweep's constant unless another
 n-max, or none, is significantly faster at that level) is printed as what a table would have held.
 Tables and JSON as in ``schedule_vllm.py`` (``benchmarks/_schedule.py``): one table per load level,
 one aggregate row per configuration (traffic-weighted tokens/s, the trace's, goodput under

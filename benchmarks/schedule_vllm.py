@@ -16,7 +16,7 @@ ratios across groups go through it (the bridge; ``--no-bridge``), in this order:
 3. the table with K=0 at every batch size (``num_speculative_tokens`` 1,
    ``num_speculative_tokens_per_batch_size [[1, max_num_seqs, 0]]``): what merely enabling the
    table costs against no speculation (vLLM #49548);
-4. the table the tool's per-level rule makes from this run's grid (``autotune.selection.plan_table``,
+4. the table the tool's per-level rule makes from this run's grid (``autotune.decide.selection.plan_table``,
    the one the tune serves: the margin rule's constant over the sweep unless another K, or none,
    is significantly faster at a level; the table holds K >= 1, its K=0 ranges still running the
    draft), served live as vLLM's ``num_speculative_tokens_per_batch_size``; not served, with the
@@ -84,8 +84,8 @@ from _schedule import (  # noqa: E402
 from _transfer import open_stack  # noqa: E402
 
 from autotune.backends.vllm import VllmBackend, serve_command, trial_inputs  # noqa: E402
+from autotune.decide.selection import table_verdict  # noqa: E402
 from autotune.knobs import Knobs, table_text  # noqa: E402
-from autotune.selection import table_verdict  # noqa: E402
 from profiles.exporters._common import batch_ranges  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
 from profiles.schema import Profile  # noqa: E402

@@ -6,22 +6,22 @@ schedule benchmarks' :class:`_schedule.Plan`; every round's per-level metrics ar
 per-position acceptance from vLLM's counters among them). Or ``--from JSON``: the rows of an
 earlier run of this script or of ``schedule_vllm.py``.
 
-Then, with :mod:`autotune.stackcost`:
+Then, with :mod:`autotune.cost.stackcost`:
 
 1. **Predicted vs measured.** The fit from the calibration servers (``--calibrate``, default no
    speculation, the smallest and the largest K of the grid) predicts every other K at every level,
    printed as the ratio predicted / measured (median tokens/s over rounds), with the measurement's
    own round-to-round spread beside it, so a miss inside the noise reads as such.
 2. **The planner against the exhaustive grid.** The in-stack study's planner
-   (:func:`autotune.stackcost.next_k`, as ``autotune tune --backend vllm`` runs it) is replayed on
-   the grid's medians: start from ``--start``, fit, serve what :func:`~autotune.stackcost.next_k`
+   (:func:`autotune.cost.stackcost.next_k`, as ``autotune tune --backend vllm`` runs it) is replayed on
+   the grid's medians: start from ``--start``, fit, serve what :func:`~autotune.cost.stackcost.next_k`
    names, refit, until it names none. Reported: the server starts it took against the grid's, and
    per level the best measured tokens/s among the K it served against the grid's per-level best
    (goal: within 3% with at most a third of the starts).
 3. **The planner on one round per server** (a grid of two rounds or more): as a study meets the
    host, each server measured once (``--draws`` seeded draws of a round per K), from no
-   speculation and :func:`~autotune.stackcost.first_ks`; with the study's second no-speculation
-   round (the host's noise, :func:`~autotune.stackcost.replicate_noise`) and without it (the rule
+   speculation and :func:`~autotune.cost.stackcost.first_ks`; with the study's second no-speculation
+   round (the host's noise, :func:`~autotune.cost.stackcost.replicate_noise`) and without it (the rule
    before it). Reported: mean starts, the share within a third of the grid's, and the landing on
    the grid's per-level medians.
 
@@ -48,9 +48,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _schedule import Plan, grid_values, identity, write_json  # noqa: E402
 
-from autotune import stackcost  # noqa: E402
+from autotune.cli.text import fmt, table  # noqa: E402
+from autotune.cost import stackcost  # noqa: E402
 from autotune.records import LevelMetrics  # noqa: E402
-from autotune.table import fmt, table  # noqa: E402
 
 
 def arguments() -> argparse.Namespace:
@@ -137,7 +137,7 @@ def replay(
 
 def resampled(rows: dict[int, dict], ks: Sequence[int], draws: int, seed: int, noise: bool) -> dict:
     """The planner as a study meets this grid: every server measured once (a round drawn at random
-    per K, seeded), from no speculation and :func:`autotune.stackcost.first_ks`; with ``noise``, no
+    per K, seeded), from no speculation and :func:`autotune.cost.stackcost.first_ks`; with ``noise``, no
     speculation's second round in its server (another of its rounds) gives the fit its noise, as
     ``autotune tune --backend vllm`` does; without, the rule before it. Landing is judged on the
     grid's per-level medians over all rounds."""

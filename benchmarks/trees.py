@@ -1,7 +1,7 @@
 """Token trees vs chains vs autoregressive decoding on the demo pair (held-out prompts).
 
 For each batch size B (closed loop: concurrency = max_batch_size = B) and mode (greedy,
-temperature 1), every configuration runs the same requests through ``autotune.runner.run_load``:
+temperature 1), every configuration runs the same requests through ``autotune.workload.runner.run_load``:
 AR (gamma 0), chains (draft model, gamma in ``--gammas``) and trees (``--trees``: top-k per
 depth, depth = gamma; greedy rows take the draft's top-k children, sampled rows k i.i.d. draft
 samples, and at T=1 each tree also runs with top-k children, labelled "topk"), dynamic
@@ -25,7 +25,7 @@ step's draft forwards, on a random context) and the throughput they imply with t
 mean accepted length, B x E / (draft + verify): a noise-robust view that leaves out the engine's
 own per-step work. Last, per batch size, where trees pay against the profiler's label: the
 label from this run's least-disturbed T_verify(B, 9) / T_verify(B, 1) by the profiler's rule
-(``autotune.classify.label``), whether the best tree or dynamic tree beat the best chain
+(``autotune.device.classify.label``), whether the best tree or dynamic tree beat the best chain
 (greedy, paired: in every round, in none, or within noise), and whether the label said so
 (memory-bound: trees pay; otherwise not).
 Ratios come from runs of one invocation on one (noisy, shared) host; read them as such.
@@ -51,8 +51,8 @@ from pathlib import Path
 import _common
 import torch
 
-from autotune import classify
-from autotune.runner import LoadSpec, run_load
+from autotune.device import classify
+from autotune.workload.runner import LoadSpec, run_load
 from engine.demo import DEMO_EAGLE3
 from engine.errors import EngineInputError
 from engine.speculative import SpecConfig
@@ -504,7 +504,7 @@ def main() -> None:
     pays = where_trees_pay(pair, args.batch_sizes, summary, context, args.cost_repeats)
     _common.print_table(
         f"where trees pay vs the profiler's label (verify cost = T_verify(B, {LABEL_GAMMA}+1) / "
-        f"T_verify(B, 1), min of {args.cost_repeats}; autotune.classify.label)",
+        f"T_verify(B, 1), min of {args.cost_repeats}; autotune.device.classify.label)",
         [
             "B",
             "verify cost",
@@ -534,7 +534,7 @@ def where_trees_pay(
     pair, batch_sizes: list[int], summary: list[dict], context: int, repeats: int
 ) -> list[dict]:
     """Per batch size: the profiler's label from this run's least-disturbed verify costs (the
-    profiler's rule: ``autotune.classify.label`` at gamma :data:`LABEL_GAMMA`), whether the best tree
+    profiler's rule: ``autotune.device.classify.label`` at gamma :data:`LABEL_GAMMA`), whether the best tree
     (static or dynamic) beat the best chain (greedy: "yes" when the paired ratio is above 1 in every
     round, "no" when below in every round, else "within noise"), and whether the label predicted
     it: trees pay where verifying more tokens is nearly free (memory-bound), not elsewhere."""

@@ -30,12 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune import context  # noqa: E402
-from autotune import study as study_mod  # noqa: E402
 from autotune.backends.engine import EngineBackend  # noqa: E402
+from autotune.cli.text import table  # noqa: E402
 from autotune.config import load_config  # noqa: E402
+from autotune.jobs.tune import run_tune  # noqa: E402
 from autotune.knobs import Knobs  # noqa: E402
-from autotune.table import table  # noqa: E402
-from autotune.tune import run_tune  # noqa: E402
+from autotune.search import study as study_mod  # noqa: E402
 
 DEFAULTS = {
     "transformers (20 tokens, confidence 0.4)": {"gamma": 20, "confidence_threshold": 0.4},

@@ -34,7 +34,7 @@ fell in; rewritten after each phase, ``complete`` false until the end). Usage::
 [--steady-min 10] [--switch-min 3] [--interval 15] [--windows-to-stale 3] [--confirm-rounds 3]
 
 With ``--retune``, the first phase that turned stale is then re-tuned for real, exactly as
-``autotune watch --retune`` would (:func:`autotune.retune.retune`: the phase's prompts as the
+``autotune watch --retune`` would (:func:`autotune.jobs.retune.retune`: the phase's prompts as the
 recent-prompts JSONL, sampled phases with their temperature on every line, the load levels around
 the phase's live requests running, the same stack), after the benchmark's own servers are
 stopped; the row says whether the re-tune's choice is the alternative the watch named. On
@@ -64,13 +64,13 @@ from _transfer import newest_profile  # noqa: E402
 
 from autotune import context  # noqa: E402
 from autotune.backends.openai_load import Endpoint, run_http_load  # noqa: E402
+from autotune.cli.text import table  # noqa: E402
 from autotune.config import load_config  # noqa: E402
 from autotune.errors import USER_ERRORS  # noqa: E402
 from autotune.knobs import Knobs  # noqa: E402
-from autotune.runner import Sampling, build_requests  # noqa: E402
 from autotune.stats import paired_ratio  # noqa: E402
-from autotune.table import table  # noqa: E402
-from autotune.watch import ProfileModel, Staleness, Window, assess, verdict_json  # noqa: E402
+from autotune.watch.monitor import ProfileModel, Staleness, Window, assess, verdict_json  # noqa: E402
+from autotune.workload.runner import Sampling, build_requests  # noqa: E402
 from engine.workload import load_workload  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
 from profiles.schema import Profile  # noqa: E402
@@ -109,7 +109,7 @@ def arguments() -> argparse.Namespace:
     p.add_argument(
         "--retune",
         action="store_true",
-        help="re-tune the first stale phase for real (autotune.retune.retune) and compare its choice",
+        help="re-tune the first stale phase for real (autotune.jobs.retune.retune) and compare its choice",
     )
     p.add_argument(
         "--replay",
@@ -315,9 +315,9 @@ def phase_prompts(source: Path, temperature: float | None, out: Path) -> Path:
 
 
 def retune_phase(cfg, stack: str, phase: dict, prompts: Path) -> dict:
-    """:func:`autotune.retune.retune` on the phase (its prompts, its live load); what it chose
+    """:func:`autotune.jobs.retune.retune` on the phase (its prompts, its live load); what it chose
     against the K the watch named."""
-    from autotune.retune import retune
+    from autotune.jobs.retune import retune
 
     first = phase["first_stale"]
     batch = phase.get("requests_running") or float(phase["concurrency"])

@@ -8,7 +8,7 @@ Load comes from a :class:`LoadGenerator`:
 
 - closed loop: ``concurrency`` requests in flight; a new one arrives as soon as one finishes;
 - open loop: Poisson arrivals at ``rate`` requests/s (seeded), independent of completions;
-- replay: explicit ``arrivals``, a list of ``(offset_s, Request)`` (a trace, :mod:`autotune.trace`),
+- replay: explicit ``arrivals``, a list of ``(offset_s, Request)`` (a trace, :mod:`autotune.workload.trace`),
   each request released at its offset, independent of completions.
 
 Each stops after ``num_requests`` requests or once ``duration_s`` has passed (arrivals stop;

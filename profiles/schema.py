@@ -354,7 +354,7 @@ class Profile:
     schema_version: int = SCHEMA_VERSION
     tool_version: str = MISSING
     created_at: str = MISSING  # ISO 8601, UTC, seconds
-    device: Mapping[str, Any] = MISSING  # autotune.hardware.fingerprint
+    device: Mapping[str, Any] = MISSING  # autotune.device.hardware.fingerprint
     pair: Mapping[str, Any] = MISSING  # target, draft, drafter, target_hash, draft_hash
     workload: Mapping[str, Any] = MISSING
     study: Mapping[str, Any] = (
@@ -379,7 +379,7 @@ class Profile:
     predicted_vs_measured: Sequence[Mapping[str, Any]] = MISSING
     host_noise: Mapping[str, Any] = MISSING
     backend: Mapping[str, Any] = MISSING
-    # the backend's step costs per (load level, K) fitted apart from acceptance (autotune.stackcost)
+    # the backend's step costs per (load level, K) fitted apart from acceptance (autotune.cost.stackcost)
     stack_cost: Mapping[str, Any] = MISSING
     id: int = MISSING  # the store's id, once stored
     exports: Sequence[str] = MISSING  # paths written by `autotune tune`

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from autotune import hardware
+from autotune.device import hardware
 from engine.config import ModelConfig
 from engine.model import Transformer
 
@@ -93,7 +93,8 @@ def quiet_host_while_running(monkeypatch):
     """The host readings a run takes as it goes (around each trial, before compiling) read quiet unless
     a test scripts them (tests/autotune/fakes.py: ScriptedHost): other test runs on this shared
     machine must not re-run or prune a test's trials, nor change its compile decision."""
-    from autotune import disturbance, hostnoise
+    from autotune.device import hostnoise
+    from autotune.search import guard as disturbance
     from tests.autotune.fakes import ScriptedHost
 
     monkeypatch.setattr(disturbance, "open_watch", ScriptedHost)
@@ -122,7 +123,7 @@ def tiny_prompts(tmp_path_factory) -> Path:
     return path
 
 
-# Fixed stand-ins for what ``autotune.hardware`` reads from this host, with exactly the fields it reads.
+# Fixed stand-ins for what ``autotune.device.hardware`` reads from this host, with exactly the fields it reads.
 CPU_DEVICE_FIELDS: dict[str, Any] = {
     "model_name": "Test CPU",
     "physical_cores": 2,
@@ -143,7 +144,7 @@ SOFTWARE_FIELDS: dict[str, Any] = {
 
 
 def make_cpu_fingerprint(dtype: str = "float32", **device: Any) -> dict[str, Any]:
-    """A CPU fingerprint made by :func:`autotune.hardware.fingerprint` itself, from fixed host facts.
+    """A CPU fingerprint made by :func:`autotune.device.hardware.fingerprint` itself, from fixed host facts.
 
     Only the two readers of the host (``_cpu_device_fields``, ``_software_fields``) are replaced,
     so the shape, the label and the key are the real code's. ``device`` overrides CPU fields,

@@ -319,7 +319,7 @@ def test_tune_runs_and_prints_the_summary(tiny_pair_dirs, good_prompts, tmp_path
 def test_tune_strict_on_a_busy_host_exits_2_in_one_line_and_stores_nothing(
     tiny_pair_dirs, good_prompts, tmp_path, monkeypatch
 ) -> None:
-    from autotune import hostnoise
+    from autotune.device import hostnoise
 
     busy = {
         "cv": 0.3,

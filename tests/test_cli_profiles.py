@@ -19,14 +19,13 @@ from click.testing import CliRunner
 
 from autotune.cli import main
 from autotune.cli.render import render_profile, render_tune
-from autotune.costmodel import StepSample
-from autotune.records import LevelMetrics, Measurement
+from autotune.records import LevelMetrics, Measurement, StepSample
 from profiles.schema import BatchSchedule, Chosen, Profile, ScheduleEntry
 from profiles.store import Store
 
 
 def sample_measurement(fingerprint: dict) -> Measurement:
-    """A profiler measurement in the shape ``autotune.profiler.measure`` returns (fixed numbers)."""
+    """A profiler measurement in the shape ``autotune.device.profiler.measure`` returns (fixed numbers)."""
     return Measurement(
         fingerprint=fingerprint,
         ceilings={
@@ -89,7 +88,7 @@ def sample_profile(fingerprint: dict) -> dict:
 
     ``fingerprint`` has the real shape (tests/conftest.py ``cpu_fingerprint``); the measured
     sections come from :class:`Measurement` and the per-level metrics from :class:`LevelMetrics`,
-    as ``autotune.tune`` assembles them.
+    as ``autotune.jobs.tune`` assembles them.
     """
     m = sample_measurement(fingerprint)
     level = LevelMetrics(

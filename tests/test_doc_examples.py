@@ -30,9 +30,11 @@ def test_the_walk_finds_modules_with_examples() -> None:
     with_examples = [
         n for n in _modules() if any(t.examples for t in finder.find(importlib.import_module(n)))
     ]
-    assert len(with_examples) >= 10 and {"autotune.hostnoise", "engine.sampling", "autotune.init"} <= set(
-        with_examples
-    )
+    assert len(with_examples) >= 10 and {
+        "autotune.device.hostnoise",
+        "engine.sampling",
+        "autotune.jobs.init",
+    } <= set(with_examples)
 
 
 @pytest.mark.parametrize("name", _modules())

@@ -91,7 +91,7 @@ def _resolve(dotted: str) -> bool:
 
 
 def test_every_code_name_in_the_docs_resolves() -> None:
-    """A dotted name in docs/ or README.md (``autotune.tune.run_tune``, ``engine/tree.py: DynamicTree``)
+    """A dotted name in docs/ or README.md (``autotune.jobs.tune.run_tune``, ``engine/tree.py: DynamicTree``)
     names a module, class, function or attribute that exists: renames must update the docs."""
     stale = []
     for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:

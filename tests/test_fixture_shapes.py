@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune import hardware
+from autotune.device import hardware
 
 
 def _shape(value: Any) -> Any:

@@ -250,3 +250,34 @@ def test_the_graph_sees_lazy_relative_and_submodule_imports(tmp_path: Path) -> N
         "profiles.sub.c",
         "torch",
     ]
+
+
+def test_autotune_packages_import_only_lower_floors() -> None:
+    """The floor order of tools/structure.py: no unit of autotune/ imports one on its floor or above."""
+    from tools import structure
+
+    bad = structure.violations()
+    assert not bad, "autotune/ floor order (tools/structure.py FLOORS):\n" + "\n".join(f"    {b}" for b in bad)
+
+
+def test_the_floor_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """A cost module importing the search package is caught, and so is a unit missing from FLOORS."""
+    from tools import structure
+
+    (tmp_path / "autotune" / "cost").mkdir(parents=True)
+    (tmp_path / "autotune" / "search").mkdir()
+    (tmp_path / "autotune" / "nowhere").mkdir()
+    for d in ("", "cost", "search", "nowhere"):
+        (tmp_path / "autotune" / d / "__init__.py").write_text("")
+    (tmp_path / "autotune" / "search" / "study.py").write_text("from autotune.cost import costmodel\n")
+    (tmp_path / "autotune" / "cost" / "costmodel.py").write_text("def f():\n    from autotune.search import study\n")
+    bad = structure.violations(structure.modules(tmp_path))
+    assert bad == [
+        "autotune.nowhere: not in tools/structure.py FLOORS",
+        "autotune.cost.costmodel (floor 4, cost) imports autotune.search.study (floor 9, search) at line 2",
+    ]
+
+
+def test_autotune_top_level_holds_at_most_six_modules() -> None:
+    top = [p.stem for p in (ROOT / "autotune").glob("*.py") if p.stem != "__init__"]
+    assert len(top) <= 6, f"autotune/ top level: {sorted(top)} (move modules into the packages)"

@@ -7,7 +7,7 @@ backend shares: one level after the other under the trial's time limit
 (``budget.trial_timeout_s``, or the tighter :data:`TRIAL_CUT` the study sets from the trials so
 far), each level's metrics kept as a :class:`autotune.records.LevelMetrics`, the objectives
 aggregated over all levels; then, with ``workload.trace`` set, the arrival trace
-(:mod:`autotune.trace`) once through the same ``run_level`` under the same limit, its metrics kept
+(:mod:`autotune.workload.trace`) once through the same ``run_level`` under the same limit, its metrics kept
 apart (``TrialResult.trace``).
 """
 
@@ -41,7 +41,7 @@ class TrialCut:
 
 
 TRIAL_CUT: ContextVar[TrialCut | None] = ContextVar("trial_cut", default=None)
-"""Set by the study around one trial (:class:`autotune.disturbance.TrialGuard`); every backend's
+"""Set by the study around one trial (:class:`autotune.search.guard.TrialGuard`); every backend's
 :func:`run_levels` reads it, so no backend knows about it."""
 
 
@@ -61,7 +61,7 @@ class Backend(Protocol):
     fixed_knobs: Mapping[str, Any]  # knobs the backend cannot express, and the value they are fixed at
     serves_table: bool  # runs a by-batch-size K table (Knobs.table) as one configuration
     # after the warm starts, serve only the K its fitted step costs predict best at some level, then
-    # stop (autotune.stackcost; for a stack whose every trial is a minutes-long server start)
+    # stop (autotune.cost.stackcost; for a stack whose every trial is a minutes-long server start)
     plans_by_cost: bool
 
     def budget(self) -> TrialBudget:

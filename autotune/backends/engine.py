@@ -16,7 +16,7 @@ from autotune.config import LoadLevel
 from autotune.context import Context
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
-from autotune.runner import LoadSpec, run_load
+from autotune.workload.runner import LoadSpec, run_load
 
 
 class _NgramWindow(TypedDict, total=False):

@@ -4,7 +4,7 @@ The same requests the engine runs (token ids, ``max_new_tokens``, temperature / 
 seeded) are sent as a closed loop (``concurrency`` requests in flight; a new one is sent as soon
 as one finishes), an open loop (Poisson arrivals at ``rate`` req/s, the same seeded arrival
 times as :class:`engine.scheduler.LoadGenerator`) or a replay of explicit ``arrivals`` (a trace,
-:mod:`autotune.trace`: each request sent at its offset). Latencies are measured on the client:
+:mod:`autotune.workload.trace`: each request sent at its offset). Latencies are measured on the client:
 
 - arrival: when the request is sent (closed loop) or its scheduled arrival (open loop, replay);
 - first token: the first streamed chunk that carries text;

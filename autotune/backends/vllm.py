@@ -37,8 +37,8 @@ from autotune.backends.prometheus import SpecCounts
 from autotune.backends.server import ServerProcess
 from autotune.config import DEFAULT_CACHE, TuneConfig
 from autotune.context import Context
+from autotune.device.hardware import available_memory_bytes
 from autotune.errors import ConfigError
-from autotune.hardware import available_memory_bytes
 from autotune.knobs import Knobs
 from profiles.exporters import vllm as vllm_export
 from profiles.profile import ExportInputs

@@ -78,7 +78,7 @@ from engine.speculative import GAMMA_POLICIES
     metavar="FILE|phases",
     help="Replay an arrival trace instead of --concurrency/--rate: a JSONL file of "
     '{"arrival_s": ..., "prompt": ... | "prompt_tokens": [...]} lines, or phases (low load, a burst '
-    "of 2x the batch size, low load; autotune.trace). --num-requests does not apply.",
+    "of 2x the batch size, low load; autotune.workload.trace). --num-requests does not apply.",
 )
 @click.option("--num-requests", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option(
@@ -141,8 +141,8 @@ def bench(
     as_json,
 ):
     """Speculative vs autoregressive decoding on the same engine, prompts and load."""
-    from autotune.runner import LoadSpec, Sampling, build_requests, compare
-    from autotune.trace import phase_trace, read_trace
+    from autotune.workload.runner import LoadSpec, Sampling, build_requests, compare
+    from autotune.workload.trace import phase_trace, read_trace
     from engine.loader import load_pair
     from engine.speculative import SpecConfig
     from engine.workload import load_workload

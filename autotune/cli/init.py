@@ -46,7 +46,7 @@ import click
 )
 def init(target, draft, prompts, output, force, sweep):
     """Write a commented tune.yaml for your models (the bundled one, with absolute paths)."""
-    from autotune.init import Sweep, size_sweep, write_tune_yaml
+    from autotune.jobs.init import Sweep, size_sweep, write_tune_yaml
 
     sized: list[Sweep] = []
 

@@ -38,7 +38,7 @@ def _resolve(store, ref: str, config_path: Path) -> Profile:
             raise ProfileError(f"profile id must be an integer or 'current' (got {ref!r})")
         return store.load_profile(int(ref))
     from autotune.config import check_device, load_config
-    from autotune.hardware import fingerprint
+    from autotune.device.hardware import fingerprint
     from profiles.hashing import hash_folder
 
     cfg = load_config(config_path)
@@ -133,7 +133,7 @@ def export_cmd(ref, fmt, output, target_model, draft_model, config_path, storage
 @STORAGE_OPTION
 def report(ref, output, config_path, storage):
     """PNG plots and a Markdown summary of profile REF (needs matplotlib: pip install '.[plot]')."""
-    from autotune.report import write_report
+    from autotune.cli.report import write_report
 
     prof = _resolve(_open_store(config_path, storage), ref, config_path)
     md = write_report(prof, output)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.cli.text import table
 from autotune.records import LevelMetrics, Measurement
-from autotune.table import table
 from profiles.schema import MISSING, Profile, ScheduleEntry
 
 BENCH_ROWS = [

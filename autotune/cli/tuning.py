@@ -86,7 +86,7 @@ def tune(
 ):
     """The main job: profile this host, run the Optuna study, store the profile, write exports."""
     from autotune.config import load_config
-    from autotune.tune import Interrupted, run_tune
+    from autotune.jobs.tune import Interrupted, run_tune
 
     cfg = with_compile(load_config(config_path), compile_flag)
     backend = backend or cfg.backend.name

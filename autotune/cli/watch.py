@@ -1,6 +1,6 @@
 """``autotune watch``: follow a live server's /metrics and say when its stored profile no longer holds.
 
-The logic is :mod:`autotune.watch`; this module opens the store, picks the profile, takes the
+The logic is :mod:`autotune.watch.monitor`; this module opens the store, picks the profile, takes the
 first scrape, wires the output (human lines or ``--json`` on stdout, warnings on stderr, the
 optional Prometheus endpoint) and turns Ctrl-C (or SIGTERM) into a clean exit 0. Usage errors (a
 bad URL, no profile, an unreadable profile, a port that cannot be bound) are one line and exit
@@ -61,10 +61,10 @@ def _pick_profile(store, profile_id: int | None, stack: str) -> tuple[Profile, s
 
 
 def _retune(cfg, prompts: Path, stack: str, verdict, model) -> int:
-    """One re-tune for a stale profile (:func:`autotune.retune.retune`); a failure is a warning line
+    """One re-tune for a stale profile (:func:`autotune.jobs.retune.retune`); a failure is a warning line
     and the watch goes on. Returns the new profile's id (0 when it failed)."""
     from autotune.errors import USER_ERRORS
-    from autotune.retune import retune
+    from autotune.jobs.retune import retune
 
     say_err(
         f"profile #{model.profile_id} stale: predicted K={verdict.alternative} "
@@ -166,7 +166,7 @@ def watch(
     predict another K better, when their pooled gain exceeds --margin with the interval's lower
     bound above 1; fresh after as many windows within half the margin.
     """
-    from autotune import watch as w
+    from autotune.watch import monitor as w
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (a service manager's stop) ends the watch like Ctrl-C

@@ -112,7 +112,7 @@ def synthetic_run(cfg, knobs: Knobs, seed: int) -> TrialResult:  # noqa: ARG001 
 
 
 class ScriptedHost:
-    """A :class:`autotune.disturbance.HostWatch` reading what a test says: other processes' CPU share
+    """A :class:`autotune.search.guard.HostWatch` reading what a test says: other processes' CPU share
     over each run (``during``, in order) and over each window read between runs (``between``); ``idle``
     once a list runs out. A 2-CPU host whose load average is 1 + 2 x the share."""
 

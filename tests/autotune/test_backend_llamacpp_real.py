@@ -22,8 +22,8 @@ from autotune.backends.http_backend import spec_counts
 from autotune.backends.openai_load import run_http_load
 from autotune.config import LlamacppConfig, load_config
 from autotune.errors import ConfigError
+from autotune.jobs.tune import run_tune
 from autotune.knobs import Knobs
-from autotune.tune import run_tune
 from engine.demo import DEMO_DRAFT, DEMO_EAGLE3, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import generate
 from engine.speculative import Request, SpecConfig

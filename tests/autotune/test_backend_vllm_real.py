@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune import watch
 from autotune.backends import vllm as vllm_backend
 from autotune.backends.http_backend import spec_counts
 from autotune.backends.openai_load import run_http_load
 from autotune.config import load_config
+from autotune.jobs.tune import run_tune
 from autotune.knobs import Knobs
-from autotune.tune import run_tune
+from autotune.watch import monitor as watch
 from engine.demo import DEMO_DRAFT, DEMO_EAGLE3, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import generate
 from engine.speculative import Request, SpecConfig

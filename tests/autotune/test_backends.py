@@ -452,7 +452,7 @@ import sys, time
 from types import SimpleNamespace
 from autotune.config import load_config
 from autotune.backends.vllm import VllmBackend
-from autotune.tune import _sigterm_as_interrupt
+from autotune.jobs.tune import _sigterm_as_interrupt
 signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 ctx = SimpleNamespace(cfg=load_config(sys.argv[1]), fingerprint={"label": "CPU", "key": "k"}, requests=[])
 backend = VllmBackend(ctx)
@@ -506,7 +506,7 @@ def test_no_server_outlives_autotune(sig, tmp_path, tiny_pair_dirs, fake_vllm) -
 
 def test_tune_on_a_server_backend_end_to_end(tune_config, fake_vllm, tmp_path) -> None:
     """``autotune tune --backend vllm`` wiring, with the fake server behind the real launcher."""
-    from autotune.tune import run_tune
+    from autotune.jobs.tune import run_tune
     from profiles.store import Store
 
     cfg = tune_config(

@@ -1,4 +1,4 @@
-"""Tests for autotune.ceilings and the timing helpers in autotune.timing (no wall-clock asserts)."""
+"""Tests for autotune.device.ceilings and the timing helpers in autotune.device.timing (no wall-clock asserts)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from autotune import timing
-from autotune.ceilings import measure_ceilings, ridge_point
-from autotune.timing import measure_stable, summarize, time_fn
+from autotune.device import timing
+from autotune.device.ceilings import measure_ceilings, ridge_point
+from autotune.device.timing import measure_stable, summarize, time_fn
 
 CPU = torch.device("cpu")
 

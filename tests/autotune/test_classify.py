@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.classify import classify, knee, label
-from autotune.costmodel import Curves, StepSample
+from autotune.device.classify import classify, knee, label
+from autotune.records import Curves, StepSample
 
 GAMMA_MAX = 3
 BATCHES = (1, 2, 4, 8)

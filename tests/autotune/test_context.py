@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from autotune import context, hostnoise, profiler
+from autotune import context
 from autotune.config import ConfigError, load_config
 from autotune.context import _compile
+from autotune.device import hostnoise, profiler
 from engine.errors import EngineInputError
 from engine.loader import load_pair
 from engine.model import Transformer

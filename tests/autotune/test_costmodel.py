@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.costmodel import (
-    Curves,
-    StepSample,
+from autotune.cost.costmodel import (
     best_gamma,
     expected_tokens,
     expected_tokens_constant,
@@ -16,6 +14,7 @@ from autotune.costmodel import (
     simulate_closed_loop,
     step_stats,
 )
+from autotune.records import Curves, StepSample
 
 T_VERIFY = 0.010  # seconds, flat in k: verifying k tokens costs as much as decoding one
 T_DRAFT = 0.001
@@ -192,7 +191,7 @@ def test_closed_loop_replay_pays_for_rows_that_drift_apart_and_the_drain() -> No
 
 
 def test_closed_loop_replay_of_a_long_workload_is_capped_and_stays_close(monkeypatch) -> None:
-    from autotune import costmodel
+    from autotune.cost import costmodel
 
     curves = Curves(
         {b: {k: T_VERIFY * (1 + b / 16) for k in range(1, 6)} for b in (1, 32)},

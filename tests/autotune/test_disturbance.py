@@ -1,4 +1,4 @@
-"""Per-trial disturbance (autotune.disturbance): re-runs, pruning, threads on the free cores, proportional
+"""Per-trial disturbance (autotune.search.guard): re-runs, pruning, threads on the free cores, proportional
 time-outs; the host is scripted (tests/autotune/fakes.py: ScriptedHost), the clock faked, nothing hogs."""
 
 from __future__ import annotations
@@ -7,11 +7,12 @@ import optuna
 import pytest
 import torch
 
-from autotune import disturbance, hostnoise
 from autotune.backends.base import run_levels
+from autotune.device import hostnoise
 from autotune.errors import ConfigError
+from autotune.jobs.tune import run_tune
 from autotune.knobs import Knobs
-from autotune.tune import run_tune
+from autotune.search import guard as disturbance
 from profiles.store import Store
 from tests.autotune.conftest import N_TRIALS
 from tests.autotune.fakes import FakeBackend, ScriptedHost, backend_of, synthetic_run

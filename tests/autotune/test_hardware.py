@@ -1,4 +1,4 @@
-"""Tests for autotune.hardware: CPU fingerprint, NVML fallbacks, ordinal mapping, key stability."""
+"""Tests for autotune.device.hardware: CPU fingerprint, NVML fallbacks, ordinal mapping, key stability."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pynvml
 import pytest
 import torch
 
-from autotune import hardware
-from autotune.hardware import (
+from autotune.device import hardware
+from autotune.device.hardware import (
     NvmlIdentity,
     fingerprint,
     map_torch_ordinal_to_nvml_index,

@@ -1,4 +1,4 @@
-"""Busy-host detection (autotune.hostnoise) and what ``autotune tune`` does with it."""
+"""Busy-host detection (autotune.device.hostnoise) and what ``autotune tune`` does with it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from autotune import hostnoise
+from autotune.device import hostnoise
 from autotune.errors import BusyHostError
-from autotune.tune import run_tune
+from autotune.jobs.tune import run_tune
 from profiles.store import Store
 from tests.autotune.fakes import backend_of, synthetic_run
 

@@ -1,4 +1,4 @@
-"""``autotune.profiler``: the measurement's shape on the tiny pair and its JSON round trip."""
+"""``autotune.device.profiler``: the measurement's shape on the tiny pair and its JSON round trip."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import json
 import pytest
 from tokenizers import Tokenizer
 
-from autotune.costmodel import Curves, StepSample
-from autotune.profiler import (
+from autotune.device.profiler import (
     curves_from_json,
     measure_acceptance,
     measure_curves,
@@ -16,7 +15,8 @@ from autotune.profiler import (
     samples_from_json,
     spread,
 )
-from autotune.runner import Sampling, build_requests
+from autotune.records import Curves, StepSample
+from autotune.workload.runner import Sampling, build_requests
 from engine.loader import load_pair
 from engine.workload import WorkloadItem
 

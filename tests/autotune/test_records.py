@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from autotune.costmodel import Curves, StepSample
-from autotune.profiler import curves_from_json, samples_from_json
-from autotune.records import LEVEL_KEYS, LevelMetrics, Measurement, TrialResult
+from autotune.device.profiler import curves_from_json, samples_from_json
+from autotune.records import LEVEL_KEYS, Curves, LevelMetrics, Measurement, StepSample, TrialResult
 from profiles.schema import MISSING
 
 CURVES = {

@@ -1,11 +1,11 @@
-"""``autotune.runner``: workload items to engine requests, one load run, speculative vs autoregressive."""
+"""``autotune.workload.runner``: workload items to engine requests, one load run, speculative vs autoregressive."""
 
 from __future__ import annotations
 
 import pytest
 from tokenizers import Tokenizer
 
-from autotune.runner import LoadSpec, Sampling, build_requests, compare, run_load
+from autotune.workload.runner import LoadSpec, Sampling, build_requests, compare, run_load
 from engine.errors import EngineInputError
 from engine.loader import load_pair
 from engine.speculative import SpecConfig

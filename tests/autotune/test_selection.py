@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.knobs import Knobs
-from autotune.selection import (
-    Point,
+from autotune.decide.selection import (
     choose,
     choose_with_margin,
     knee_point,
@@ -16,6 +14,8 @@ from autotune.selection import (
     table_of,
     table_verdict,
 )
+from autotune.knobs import Knobs
+from autotune.records import Point
 
 _NAMES: dict[str, int] = {}
 

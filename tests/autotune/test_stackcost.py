@@ -1,4 +1,4 @@
-"""The stack cost fit (autotune.stackcost) on synthetic stacks with known costs, and the study that plans by it.
+"""The stack cost fit (autotune.cost.stackcost) on synthetic stacks with known costs, and the study that plans by it.
 
 A synthetic stack: at level b the row-step takes decode(b) + [K > 0] fixed(b) + K per_token(b)
 seconds and accepts the pair's per-position acceptance, so tokens/s = b L(K) / step. The fit must
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune import stackcost
+from autotune.cost import stackcost
+from autotune.cost.stackcost import LevelCost, Observation, StackCost, calibrate, extend, next_k
+from autotune.jobs.tune import run_tune
 from autotune.knobs import Knobs
 from autotune.records import LevelMetrics
-from autotune.stackcost import LevelCost, Observation, StackCost, calibrate, extend, next_k
-from autotune.tune import run_tune
 from tests.autotune.fakes import FakeBackend, result_of
 
 ACCEPT = (0.9, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1)

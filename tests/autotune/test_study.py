@@ -1,4 +1,4 @@
-"""``autotune.study`` on its own: the search space and its stored form.
+"""``autotune.search.study`` on its own: the search space and its stored form.
 
 ``run_tune`` end to end (study, re-measurement, store, exports) is in test_tune.py.
 """
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import optuna
 
-from autotune import study as study_mod
 from autotune.config import ModelsConfig, Range, SearchConfig, TuneConfig, WorkloadConfig
 from autotune.knobs import Knobs
+from autotune.search import study as study_mod
 
 CFG = TuneConfig(
     ModelsConfig(Path("t"), Path("d"), device="cpu"),

@@ -22,8 +22,8 @@ from autotune.config import PHASES, LoadLevel, ModelsConfig, SearchConfig, TuneC
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.records import LEVEL_KEYS, LevelMetrics, TrialResult
-from autotune.runner import LoadSpec, Sampling, run_load
-from autotune.trace import (
+from autotune.workload.runner import LoadSpec, Sampling, run_load
+from autotune.workload.trace import (
     PHASE_BURST_FACTOR,
     PHASE_LOW_RATE,
     PHASE_LOW_REQUESTS,

@@ -11,13 +11,13 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from autotune import study as study_mod
 from autotune.config import ModelsConfig, Range, SearchConfig, TuneConfig, WorkloadConfig, parse
-from autotune.costmodel import Curves, best_tree, predict_tree, tree_expected_tokens
+from autotune.cost.costmodel import best_tree, predict_tree, tree_expected_tokens
 from autotune.errors import ConfigError
+from autotune.jobs.tune import run_tune
 from autotune.knobs import Knobs
-from autotune.records import TrialResult
-from autotune.tune import run_tune
+from autotune.records import Curves, TrialResult
+from autotune.search import study as study_mod
 from engine.tree import DynamicTree
 from profiles.exporters import export
 from profiles.store import Store
@@ -286,7 +286,8 @@ def test_best_tree_pays_only_where_verify_width_is_cheap() -> None:
 
 
 def test_extend_for_trees_measures_only_what_is_missing(tiny_pair_dirs, tune_config) -> None:
-    from autotune import context, profiler
+    from autotune import context
+    from autotune.device import profiler
 
     cfg = tune_config(search={"tree_topk": ["chain", "2,1"]})
     ctx = context.build(cfg)
@@ -315,7 +316,7 @@ def test_tree_ranks_pair_each_output_with_its_own_prompt(tiny_pair_dirs) -> None
     only if each output is ranked after its own prompt. The profiler passes a spread of the
     workload (ids like 5, 17, 30), while a run numbers its records 0, 1, 2: pairing by the
     request's id once kept 1 request in 8 and ranked outputs after other prompts."""
-    from autotune.profiler import measure_tree_ranks
+    from autotune.device.profiler import measure_tree_ranks
     from engine.loader import load_pair
     from engine.speculative import Request
 

@@ -1,4 +1,4 @@
-"""``autotune.tune.run_tune`` end to end on the tiny pair: stored profile, failed trials, interrupt and resume.
+"""``autotune.jobs.tune.run_tune`` end to end on the tiny pair: stored profile, failed trials, interrupt and resume.
 
 The profiler runs for real once per module (a template database); each test copies that
 database so the stored measurement is reused and only the study itself runs. Trials run the
@@ -17,9 +17,9 @@ import optuna
 import pytest
 import yaml
 
+from autotune.jobs.tune import Interrupted, run_tune
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
-from autotune.tune import Interrupted, run_tune
 from profiles.schema import Profile
 from profiles.store import Store
 from tests.autotune.fakes import FakeBackend, backend_of, faulty_engine, result_of, synthetic_run
@@ -49,37 +49,40 @@ def test_run_tune_end_to_end_stores_profile_and_writes_exports(tune_config, tmp_
     for key in ("chosen", "schedule", "pareto_front", "metrics", "baseline", "classification", "curves"):
         assert stored[key] == profile[key], key
     # the profile's JSON keys and their order, as before the typed Profile; it reads back unchanged
-    assert list(profile) == [
-        "schema_version",
-        "tool_version",
-        "created_at",
-        "device",
-        "pair",
-        "workload",
-        "study",
-        "chosen",
-        "selection",
-        "schedule",
-        "crossover_batch_size",
-        "table_decision",
-        "metrics",
-        "baseline",
-        "trials",
-        "pareto_front",
-        "remeasure",
-        "remeasured",
-        "classification",
-        "ceilings",
-        "knee_tokens",
-        "curves",
-        "acceptance",
-        "predicted_vs_measured",
-        "host_noise",
-        "backend",
-        "stack_cost",  # the trials' constant chains and no speculation fit a step cost (autotune.stackcost)
-        "id",
-        "exports",
-    ]
+    assert (
+        list(profile)
+        == [
+            "schema_version",
+            "tool_version",
+            "created_at",
+            "device",
+            "pair",
+            "workload",
+            "study",
+            "chosen",
+            "selection",
+            "schedule",
+            "crossover_batch_size",
+            "table_decision",
+            "metrics",
+            "baseline",
+            "trials",
+            "pareto_front",
+            "remeasure",
+            "remeasured",
+            "classification",
+            "ceilings",
+            "knee_tokens",
+            "curves",
+            "acceptance",
+            "predicted_vs_measured",
+            "host_noise",
+            "backend",
+            "stack_cost",  # the trials' constant chains and no speculation fit a step cost (autotune.cost.stackcost)
+            "id",
+            "exports",
+        ]
+    )
     assert list(profile["chosen"]) == [
         "drafter",
         "gamma",
@@ -432,7 +435,7 @@ def test_a_decided_choice_gets_no_more_rounds(tune_config) -> None:
 
 
 def test_on_a_server_backend_a_configurations_repeats_run_back_to_back() -> None:
-    from autotune.decision import remeasure
+    from autotune.decide.decision import remeasure
 
     seen = []
 
@@ -453,8 +456,8 @@ def test_each_level_records_the_measured_ratio_of_its_choice_over_the_chosen_con
     """Speculation off is chosen; at batch 1 K=3 is significantly faster (the per-level choice), at
     batch 4 off stays. ``table_decision.levels[].over_chosen`` holds K=3 over off at batch 1, the
     paired ratio of their rounds there; batch 4's choice is the chosen configuration: no key."""
-    from autotune.decision import Remeasured, serve_table
-    from autotune.selection import Point
+    from autotune.decide.decision import Remeasured, serve_table
+    from autotune.records import Point
     from autotune.stats import paired_ratio
 
     def pt(gamma: int, r1: tuple[float, ...], r4: tuple[float, ...]) -> Point:
@@ -476,7 +479,7 @@ def test_each_level_records_the_measured_ratio_of_its_choice_over_the_chosen_con
 
 
 def test_trial_lines_say_done_planned_and_eta_from_the_clock() -> None:
-    from autotune.tune import _trial_logger
+    from autotune.jobs.tune import _trial_logger
 
     now, lines = [100.0], []
     cfg = SimpleNamespace(objectives=SimpleNamespace(latency="tpot_ms_p95"))
@@ -499,7 +502,7 @@ def test_trial_lines_say_done_planned_and_eta_from_the_clock() -> None:
 def test_trial_lines_name_a_server_start_only_where_the_trial_started_one() -> None:
     """A stack serves the same knobs again in the same server (the in-stack study's second
     no-speculation round); a failed trial's server is dropped, so the next one starts anew."""
-    from autotune.tune import _trial_logger
+    from autotune.jobs.tune import _trial_logger
 
     lines: list[str] = []
     cfg = SimpleNamespace(objectives=SimpleNamespace(latency="tpot_ms_p95"))

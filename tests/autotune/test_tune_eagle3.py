@@ -16,9 +16,9 @@ import yaml
 
 from autotune.config import load_config
 from autotune.errors import ConfigError
+from autotune.jobs.tune import run_tune
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
-from autotune.tune import run_tune
 from engine.loader import load_pair
 from profiles.errors import ProfileError
 from profiles.exporters import EAGLE3_FORMATS, FORMATS, export
@@ -311,8 +311,8 @@ def test_bench_runs_the_eagle3_drafter_and_matches_the_target(tiny_pair_dirs, pr
 def test_chain_stacks_get_the_best_chain_of_the_chosen_trees_drafter() -> None:
     """A head's tree exports to chain-only stacks as the head's fastest chain, even where a draft
     model chain measured faster (that gamma was measured for another drafter)."""
-    from autotune.decision import _best_chain
-    from autotune.selection import Point
+    from autotune.decide.decision import _best_chain
+    from autotune.records import Point
 
     model4 = Point(Knobs("model", 4), 300.0, 10.0)
     head2, head3 = Point(Knobs("eagle3", 2), 200.0, 10.0), Point(Knobs("eagle3", 3), 250.0, 10.0)

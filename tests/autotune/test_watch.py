@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from autotune import watch as w
 from autotune.cli import main
 from autotune.stats import Estimate
+from autotune.watch import monitor as w
 from profiles.schema import Profile
 from profiles.store import Store
 
@@ -262,7 +262,7 @@ def test_a_vllm_server_drafting_another_k_than_the_profiles_is_held_at_its_own_k
 
 def k1_best_at_4_requests():
     """A stack cost fit whose per-token cost at 4 requests makes K=1 the best there."""
-    from autotune.stackcost import LevelCost, StackCost
+    from autotune.cost.stackcost import LevelCost, StackCost
 
     return StackCost(
         "model",
@@ -274,7 +274,7 @@ def k1_best_at_4_requests():
 
 
 def test_the_stack_that_measured_the_profile_is_predicted_with_its_own_fitted_costs() -> None:
-    """``profile["stack_cost"]`` (autotune.stackcost) replaces the engine curves for the stack that
+    """``profile["stack_cost"]`` (autotune.cost.stackcost) replaces the engine curves for the stack that
     measured it: here its per-token cost at 4 requests makes K=1 the best there, which the engine
     curves would not say; llama-server (another stack) keeps the curves."""
     fit = k1_best_at_4_requests()
@@ -319,7 +319,7 @@ def off_level_with_k4_at_4_requests(ratio: float | None) -> w.ProfileModel:
     """A fit that has speculation off a hair above the served K=4 at 4 requests (1.01x) at the
     profile's acceptance, where the tune measured K=4 best (table_decision) and, when ``ratio`` is
     given, K=4 ``ratio`` x no speculation there (``schedule[].ratio``)."""
-    from autotune.stackcost import LevelCost, StackCost
+    from autotune.cost.stackcost import LevelCost, StackCost
 
     fit = StackCost(
         "model",
@@ -752,11 +752,11 @@ def test_ctrl_c_exits_0_and_closes_the_metrics_server(fake_server, storage, monk
 
 
 # ------------------------------------------------------------------------------------------
-# --retune: one re-tune when the profile turns stale (autotune.retune)
+# --retune: one re-tune when the profile turns stale (autotune.jobs.retune)
 
 
 def test_live_levels_bracket_the_live_load() -> None:
-    from autotune.retune import live_levels
+    from autotune.jobs.retune import live_levels
 
     assert [live_levels(b, 16) for b in (0.2, 1.0, 1.5, 2.0, 5.9, 16.0, 40.0)] == [
         (1,),
@@ -772,7 +772,7 @@ def test_live_levels_bracket_the_live_load() -> None:
 
 def test_retune_config_changes_prompts_load_and_backend_only(tmp_path) -> None:
     from autotune.config import load_config
-    from autotune.retune import retune_config
+    from autotune.jobs.retune import retune_config
 
     prompts = tmp_path / "recent.jsonl"
     prompts.write_text('{"prompt": "def f(x):"}\n')
@@ -786,7 +786,7 @@ def test_retune_config_changes_prompts_load_and_backend_only(tmp_path) -> None:
 def test_a_stale_profile_is_retuned_once_and_the_new_flags_printed(
     fake_server, storage, tmp_path, monkeypatch
 ) -> None:
-    import autotune.tune
+    import autotune.jobs.tune
 
     calls: list[Any] = []
 
@@ -798,7 +798,7 @@ def test_a_stale_profile_is_retuned_once_and_the_new_flags_printed(
         new["schedule"] = [{**e, "gamma": 2} for e in new["schedule"]]
         return {**new, "id": 2, "exports": []}
 
-    monkeypatch.setattr(autotune.tune, "run_tune", fake_run_tune)
+    monkeypatch.setattr(autotune.jobs.tune, "run_tune", fake_run_tune)
     prompts = tmp_path / "recent.jsonl"
     prompts.write_text('{"prompt": "The weather today"}\n')
     config = Path(__file__).resolve().parents[2] / "tune.yaml"
@@ -824,13 +824,13 @@ def test_a_stale_profile_is_retuned_once_and_the_new_flags_printed(
 def test_a_failing_retune_is_a_warning_and_a_missing_prompts_file_a_usage_error(
     fake_server, storage, tmp_path, monkeypatch
 ) -> None:
-    import autotune.tune
+    import autotune.jobs.tune
     from autotune.errors import ConfigError
 
     def failing(cfg: Any, **kwargs: Any) -> dict:
         raise ConfigError("models.target: /gone does not exist")
 
-    monkeypatch.setattr(autotune.tune, "run_tune", failing)
+    monkeypatch.setattr(autotune.jobs.tune, "run_tune", failing)
     prompts = tmp_path / "recent.jsonl"
     prompts.write_text('{"prompt": "x"}\n')
     config = Path(__file__).resolve().parents[2] / "tune.yaml"

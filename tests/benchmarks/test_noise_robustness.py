@@ -176,7 +176,7 @@ def test_conditions_must_be_known(capsys) -> None:
 def test_a_hog_is_no_child_of_the_tune_so_the_disturbance_reading_sees_it() -> None:
     """The tune counts its own descendants' CPU as its work: a hog started as this process's child
     was invisible by construction. start_hog detaches it (re-parented away) and stop_hog ends it."""
-    from autotune import hostnoise
+    from autotune.device import hostnoise
 
     hog = noise_robustness.start_hog(1, 30.0, spin_up_s=0.5)
     try:

@@ -78,7 +78,7 @@ SAMPLE = Profile(
 )
 """The sample profile, typed; exporters read its JSON (:data:`SAMPLE_PROFILE`).
 
-Its ``device`` is not the shape :func:`autotune.hardware.fingerprint` produces, on purpose: the
+Its ``device`` is not the shape :func:`autotune.device.hardware.fingerprint` produces, on purpose: the
 ``yaml`` export dumps the whole profile, so tests/profiles/golden/profile.yaml pins this dict
 verbatim (``key``, ``label``, ``kind`` are a fingerprint's top-level fields; ``name`` and
 ``memory_gib`` are two of ``hardware.identity_fields``, which a real fingerprint hashes into
@@ -121,7 +121,7 @@ def make_profile() -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture
 def real_device_profile(cpu_fingerprint) -> dict[str, Any]:
-    """The sample profile on a real-shaped CPU fingerprint (``autotune.hardware.fingerprint``'s own output)."""
+    """The sample profile on a real-shaped CPU fingerprint (``autotune.device.hardware.fingerprint``'s own output)."""
     return Profile.from_json({**copy.deepcopy(SAMPLE_PROFILE), "device": cpu_fingerprint()}).to_json()
 
 

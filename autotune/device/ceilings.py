@@ -2,7 +2,7 @@
 
 docs/metrics.md "Hardware classification": ridge = FLOP/s / (bytes/s), the arithmetic intensity
 (FLOP per byte moved) above which a kernel is compute-bound on this device. The paper
-ceilings (NVML bandwidth, datasheet FLOP/s) live in :mod:`autotune.hardware`; these are what
+ceilings (NVML bandwidth, datasheet FLOP/s) live in :mod:`autotune.device.hardware`; these are what
 the device actually delivers to torch.
 
 - Copy bandwidth: ``dst.copy_(src)`` over a large buffer; bytes counted = read + written.
@@ -11,7 +11,7 @@ the device actually delivers to torch.
   on random data. On CPU ``n`` is doubled from 256 until one run takes ~12 ms or more (so the
   timed run stays under ~100 ms); on GPU ``n = 8192``.
 
-Each is timed with :func:`autotune.timing.measure_stable` (median, IQR, one retake if noisy).
+Each is timed with :func:`autotune.device.timing.measure_stable` (median, IQR, one retake if noisy).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from autotune.timing import measure_stable
+from autotune.device.timing import measure_stable
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -3,7 +3,7 @@
 matplotlib is an optional extra (``pip install 'spec-autotune[plot]'``); without it the
 command stops with a one-line message saying so. The profile arrives typed
 (:class:`profiles.schema.Profile`; the stored JSON of one is read with ``Profile.from_json``);
-the verify curves are read as the cost model reads them (:class:`autotune.costmodel.Curves`).
+the verify curves are read as the cost model reads them (:class:`autotune.records.Curves`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.costmodel import Curves
 from autotune.errors import ConfigError
+from autotune.records import Curves
 from profiles.schema import MISSING, Profile
 
 

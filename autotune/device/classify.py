@@ -24,7 +24,8 @@ import random
 import statistics
 from collections.abc import Mapping, Sequence
 
-from autotune.costmodel import Curves, StepSample, best_gamma
+from autotune.cost.costmodel import best_gamma
+from autotune.records import Curves, StepSample
 from autotune.stats import bootstrap_interval
 
 MEMORY_BOUND_MAX_COST = 1.2

@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 
 from autotune.config import PHASES, TuneConfig
 from autotune.errors import ConfigError
-from autotune.runner import Sampling
+from autotune.workload.runner import Sampling
 from engine.errors import EngineInputError
 from engine.scheduler import poisson_arrivals
 from engine.speculative import Request

@@ -1,8 +1,8 @@
 """Re-tuning when the watch calls the profile stale: ``autotune watch --retune PROMPTS.jsonl``.
 
-The watch (:mod:`autotune.watch`) says *that* the stored profile no longer holds and which K it
+The watch (:mod:`autotune.watch.monitor`) says *that* the stored profile no longer holds and which K it
 predicts better; a re-tune measures it. When the state turns stale, :func:`retune` runs the main
-job (:func:`autotune.tune.run_tune`) once, with the user's tune.yaml changed in three keys only:
+job (:func:`autotune.jobs.tune.run_tune`) once, with the user's tune.yaml changed in three keys only:
 
 - ``workload.prompts``: the user's recent prompts (``--retune``, JSONL as ``workload.prompts``);
 - ``workload.concurrency``: the live load, as the powers of two that bracket the window's mean
@@ -70,7 +70,7 @@ def retune(
 ) -> dict:
     """Run the main job on the live load and recent prompts; return the stored profile."""
     if run is None:
-        from autotune.tune import run_tune
+        from autotune.jobs.tune import run_tune
 
         run = run_tune
     new = retune_config(cfg, prompts, stack, batch)

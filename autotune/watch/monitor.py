@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.backends.prometheus import Samples, parse_text
-from autotune.costmodel import Curves, expected_tokens
+from autotune.cost.costmodel import expected_tokens
+from autotune.cost.stackcost import StackCost
 from autotune.errors import ConfigError
-from autotune.stackcost import StackCost
+from autotune.records import Curves
 from autotune.stats import Estimate, paired_ratio
 from profiles.errors import ProfileError
 from profiles.profile import export_inputs
@@ -328,7 +329,7 @@ class ProfileModel:
     levels: tuple[int, ...] = ()  # the workload's tuned load levels (concurrency)
     level_choices: Mapping[int, int] = field(default_factory=dict)  # table_decision: batch size -> K
     backend: str = "engine"  # what measured the profile
-    # the stack's own step costs (profile["stack_cost"], autotune.stackcost): used for that stack
+    # the stack's own step costs (profile["stack_cost"], autotune.cost.stackcost): used for that stack
     stack_cost: StackCost | None = None
     # table_decision.levels[].over_chosen: batch size -> the tune's paired ratio of that level's
     # choice over the chosen configuration there (absent in profiles from before it)
@@ -535,7 +536,7 @@ def assess(model: ProfileModel, win: Window, stack: str) -> Assessment:
     stack_cost = model.stack_cost if model.stack_cost is not None and model.backend == stack else None
 
     def predict(acc: Sequence[float]) -> tuple[float, ...]:
-        if stack_cost is not None:  # the stack's own step costs at the live load (autotune.stackcost)
+        if stack_cost is not None:  # the stack's own step costs at the live load (autotune.cost.stackcost)
             return tuple(stack_cost.predict_at_load(batch, k, acc) for k in range(top + 1))
         return tuple(predicted_tps(model.curves, acc, k, batch) for k in range(top + 1))
 

@@ -13,16 +13,16 @@ The study ranks configurations on single runs; what is chosen is decided on repe
    ``budget.max_repeats``, and the rule picks again on all of them (one second look:
    :func:`undecided`, :func:`levels_undecided`); at each load level the best constant stays
    unless another K (or speculation off) is significantly faster there
-   (:func:`autotune.selection.per_level_choices`). Where those K differ and the backend serves
+   (:func:`autotune.decide.selection.per_level_choices`). Where those K differ and the backend serves
    tables, the table they make is served live (:func:`serve_table`: the table, the best
    constant and no speculation re-measured together) and replaces the constant only when it is
    significantly better at one level at least and not worse at any
-   (:func:`autotune.selection.table_verdict`); the exported schedule is what won. The cost
+   (:func:`autotune.decide.selection.table_verdict`); the exported schedule is what won. The cost
    model's prediction is set beside the measurement;
 4. :func:`build_profile`: the :class:`Decision` and the measurement become the stored
    :class:`profiles.schema.Profile`.
 
-Pure over :class:`autotune.selection.Point` records except :func:`remeasure`, which runs the
+Pure over :class:`autotune.records.Point` records except :func:`remeasure`, which runs the
 backend.
 """
 
@@ -39,13 +39,10 @@ import optuna
 from autotune.backends.base import Backend
 from autotune.config import TuneConfig
 from autotune.context import Context
-from autotune.costmodel import predict, predict_tree, tree_rank_samples
-from autotune.knobs import Knobs
-from autotune.records import LevelMetrics, Measurement, TrialResult
-from autotune.selection import (
+from autotune.cost.costmodel import predict, predict_tree, tree_rank_samples
+from autotune.decide.selection import (
     Choice,
     LevelChoice,
-    Point,
     TableVerdict,
     at_level,
     choose,
@@ -56,8 +53,10 @@ from autotune.selection import (
     score_ratio,
     table_verdict,
 )
+from autotune.knobs import Knobs
+from autotune.records import LevelMetrics, Measurement, Point, TrialResult
+from autotune.search.study import Space, slo_violations
 from autotune.stats import Estimate, estimate, paired_ratio, significant
-from autotune.study import Space, slo_violations
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
 from profiles.schema import MISSING, BatchSchedule, Chosen, Profile, ScheduleEntry
 from profiles.store import redact_url
@@ -219,8 +218,8 @@ def undecided(points: list[Point], choice: Choice, has_slo: bool, knee: bool) ->
 
 def levels_undecided(levels: list[LevelChoice], points: list[Point]) -> list[int]:
     """The load levels where the per-level rule kept a configuration that is not the fastest one
-    measured there (:func:`autotune.selection.per_level_choices`, whose candidates are
-    :func:`autotune.selection.level_pool`, on the medians): as with :func:`undecided`, the
+    measured there (:func:`autotune.decide.selection.per_level_choices`, whose candidates are
+    :func:`autotune.decide.selection.level_pool`, on the medians): as with :func:`undecided`, the
     intervals, not the medians, decided, so more rounds can change that level's K.
 
     Example:
@@ -416,10 +415,10 @@ def serve_table(
     best_static: Point | None,
     say: Say,
 ) -> TableContest:
-    """The per-level choices and the table they make (:func:`autotune.selection.plan_table`); where
+    """The per-level choices and the table they make (:func:`autotune.decide.selection.plan_table`); where
     its K differ by level and the constants do not already rule it out, the table served live
     beside the best constant and no speculation (:func:`remeasure`), and its
-    :func:`autotune.selection.table_verdict`.
+    :func:`autotune.decide.selection.table_verdict`.
     """
     constant = _constant(chosen, best_static)
     plan = plan_table(remeasured.points, cfg.batch_sizes, constant, best_static, chosen.knobs.drafter)
@@ -465,8 +464,8 @@ def serve_table(
 
 def level_ratios(levels: list[LevelChoice], pool: list[Point], chosen: Point) -> dict[int, Estimate]:
     """By batch size, the paired ratio of each level's choice over ``chosen`` (the configuration the
-    profile serves) at that level: :func:`autotune.selection.score_ratio` of the two
-    :func:`autotune.selection.at_level` views, as the per-level rule compares them.
+    profile serves) at that level: :func:`autotune.decide.selection.score_ratio` of the two
+    :func:`autotune.decide.selection.at_level` views, as the per-level rule compares them.
 
     Only where both were measured in one paired re-measurement (``pool``, which holds ``chosen``)
     with equally many rounds there, and the choice is another configuration than ``chosen`` (its

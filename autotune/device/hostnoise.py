@@ -16,7 +16,7 @@ The host counts as busy when other processes used more than :data:`OTHERS_BUSY` 
 during the window (steal time included: another VM on the same host counts) or another process
 computes on a GPU. The CV is recorded and printed beside it; only where ``/proc`` is missing (not
 Linux) does a CV above :data:`CV_BUSY` make the host busy (:func:`verdict` says why). The same /proc readers (:class:`CpuSample`) read the host around every study
-trial (:mod:`autotune.disturbance`) and before a compile (:func:`others_now`).
+trial (:mod:`autotune.search.guard`) and before a compile (:func:`others_now`).
 """
 
 from __future__ import annotations

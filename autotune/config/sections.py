@@ -2,7 +2,7 @@
 
 One typed, frozen config per section of the file (models, workload, search, objectives, budget,
 storage, export, backend, profile), each field named exactly like its yaml key and each section
-read by its own ``read`` (:class:`autotune.config_reader.Section` names the key in every error).
+read by its own ``read`` (:class:`autotune.config.reader.Section` names the key in every error).
 Every problem is reported as ``<key.path>: <problem> (got <value>)`` through
 :class:`~autotune.errors.ConfigError`; the CLI prints it on one line and exits with 2 before
 anything is measured or written. Unknown keys are errors too (a typo must not be ignored).
@@ -28,13 +28,14 @@ from typing import Any
 
 import yaml
 
-from autotune.config_reader import DEMO, Range, Section
-from autotune.errors import ConfigError
+from autotune.config.reader import DEMO, Range, Section
+from autotune.errors import ConfigError as ConfigError
 from autotune.knobs import CHAIN, TREE_DRAFTERS, Tree, parse_tree, tree_name
 from engine.demo import DEMO_DRAFT, DEMO_EAGLE3, DEMO_PROMPTS, DEMO_TARGET
-from engine.generate import DRAFTERS
+from engine.generate import DRAFTERS as DRAFTERS
 from engine.loader import DTYPES as _DTYPE_ALIASES
-from engine.speculative import GAMMA_POLICIES, Request  # GAMMA_POLICIES: constant / heuristic per row
+from engine.speculative import GAMMA_POLICIES as GAMMA_POLICIES
+from engine.speculative import Request  # GAMMA_POLICIES: constant / heuristic per row
 from engine.tree import tree_depth
 from profiles.exporters import FORMATS as EXPORT_FORMATS
 
@@ -68,7 +69,9 @@ CHOICE_RULES = ("throughput", "knee")
 DTYPES = tuple(dict.fromkeys(str(t).removeprefix("torch.") for t in _DTYPE_ALIASES.values()))
 DEFAULT_CACHE = Path("~/.cache/spec-autotune")
 BACKENDS = ("engine", "vllm", "llamacpp")  # backend.name: where a trial runs (autotune.backends)
-PHASES = "phases"  # workload.trace: the built-in low / burst / low trace (autotune.trace.phase_trace)
+PHASES = (
+    "phases"  # workload.trace: the built-in low / burst / low trace (autotune.workload.trace.phase_trace)
+)
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class ModelsConfig:
 @dataclass(frozen=True)
 class LoadLevel:
     """One load level of the workload: closed-loop ``concurrency`` or an open-loop Poisson ``rate``;
-    or the workload's arrival trace (``trace``: ``(offset_s, Request)`` pairs, :mod:`autotune.trace`),
+    or the workload's arrival trace (``trace``: ``(offset_s, Request)`` pairs, :mod:`autotune.workload.trace`),
     which :func:`autotune.backends.base.run_levels` runs after the levels and keeps apart from them."""
 
     concurrency: int | None = None
@@ -134,7 +137,9 @@ class WorkloadConfig:
     rate: float | None = None
     num_requests: int = 8
     truncate_prompts: bool = False
-    trace: Path | str | None = None  # null | "phases" (autotune.trace.phase_trace) | a JSONL trace file
+    trace: Path | str | None = (
+        None  # null | "phases" (autotune.workload.trace.phase_trace) | a JSONL trace file
+    )
     min_batches: int = 1  # a closed-loop level of concurrency c runs at least min_batches x c requests
 
     def requests_at(self, concurrency: int | None) -> int:

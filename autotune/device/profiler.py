@@ -15,7 +15,7 @@
   also ``tree_ranks``: per request and output position, the rank of the target's token among the
   draft's predictions, from which the cost model predicts any tree shape's accepted length;
 - ``verification_efficiency[B][k]`` and ``draft_cost_ratio[B]`` (docs/metrics.md);
-- ``classification``: the per-batch-size table (autotune.classify), each label with its evidence
+- ``classification``: the per-batch-size table (autotune.device.classify), each label with its evidence
   (verify cost with a bootstrap 95% interval from the repeated timings in ``t_verify_samples``;
   the knee with its interval from ``knee_curve_samples``).
 """
@@ -28,12 +28,13 @@ from collections.abc import Callable
 
 import torch
 
-from autotune.ceilings import measure_ceilings
-from autotune.classify import classify
-from autotune.costmodel import TREE_RANK_CAP, Curves, StepSample, per_position_acceptance
-from autotune.hardware import fingerprint
-from autotune.runner import LoadSpec, run_load
-from autotune.timing import measure_stable, time_fn
+from autotune.cost.costmodel import TREE_RANK_CAP, per_position_acceptance
+from autotune.device.ceilings import measure_ceilings
+from autotune.device.classify import classify
+from autotune.device.hardware import fingerprint
+from autotune.device.timing import measure_stable, time_fn
+from autotune.records import Curves, StepSample
+from autotune.workload.runner import LoadSpec, run_load
 from engine.eagle3 import Eagle3Head
 from engine.loader import ModelPair
 from engine.metrics import draft_cost_ratio, verification_efficiency
@@ -271,7 +272,7 @@ def measure_tree_ranks(
     The target generates each request's output (plain decoding, the workload's sampling); then
     one uncached forward of the draft over prompt + output gives, at every output position, the
     draft's logits given the target's own prefix, and the output token's rank among them (0 =
-    the draft's argmax). :func:`autotune.costmodel.tree_expected_tokens` reads these.
+    the draft's argmax). :func:`autotune.cost.costmodel.tree_expected_tokens` reads these.
     """
     if pair.draft is None:
         return []

@@ -7,31 +7,12 @@ tested on synthetic fronts without running anything.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from autotune.knobs import Knobs, table_text
+from autotune.records import Point
 from autotune.stats import Estimate, describe_difference, paired_ratio, significant
-
-
-@dataclass(frozen=True)
-class Point:
-    """One measured configuration: its knobs, objectives and per-batch-size throughput."""
-
-    knobs: Knobs
-    tokens_per_second: float
-    latency_ms: float
-    violation: float = 0.0  # sum of positive SLO excesses (0 = feasible)
-    per_batch: Mapping[int, float] = field(default_factory=dict)  # batch size -> tokens/s
-    number: int | None = None
-    # re-measured points: (tokens/s, latency) per round, and tokens/s per batch size per round; the
-    # rounds of all re-measured points are paired (same seeds, measured alternately)
-    rounds: tuple[tuple[float, float], ...] = ()
-    per_batch_rounds: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
-
-    @property
-    def feasible(self) -> bool:
-        return self.violation <= 0
 
 
 def pareto_front(points: Sequence[Point]) -> list[Point]:

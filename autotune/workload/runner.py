@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from tokenizers import Tokenizer
 
-from autotune.costmodel import StepSample
+from autotune.records import StepSample
 from engine.generate import make_drafter
 from engine.loader import ModelPair
 from engine.metrics import draft_cost_ratio, speedup, verification_efficiency
@@ -24,7 +24,7 @@ from engine.workload import WorkloadItem, fit_prompt_to_context
 @dataclass(frozen=True)
 class LoadSpec:
     """How requests arrive: closed loop (``concurrency``), open loop (``rate`` req/s) or a replay of
-    ``arrivals`` (a trace, :mod:`autotune.trace`: ``(offset_s, Request)`` sorted by offset, each
+    ``arrivals`` (a trace, :mod:`autotune.workload.trace`: ``(offset_s, Request)`` sorted by offset, each
     request at its offset; ``num_requests`` and the run's ``requests`` are then not used)."""
 
     max_batch_size: int = 1
@@ -92,7 +92,7 @@ def run_load(
     search.ngram_min/ngram_max).
 
     ``trace=True`` also returns per-row step samples (``RunResult.trace``: tokens accepted and
-    draft confidence per position, as :class:`~autotune.costmodel.StepSample`).
+    draft confidence per position, as :class:`~autotune.records.StepSample`).
     """
     if spec.gamma == 0:
         drafter = "none"

@@ -22,112 +22,12 @@ tokens and run min(first_low + 1, gamma) draft forwards.
 
 from __future__ import annotations
 
-import bisect
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class StepSample:
-    """One profiled verify step of one row: tokens accepted and draft confidence per position."""
-
-    n_accepted: int
-    confidence: tuple[float, ...]
-
-    def to_json(self) -> list:
-        """``[n_accepted, [confidence, ...]]``, as the profiler stores it (``acceptance.samples[i]``)."""
-        return [self.n_accepted, list(self.confidence)]
-
-    @classmethod
-    def from_json(cls, data: Sequence) -> StepSample:
-        n, confidence = data
-        return cls(int(n), tuple(confidence))
-
-
-@dataclass(frozen=True)
-class Curves:
-    """Measured step times in seconds.
-
-    ``t_verify[B][k]``: a target forward of B rows x k tokens; ``t_draft[B]``: one draft
-    forward of B rows x 1 token; ``overhead[B]``: the engine's own work per step (sampling,
-    acceptance, bookkeeping) measured as an engine decode step minus the bare forward;
-    ``draft_overhead[B]``: likewise for one draft forward inside the engine;
-    ``t_prefill[B]``: prefilling B prompts of ``prefill_tokens`` (the workload's median length). Batch sizes are the
-    measured ones (powers of two); other batch sizes are interpolated linearly.
-    """
-
-    t_verify: dict[int, dict[int, float]]
-    t_draft: dict[int, float]
-    overhead: dict[int, float] = field(default_factory=dict)  # engine work per step beyond the forwards
-    t_prefill: dict[int, float] = field(default_factory=dict)  # prefill of B prompts of typical length
-    draft_overhead: dict[int, float] = field(default_factory=dict)  # engine work per draft forward
-    prefill_tokens: int = 0  # prompt length t_prefill was measured at (0: unknown)
-
-    @classmethod
-    def from_json(cls, curves: Mapping[str, Any]) -> Curves:
-        """From the profiler's stored ``curves`` (mapping keys are strings there; other keys are ignored)."""
-
-        def floats(key: str) -> dict[int, float]:
-            return {int(b): float(t) for b, t in curves.get(key, {}).items()}
-
-        return cls(
-            {int(b): {int(k): float(t) for k, t in row.items()} for b, row in curves["t_verify"].items()},
-            floats("t_draft"),
-            floats("overhead"),
-            floats("t_prefill"),
-            floats("draft_overhead"),
-            int(curves.get("prompt_tokens") or 0),
-        )
-
-    def to_json(self) -> dict:
-        """The part of the stored ``curves`` the cost model reads (the profiler stores more: knee curve, samples)."""
-        return {
-            "t_verify": {b: dict(row) for b, row in self.t_verify.items()},
-            "t_draft": dict(self.t_draft),
-            "overhead": dict(self.overhead),
-            "t_prefill": dict(self.t_prefill),
-            "draft_overhead": dict(self.draft_overhead),
-            "prompt_tokens": self.prefill_tokens,
-        }
-
-    def step_overhead(self, batch: float) -> float:
-        return max(_interp(self.overhead, batch), 0.0) if self.overhead else 0.0
-
-    def prefill(self, batch: float, tokens: int | None = None) -> float:
-        """Prefilling ``batch`` prompts; with ``tokens`` (the batch's longest prompt: shorter
-        rows are padded to it) scaled linearly from the measured prompt length."""
-        t = _interp(self.t_prefill, batch) if self.t_prefill else 0.0
-        return t * tokens / self.prefill_tokens if tokens and self.prefill_tokens else t
-
-    def verify(self, batch: float, k: float) -> float:
-        """T_verify at batch size ``batch`` and (possibly fractional, mean) verify width ``k``."""
-        lo = max(1, min(int(k), max(max(row) for row in self.t_verify.values())))
-        frac = min(max(k - lo, 0.0), 1.0)
-
-        def at(width: int) -> float:
-            return _interp({b: row[min(width, max(row))] for b, row in self.t_verify.items()}, batch)
-
-        return at(lo) if frac == 0 else (1 - frac) * at(lo) + frac * at(lo + 1)
-
-    def draft(self, batch: float) -> float:
-        """One draft forward inside the engine: the bare forward plus the engine's work around it."""
-        if not self.t_draft:
-            return 0.0
-        extra = max(_interp(self.draft_overhead, batch), 0.0) if self.draft_overhead else 0.0
-        return _interp(self.t_draft, batch) + extra
-
-
-def _interp(points: dict[int, float], x: float) -> float:
-    """Piecewise-linear in x through measured points; linear extrapolation from the last two."""
-    xs = sorted(points)
-    if len(xs) == 1:
-        return points[xs[0]] * max(x, 1) / xs[0] if x > xs[0] else points[xs[0]]
-    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
-    x0, x1 = xs[i - 1], xs[i]
-    y0, y1 = points[x0], points[x1]
-    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), min(y0, y1) if x < x0 else 0.0)
+from autotune.records import Curves, StepSample, interpolate
 
 
 def expected_tokens(per_position_acceptance: Sequence[float], gamma: int) -> float:
@@ -283,7 +183,7 @@ def simulate_closed_loop(
     num_requests = min(num_requests, max(2 * batch, int(REPLAY_ROW_STEPS // per_request)))
     draft_share = 0.0  # the draft model's prefill, relative to the target's
     if any(r[1] for r in rows) and curves.t_draft and curves.t_verify:
-        draft_share = _interp(curves.t_draft, 1) / curves.verify(1, 1)
+        draft_share = interpolate(curves.t_draft, 1) / curves.verify(1, 1)
     tokens = wall = 0.0
     for _ in range(repeats):
         queue, t = num_requests, 0.0

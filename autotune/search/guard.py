@@ -1,15 +1,15 @@
 """Per-trial disturbance: was a trial measured on the host the study runs on, or beside a process
 that took the cores its threads need?
 
-The host checks before and after tuning (:mod:`autotune.hostnoise`) never see a process that starts
+The host checks before and after tuning (:mod:`autotune.device.hostnoise`) never see a process that starts
 after the first one, and two torch threads sharing a core with a busy loop run 10-20x slower
 (intra-op threads wait for each other at the end of every op). So every study trial, whatever its
 backend, runs through :class:`TrialGuard`:
 
 - **Threads follow the free cores.** Before each run, when the latest reading says other processes
-  hold a core, torch gets the cores they leave (:func:`autotune.hostnoise.threads_for`, at least 1)
+  hold a core, torch gets the cores they leave (:func:`autotune.device.hostnoise.threads_for`, at least 1)
   for that run, recorded as the trial's ``torch_threads``; the study's count is restored after.
-- **A reading over the run's own duration.** /proc's counters (:class:`autotune.hostnoise.CpuSample`)
+- **A reading over the run's own duration.** /proc's counters (:class:`autotune.device.hostnoise.CpuSample`)
   read when the run starts and when it ends: other processes' share of all cores over exactly the
   run (10 ms ticks: a run of seconds reads to a fraction of a percent), and the 1-minute load
   average. Two file reads per run.
@@ -39,7 +39,7 @@ backend, runs through :class:`TrialGuard`:
   backend's ``run_levels`` reads. A cut (or timed-out) run is disturbed when the host says so;
   otherwise the trial fails with the cut's one-line reason.
 
-The final re-measurement (:mod:`autotune.decision`) does not run through the guard: its interleaved,
+The final re-measurement (:mod:`autotune.decide.decision`) does not run through the guard: its interleaved,
 paired rounds are its own defence against drift.
 """
 
@@ -55,9 +55,9 @@ from typing import Any, Protocol
 import optuna
 import torch
 
-from autotune import hostnoise
 from autotune.backends.base import TRIAL_CUT, Backend, TrialCut
 from autotune.config import TuneConfig
+from autotune.device import hostnoise
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
 
@@ -80,7 +80,7 @@ disturbed (a tenth of a core: a busy loop overlapping ~15% of the run)."""
 
 class HostWatch(Protocol):
     """The readings the guard takes (:class:`ProcWatch` reads /proc; tests script them). A reading has
-    :meth:`autotune.hostnoise.CpuSample.since`'s keys: ``window_s``, ``others_cpu_share``,
+    :meth:`autotune.device.hostnoise.CpuSample.since`'s keys: ``window_s``, ``others_cpu_share``,
     ``loadavg_1m``, ``cpus``."""
 
     def mark(self) -> None:

@@ -220,8 +220,8 @@ def size_sweep(
     is then the top). Seconds on a small model; a GPU measures with CUDA events."""
     import torch
 
-    from autotune.profiler import _forward_timer
-    from autotune.timing import time_fn
+    from autotune.device.profiler import _forward_timer
+    from autotune.device.timing import time_fn
     from engine.loader import load_model, resolve_device
 
     dev = resolve_device(device)

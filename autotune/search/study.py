@@ -11,7 +11,7 @@ two objectives: throughput (generated tokens / wall time over all levels; maximi
 chosen latency percentile (worst level; minimised). SLOs become Optuna constraints via
 ``trial.set_constraint`` (value <= 0 is feasible). Every metric of every level is stored as a
 user attribute, so nothing measured is lost, and the schedule is computed from them. A trial runs
-through :class:`autotune.disturbance.TrialGuard`: a run another process disturbed is re-run, or the
+through :class:`autotune.search.guard.TrialGuard`: a run another process disturbed is re-run, or the
 trial is pruned, and never becomes the trial's values.
 
 The study lives in Optuna's RDB storage in the same database as the profiles, so
@@ -29,14 +29,13 @@ from typing import Any, Protocol
 import optuna
 import torch
 
-from autotune import stackcost
 from autotune.config import TuneConfig
 from autotune.context import Context
-from autotune.costmodel import best_gamma, best_tree, tree_rank_samples
-from autotune.disturbance import Expectation, TrialGuard
+from autotune.cost import stackcost
+from autotune.cost.costmodel import best_gamma, best_tree, tree_rank_samples
 from autotune.knobs import TREE_DRAFTERS, Knobs, Tree, parse_tree, tree_name
-from autotune.records import LevelMetrics, Measurement, TrialResult
-from autotune.selection import Point
+from autotune.records import LevelMetrics, Measurement, Point, TrialResult
+from autotune.search.guard import Expectation, TrialGuard
 from engine.tree import tree_depth
 from profiles.schema import MISSING
 
@@ -292,10 +291,10 @@ def warm_starts(
     (:meth:`Space.clip`).
 
     ``in_stack`` (a backend that plans by cost): the chains are the stack-cost calibration's two K
-    (:func:`autotune.stackcost.first_ks`), placed over the cost model's best K, not those K: the
+    (:func:`autotune.cost.stackcost.first_ks`), placed over the cost model's best K, not those K: the
     engine's costs are another stack's, and the fit needs its span more than their guess. And the
     baseline runs twice, back to back in its one server (no second start): the two rounds give the
-    host's round-to-round noise (:func:`autotune.stackcost.replicate_noise`), which sets how large
+    host's round-to-round noise (:func:`autotune.cost.stackcost.replicate_noise`), which sets how large
     a predicted gain must be to earn a server start."""
     cfg = ctx.cfg
     base = Knobs(
@@ -377,7 +376,7 @@ def stack_observations(
     trials: list[optuna.trial.FrozenTrial],
 ) -> tuple[str, list[stackcost.Observation]] | None:
     """The best measured drafter (by its fastest constant chain) and its stack-cost observations
-    (:func:`autotune.stackcost.observations`) among these trials; None without a constant chain."""
+    (:func:`autotune.cost.stackcost.observations`) among these trials; None without a constant chain."""
     runs = measured_chains(trials)
     chains = [(k, t) for (k, _), t in zip(runs, trials, strict=True) if k.speculates and k.is_static_chain]
     if not chains:
@@ -397,7 +396,7 @@ def stack_planner(
     space: Space, say: Callable[[str], None], tables: bool = False
 ) -> Callable[[optuna.Study, Any], None]:
     """An Optuna callback for a backend that plans by cost (``Backend.plans_by_cost``): once the warm
-    starts have run, fit the stack cost (:mod:`autotune.stackcost`) from the finished trials, enqueue
+    starts have run, fit the stack cost (:mod:`autotune.cost.stackcost`) from the finished trials, enqueue
     the unserved K predicted most faster than every served K at some level (:func:`stackcost.next_k`:
     by more than ``SERVE_MARGIN`` plus ``SERVE_Z`` standard errors of the prediction, else a level's
     predicted best K more than one step from every measured K where one round can settle it; with

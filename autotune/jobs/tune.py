@@ -24,14 +24,16 @@ import optuna
 import torch
 
 from autotune import context as ctx_mod
-from autotune import disturbance, hostnoise, stackcost
-from autotune import study as study_mod
 from autotune.backends import Backend, open_backend
 from autotune.config import DEFAULT_CACHE, TuneConfig
-from autotune.decision import build_profile, decide
+from autotune.cost import stackcost
+from autotune.decide.decision import build_profile, decide
+from autotune.device import hostnoise
 from autotune.errors import BusyHostError, ConfigError
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
+from autotune.search import guard as disturbance
+from autotune.search import study as study_mod
 from profiles.exporters import export, write_export
 from profiles.schema import MISSING, Profile
 from profiles.store import redact_url
@@ -92,14 +94,14 @@ def run_tune(
        missing stack fails in seconds.
     3. Profile the device, or reuse the stored measurement (:func:`autotune.context.ensure_profile`).
     4. Study: shape the space, warm-start it from the cost model and the nearest stored profile,
-       run the trials (:func:`_run_study`), each through :class:`autotune.disturbance.TrialGuard`
+       run the trials (:func:`_run_study`), each through :class:`autotune.search.guard.TrialGuard`
        (a run another process disturbed is re-run, or the trial pruned).
     5. Re-measure the finalists, choose, build the batch schedule and the profile
-       (:func:`autotune.decision.decide`, :func:`autotune.decision.build_profile`).
+       (:func:`autotune.decide.decision.decide`, :func:`autotune.decide.decision.build_profile`).
     6. Host noise after, store the profile (:func:`_store`), write the exports (:func:`write_exports`).
 
     The host's noise is measured before profiling and again after the study
-    (:mod:`autotune.hostnoise`), warned about in one line when busy and recorded in
+    (:mod:`autotune.device.hostnoise`), warned about in one line when busy and recorded in
     ``profile["host_noise"]``; with ``strict`` a busy host raises :class:`BusyHostError` and no
     profile is stored. See docs/architecture.md (data flow of ``autotune tune``).
     """
@@ -175,7 +177,7 @@ class _StudyRun:
 
     space: study_mod.Space
     study: optuna.Study
-    points: list  # autotune.selection.Point, one per finished trial
+    points: list  # autotune.records.Point, one per finished trial
     trials_planned: int
     trials_run: int
     provisional: bool  # the budget's timeout stopped the study before trials_planned
@@ -348,7 +350,7 @@ def _store(
 
 
 def stack_cost_section(study: optuna.Study, backend: str) -> Any:
-    """``profile["stack_cost"]``: the fit of the study's trials (autotune.stackcost), its residuals per
+    """``profile["stack_cost"]``: the fit of the study's trials (autotune.cost.stackcost), its residuals per
     measured (level, K) and how many trials (server starts, on a stack) the study ran; MISSING
     without a fit."""
     found = study_mod.stack_observations(study_mod.finished(study))

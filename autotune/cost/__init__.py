@@ -1,0 +1,10 @@
+"""What a configuration costs and gains: the engine's cost model (step time and accepted tokens
+from the profiler's curves), a serving stack's step cost fitted from its own trials, and the one
+acceptance model both read.
+
+Modules: :mod:`~autotune.cost.costmodel` (tokens per step, throughput and TPOT for any gamma,
+threshold, tree and batch size), :mod:`~autotune.cost.stackcost` (a stack's row-step cost per load
+level and K, and the planner that picks the next K to serve).
+"""
+
+__all__ = ["costmodel", "stackcost"]
