@@ -6,29 +6,80 @@ device + pair + workload" means (the keys under which profiles are stored and re
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+from tokenizers import Tokenizer
 
 from autotune.config import TuneConfig, check_device
 from autotune.device import hostnoise, profiler
+from autotune.device.capacity import Checkpoint, Need, check_fits, free_bytes, read_checkpoint, resolve_dtype
 from autotune.device.hardware import fingerprint
-from autotune.workload.runner import Sampling, build_requests
+from autotune.errors import ConfigError
+from autotune.workload.runner import CONTEXT_MARGIN, Sampling, build_requests
 from autotune.workload.trace import Arrival, load_trace
 from engine.errors import EngineInputError
-from engine.loader import ModelPair, load_pair
+from engine.loader import ModelPair, load_pair, load_tokenizer
 from engine.speculative import Request, SpecConfig
-from engine.workload import load_workload
+from engine.workload import WorkloadItem, load_workload
 from profiles.hashing import hash_folder, hash_json
 from profiles.store import Store
 
 
+@dataclass(frozen=True)
+class PairFiles:
+    """The pair as its files describe it (config.json, safetensors headers, tokenizer.json): what a
+    run needs to know of the models without loading a weight."""
+
+    tokenizer: Tokenizer
+    target: Checkpoint
+    draft: Checkpoint | None = None
+    head: Checkpoint | None = None
+
+    @property
+    def context_length(self) -> int:
+        """The target's ``max_position_embeddings`` (2048 when config.json does not say)."""
+        return int(self.target.config.get("max_position_embeddings") or 2048)
+
+    @property
+    def checkpoints(self) -> tuple[Checkpoint, ...]:
+        return tuple(c for c in (self.target, self.draft, self.head) if c is not None)
+
+    def needs(self, dtype: str, rows: int, tokens: int) -> list[Need]:
+        """Weights in ``dtype`` and the KV cache of ``rows`` sequences of ``tokens`` (target and draft)."""
+        out = [Need(f"{c.folder.name} weights ({dtype})", c.weights_bytes(dtype)) for c in self.checkpoints]
+        per_token = sum(c.kv_bytes_per_token(dtype) for c in (self.target, self.draft) if c is not None)
+        out.append(Need(f"KV cache ({rows} x {tokens} tokens)", per_token * rows * tokens))
+        return out
+
+
+def read_pair(cfg: TuneConfig, needs_draft: bool, needs_head: bool) -> PairFiles:
+    """The pair's files, checked as the loader would (vocabularies, tokenizer) but without weights."""
+    target = read_checkpoint(cfg.models.target)
+    draft = read_checkpoint(cfg.models.draft) if needs_draft and cfg.models.draft is not None else None
+    head = read_checkpoint(cfg.models.eagle3) if needs_head and cfg.models.eagle3 is not None else None
+    if draft is not None and draft.config.get("vocab_size") != target.config.get("vocab_size"):
+        raise EngineInputError(
+            f"{draft.folder}: draft vocab_size {draft.config.get('vocab_size')} != target vocab_size "
+            f"{target.config.get('vocab_size')}"
+        )
+    if not (cfg.models.target / "tokenizer.json").is_file():
+        raise EngineInputError(f"{cfg.models.target}: no tokenizer.json")
+    return PairFiles(load_tokenizer(cfg.models.target), target, draft, head)
+
+
 @dataclass
 class Context:
+    """One run's inputs: the validated config (``models.dtype`` resolved), the pair's files, the
+    requests, the store and the identities. The engine's pair (:attr:`pair`) is loaded only where
+    the engine runs: always for the engine backend, and for a serving stack only to profile, when it
+    fits beside nothing else, released before the first server starts (:func:`ensure_profile`)."""
+
     cfg: TuneConfig
-    pair: ModelPair
+    files: PairFiles
     requests: list[Request]
     store: Store
     fingerprint: dict
@@ -41,10 +92,29 @@ class Context:
     compile_note: str = ""  # how the engine runs decode (compiled or eager, and why), for tune's log
     trace: tuple[Arrival, ...] | None = None  # workload.trace as arrivals (autotune.workload.trace)
     head_hash: str | None = None  # the EAGLE-3 head searched beside the draft model (cfg.head_beside)
+    notes: list[str] = field(default_factory=list)  # dtype, memory and engine lines for tune's log
+    loaded: ModelPair | None = None  # the engine's pair while it is held
+
+    @property
+    def pair(self) -> ModelPair:
+        """The engine's loaded pair (:func:`load_engine`); asking for it when it is not held is a bug."""
+        if self.loaded is None:
+            raise RuntimeError("the engine's pair is not loaded (a serving-stack run holds no weights)")
+        return self.loaded
 
     @property
     def device_key(self) -> str:
         return self.fingerprint["key"]
+
+    @property
+    def device(self) -> str:
+        return str(self.fingerprint.get("device") or self.cfg.models.device)
+
+    @property
+    def longest_sequence(self) -> int:
+        """The workload's longest prompt + output (trace included), in tokens: a stack's max model length."""
+        requests = [*self.requests, *(request for _, request in self.trace or ())]
+        return max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + CONTEXT_MARGIN
 
     @property
     def profile_drafter(self) -> str:
@@ -57,99 +127,145 @@ class Context:
         return next((d for d in drafters if d != "none"), "none")
 
 
-def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: bool = False) -> Context:
-    """Load the pair and workload, open the store, compile the engine, compute the identity hashes.
+IDENTITY_VERSION = 1
+"""The workload identity's layout. A key at its default value is left out, so adding a knob keeps
+every stored identity (and the measurements and studies keyed by it); a change of meaning bumps this."""
 
-    Everything a user can get wrong (folders, the workload and its arrival trace, the storage URL)
-    is checked before the compile, which can take minutes; ``say`` hears that the compile starts.
-    With a serving-stack backend the engine only profiles: when the store already holds its
-    profile of this workload (and ``reprofile`` is off), it is not compiled at all."""
-    needs_draft = (
-        "model" in cfg.search.drafter or "hybrid" in cfg.search.drafter
-    )  # hybrid falls back to the draft model
+
+def workload_identity(cfg: TuneConfig, items: Sequence[WorkloadItem]) -> dict:
+    """What makes two runs the same workload (hashed into the store's keys): prompts, sampling, levels, dtype."""
+    w = cfg.workload
+    return {
+        "prompts": str(w.prompts),
+        "prompts_sha256": hash_json([i.__dict__ for i in items]),
+        "max_new_tokens": w.max_new_tokens,
+        "temperature": w.temperature,
+        "top_k": w.top_k,
+        "top_p": w.top_p,
+        "concurrency": list(w.concurrency),
+        "rate": w.rate,
+        "num_requests": w.num_requests,
+        "dtype": cfg.models.dtype,
+        **({"min_batches": w.min_batches} if w.min_batches != 1 else {}),
+    }
+
+
+def _with_dtype(cfg: TuneConfig, files: PairFiles, device: str) -> tuple[TuneConfig, str]:
+    """``cfg`` with ``models.dtype: auto`` resolved for ``device`` (:func:`autotune.device.capacity.resolve_dtype`)."""
+    dtype, why = resolve_dtype(cfg.models.dtype, files.target.torch_dtype, device)
+    resolved = cfg if dtype == cfg.models.dtype else cfg.with_overrides({"models.dtype": dtype})
+    return resolved, f"dtype: {dtype} ({why})"
+
+
+def engine_needs(cfg: TuneConfig, files: PairFiles, requests: Sequence[Request]) -> list[Need]:
+    """What the engine holds for this run: the pair in ``models.dtype`` and its KV cache at the
+    largest batch (every row the workload's longest sequence plus the speculative lookahead)."""
+    longest = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + cfg.profile.gamma_max + 4
+    return files.needs(cfg.models.dtype, max(cfg.batch_sizes), longest)
+
+
+def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: bool = False) -> Context:
+    """Read the pair's files and the workload, open the store, compute the identity hashes; with the
+    engine backend, check that the pair fits and load (and compile) it.
+
+    Everything a user can get wrong (folders, checkpoint headers, the workload and its arrival
+    trace, the storage URL, memory) is checked before anything loads or compiles; ``say`` hears
+    that the compile starts. A serving-stack backend loads no weights here (:func:`ensure_profile`).
+    """
+    needs_draft = "model" in cfg.search.drafter or "hybrid" in cfg.search.drafter  # hybrid: the draft model
     needs_head = "eagle3" in cfg.search.drafter
-    check_device(cfg)
-    pair = load_pair(
-        cfg.models.target,
-        cfg.models.draft if needs_draft else None,
-        dtype=cfg.models.dtype,
-        device=cfg.models.device,
-        eagle3=cfg.models.eagle3 if needs_head else None,
-    )
-    if pair.tokenizer is None:
-        raise EngineInputError(f"{cfg.models.target}: no tokenizer.json")
+    device = check_device(cfg)
+    files = read_pair(cfg, needs_draft, needs_head)
+    cfg, dtype_note = _with_dtype(cfg, files, device)
     items = load_workload(cfg.workload.prompts)
     sampling = Sampling(
         cfg.workload.max_new_tokens, cfg.workload.temperature, cfg.workload.top_k, cfg.workload.top_p
     )
+    context = files.context_length
     requests = build_requests(
         items,
-        pair.tokenizer,
+        files.tokenizer,
         sampling,
-        pair.target.config.max_position_embeddings,
+        context,
         where=str(cfg.workload.prompts),
         truncate=cfg.workload.truncate_prompts,
     )
-    trace = load_trace(cfg, pair.tokenizer, pair.target.config.max_position_embeddings, requests)
+    trace = load_trace(cfg, files.tokenizer, context, requests)
+    notes = [dtype_note]
+    if cfg.backend.name == "engine":
+        notes.append(check_fits(engine_needs(cfg, files, requests), free_bytes(device), device, FIT_KNOBS))
     store = Store(cfg.storage.url)
-    device = str(pair.target.lm_head.weight.device)
     fp = fingerprint(device, cfg.models.dtype)
-    target_hash = hash_folder(cfg.models.target)
-    draft_hash = hash_folder(cfg.draft_folder) if cfg.draft_folder is not None else None
-    head_hash = hash_folder(cfg.head_beside) if cfg.head_beside is not None else None
-    workload = {
-        "prompts": str(cfg.workload.prompts),
-        "prompts_sha256": hash_json([i.__dict__ for i in items]),
-        "max_new_tokens": cfg.workload.max_new_tokens,
-        "temperature": cfg.workload.temperature,
-        "top_k": cfg.workload.top_k,
-        "top_p": cfg.workload.top_p,
-        "concurrency": list(cfg.workload.concurrency),
-        "rate": cfg.workload.rate,
-        "num_requests": cfg.workload.num_requests,
-        "dtype": cfg.models.dtype,
-        # absent at 1 (one run of num_requests per level): the identity of earlier workloads holds
-        **({"min_batches": cfg.workload.min_batches} if cfg.workload.min_batches != 1 else {}),
-    }
+    workload = workload_identity(cfg, items)
     store.upsert_device(fp)
     drafter = "model" if needs_draft else "eagle3" if needs_head else cfg.search.drafter[0]
     pair_id = store.upsert_pair(
         str(cfg.models.target),
         str(cfg.draft_folder) if cfg.draft_folder is not None else None,
         drafter,
-        target_hash,
-        draft_hash,
+        hash_folder(cfg.models.target),
+        hash_folder(cfg.draft_folder) if cfg.draft_folder is not None else None,
     )
     stored = _stored_engine(cfg, store, fp["key"], pair_id, workload) if not reprofile else None
-    if stored is not None:  # a serving stack runs the trials; the engine's profile is in the store
-        compile_note = (
-            f"engine: not compiled (the {cfg.backend.name} backend runs every trial; the engine's "
-            f"profile of this workload, measured {stored}, is reused from the store)"
-        )
-        if stored == "compiled":
-            workload["engine"] = "compiled"
-    else:
-        compile_note = _compile(
-            pair, cfg.models.compile, [SpecConfig.for_tree(t).tree_topk for t in cfg.search.tree_topk], say
-        )
-        if pair.target.compiled:  # compiled timings are another measurement (eager keeps its old key)
-            workload["engine"] = "compiled"
-    return Context(
+    if stored == "compiled":
+        workload["engine"] = "compiled"
+    ctx = Context(
         cfg,
-        pair,
+        files,
         requests,
         store,
         fp,
-        target_hash,
-        draft_hash,
+        hash_folder(cfg.models.target),
+        hash_folder(cfg.draft_folder) if cfg.draft_folder is not None else None,
         workload,
         hash_json(workload),
         pair_id,
         drafter,
-        compile_note=compile_note,
         trace=trace,
-        head_hash=head_hash,
+        head_hash=hash_folder(cfg.head_beside) if cfg.head_beside is not None else None,
+        notes=notes,
     )
+    if stored is not None:  # a serving stack runs the trials; the engine's profile is in the store
+        ctx.compile_note = (
+            f"engine: not loaded (the {cfg.backend.name} backend runs every trial; the engine's "
+            f"profile of this workload, measured {stored}, is reused from the store)"
+        )
+    elif cfg.backend.name == "engine":
+        load_engine(ctx, say)
+    else:
+        ctx.compile_note = f"engine: not loaded yet (the {cfg.backend.name} backend runs every trial)"
+    return ctx
+
+
+FIT_KNOBS = "models.dtype, search.max_batch_size or workload.concurrency, or models.device"
+
+
+def load_engine(ctx: Context, say: Callable[[str], None] | None = None) -> None:
+    """Load the pair into the engine (and compile it per ``models.compile``); the workload identity
+    notes a compiled engine (compiled timings are another measurement than eager ones)."""
+    cfg = ctx.cfg
+    needs_draft = ctx.files.draft is not None
+    ctx.loaded = load_pair(
+        cfg.models.target,
+        cfg.models.draft if needs_draft else None,
+        dtype=cfg.models.dtype,
+        device=cfg.models.device,
+        eagle3=cfg.models.eagle3 if ctx.files.head is not None else None,
+    )
+    ctx.compile_note = _compile(
+        ctx.loaded, cfg.models.compile, [SpecConfig.for_tree(t).tree_topk for t in cfg.search.tree_topk], say
+    )
+    if ctx.loaded.target.compiled and ctx.workload.get("engine") != "compiled":
+        ctx.workload["engine"] = "compiled"
+        ctx.workload_hash = hash_json(ctx.workload)
+
+
+def release_engine(ctx: Context) -> None:
+    """Drop the engine's pair (before a serving stack's first server starts)."""
+    ctx.loaded = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _stored_engine(
@@ -205,7 +321,7 @@ def _compile(
             "about a minute once inductor's cache holds the graphs)"
         )
     # Inductor's cache (autotune.INDUCTOR_CACHE, set when the package is imported) makes the next
-    # process compile in a fifth of the time (demo pair: 239 s cold, 47 s warm).
+    # process compile in a fraction of the time (docs/decisions.md#inductor-cache).
     try:
         pair.compile_decode(trees)
     except Exception as exc:  # inductor raises many types (compiler missing, unsupported op)
@@ -237,16 +353,48 @@ def _compile(
 
 
 def ensure_profile(
-    ctx: Context, reprofile: bool = False, progress: Callable[[str], None] | None = None
+    ctx: Context,
+    reprofile: bool = False,
+    progress: Callable[[str], None] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[dict, bool]:
     """The stored profiler measurement for this device + pair + workload, measuring if needed.
 
-    Returns ``(measurement, reused)``.
+    Returns ``(measurement, reused)``. With a serving-stack backend the engine is loaded only to
+    profile, and only when the pair fits in the device's free memory now (no server is up yet); it is
+    released before returning. Where it does not fit, the run goes on without the engine's prior
+    (:func:`no_engine_measurement`: no curves, nothing stored) and ``ctx.notes`` says so.
     """
     if not reprofile:
         found = ctx.store.latest_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler")
         if found is not None:
             return found["data"], True
+    stack = ctx.cfg.backend.name != "engine"
+    if stack and ctx.loaded is None:
+        try:
+            line = check_fits(
+                engine_needs(ctx.cfg, ctx.files, ctx.requests), free_bytes(ctx.device), ctx.device, FIT_KNOBS
+            )
+        except ConfigError as exc:
+            ctx.notes.append(f"engine prior: none, the pair does not fit in the engine here ({exc})")
+            return no_engine_measurement(ctx), False
+        ctx.notes.append(f"engine prior: the pair is loaded to profile, then released ({line})")
+        load_engine(ctx, say)
+        if not reprofile:  # a compiled engine is keyed apart: its stored measurement may exist
+            found = ctx.store.latest_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler")
+            if found is not None:
+                release_engine(ctx)
+                return found["data"], True
+    try:
+        data = _measure(ctx, progress)
+    finally:
+        if stack:
+            release_engine(ctx)
+    ctx.store.save_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler", data)
+    return data, False
+
+
+def _measure(ctx: Context, progress: Callable[[str], None] | None) -> dict:
     cfg = ctx.cfg
     thresholds = _threshold_grid(cfg.search.confidence_threshold.low, cfg.search.confidence_threshold.high)
     data = profiler.measure(
@@ -261,9 +409,23 @@ def ensure_profile(
         cfg.budget.seed,
         progress,
     )
-    data = json.loads(json.dumps(data))  # stored form (string keys), same as a reused one
-    ctx.store.save_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler", data)
-    return data, False
+    return json.loads(json.dumps(data))  # stored form (string keys), same as a reused one
+
+
+def no_engine_measurement(ctx: Context) -> dict:
+    """A measurement without the engine: no curves, samples or classification, so the study has no
+    cost-model prior (no gamma cap, warm starts spread over the range) and the profile says so."""
+    return {
+        "fingerprint": ctx.fingerprint,
+        "ceilings": {},
+        "curves": {},
+        "knee_tokens": None,
+        "acceptance": {"gamma_max": ctx.cfg.profile.gamma_max, "drafter": ctx.profile_drafter, "samples": []},
+        "verification_efficiency": {},
+        "draft_cost_ratio": {},
+        "classification": {},
+        "engine": "not loaded",
+    }
 
 
 def extend_for_trees(ctx: Context, measurement: dict, say: Callable[[str], None]) -> dict:

@@ -325,6 +325,12 @@ class Measurement:
         return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}, **self.extra}
 
     @property
+    def has_engine(self) -> bool:
+        """Whether the engine measured this pair (curves and samples); False for a serving-stack run
+        whose pair did not fit in the engine (autotune.context.no_engine_measurement)."""
+        return bool(self.curves)
+
+    @property
     def gamma_max(self) -> int:
         """The largest gamma the profiler measured (the acceptance pass ran at it)."""
         return int(self.acceptance["gamma_max"])

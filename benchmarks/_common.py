@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from autotune.cli.text import table
+from autotune.cli.text import columns
 from autotune.config import DTYPES
 from autotune.device.hardware import fingerprint
 from autotune.device.profiler import (
@@ -244,7 +244,7 @@ def decode_seconds(run: RunResult) -> float:
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     print(f"\n{title}")
-    print(table(headers, rows))
+    print(columns(headers, rows))
 
 
 def _jsonable(value: object) -> object:

@@ -46,7 +46,7 @@ from typing import Any
 from _common import portable
 
 from autotune.backends.server import ServerError
-from autotune.cli.text import fmt, table
+from autotune.cli.text import columns, fmt
 from autotune.config import WorkloadConfig
 from autotune.decide.selection import LevelChoice, TablePlan, choose_with_margin, plan_table
 from autotune.knobs import Knobs
@@ -812,7 +812,7 @@ def level_tables(rows: list[dict], levels: Sequence[int], concurrency: bool) -> 
         what = f"concurrency {b}" if concurrency else f"open-loop rate, batch key {b}"
         out.append(f"{what} (best constant here: {best})")
         out.append(
-            table(
+            columns(
                 [
                     "configuration",
                     "K here",
@@ -894,7 +894,7 @@ def aggregate_table(rows: list[dict], slo: float, best: str | None) -> str:
                 r.get("startup_s"),
             )
         )
-    return table(headers, body)
+    return columns(headers, body)
 
 
 def summary_text(key: str, value: Any) -> str:

@@ -24,7 +24,7 @@ from _common import portable
 
 from autotune import context
 from autotune.backends.server import ServerError
-from autotune.cli.text import table
+from autotune.cli.text import columns
 from autotune.config import load_config
 from autotune.errors import USER_ERRORS
 
@@ -231,7 +231,7 @@ def report(out: Path, header: str, result: dict) -> None:
     rows = result["rows"]
     print(f"\n{header}\n")
     print(
-        table(
+        columns(
             [
                 "configuration",
                 "tok/s (median)",

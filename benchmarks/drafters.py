@@ -260,7 +260,7 @@ def vllm_part(args, levels) -> dict:
     from _transfer import measure_plan
 
     from autotune import context
-    from autotune.backends.vllm import VllmBackend, serve_command, trial_inputs
+    from autotune.backends.vllm import VllmBackend
     from autotune.config import load_config
     from autotune.errors import USER_ERRORS
     from autotune.knobs import Knobs
@@ -289,7 +289,7 @@ def vllm_part(args, levels) -> dict:
 
     def command(drafter: str, k: int) -> list[str]:
         knobs = Knobs(drafter, k, max_batch_size=batch) if k else Knobs("none", 0, max_batch_size=batch)
-        return serve_command(backend.python, cfg, trial_inputs(cfg, ctx.fingerprint, knobs))
+        return backend.command(knobs)
 
     plan = [("no speculation", command("none", 0))]
     plan += [(f"{d} K={k}", command(d, k)) for d, k in plan_items]

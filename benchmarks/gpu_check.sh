@@ -14,14 +14,19 @@
 #   4. benchmarks/gpu_compiled.py: eager vs compiled vs CUDA-graph decode for the demo pair and a
 #      ~1B Llama-shaped random target with a ~100M draft, against the HBM roofline;
 #   5. benchmarks/trees.py (eager engine, greedy, B = 1 and 8): chains vs static vs dynamic (EAGLE-2)
-#      token trees where verify width is nearly free, and the min-of-k verify cost per width.
+#      token trees where verify width is nearly free, and the min-of-k verify cost per width;
+#   6. the identity of the lent GPU with the real NVML: the fingerprint (GPU count, tensor parallel
+#      size, MIG slice or whole GPU, interconnect, key; the key of "the GPU the run uses" equals
+#      the default one's), a run on every GPU torch sees at that tensor parallel size, and the
+#      busy check on the used GPU only (identity.json, identity.txt). It fails when NVML is there
+#      but matches no GPU, when the two keys differ, or when the busy check reads no GPU.
 #
-# STEPS (default "1 2 3 4 5") picks steps, so one device call can stay under its time limit.
+# STEPS (default "1 2 3 4 5 6") picks steps, so one device call can stay under its time limit.
 #
 # Everything goes to benchmarks/results/gpu/ (gpu_check.log holds the whole console) and is
 # copied to $OUT/gpu when $OUT is set. A failing step is logged and the next one still runs; the
-# exit code is 1 when any step failed. Step timeouts (120 + 200 + 150 + 240 + 150 s): ~14.5 minutes at
-# most for all five; e.g. STEPS="1 4 5" fits a 10-minute call.
+# exit code is 1 when any step failed. Step timeouts (120 + 200 + 150 + 240 + 150 + 60 s): ~15.5
+# minutes at most for all six; e.g. STEPS="1 4 5 6" fits a 10-minute call.
 #
 # Usage: bash benchmarks/gpu_check.sh
 # Environment (all optional): PYTHON (python3), DTYPE (bfloat16), DEVICE (cuda), WHEELS (./wheels),
@@ -41,7 +46,7 @@ DRAFT="${DRAFT:-$ROOT/engine/demo/pair/draft}"
 PROMPTS="${PROMPTS:-$ROOT/engine/demo/prompts.jsonl}"
 PROFILE_CONCURRENCY="${PROFILE_CONCURRENCY:-1,8,32}"
 INSTALL="${INSTALL:-1}"
-STEPS=" ${STEPS:-1 2 3 4 5} "
+STEPS=" ${STEPS:-1 2 3 4 5 6} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 read -r -a EXTRA <<< "${BENCH_FLAGS:-}"
 read -r -a SWEEP <<< "${SWEEP_FLAGS:-}"
@@ -107,6 +112,53 @@ print(table(["batch", f"verify cost (gamma={cl['gamma_max']}+1 vs 1)", "label", 
              for r in cl["batch_sizes"]]))
 EOF
 
+read -r -d '' IDENTITY_PY <<'EOF'
+import json
+import os
+import sys
+
+import torch
+
+from autotune.device import hardware, hostnoise
+
+device, dtype, out = sys.argv[1], sys.argv[2], sys.argv[3]
+fp = hardware.fingerprint(device, dtype)
+first = fp["gpus"][0]["ordinal"] if fp["gpus"] else None
+same = hardware.fingerprint(device, dtype, gpus=[first])["key"] if first is not None else fp["key"]
+count = torch.cuda.device_count()
+every = hardware.fingerprint("cuda:0", dtype, gpu_count=count, tensor_parallel_size=count) if count > 1 else None
+used = hardware.nvml_selectors(fp)
+noise = hostnoise.measure(gpus=used)
+report = {
+    "fingerprint": fp,
+    "key_of_the_used_gpu": same,
+    "every_gpu": every,
+    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "nvml_selectors": used,
+    "busy_check": {"gpus": noise["gpus"], "busy": noise["busy"], "reasons": noise["reasons"]},
+    "unfiltered_gpu_activity": hostnoise.gpu_activity(),
+}
+with open(out, "w") as fh:
+    json.dump(report, fh, indent=2, default=str)
+mig = [g["mig"]["uuid"] for g in fp["gpus"] if g["mig"]]
+print(f"label {fp['label']}; key {fp['key']}; gpu_count {fp['gpu_count']}; tensor parallel "
+      f"{fp['tensor_parallel_size']}; MIG {mig[0] if mig else 'no'}; interconnect {fp['interconnect']}; "
+      f"nvml_error {fp['nvml_error']}")
+if every is not None:
+    print(f"all {count} GPUs at TP {count}: {every['label']}; interconnect {every['interconnect']}; key {every['key']}")
+print(f"busy check on {used}: {noise['gpus']} -> {'busy' if noise['busy'] else 'quiet'} {noise['reasons']}")
+problems = []
+if fp["kind"] == "cuda" and fp["nvml"] is None and "unavailable" not in str(fp["nvml_error"]):
+    problems.append(f"NVML matched no GPU: {fp['nvml_error']}")
+if same != fp["key"]:
+    problems.append(f"the used GPU's key {same} is not the default key {fp['key']}")
+if fp["kind"] == "cuda" and fp["nvml"] is not None and not noise["gpus"]:
+    problems.append(f"the busy check read no GPU of {used}")
+for problem in problems:
+    print("FAILED:", problem)
+sys.exit(1 if problems else 0)
+EOF
+
 FAILED=()
 T0=$SECONDS
 log() { echo "[gpu_check +$((SECONDS - T0))s] $*"; }
@@ -145,14 +197,14 @@ main() {
 
   # ---------------------------------------------------------------- 1. output contract on the device
   if want 1; then
-  log "1/5 greedy equivalence (fp32 and bf16, gamma 4, B = 1 and 8)"
+  log "1/6 greedy equivalence (fp32 and bf16, gamma 4, B = 1 and 8)"
   timeout -k 10 120 "$PY" benchmarks/gpu_equivalence.py "${PAIR_FLAGS[@]}" --dtypes float32,bfloat16 \
     --batch-sizes 1,8 --gamma 4 ${EXTRA[@]+"${EXTRA[@]}"} || step_failed "gpu_equivalence (rc $?)"
   fi
 
   # ---------------------------------------------------------------- 2. profile
   if want 2; then
-  log "2/5 autotune profile ($DTYPE, concurrency $PROFILE_CONCURRENCY)"
+  log "2/6 autotune profile ($DTYPE, concurrency $PROFILE_CONCURRENCY)"
   "$PY" -c "$TUNE_YAML_PY" "$ROOT/tune.yaml" "$RES/tune.yaml" "$RES" || step_failed "writing tune.yaml"
   if timeout -k 10 200 "$PY" -c 'from autotune.cli import main; main(prog_name="autotune")' \
        profile --config "$RES/tune.yaml" --json > "$RES/profile.json" 2> "$RES/profile.stderr"; then
@@ -165,7 +217,7 @@ main() {
 
   # ---------------------------------------------------------------- 3. load sweep
   if want 3; then
-  log "3/5 load sweep ($DTYPE)"
+  log "3/6 load sweep ($DTYPE)"
   timeout -k 10 150 "$PY" benchmarks/load_sweep.py "${PAIR_FLAGS[@]}" --dtype "$DTYPE" ${EXTRA[@]+"${EXTRA[@]}"} \
     ${SWEEP[@]+"${SWEEP[@]}"} \
     || step_failed "load_sweep (rc $?)"
@@ -173,18 +225,28 @@ main() {
 
   # ---------------------------------------------------------------- 4. compiled decode vs roofline
   if want 4; then
-  log "4/5 eager vs compiled vs graphs decode ($DTYPE)"
+  log "4/6 eager vs compiled vs graphs decode ($DTYPE)"
   timeout -k 10 240 "$PY" benchmarks/gpu_compiled.py --device "$DEVICE" --dtype "$DTYPE" --out-dir "$RES" \
     || step_failed "gpu_compiled (rc $?)"
   fi
 
   # ---------------------------------------------------------------- 5. token trees where width is cheap
   if want 5; then
-  log "5/5 chains vs static vs dynamic trees ($DTYPE, eager engine, greedy, B = 1 and 8)"
+  log "5/6 chains vs static vs dynamic trees ($DTYPE, eager engine, greedy, B = 1 and 8)"
   timeout -k 10 150 "$PY" benchmarks/trees.py "${PAIR_FLAGS[@]}" --dtype "$DTYPE" --engine eager --modes greedy \
     --batch-sizes 1,8 --repeats 2 --num-prompts 6 --max-new-tokens 40 --gammas 4,6 --trees "2,1,1,1;2,2,1,1" \
     --dynamic "2x6/10;4x6/24;8x6/48" --hybrid-gammas 4 --cost-repeats 5 ${EXTRA[@]+"${EXTRA[@]}"} \
     || step_failed "trees (rc $?)"
+  fi
+
+  # ---------------------------------------------------------------- 6. the device's identity (NVML)
+  if want 6; then
+  log "6/6 fingerprint and busy check of the used GPU ($DEVICE, NVML)"
+  local rc
+  timeout -k 10 60 "$PY" -c "$IDENTITY_PY" "$DEVICE" "$DTYPE" "$RES/identity.json" > "$RES/identity.txt" 2>&1
+  rc=$?
+  cat "$RES/identity.txt"
+  [ "$rc" = 0 ] || step_failed "identity (rc $rc)"
   fi
 
   log "done in $((SECONDS - T0)) s; results in $RES${OUT:+ and $OUT/gpu}"

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from autotune.cli.text import table
+from autotune.cli.text import columns
 from autotune.device.ceilings import measure_copy_bandwidth
 from engine.config import ModelConfig
 from engine.loader import load_model, parse_dtype, resolve_device
@@ -185,7 +185,7 @@ def main() -> None:
                 del model
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    print(table(["model", "mode", "B", "k", "ms", "roofline ms", "fraction", "T(B,k)/T(B,1)"], rows))
+    print(columns(["model", "mode", "B", "k", "ms", "roofline ms", "fraction", "T(B,k)/T(B,1)"], rows))
     ar = [r for r in results if r["k"] == 1 and r["batch_size"] == 1 and r["mode"] == "graphs"]
     for r in ar:
         print(

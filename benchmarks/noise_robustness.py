@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import portable  # noqa: E402
 
-from autotune.cli.text import table  # noqa: E402
+from autotune.cli.text import columns  # noqa: E402
 from autotune.config import load_config  # noqa: E402
 from autotune.device import hostnoise  # noqa: E402
 from autotune.errors import USER_ERRORS  # noqa: E402
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> dict:
             )
     print()
     print(
-        table(
+        columns(
             ["condition", "run", "gamma", "speedup (95% CI)", "no sig. diff.", "labels", "host seen", "s"],
             rows,
         )
@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> dict:
         ms = summary["midstudy"]
         print("\nmid-study busy process (one process from the study's start for half the quiet study time):")
         print(
-            table(
+            columns(
                 ["run", "gamma", "wall s", "x quiet", "hog s", "overlapping trials (d: marked disturbed)"],
                 [
                     (

@@ -53,6 +53,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ from _schedule import (  # noqa: E402
 )
 from _transfer import open_stack  # noqa: E402
 
-from autotune.backends.vllm import VllmBackend, serve_command, trial_inputs  # noqa: E402
+from autotune.backends.vllm import VllmBackend, serve_command  # noqa: E402
 from autotune.decide.selection import table_verdict  # noqa: E402
 from autotune.knobs import Knobs, table_text  # noqa: E402
 from profiles.exporters._common import batch_ranges  # noqa: E402
@@ -106,7 +107,7 @@ def main() -> None:
         return Knobs("model" if k else "none", k, max_batch_size=batch)
 
     def command(knobs: Knobs) -> list[str]:
-        return serve_command(backend.python, cfg, trial_inputs(cfg, ctx.fingerprint, knobs))
+        return backend.command(knobs)
 
     def as_table(knobs: Knobs, ranges: list[list[int]]) -> list[str]:
         """The server command of chain ``knobs`` with vLLM's table set to ``ranges`` as given."""
@@ -206,7 +207,12 @@ def main() -> None:
             for label, prof in plan.profiles(wanted, profile_labels):
                 inputs = export_inputs(Profile.from_json(prof))
                 ks = {b: 0 if inputs.drafter == "none" else k_at(inputs.schedule, b) for b in levels}
-                plan.run(label, serve_command(backend.python, cfg, inputs), "profile", k_per_level=ks)
+                plan.run(
+                    label,
+                    serve_command(backend.python, replace(inputs, deployment=backend.deployment)),
+                    "profile",
+                    k_per_level=ks,
+                )
             plan.run("no speculation (again, last)", command(constant(0)), "off-again", constant(0))
         if table_row is not None and "error" in table_row:
             note += " (not measured: the run failed or stopped before it)"

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _schedule import Plan, grid_values, identity, write_json  # noqa: E402
 
-from autotune.cli.text import fmt, table  # noqa: E402
+from autotune.cli.text import columns, fmt  # noqa: E402
 from autotune.cost import stackcost  # noqa: E402
 from autotune.records import LevelMetrics  # noqa: E402
 
@@ -204,7 +204,7 @@ def main() -> None:
     print()
     print("level costs (ms per row-step: decode + [K>0] fixed + K per_token; requests in flight):")
     print(
-        table(
+        columns(
             ["level", "decode", "fixed", "per token", "in flight"],
             [
                 [
@@ -240,7 +240,7 @@ def main() -> None:
             cells.append(f"{pred:.0f}/{measured:.0f} ({pred / measured:.2f})" if measured else "-")
         body.append(cells)
     print("predicted / measured tokens/s (ratio) per load level:")
-    print(table(["K", *[f"c={b}" for b in levels]], body))
+    print(columns(["K", *[f"c={b}" for b in levels]], body))
     held = [r for r in pvm if not r["calibration"] and r["ratio"]]
     if held:
         errs = sorted(abs(r["ratio"] - 1) for r in held)
@@ -286,7 +286,7 @@ def main() -> None:
             )
         )
     print(
-        table(
+        columns(
             ["level", "grid best K", "planner's K", "x grid best", "grid round spread"],
             [
                 [
@@ -312,7 +312,7 @@ def main() -> None:
         resamples = [resampled(rows, ks, args.draws, args.seed, noise) for noise in (False, True)]
         print(f"\nthe planner on one round per server ({args.draws} seeded draws of the grid's rounds):")
         print(
-            table(
+            columns(
                 ["rule", "starts (mean)", "<= a third", "levels within 3%", "worst level (mean)"],
                 [
                     [

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune import context  # noqa: E402
 from autotune.backends.engine import EngineBackend  # noqa: E402
-from autotune.cli.text import table  # noqa: E402
+from autotune.cli.text import columns  # noqa: E402
 from autotune.config import load_config  # noqa: E402
 from autotune.jobs.tune import run_tune  # noqa: E402
 from autotune.knobs import Knobs  # noqa: E402
@@ -135,7 +135,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(
-        table(
+        columns(
             ["", "evaluations", "best tok/s", "gamma", "threshold", "schedule"],
             [
                 (
@@ -162,7 +162,7 @@ def main() -> None:
         f"{budget}/{len(grid)} = {budget / len(grid):.0%} of the evaluations\n"
     )
     print(
-        table(
+        columns(
             ["config at the same load", "tok/s", "latency ms", "tuned / this"],
             [("tuned (chosen)", chosen_res["tokens_per_second"], chosen_res["latency_ms"], 1.0)]
             + [

@@ -64,7 +64,7 @@ from _transfer import newest_profile  # noqa: E402
 
 from autotune import context  # noqa: E402
 from autotune.backends.openai_load import Endpoint, run_http_load  # noqa: E402
-from autotune.cli.text import table  # noqa: E402
+from autotune.cli.text import columns  # noqa: E402
 from autotune.config import load_config  # noqa: E402
 from autotune.errors import USER_ERRORS  # noqa: E402
 from autotune.knobs import Knobs  # noqa: E402
@@ -429,10 +429,10 @@ def main() -> None:
             )
         w = cfg.workload
         sampling = Sampling(w.max_new_tokens, w.temperature, w.top_k, w.top_p)
-        context_len = ctx.pair.target.config.max_position_embeddings
+        context_len = ctx.files.context_length
         prose = build_requests(
             load_workload(args.prose),
-            ctx.pair.tokenizer,
+            ctx.files.tokenizer,
             sampling,
             context_len,
             str(args.prose),
@@ -586,7 +586,7 @@ def report(result: dict) -> None:
             ]
         )
     print(
-        table(
+        columns(
             [
                 "phase",
                 "conc.",

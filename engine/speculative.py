@@ -52,7 +52,7 @@ from itertools import pairwise
 
 import torch
 
-from engine.drafters import Drafter
+from engine.drafters import Drafter, NoDrafter
 from engine.errors import EngineInputError
 from engine.metrics import SpecStats
 from engine.model import Transformer
@@ -258,6 +258,22 @@ class SpecConfig:
         return SpecConfig(gamma=len(tree), tree_topk=tree)
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What one step's verify decided, as a chain block (a tree's accepted path is handed back as one).
+
+    ``drafts`` (B, G) the proposed tokens (valid up to ``n_proposed``); ``n_accepted`` (B,) how
+    many of them the target accepted; ``next_token`` (B,) the recovered or bonus token that
+    follows them; ``drafted_at`` the clock when drafting ended (:meth:`SpecEngine._mark`).
+    """
+
+    drafts: torch.Tensor
+    n_accepted: torch.Tensor
+    next_token: torch.Tensor
+    n_proposed: torch.Tensor
+    drafted_at: torch.cuda.Event | float
+
+
 @dataclass
 class Request:
     """One generation request, in token ids."""
@@ -313,7 +329,8 @@ class SpecEngine:
         self.max_row_gamma = config.max_row_gamma
         self.speculate = config.gamma > 0 and drafter.name != "none"
         self.lookahead = config.lookahead
-        self.hidden_layers = drafter.target_layers if self.speculate else ()  # target states it reads
+        self.first_gamma = config.gamma if self.speculate else 0  # a row's gamma when it is admitted
+        self.adapts_gamma = self.speculate and config.gamma_schedule == "heuristic"
         shape = config.tree if self.speculate else None
         if shape is not None and not isinstance(drafter, TreeDrafter):
             raise EngineInputError(
@@ -323,6 +340,10 @@ class SpecEngine:
         dev, s = self.device, max_batch_size
         self.cache = target.new_cache(s, max_seq_len)
         drafter.reset(s, max_seq_len)
+        # A drafter that does not speculate is replaced by one that does nothing (proposes,
+        # prefills, commits and moves nothing), so no step asks whether it speculates.
+        self.drafter = drafter if self.speculate else NoDrafter()
+        self.hidden_layers = self.drafter.target_layers  # the target's states the drafter reads
         self.state = RowState.allocate(s, max_seq_len, dev)
         self.eos = torch.tensor(list(eos_ids) or [-1], dtype=torch.long, device=dev)
         self.n = 0  # running rows, packed in slots 0..n-1
@@ -374,15 +395,14 @@ class SpecEngine:
         prompts = prompts.to(dev)
         plen = torch.tensor(lens, dtype=torch.long, device=dev)
         rows = slice(n0, n0 + m)
-        self.state.admit(rows, requests, self.config.gamma)
+        self.state.admit(rows, requests, self.first_gamma)
         start = torch.zeros(m, dtype=torch.long, device=dev)
         logits, hidden = self.target.forward_hidden(
             prompts, self.cache, start, width, n0, None, self.hidden_layers
         )  # (m, P, V); (m, P, D) or None
         logits = logits.gather(1, (plen - 1)[:, None, None].expand(-1, 1, logits.shape[-1]))  # (m, 1, V)
         first = sample(self.state.sampling(rows).probs(logits)[:, 0], self.generator)  # (m,)
-        if self.speculate:
-            self.drafter.prefill(n0, prompts, plen, width, hidden)
+        self.drafter.prefill(n0, prompts, plen, width, hidden)
         self.state.start(rows, requests, prompts, plen, first, self.eos)  # admission reads the device anyway
         self.n += m
 
@@ -413,60 +433,105 @@ class SpecEngine:
         raise TypeError("marks of one step are both CUDA events or both host clock readings")
 
     def step(self) -> list[int]:
-        """One draft + verify step over all running rows; returns tokens emitted per row."""
+        """One draft + verify step over all running rows; returns tokens emitted per row.
+
+        Propose (the drafter's chain, or a token tree), verify (one target forward), accept, emit
+        the block into the rows, record the step's counters, and read the device once.
+        """
         b = self.n
         if b == 0:
             return []
         rows, st = slice(0, b), self.state
         length = st.length[rows]
         sampling = st.sampling(rows)
-        gmax = max(st.host_gamma[:b]) if self.speculate else 0
-        gammas = st.gamma[rows]
-        if self.config.batch_gammas and gmax > (k := self.config.gamma_at(b)):  # the table's K for b rows
-            gmax, gammas = k, gammas.clamp(max=k)
+        gmax, gammas = self._step_gammas(b)
         width = self.tree.width if self.tree is not None else gmax  # slots written past length
         kv_len = min(max(st.host_len[:b]) + width + 2, self.max_seq_len)
         t0 = self._mark()
         if self.tree is not None:
-            drafts, n_acc, nxt, n_prop, t1 = self._tree_draft_verify(
-                self.tree, rows, length, sampling, kv_len
-            )
-            g = drafts.shape[1]
+            verdict = self._tree_draft_verify(self.tree, rows, length, sampling, kv_len)
         else:
-            if gmax > 0:
-                drafts, draft_probs, n_prop = self.drafter.propose(
-                    st.tokens[rows],
-                    length,
-                    gammas,
-                    gmax,
-                    self.config.confidence_threshold,
-                    sampling,
-                    kv_len,
-                    self.generator,
-                )
-                self.stats.draft_forwards += self.drafter.forwards
-            else:
-                if self.speculate:  # the table's K is 0: draft nothing, but the draft reads the new tokens
-                    self.drafter.catch_up(st.tokens[rows], length, kv_len)
-                    self.stats.draft_forwards += self.drafter.forwards
-                drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
-                draft_probs, n_prop = None, torch.zeros(b, dtype=torch.long, device=self.device)
-            t1 = self._mark()
-            g = drafts.shape[1]
-            pending = st.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
-            verify_in = torch.cat([pending, drafts], 1)  # (B, 1 + G)
-            if self.hidden_layers:  # the drafter reads the verified positions' states (engine.eagle3)
-                logits, hidden = self.target.decode_hidden(
-                    verify_in, self.cache, length - 1, kv_len, self.hidden_layers
-                )
-                self.drafter.observe(hidden)
-            else:
-                logits = self.target.decode(verify_in, self.cache, length - 1, kv_len)
-            target_probs = sampling.probs(logits)  # (B, 1 + G, V)
-            n_acc, nxt = accept(drafts, draft_probs, target_probs, n_prop, self.generator)
-        # Emitted block: accepted drafts, then the recovered/bonus token; cut at EOS and budget.
+            verdict = self._chain_draft_verify(rows, length, gmax, gammas, sampling, kv_len)
+        n_emit, new_len = self._emit(rows, length, verdict)
+        self._record(b, verdict, n_emit, new_len)
+        return self._sync(b, t0, verdict, n_emit, new_len)
+
+    def _step_gammas(self, b: int) -> tuple[int, torch.Tensor]:
+        """This step's K (the rows' largest gamma) and the rows' gammas (B,), both capped at the
+        by-batch-size table's K for ``b`` running rows."""
+        gmax, gammas = max(self.state.host_gamma[:b]), self.state.gamma[:b]
+        if self.config.batch_gammas and gmax > (k := self.config.gamma_at(b)):
+            gmax, gammas = k, gammas.clamp(max=k)
+        return gmax, gammas
+
+    def _chain_draft_verify(
+        self,
+        rows: slice,
+        length: torch.Tensor,
+        gmax: int,
+        gammas: torch.Tensor,
+        sampling: BatchSampling,
+        kv_len: int,
+    ) -> Verdict:
+        """Propose a chain, verify it and the pending token in one target forward, accept a prefix."""
+        drafts, draft_probs, n_prop = self._propose(rows, length, gmax, gammas, sampling, kv_len)
+        drafted_at = self._mark()
+        target_probs = self._verify(rows, length, drafts, sampling, kv_len)
+        n_acc, nxt = accept(drafts, draft_probs, target_probs, n_prop, self.generator)
+        return Verdict(drafts, n_acc, nxt, n_prop, drafted_at)
+
+    def _propose(
+        self,
+        rows: slice,
+        length: torch.Tensor,
+        gmax: int,
+        gammas: torch.Tensor,
+        sampling: BatchSampling,
+        kv_len: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The drafter's chain: tokens (B, G), their probabilities (B, G, V) or None, n_proposed (B,).
+
+        A step whose K is 0 proposes nothing, but the drafter reads the tokens emitted meanwhile
+        (``Drafter.catch_up``), so its cache never lags more than a drafting step leaves it.
+        """
+        tokens = self.state.tokens[rows]
+        if gmax > 0:
+            threshold, generator = self.config.confidence_threshold, self.generator
+            out = self.drafter.propose(tokens, length, gammas, gmax, threshold, sampling, kv_len, generator)
+        else:
+            self.drafter.catch_up(tokens, length, kv_len)
+            b = length.shape[0]
+            none = torch.zeros(b, dtype=torch.long, device=self.device)
+            out = torch.zeros(b, 0, dtype=torch.long, device=self.device), None, none
+        self.stats.draft_forwards += self.drafter.forwards
+        return out
+
+    def _verify(
+        self, rows: slice, length: torch.Tensor, drafts: torch.Tensor, sampling: BatchSampling, kv_len: int
+    ) -> torch.Tensor:
+        """The target's processed probabilities (B, 1 + G, V) after the pending token and each draft,
+        in one forward; a drafter that reads the target's states gets those of these positions."""
+        pending = self.state.tokens[rows].gather(1, (length - 1)[:, None])  # (B, 1)
+        verify_in = torch.cat([pending, drafts], 1)  # (B, 1 + G)
+        if self.hidden_layers:  # the drafter reads the verified positions' states (engine.eagle3)
+            logits, hidden = self.target.decode_hidden(
+                verify_in, self.cache, length - 1, kv_len, self.hidden_layers
+            )
+            self.drafter.observe(hidden)
+        else:
+            logits = self.target.decode(verify_in, self.cache, length - 1, kv_len)
+        return sampling.probs(logits)
+
+    def _emit(self, rows: slice, length: torch.Tensor, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the emitted block into the rows' tokens; returns n_emitted (B,) and the new lengths (B,).
+
+        The block is the accepted drafts, then the recovered/bonus token, cut after the first EOS
+        and at the row's budget; a finished row not yet retired emits nothing.
+        """
+        st, g = self.state, verdict.drafts.shape[1]
+        n_acc, nxt = verdict.n_accepted, verdict.next_token
         offs = torch.arange(g + 1, device=self.device)[None, :]  # (1, G+1)
-        block = torch.cat([drafts, nxt[:, None]], 1)  # (B, G+1)
+        block = torch.cat([verdict.drafts, nxt[:, None]], 1)  # (B, G+1)
         block = torch.where(offs < n_acc[:, None], block, nxt[:, None])
         n_emit = n_acc + 1
         is_eos = torch.isin(block, self.eos) & (offs < n_emit[:, None])
@@ -481,28 +546,44 @@ class SpecEngine:
         st.length[rows] = new_len
         st.hit_eos[rows] |= hit_eos & (first_eos < n_emit)
         st.finished[rows] = st.hit_eos[rows] | (new_len >= st.budget[rows])
-        if self.speculate:
-            self.drafter.commit(new_len)
-            if self.config.gamma_schedule == "heuristic":
-                full = (n_acc == n_prop) & (n_prop > 0)
-                st.gamma[rows] = torch.where(full, st.gamma[rows] + 2, st.gamma[rows] - 1).clamp(
-                    1, self.max_row_gamma
-                )
+        return n_emit, new_len
+
+    def _record(self, b: int, verdict: Verdict, n_emit: torch.Tensor, new_len: torch.Tensor) -> None:
+        """Tell the drafter what was kept, adapt the rows' gammas, and count the step (no device read)."""
+        rows, st = slice(0, b), self.state
+        n_prop, n_acc = verdict.n_proposed, verdict.n_accepted
+        self.drafter.commit(new_len)
+        if self.adapts_gamma:
+            full = (n_acc == n_prop) & (n_prop > 0)
+            st.gamma[rows] = torch.where(full, st.gamma[rows] + 2, st.gamma[rows] - 1).clamp(
+                1, self.max_row_gamma
+            )
         self.stats.record(n_prop, n_acc, n_emit)
-        if self.speculate and (source := self.drafter.sources(b)) is not None:
+        if (source := self.drafter.sources(b)) is not None:
             self.stats.record_sources(source, n_prop, n_acc)
-        if (
-            self.trace is not None and g > 0 and self.tree is None
-        ):  # per row: tokens accepted, draft confidence per position
+        g = verdict.drafts.shape[1]
+        if self.trace is not None and g > 0 and self.tree is None:  # accepted, draft confidence per position
             self.trace.append((n_acc, self.drafter.confidence(b, g)))
+
+    def _sync(
+        self,
+        b: int,
+        t0: torch.cuda.Event | float,
+        verdict: Verdict,
+        n_emit: torch.Tensor,
+        new_len: torch.Tensor,
+    ) -> list[int]:
+        """The step's one device read: tokens emitted per row, and the rows' host mirror and timings."""
+        st, rows = self.state, slice(0, b)
         t2 = self._mark()
         host: list[list[int]] = torch.stack(
             [n_emit, new_len, st.gamma[rows], st.finished[rows].long()]
         ).tolist()  # the one sync
-        self.stats.draft_time_s += self._seconds(t0, t1)
-        self.stats.verify_time_s += self._seconds(t1, t2)
+        self.stats.draft_time_s += self._seconds(t0, verdict.drafted_at)
+        self.stats.verify_time_s += self._seconds(verdict.drafted_at, t2)
         self.stats.verify_steps += 1
-        self.stats.verify_slots += b * ((self.tree.n_nodes if self.tree is not None else g) + 1)
+        g = self.tree.n_nodes if self.tree is not None else verdict.drafts.shape[1]
+        self.stats.verify_slots += b * (g + 1)
         self.stats.batch_rows += b
         st.host_len[:b] = host[1]
         st.host_gamma[:b] = host[2]
@@ -516,14 +597,13 @@ class SpecEngine:
         length: torch.Tensor,
         sampling: BatchSampling,
         kv_len: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.cuda.Event | float]:
+    ) -> Verdict:
         """Draft the tree, verify every node of every row in one target forward, accept a path.
 
         Returns the accepted path as a chain block (drafts (B, gamma): the path's tokens, valid up
-        to n_accepted), n_accepted (B,), the next token (B,), n_proposed (B,) (= gamma) and the
-        clock at the end of drafting. The path's target and draft cache entries are compacted to
-        their depths, and a drafter that reads the target's states gets those of the path, so the
-        rest of the step (and rollback) is the chain's.
+        to n_accepted; n_proposed = gamma). The path's target and draft cache entries are compacted
+        to their depths, and a drafter that reads the target's states gets those of the path, so
+        the rest of the step (and rollback) is the chain's.
         """
         b = length.shape[0]
         drafter = self.drafter
@@ -558,7 +638,7 @@ class SpecEngine:
             self.drafter.observe(hidden.gather(1, path[:, :, None].expand(-1, -1, hidden.shape[-1])))
         drafter.commit_tree(trees, path, n_acc)
         n_prop = torch.full((b,), g, dtype=torch.long, device=self.device)
-        return nodes.gather(1, path[:, 1:]), n_acc, nxt, n_prop, t1
+        return Verdict(nodes.gather(1, path[:, 1:]), n_acc, nxt, n_prop, t1)
 
     # ------------------------------------------------------------------ retirement
 
@@ -590,5 +670,4 @@ class SpecEngine:
         di = torch.tensor(dst, device=self.device)
         self.state.move(src, dst, si, di)
         self.cache.move(si, di, length)
-        if self.speculate:
-            self.drafter.move(si, di, length)
+        self.drafter.move(si, di, length)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from profiles.deployment import Deployment
 from profiles.errors import ProfileError
 from profiles.reading import (
     DRAFTERS,
@@ -72,6 +73,8 @@ class ExportInputs:
     tree_nodes: int = 0
     # why the schedule is a by-batch-size table or one K: the profile's table_decision, in a sentence
     schedule_note: str = ""
+    # the server flags the trials ran with (None: a profile without them, or measured on the engine)
+    deployment: Deployment | None = None
 
     @property
     def schedule_max(self) -> int:
@@ -162,6 +165,7 @@ def export_inputs(
         best_chain_measured=chain_measured,
         tree_nodes=chosen.tree_nodes,
         schedule_note=_schedule_note(profile),
+        deployment=None if profile.deployment is MISSING else profile.deployment,
     )
 
 

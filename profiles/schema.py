@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from profiles.deployment import Deployment
 from profiles.errors import ProfileError
 from profiles.reading import DRAFTERS, GAMMA_POLICIES, SCHEMA_VERSION, check_kind, check_schema_version, get
 
@@ -337,6 +338,7 @@ _PROFILE_KEYS = (
     "predicted_vs_measured",
     "host_noise",
     "backend",
+    "deployment",
     "stack_cost",
     "id",
     "exports",
@@ -379,6 +381,7 @@ class Profile:
     predicted_vs_measured: Sequence[Mapping[str, Any]] = MISSING
     host_noise: Mapping[str, Any] = MISSING
     backend: Mapping[str, Any] = MISSING
+    deployment: Deployment = MISSING  # the server flags every trial ran with (profiles.deployment)
     # the backend's step costs per (load level, K) fitted apart from acceptance (autotune.cost.stackcost)
     stack_cost: Mapping[str, Any] = MISSING
     id: int = MISSING  # the store's id, once stored
@@ -401,6 +404,8 @@ class Profile:
             )
         elif "crossover_batch_size" in known:
             extra = {**extra, "crossover_batch_size": known["crossover_batch_size"]}
+        if "deployment" in known:
+            fields["deployment"] = Deployment.from_json(known["deployment"])
         return cls(**fields, extra=extra, key_order=tuple(data))
 
     def to_json(self) -> dict[str, Any]:
@@ -415,8 +420,8 @@ class Profile:
                 values["schedule"] = value.to_json()
                 if value.crossover_batch_size is not MISSING:
                     values["crossover_batch_size"] = value.crossover_batch_size
-            elif f.name == "chosen":
-                values["chosen"] = value.to_json()
+            elif f.name in ("chosen", "deployment"):
+                values[f.name] = value.to_json()
             else:
                 values[f.name] = value
         return _ordered({**values, **self.extra}, self.key_order)

@@ -217,7 +217,8 @@ def test_init_sizes_the_load_sweep_on_this_host_from_one_request_to_the_targets_
 
 
 def test_the_sweep_init_writes_comes_from_the_measurement_it_is_given(tiny_pair_dirs, tmp_path):
-    from autotune.jobs.init import Sweep, write_tune_yaml
+    from autotune.device.sizing import Sweep
+    from autotune.jobs.init import write_tune_yaml
 
     target, draft = tiny_pair_dirs
     seen = []

@@ -74,8 +74,13 @@ def imports(files: dict[str, Path]) -> list[Import]:
     for module, path in files.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
-                out += [Import(module, a.name, node.lineno) for a in node.names if a.name.startswith("autotune")]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("autotune"):
+                named = [a.name for a in node.names if a.name.startswith("autotune")]
+                out += [Import(module, name, node.lineno) for name in named]
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and (node.module or "").startswith("autotune")
+            ):
                 base = node.module or ""
                 for a in node.names:
                     sub = f"{base}.{a.name}"
@@ -120,10 +125,14 @@ def report(files: dict[str, Path] | None = None) -> str:
         for unit in units:
             mods = sorted(x for x in members.get(unit, []) if x != unit)
             kind = "package" if mods and mods != ["(module)"] else "module"
-            lines.append(f"floor {i:2d}  {unit:<10} {kind:<8} {', '.join(m for m in mods if m != '(module)')}")
+            names = ", ".join(m for m in mods if m != "(module)")
+            lines.append(f"floor {i:2d}  {unit:<10} {kind:<8} {names}")
             if uses.get(unit):
-                lines.append(f"{'':22}uses: {', '.join(sorted(uses[unit], key=lambda u: floor_of()[u]))}")
-    top = sorted(m for m in files if m.count(".") == 1 and (ROOT / m.replace(".", "/")).with_suffix(".py").exists())
+                below = sorted(uses[unit], key=lambda u: floor_of()[u])
+                lines.append(f"{'':22}uses: {', '.join(below)}")
+    top = sorted(
+        m for m in files if m.count(".") == 1 and (ROOT / m.replace(".", "/")).with_suffix(".py").exists()
+    )
     lines.append(f"top-level modules ({len(top)}): {', '.join(top)}")
     return "\n".join(lines)
 

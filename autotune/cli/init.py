@@ -46,7 +46,8 @@ import click
 )
 def init(target, draft, prompts, output, force, sweep):
     """Write a commented tune.yaml for your models (the bundled one, with absolute paths)."""
-    from autotune.jobs.init import Sweep, size_sweep, write_tune_yaml
+    from autotune.device.sizing import Sweep, size_sweep
+    from autotune.jobs.init import write_tune_yaml
 
     sized: list[Sweep] = []
 

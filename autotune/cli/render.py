@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.cli.text import table
+from autotune.cli.text import columns
 from autotune.records import LevelMetrics, Measurement
 from profiles.schema import MISSING, Profile, ScheduleEntry
 
@@ -46,7 +46,7 @@ def render_bench(
     lines = [
         f"drafter={drafter} gamma={gamma} threshold={threshold} batch={batch_size} "
         f"requests={num_requests} device={result['device']}",
-        table(["metric", "speculative", "autoregressive"], rows),
+        columns(["metric", "speculative", "autoregressive"], rows),
     ]
     if "greedy_match" in result:
         lines.append(f"greedy_match: {str(result['greedy_match']).lower()}")
@@ -92,7 +92,7 @@ def render_profile(measurement: Measurement | Mapping[str, Any]) -> str:
         for r in cl["batch_sizes"]
     ]
     lines.append(
-        table(
+        columns(
             [
                 "batch",
                 f"verify cost (gamma={cl['gamma_max']}+1 vs 1)",
@@ -200,125 +200,166 @@ def _level(levels: Mapping[str, Any], b: Any) -> LevelMetrics | None:
 
 
 def render_tune(p: Profile | Mapping[str, Any]) -> str:
-    """``autotune tune``'s summary of a stored profile: chosen knobs, per-level table, speedups, schedule."""
+    """``autotune tune``'s summary of a stored profile: chosen knobs, per-level table, speedups, schedule.
+
+    Sections in print order, each a function of the profile that returns its lines.
+    """
     p = _profile(p)
-    m, c, study = p.metrics, p.chosen, p.study
-    lat = m["latency_metric"]
+    return "\n".join(
+        [
+            *_tune_header(p),
+            "",
+            _levels_table(p),
+            "",
+            _overall_line(p),
+            _speedup_line(p),
+            _classes_line(p),
+            _schedule_line(p),
+            *_table_lines(p.table_decision),
+            *_budget_lines(p.study),
+            *_host_lines(p.host_noise),
+            f"stored      profile #{_profile_id(p)} in {p.study['storage']}",
+            *(["exports     " + ", ".join(p.exports)] if p.exports else []),
+        ]
+    )
+
+
+def _profile_id(p: Profile) -> int | None:
+    """The stored profile's id; None before it is stored."""
+    return p.id if p.id is not MISSING else None
+
+
+def _tune_header(p: Profile) -> list[str]:
+    """Which profile, measured by what, and the chosen knobs with the selection's reason."""
+    c, study = p.chosen, p.study
     backend = p.backend or {"name": "engine"}
     measured_by = backend["name"] + (f" {backend['version']}" if backend.get("version") else "")
-    pid = p.id if p.id is not MISSING else None
-    lines = [
-        f"profile #{pid} for {p.device['label']} ({study['n_trials']} trials on {measured_by}, "
+    return [
+        f"profile #{_profile_id(p)} for {p.device['label']} ({study['n_trials']} trials on {measured_by}, "
         f"study {study['name']})",
         f"chosen      drafter={c.drafter} gamma={c.gamma} threshold={c.confidence_threshold:.2f} "
         f"schedule={c.gamma_schedule} max_batch_size={c.max_batch_size}"
         + (f" tree_topk={c.tree_topk}" if isinstance(c.tree_topk, str) and c.tree_topk != "chain" else "")
         + f"  ({p.selection['reason']})",
-        "",
     ]
-    rows = []
+
+
+LEVEL_COLUMNS = [
+    "load",
+    "tok/s",
+    "AR tok/s",
+    "speedup",
+    "tpot p50",
+    "tpot p95",
+    "ttft p95",
+    "e2e p95",
+    "acceptance",
+]
+
+
+def _levels_table(p: Profile) -> str:
+    """One row per load level: the chosen configuration's throughput and latencies next to AR's."""
+    m = p.metrics
     speedups = m.get("per_level_speedup") or {}
+    rows = []
     for b, stored in sorted(m["per_level"].items(), key=lambda kv: int(kv[0])):
         lv, base = LevelMetrics.from_json(stored), _level(p.baseline["per_level"], b)
-        ratio = speedups.get(b) or speedups.get(str(b))
         base_tps = base.tokens_per_second if base else None
+        speedup = _level_speedup(speedups.get(b) or speedups.get(str(b)), lv, base_tps)
         rows.append(
-            (
-                b,
-                lv.tokens_per_second,
-                base_tps,
-                _ratio(ratio["value"], ratio["ci95"])
-                if ratio
-                else lv.tokens_per_second / base_tps
-                if base_tps and lv.tokens_per_second is not None
-                else None,
-                lv.tpot_ms_p50,
-                lv.tpot_ms_p95,
-                lv.ttft_ms_p95,
-                lv.e2e_ms_p95,
-                lv.acceptance_rate,
-            )
+            (b, lv.tokens_per_second, base_tps, speedup)
+            + (lv.tpot_ms_p50, lv.tpot_ms_p95, lv.ttft_ms_p95, lv.e2e_ms_p95, lv.acceptance_rate)
         )
-    lines.append(
-        table(
-            [
-                "load",
-                "tok/s",
-                "AR tok/s",
-                "speedup",
-                "tpot p50",
-                "tpot p95",
-                "ttft p95",
-                "e2e p95",
-                "acceptance",
-            ],
-            rows,
-        )
-    )
-    cl = p.classification
-    crossover = p.schedule.crossover_batch_size
-    lines += [
-        "",
+    return columns(LEVEL_COLUMNS, rows)
+
+
+def _level_speedup(ratio: Mapping[str, Any] | None, lv: LevelMetrics, base_tps: float | None) -> Any:
+    """A level's speedup: the stored paired ratio with its CI, else the ratio of the two throughputs."""
+    if ratio:
+        return _ratio(ratio["value"], ratio["ci95"])
+    if base_tps and lv.tokens_per_second is not None:
+        return lv.tokens_per_second / base_tps
+    return None
+
+
+def _overall_line(p: Profile) -> str:
+    """Throughput and latency over the levels, and how they were re-measured."""
+    m, remeasure = p.metrics, p.remeasure or {}
+    line = (
         f"overall     {_with_ci(m['tokens_per_second'], m.get('tokens_per_second_ci95'))} tok/s, "
-        f"{lat} {_with_ci(m['latency_ms'], m.get('latency_ms_ci95'))} ms"
-        + (
-            f"; medians of {m['repeats']} repeats ({(p.remeasure or {}).get('order', 'interleaved')})"
-            if m.get("repeats")
-            else ""
-        )
-        + (
+        f"{m['latency_metric']} {_with_ci(m['latency_ms'], m.get('latency_ms_ci95'))} ms"
+    )
+    if m.get("repeats"):
+        line += f"; medians of {m['repeats']} repeats ({remeasure.get('order', 'interleaved')})"
+    if looked := remeasure.get("second_look_levels"):
+        line += (
             f"; a second look at batch size {', '.join(map(str, looked))}: "
-            f"{(p.remeasure or {}).get('repeats')} rounds there"
-            if (looked := (p.remeasure or {}).get("second_look_levels"))
-            else ""
-        ),
-        f"speedup     {_ratio(m['speedup'], m.get('speedup_ci95'))} over AR"
-        + (
-            "; it is the best static-gamma configuration"
-            if m.get("chosen_is_best_static")
-            else f", {_ratio(m['speedup_over_best_static'], m.get('speedup_over_best_static_ci95'))} over the "
+            f"{remeasure.get('repeats')} rounds there"
+        )
+    return line
+
+
+def _speedup_line(p: Profile) -> str:
+    """The speedup over AR, and over the best static-gamma configuration when it is another one."""
+    m = p.metrics
+    line = f"speedup     {_ratio(m['speedup'], m.get('speedup_ci95'))} over AR"
+    if m.get("chosen_is_best_static"):
+        return line + "; it is the best static-gamma configuration"
+    if m.get("speedup_over_best_static"):
+        return (
+            line
+            + f", {_ratio(m['speedup_over_best_static'], m.get('speedup_over_best_static_ci95'))} over the "
             "best static-gamma configuration (paired re-measurements)"
-            if m.get("speedup_over_best_static")
-            else ""
-        ),
+        )
+    return line
+
+
+def _classes_line(p: Profile) -> str:
+    """Each batch size's class and the knee."""
+    cl = p.classification
+    return (
         "classes     "
         + ", ".join(_class_text(r) for r in cl["batch_sizes"])
         + f"; knee n* = {p.knee_tokens}"
-        + (f" (95% CI {_knee_ci(cl['knee_tokens_ci95'])})" if cl.get("knee_tokens_ci95") else ""),
+        + (f" (95% CI {_knee_ci(cl['knee_tokens_ci95'])})" if cl.get("knee_tokens_ci95") else "")
+    )
+
+
+def _schedule_line(p: Profile) -> str:
+    """The gamma schedule, and where speculation turns off."""
+    crossover = p.schedule.crossover_batch_size
+    return (
         "schedule    "
         + ", ".join(_schedule_text(e) for e in p.schedule.entries)
         + (
             f"; speculation off from batch size {crossover}"
             if crossover
             else _speculation_on_text(p.schedule.entries)
-        ),
-        *_table_lines(p.table_decision),
-        f"stored      profile #{pid} in {study['storage']}",
+        )
+    )
+
+
+def _budget_lines(study: Mapping[str, Any]) -> list[str]:
+    """A warning when the time budget stopped the study early; nothing otherwise."""
+    if not study.get("provisional"):
+        return []
+    return [
+        f"budget      PROVISIONAL: budget.timeout_s stopped the study after {study['trials_run']} of "
+        f"{study['trials_planned']} trials; more trials (`autotune tune --resume`) may change it"
     ]
-    if study.get("provisional"):
-        lines.insert(
-            -1,
-            f"budget      PROVISIONAL: budget.timeout_s stopped the study after {study['trials_run']} of "
-            f"{study['trials_planned']} trials; more trials (`autotune tune --resume`) may change it",
-        )
-    noise = p.host_noise
-    if noise:
-        worst = max(
-            (n for n in (noise.get("before"), noise.get("after")) if n), key=lambda n: n["cv"], default=None
-        )
-        if worst is not None:
-            lines.insert(
-                -1,
-                "host        "
-                + (
-                    "BUSY: " + "; ".join(worst["reasons"])
-                    if noise["busy"]
-                    else f"quiet (reference CV up to {worst['cv']:.1%})"
-                ),
-            )
-    if p.exports:
-        lines.append("exports     " + ", ".join(p.exports))
-    return "\n".join(lines)
+
+
+def _host_lines(noise: Mapping[str, Any] | None) -> list[str]:
+    """The host's noise around the study: busy with its reasons, or quiet with the worst CV."""
+    if not noise:
+        return []
+    checks = (n for n in (noise.get("before"), noise.get("after")) if n)
+    worst = max(checks, key=lambda n: n["cv"], default=None)
+    if worst is None:
+        return []
+    if noise["busy"]:
+        return ["host        BUSY: " + "; ".join(worst["reasons"])]
+    return [f"host        quiet (reference CV up to {worst['cv']:.1%})"]
 
 
 def render_show(prof: Profile | Mapping[str, Any]) -> str:
@@ -329,7 +370,7 @@ def render_show(prof: Profile | Mapping[str, Any]) -> str:
         [
             render_tune(prof),
             "\nclassification (verify cost of gamma_max+1 tokens vs one decode)",
-            table(
+            columns(
                 ["batch", "verify cost", "label", "best gamma", "predicted speedup"],
                 [
                     (r["batch_size"], r["verify_cost"], r["label"], r["best_gamma"], r["predicted_speedup"])
@@ -337,7 +378,7 @@ def render_show(prof: Profile | Mapping[str, Any]) -> str:
                 ],
             ),
             "\npareto front",
-            table(
+            columns(
                 ["trial", "gamma", "threshold", "schedule", "tok/s", "latency ms"],
                 [
                     (
@@ -352,7 +393,7 @@ def render_show(prof: Profile | Mapping[str, Any]) -> str:
                 ],
             ),
             "\npredicted vs measured (chosen config)",
-            table(
+            columns(
                 ["batch", "gamma", "predicted tok/s", "measured tok/s"],
                 [
                     (
@@ -372,7 +413,7 @@ def render_profile_list(rows: list[dict]) -> str:
     """``autotune profiles list``: one line per stored profile, newest first."""
     if not rows:
         return "no profiles stored yet (run `autotune tune`)"
-    return table(
+    return columns(
         ["id", "device", "pair", "workload", "backend", "gamma", "tok/s", "created"],
         [
             (

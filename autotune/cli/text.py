@@ -1,4 +1,4 @@
-"""Plain-text tables for people (``--json`` is for machines)."""
+"""Plain-text columns for people (``--json`` is for machines)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def fmt(value: object, digits: int = 3) -> str:
     return str(value)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+def columns(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Left-aligned columns separated by two spaces, with a rule under the header."""
     cells = [[fmt(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]

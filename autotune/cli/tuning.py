@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -41,6 +42,20 @@ def profile(config_path, compile_flag, as_json):
     click.echo(render_profile(Measurement.from_json(data)))
 
 
+def parse_minutes(text: str) -> float:
+    """``45m`` / ``1.5h`` / ``90s`` / ``90`` (minutes) -> minutes; a bad value is a one-line usage error.
+
+    Example:
+        >>> parse_minutes("45m"), parse_minutes("1.5h"), parse_minutes("90")
+        (45.0, 90.0, 90.0)
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*", text)
+    if match is None or float(match.group(1)) <= 0:
+        raise click.BadParameter(f"{text!r} is not a duration like 45m, 1.5h or 90s", param_hint="--budget")
+    value, unit = float(match.group(1)), match.group(2) or "m"
+    return value * {"s": 1 / 60, "m": 1.0, "min": 1.0, "h": 60.0}[unit]
+
+
 @click.command()
 @CONFIG_OPTION
 @click.option(
@@ -54,6 +69,13 @@ def profile(config_path, compile_flag, as_json):
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="Override budget.timeout_s (backend.timeout_s with a serving-stack backend).",
+)
+@click.option(
+    "--budget",
+    "budget_text",
+    default=None,
+    metavar="DURATION",
+    help="Override budget.minutes: the whole run (profiling, study, re-measurement) in 45m, 1.5h or 90 (minutes).",
 )
 @click.option("--storage", default=None, help="Override storage.url (any SQLAlchemy URL).")
 @click.option("--study", "study_name", default=None, help="Override storage.study_name.")
@@ -75,6 +97,7 @@ def tune(
     config_path,
     trials,
     timeout,
+    budget_text,
     storage,
     study_name,
     resume,
@@ -99,6 +122,7 @@ def tune(
             f"{section}.timeout_s": timeout,
             "storage.study_name": study_name,
             "backend.name": backend,
+            "budget.minutes": parse_minutes(budget_text) if budget_text is not None else None,
         }.items()
         if v is not None
     }

@@ -1,10 +1,11 @@
 """``autotune watch``: follow a live server's /metrics and say when its stored profile no longer holds.
 
-The logic is :mod:`autotune.watch.monitor`; this module opens the store, picks the profile, takes the
-first scrape, wires the output (human lines or ``--json`` on stdout, warnings on stderr, the
-optional Prometheus endpoint) and turns Ctrl-C (or SIGTERM) into a clean exit 0. Usage errors (a
-bad URL, no profile, an unreadable profile, a port that cannot be bound) are one line and exit
-code 2 (the group's mapping).
+The logic is :mod:`autotune.watch.monitor`; this module opens the store, takes the first scrape,
+picks the profile (:mod:`autotune.watch.match`: the newest of the model the server's /v1/models
+names, tuned on its stack), wires the output (human lines or ``--json`` on stdout, warnings on
+stderr, the optional Prometheus endpoint) and turns Ctrl-C (or SIGTERM) into a clean exit 0.
+Usage errors (a bad URL, no profile, no profile of the served model, an unreadable profile, a port
+that cannot be bound) are one line and exit code 2 (the group's mapping).
 """
 
 from __future__ import annotations
@@ -44,20 +45,28 @@ def _store(config_path: Path, storage: str | None):
     return Store(url)
 
 
-def _pick_profile(store, profile_id: int | None, stack: str) -> tuple[Profile, str]:
-    """The profile to hold the server against, and a note on why it was picked."""
+def _pick_profile(
+    store, profile_id: int | None, stack: str, target: str, timeout: float
+) -> tuple[Profile, str]:
+    """The profile to hold the server against, and a note on why it was picked: ``--profile``, else
+    the newest of the model the server's /v1/models names (:mod:`autotune.watch.match`)."""
+    from autotune.watch import match
+    from profiles.hashing import hash_folder
+
+    url = match.models_url(target)
+    try:
+        served: list[match.ServedModel] | None = match.fetch_models(url, timeout)
+    except (OSError, ValueError) as exc:
+        say_err(f"note: cannot read {url} ({exc}): the served model is not checked")
+        served = None
     if profile_id is not None:
-        return store.load_profile(profile_id), "--profile"
-    rows = store.list_profiles()  # newest first
-    if not rows:
-        raise ProfileError("no profile in the store (run `autotune tune`, or pass --storage URL)")
-    same = [r for r in rows if r.get("backend") == stack]
-    if same:
-        return store.load_profile(same[0]["id"]), f"the newest tuned on {stack}"
-    row = rows[0]
-    return store.load_profile(
-        row["id"]
-    ), f"the newest (none was tuned on {stack}; this one on {row['backend']})"
+        profile = store.load_profile(profile_id)
+        warning = match.check_profile(profile, served, hash_folder)
+        if warning is not None:
+            say_err(warning)
+        return profile, "--profile"
+    pick = match.pick_profile(store.list_profiles(), store.load_profile, stack, served, hash_folder)
+    return pick.profile, pick.why
 
 
 def _retune(cfg, prompts: Path, stack: str, verdict, model) -> int:
@@ -102,7 +111,11 @@ def _retune(cfg, prompts: Path, stack: str, verdict, model) -> int:
     help="Seconds between scrapes (one window each).",
 )
 @click.option(
-    "--profile", "profile_id", type=int, default=None, help="Stored profile id (default: the newest)."
+    "--profile",
+    "profile_id",
+    type=int,
+    default=None,
+    help="Stored profile id (default: the newest of the model the server serves, tuned on its stack).",
 )
 @CONFIG_OPTION
 @click.option(
@@ -198,7 +211,7 @@ def watch(
                 time.sleep(interval)
                 first = state.scrape()
             state.baseline = first
-            prof, why = _pick_profile(store, profile_id, first.stack)
+            prof, why = _pick_profile(store, profile_id, first.stack, target, timeout)
             model = w.ProfileModel.from_profile(prof)
             if model.backend != first.stack:
                 say_err(

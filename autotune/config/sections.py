@@ -81,7 +81,7 @@ class ModelsConfig:
     target: Path
     draft: Path | None = None  # needed when search.drafter includes model (or hybrid)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: the checkpoint's torch_dtype where the device runs it (device.capacity)
     compile: str = "auto"  # auto | true | false: torch.compile the decode/verify forward
     eagle3: Path | None = None  # an EAGLE-3 head folder (engine.eagle3), needed by the eagle3 drafter
 
@@ -93,7 +93,7 @@ class ModelsConfig:
         device = s.get("device", "auto")
         if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
             raise ConfigError(f"models.device: must be auto, cpu or cuda[:N] (got {device!r})")
-        dtype = s.choice("dtype", "float32", DTYPES)
+        dtype = s.choice("dtype", "auto", ("auto", *DTYPES))
         compile_mode = s.get("compile", "auto")
         if not (isinstance(compile_mode, bool) or compile_mode in ("auto", "true", "false")):
             raise ConfigError(f"models.compile: must be auto, true or false (got {compile_mode!r})")
@@ -145,8 +145,8 @@ class WorkloadConfig:
     def requests_at(self, concurrency: int | None) -> int:
         """Requests a load level runs: ``num_requests``, and under closed-loop ``concurrency`` at
         least ``min_batches`` batches' worth, so the level's slots refill as a server's do at that
-        load instead of one batch that starts and ends together (at 16 in vLLM-CPU on a 2-core host
-        a round of one batch varied twice as much as one of three: CV 13% and 6%).
+        load instead of one batch that starts and ends together, whose rounds vary more
+        (docs/decisions.md#min-batches).
 
         Example:
             >>> w = WorkloadConfig(Path("p"), num_requests=16, min_batches=3)
@@ -286,6 +286,8 @@ class BudgetConfig:
     repeats: int = 3
     disturbed_reruns: int = 2  # re-runs of a trial another process disturbed, before it is pruned
     max_repeats: int = 6  # rounds the finalists may reach when ``repeats`` left the choice undecided
+    # the whole run (profiling, study, re-measurement, second look, table contest) in minutes; None: unbounded
+    minutes: float | None = None
 
     @classmethod
     def read(cls, s: Section) -> BudgetConfig:
@@ -298,12 +300,13 @@ class BudgetConfig:
         reruns = s.int("disturbed_reruns", 2, lo=0)
         repeats_ = repeats or 1
         max_repeats = s.int("max_repeats", max(6, repeats_) if repeats_ > 1 else 1, lo=1)
+        minutes = s.num("minutes", None, lo=0.0, open_lo=True, allow_none=True)
         s.done()
         assert n_trials is not None and seed is not None and remeasure is not None and repeats is not None
         assert reruns is not None and max_repeats is not None
         if max_repeats < repeats:
             raise ConfigError(f"budget.max_repeats: {max_repeats} is below budget.repeats ({repeats})")
-        return cls(n_trials, timeout, trial_timeout, seed, remeasure, repeats, reruns, max_repeats)
+        return cls(n_trials, timeout, trial_timeout, seed, remeasure, repeats, reruns, max_repeats, minutes)
 
 
 @dataclass(frozen=True)
@@ -351,9 +354,13 @@ class VllmConfig:
     """``backend.vllm``: how to launch vLLM (its own venv; see tools/install_vllm_cpu.sh)."""
 
     python: Path | None = None  # None: $AUTOTUNE_VLLM_PYTHON, then <cache>/vllm-venv/bin/python
-    args: tuple[str, ...] = ("--max-model-len", "1024", "--no-enable-prefix-caching")
-    env: tuple[tuple[str, str], ...] = (("VLLM_CPU_KVCACHE_SPACE", "2"),)
-    startup_timeout_s: float = 900.0
+    tensor_parallel_size: int = 1  # --tensor-parallel-size: GPUs one server spans
+    gpu_memory_utilization: float | None = None  # --gpu-memory-utilization (None: vLLM's own, 0.9)
+    max_model_len: int | None = None  # --max-model-len; None: the workload's longest prompt + output
+    # more `vllm serve` flags, appended to the tool's (DEFAULT_ARGS); "!FLAG" drops one of those
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # the server's environment, over the CPU defaults (CPU_ENV)
+    startup_timeout_s: float | None = None  # None: sized from the weights, then from the first start
     cache_dir: Path = DEFAULT_CACHE / "vllm-cache"
     # servers kept alive, idle, for the configurations served again (the re-measurement then
     # interleaves them with no restart); None: 3 on a CPU host, 1 where the device is a GPU (one
@@ -364,6 +371,9 @@ class VllmConfig:
     def read(cls, v: Section, base: Path) -> VllmConfig:
         default = cls()
         python = v.path_("python", base, allow_none=True)
+        tp = v.int("tensor_parallel_size", 1, lo=1)
+        gpu_mem = v.num("gpu_memory_utilization", None, lo=0.0, hi=1.0, open_lo=True, allow_none=True)
+        max_len = v.int("max_model_len", None, lo=16, allow_none=True)
         args = _args(v, default.args)
         env = v.get("env", dict(default.env))
         if not isinstance(env, dict) or not all(
@@ -371,12 +381,23 @@ class VllmConfig:
             for k, x in env.items()
         ):
             raise ConfigError(f"{v.key('env')}: must be a mapping of variable names to values (got {env!r})")
-        timeout = v.num("startup_timeout_s", default.startup_timeout_s, lo=0.0, open_lo=True)
+        timeout = v.num("startup_timeout_s", None, lo=0.0, open_lo=True, allow_none=True)
         cache = v.path_("cache_dir", base, default=str(default.cache_dir), must_exist=False)
         keep = v.int("keep_servers", None, lo=1, allow_none=True)
         v.done()
-        assert timeout is not None and cache is not None
-        return cls(python, args, tuple((k, str(x)) for k, x in env.items()), timeout, cache, keep)
+        assert cache is not None
+        assert tp is not None
+        return cls(
+            python,
+            tp,
+            gpu_mem,
+            max_len,
+            args,
+            tuple((k, str(x)) for k, x in env.items()),
+            timeout,
+            cache,
+            keep,
+        )
 
 
 @dataclass(frozen=True)
@@ -384,7 +405,9 @@ class LlamacppConfig:
     """``backend.llamacpp``: where llama-server and the GGUF converter are (tools/install_llamacpp.sh)."""
 
     home: Path = DEFAULT_CACHE / "llamacpp"  # bin/llama-server, venv/ (converter python), llama.cpp/ (source)
-    threads: int = 1  # -t; on a shared 2-core host -t 2 collapsed decoding
+    threads: int | None = None  # -t; None: the host's physical cores
+    gpu_layers: int | None = None  # -ngl: target layers on the GPU (None: llama-server's default)
+    draft_gpu_layers: int | None = None  # -ngld: draft layers on the GPU
     args: tuple[str, ...] = ("--no-cache-prompt",)
     startup_timeout_s: float = 120.0
     pre_tokenizer: str | None = "gpt-2"  # for BPE pre-tokenizers the converter does not know (ids checked)
@@ -393,7 +416,9 @@ class LlamacppConfig:
     def read(cls, v: Section, base: Path) -> LlamacppConfig:
         default = cls()
         home = v.path_("home", base, default=str(default.home), must_exist=False)
-        threads = v.int("threads", default.threads, lo=1)
+        threads = v.int("threads", None, lo=1, allow_none=True)
+        ngl = v.int("gpu_layers", None, lo=0, allow_none=True)
+        ngld = v.int("draft_gpu_layers", None, lo=0, allow_none=True)
         args = _args(v, default.args)
         timeout = v.num("startup_timeout_s", default.startup_timeout_s, lo=0.0, open_lo=True)
         pre = v.get("pre_tokenizer", default.pre_tokenizer)
@@ -402,8 +427,8 @@ class LlamacppConfig:
                 f"{v.key('pre_tokenizer')}: must be a llama.cpp pre-tokenizer name or null (got {pre!r})"
             )
         v.done()
-        assert home is not None and threads is not None and timeout is not None
-        return cls(home, threads, args, timeout, pre)
+        assert home is not None and timeout is not None
+        return cls(home, threads, ngl, ngld, args, timeout, pre)
 
 
 @dataclass(frozen=True)

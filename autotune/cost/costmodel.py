@@ -10,8 +10,10 @@ Leviathan et al. 2023, Thm 3.8, generalised to measured costs and per-position a
     tokens/s   = B * E / T        tpot = T / E
 
 ``per_position_acceptance[i]`` is the unconditional fraction of docs/metrics.md (token i accepted, so all
-before it too); with a constant conditional rate alpha it is alpha^i and E reduces to
-(1 - alpha^(gamma+1)) / (1 - alpha).
+before it too), measured and extended by :mod:`autotune.cost.acceptance`; with a constant conditional
+rate alpha it is alpha^i and E reduces to (1 - alpha^(gamma+1)) / (1 - alpha). The steady state of a
+constant chain at any batch (:func:`chain_stats`, :func:`steady_tokens_per_second`) is what
+``autotune watch`` predicts with too.
 
 A confidence threshold is predicted from the profiler's per-step *samples*: for each verify
 step at gamma_max and threshold 0, the number of accepted tokens and the draft's top
@@ -27,31 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.cost.acceptance import expected_tokens
 from autotune.records import Curves, StepSample, interpolate
-
-
-def expected_tokens(per_position_acceptance: Sequence[float], gamma: int) -> float:
-    """E(gamma) = 1 + sum of the first gamma unconditional per-position acceptances.
-
-    Example:
-        >>> round(expected_tokens([0.8, 0.64, 0.512], 3), 3)  # alpha = 0.8
-        2.952
-    """
-    if gamma > len(per_position_acceptance):
-        raise ValueError(f"gamma {gamma} beyond the {len(per_position_acceptance)} profiled positions")
-    return 1.0 + sum(per_position_acceptance[:gamma])
-
-
-def expected_tokens_constant(alpha: float, gamma: int) -> float:
-    """Leviathan's closed form (1 - alpha^(gamma+1)) / (1 - alpha)."""
-    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
-def per_position_acceptance(samples: Sequence[StepSample], gamma_max: int) -> list[float]:
-    """Unconditional per-position acceptance from profiled steps (threshold 0)."""
-    if not samples:
-        return [0.0] * gamma_max
-    return [sum(s.n_accepted > i for s in samples) / len(samples) for i in range(gamma_max)]
 
 
 @dataclass(frozen=True)
@@ -98,6 +77,35 @@ def step_stats(
     return StepStats(tokens, forwards, width)
 
 
+def chain_stats(acceptance: Sequence[float], gamma: int) -> StepStats:
+    """One row's step of a constant chain of ``gamma`` draft tokens, from per-position acceptance:
+    E(gamma) tokens, gamma draft forwards, a verify pass gamma + 1 wide (gamma 0: plain decoding).
+
+    Example:
+        >>> s = chain_stats([0.8, 0.6], 2)
+        >>> round(s.tokens, 3), s.draft_forwards, s.verify_width, chain_stats([0.8, 0.6], 0).tokens
+        (2.4, 2, 3, 1.0)
+    """
+    return StepStats(expected_tokens(acceptance, gamma), gamma, gamma + 1)
+
+
+def step_time(curves: Curves, batch: float, stats: StepStats) -> float:
+    """Seconds of one step at ``batch`` rows: draft_forwards x T_draft(B) + T_verify(B, width) + overhead(B)."""
+    t_verify = curves.verify(batch, max(1.0, stats.verify_width))
+    return stats.draft_forwards * curves.draft(batch) + t_verify + curves.step_overhead(batch)
+
+
+def steady_tokens_per_second(curves: Curves, batch: float, stats: StepStats) -> float:
+    """The steady state's tokens/s at ``batch`` rows: B x tokens per row-step / step time.
+
+    Example:
+        >>> c = Curves({1: {1: 0.010, 2: 0.011, 3: 0.012}}, {1: 0.001})
+        >>> [round(steady_tokens_per_second(c, 1, chain_stats([0.8, 0.6], k)), 1) for k in (0, 2)]
+        [100.0, 171.4]
+    """
+    return batch * stats.tokens / step_time(curves, batch, stats)
+
+
 @dataclass(frozen=True)
 class Prediction:
     gamma: int
@@ -135,10 +143,7 @@ def predict(
         (2.0, 0.013)
     """
     st = step_stats(samples, gamma, threshold, batch)
-    t_verify = curves.verify(batch, max(1.0, st.verify_width))
-    overhead = curves.step_overhead(batch)
-    step = st.draft_forwards * curves.draft(batch) + t_verify + overhead
-    t_decode = curves.verify(batch, 1) + overhead
+    step = step_time(curves, batch, st)
     if new_tokens:
         n = num_requests or batch
         tps = simulate_closed_loop(
@@ -146,7 +151,8 @@ def predict(
         )
         base = simulate_closed_loop(curves, row_outcomes(samples, 0, 0.0), batch, new_tokens, n, prompt_lens)
     else:
-        tps, base = batch * st.tokens / step, batch / t_decode
+        tps = steady_tokens_per_second(curves, batch, st)
+        base = steady_tokens_per_second(curves, batch, StepStats(1.0, 0.0, 1.0))
     return Prediction(gamma, threshold, batch, st.tokens, step, tps, 1e3 * step / st.tokens, tps / base)
 
 

@@ -23,7 +23,7 @@ predicted from the acceptance:
     tokens/s(b, K) = b * L(K) / step(b, K),     L(K) = 1 + sum_{i < K} p_i
 
 ``p_i`` is the unconditional per-position acceptance from the counters of the largest measured K
-(beyond it, a geometric tail at its last conditional rate). An in-stack study therefore serves only
+(beyond it, :func:`autotune.cost.acceptance.extend`'s tail). An in-stack study therefore serves only
 the K the fit predicts best at some level (:func:`next_k`, refitted after every server), and the
 watch service predicts under live acceptance and load with the stack's own costs
 (``profile["stack_cost"]``, :meth:`StackCost.to_json`).
@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.cost.acceptance import expected_tokens, extend
 from autotune.knobs import Knobs
 from autotune.records import LevelMetrics
 
@@ -106,8 +107,9 @@ class StackCost:
     noise: float | None = None
 
     def expected_tokens(self, k: int, acceptance: Sequence[float] | None = None) -> float:
-        """L(K) = 1 + sum of the first K per-position acceptances (geometric tail past the measured ones)."""
-        return 1.0 + sum(extend(acceptance if acceptance is not None else self.acceptance, k)[:k])
+        """L(K) = 1 + sum of the first K per-position acceptances (:func:`autotune.cost.acceptance.extend`
+        past the measured ones)."""
+        return expected_tokens(extend(acceptance if acceptance is not None else self.acceptance, k), k)
 
     def tokens_per_second(self, level: int, k: int, acceptance: Sequence[float] | None = None) -> float:
         """Predicted tokens/s at a measured load level (``acceptance``: e.g. a live one instead)."""
@@ -194,24 +196,6 @@ class StackCost:
             str(data["fit"]),
             None if data.get("noise") is None else float(data["noise"]),
         )
-
-
-def extend(acceptance: Sequence[float], n: int) -> list[float]:
-    """The first ``n`` per-position acceptances; past the measured ones a geometric tail at the last
-    conditional rate p_last / p_before (1 measured position: that rate is p_0 itself).
-
-    Example:
-        >>> [round(p, 3) for p in extend([0.8, 0.6], 4)]
-        [0.8, 0.6, 0.45, 0.337]
-    """
-    out = [min(max(float(p), 0.0), 1.0) for p in acceptance[:n]]
-    if len(out) >= n or not out:
-        return out + [0.0] * (n - len(out))
-    rate = out[-1] / out[-2] if len(out) >= 2 and out[-2] > 0 else out[0]
-    rate = min(max(rate, 0.0), 1.0)
-    while len(out) < n:
-        out.append(out[-1] * rate)
-    return out
 
 
 def row_step_s(level: int, metrics: LevelMetrics, k: int) -> float | None:

@@ -55,6 +55,7 @@ from autotune.decide.selection import (
 )
 from autotune.knobs import Knobs
 from autotune.records import LevelMetrics, Measurement, Point, TrialResult
+from autotune.search.budget import RunBudget
 from autotune.search.study import Space, slo_violations
 from autotune.stats import Estimate, estimate, paired_ratio, significant
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
@@ -148,6 +149,7 @@ def remeasure(
     earlier: Remeasured | None = None,
     repeats: int | None = None,
     levels: tuple[int, ...] | None = None,
+    budget: RunBudget | None = None,
 ) -> Remeasured:
     """Run each configuration ``repeats`` (default ``budget.repeats``) times on ``backend``; round r
     uses seed + 1 + r for all, so rounds are paired. With ``earlier`` (the same configurations,
@@ -162,6 +164,11 @@ def remeasure(
     """
     repeats, order = repeats or cfg.budget.repeats, backend.remeasure_order(len(configs))
     done = earlier.repeats if earlier is not None else 0
+    if budget is not None:  # budget.minutes: as many rounds as fit, one at least where none ran
+        fit = budget.rounds(repeats - done, len(configs), at_least=0 if done else 1)
+        if fit < repeats - done:
+            say(budget.cut(f"{what}: {done + fit} of {repeats} rounds (the rest would pass budget.minutes)"))
+            repeats = done + fit
     say(
         f"{what}: {len(configs)} configurations x {repeats - done} repeats"
         + (f" (rounds {done + 1}-{repeats})" if done else "")
@@ -312,7 +319,13 @@ class Decision:
 
 
 def decide(
-    cfg: TuneConfig, backend: Backend, space: Space, measurement: dict, points: list[Point], say: Say
+    cfg: TuneConfig,
+    backend: Backend,
+    space: Space,
+    measurement: dict,
+    points: list[Point],
+    say: Say,
+    budget: RunBudget | None = None,
 ) -> Decision:
     """Re-measure the finalists, choose with a margin, contest the per-level table, check the prediction."""
     final = finalists(cfg, points, every_chain=backend.plans_by_cost)
@@ -329,19 +342,35 @@ def decide(
         final.configs,
         say,
         f"re-measuring the top {len(final.candidates)} candidates of the Pareto front, the AR baseline{statics}",
+        budget=budget,
     )
     has_slo, knee = bool(cfg.objectives.slo), cfg.objectives.knee
     choice = choose_with_margin(remeasured.points, has_slo, knee)  # must beat plain decoding by a margin
     why, open_levels = _second_look(cfg, final, remeasured, choice)
-    if cfg.budget.max_repeats > remeasured.repeats and why:
+    if (
+        cfg.budget.max_repeats > remeasured.repeats
+        and why
+        and budget is not None
+        and budget.rounds(1, len(final.configs), 0) == 0
+    ):
+        say(budget.cut(f"no second look ({why}): one more round would pass budget.minutes"))
+    elif cfg.budget.max_repeats > remeasured.repeats and why:
         say(f"undecided on {remeasured.repeats} rounds ({why}): a second look")
         remeasured = remeasure(
-            cfg, backend, final.configs, say, "re-measuring", remeasured, cfg.budget.max_repeats, open_levels
+            cfg,
+            backend,
+            final.configs,
+            say,
+            "re-measuring",
+            remeasured,
+            cfg.budget.max_repeats,
+            open_levels,
+            budget=budget,
         )
         choice = choose_with_margin(remeasured.points, has_slo, knee)
     base_point, baseline = remeasured.find(final.baseline)
     static_point = remeasured.find(final.best_static.knobs)[0] if final.best_static is not None else None
-    contest = serve_table(cfg, backend, remeasured, choice.point, base_point, static_point, say)
+    contest = serve_table(cfg, backend, remeasured, choice.point, base_point, static_point, say, budget)
     chosen_point, chosen_result = choice.point, remeasured.find(choice.point.knobs)[1]
     if contest.served is not None and contest.verdict is not None and contest.knobs is not None:
         table_knobs = contest.knobs
@@ -414,6 +443,7 @@ def serve_table(
     off: Point,
     best_static: Point | None,
     say: Say,
+    budget: RunBudget | None = None,
 ) -> TableContest:
     """The per-level choices and the table they make (:func:`autotune.decide.selection.plan_table`); where
     its K differ by level and the constants do not already rule it out, the table served live
@@ -441,6 +471,9 @@ def serve_table(
     configs = [(off.knobs, None), (constant.knobs, constant.number), (knobs, None)]
     if constant.knobs == off.knobs:
         configs = [configs[0], configs[2]]
+    if budget is not None and budget.rounds(cfg.budget.repeats, len(configs), 0) < cfg.budget.repeats:
+        say(budget.cut(f"the per-level {knobs.label} not served live (its rounds would pass budget.minutes)"))
+        return unserved(f"not served live within budget.minutes; per-level K {per_level}")
     served = remeasure(
         cfg, backend, configs, say, f"serving the per-level {knobs.label} live beside the best constant"
     )
@@ -568,6 +601,8 @@ def _prediction_check(measurement: dict, chosen: Chosen, chosen_result: TrialRes
     (none for a dynamic tree: its shape follows the draft's confidence, which the profiler's rank
     samples do not hold)."""
     m = Measurement.from_json(measurement)
+    if not m.has_engine:
+        return []  # no engine prior to predict with
     if chosen.tree_nodes or (chosen.drafter == "eagle3" and m.acceptance.get("drafter") != "eagle3"):
         return []  # an EAGLE-3 head searched beside the draft model: the profiler timed the draft model
     curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max

@@ -1,18 +1,20 @@
-"""Device fingerprint: what accelerator (or CPU) a profile was measured on, and its paper ceilings.
+"""Device fingerprint: what accelerator (or CPU, or set of GPUs) a profile was measured on, and
+its paper ceilings.
 
 Implements the fingerprint half of docs/metrics.md "Hardware classification". A CUDA device is
 described from two sources: ``torch.cuda.get_device_properties`` (always present when torch
-sees the GPU) and NVML via ``nvidia-ml-py`` (``import pynvml``), which adds bus width, clocks,
-power limit, MIG state and driver versions. Each NVML field is queried on its own and recorded
-as ``None`` when the driver cannot answer (``NVMLError_NotSupported`` is common on some SKUs
-and in MIG or virtualised setups); a missing or broken NVML leaves ``"nvml": None`` and the
+sees the GPU) and NVML via ``nvidia-ml-py`` (:mod:`autotune.device.nvml`), which adds bus width,
+clocks, power limit, MIG state, driver versions, a MIG slice's own memory and bandwidth share,
+and the link between the GPUs a run uses. Each NVML field is queried on its own and recorded as
+``None`` when the driver cannot answer; a missing or broken NVML leaves ``"nvml": None`` and the
 reason in ``"nvml_error"``. Without CUDA the host CPU is described instead.
 
 The ``key`` hashes only identity fields (model, memory size, compute capability, bus width,
-core counts, ISA, architecture), never clocks, power limits, driver versions or thread counts,
-so a profile stays addressable across driver upgrades and power-capping.
-
-Reference: NVML API reference, https://docs.nvidia.com/deploy/nvml-api/
+core counts, ISA, architecture; for a run on several GPUs or at tensor parallel size above 1,
+also the GPU count, tensor parallel size, interconnect and each GPU's name and memory), never
+clocks, power limits, driver versions or thread counts, so a profile stays addressable across
+driver upgrades and power-capping, and profiles tuned at different tensor parallel sizes do not
+share a key.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import platform
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import torch
+
+from autotune.device import nvml
+from autotune.device.nvml import NvmlView
 
 GIB = 1 << 30
 
@@ -50,21 +53,6 @@ PEAK_DENSE_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     (r"\bA10\b", 125e12),
     (r"\bRTX 4090\b(?! D\b)", 165.2e12),
 )
-
-
-@dataclass(frozen=True)
-class NvmlIdentity:
-    """How one NVML device can be recognised from the CUDA side.
-
-    Attributes:
-        index: NVML device index (PCI bus order; ignores ``CUDA_VISIBLE_DEVICES``).
-        uuid: ``"GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"``, or None if unreadable.
-        pci_bus_id: ``"00000000:3B:00.0"``, or None if unreadable.
-    """
-
-    index: int
-    uuid: str | None
-    pci_bus_id: str | None
 
 
 def theoretical_bandwidth_bytes_per_s(
@@ -109,96 +97,6 @@ def theoretical_flops(name: str | None) -> float | None:
         if re.search(pattern, name, flags=re.IGNORECASE):
             return flops
     return None
-
-
-def _normalize_uuid(uuid: str | None) -> str | None:
-    """Lower-case a GPU UUID and drop any ``GPU-`` prefix, for comparison."""
-    if not uuid:
-        return None
-    text = uuid.strip().lower()
-    return text[4:] if text.startswith("gpu-") else text
-
-
-def _parse_pci_bus_id(bus_id: str | None) -> tuple[int, int, int] | None:
-    """``"[domain:]bus:device.function"`` (hex) to ``(domain, bus, device)``; None if malformed."""
-    if not bus_id:
-        return None
-    match = re.fullmatch(r"(?:([0-9a-f]+):)?([0-9a-f]+):([0-9a-f]+)\.[0-9a-f]+", bus_id.strip().lower())
-    if match is None:
-        return None
-    domain, bus, device = match.groups()
-    return int(domain or "0", 16), int(bus, 16), int(device, 16)
-
-
-def _visible_device_entries(cuda_visible_devices: str) -> list[str]:
-    """Entries of ``CUDA_VISIBLE_DEVICES`` as CUDA reads them: it stops at the first invalid one."""
-    entries = []
-    for raw in cuda_visible_devices.split(","):
-        entry = raw.strip()
-        if not (entry.isdigit() or entry.lower().startswith(("gpu-", "mig-"))):
-            break
-        entries.append(entry)
-    return entries
-
-
-def map_torch_ordinal_to_nvml_index(
-    ordinal: int,
-    nvml_devices: Sequence[NvmlIdentity],
-    torch_uuid: str | None = None,
-    torch_pci_bus_id: str | None = None,
-    cuda_visible_devices: str | None = None,
-) -> int | None:
-    """Find the NVML device behind torch's CUDA ordinal.
-
-    Torch numbers only the devices ``CUDA_VISIBLE_DEVICES`` exposes, in that order; NVML numbers
-    every device on the host. Matching tries, in order: the UUID torch reports, the PCI bus id
-    torch reports, then the ``CUDA_VISIBLE_DEVICES`` entry at ``ordinal`` (an integer, read as
-    an NVML index, which assumes CUDA's order is PCI order, or a ``GPU-`` UUID prefix). A MIG
-    instance's UUID never equals its parent's, so MIG devices match by PCI bus id.
-
-    Args:
-        ordinal: Torch's CUDA device index.
-        nvml_devices: Every device NVML enumerates.
-        torch_uuid: ``props.uuid`` as text, with or without the ``GPU-`` prefix.
-        torch_pci_bus_id: ``"domain:bus:device.function"`` built from torch's properties.
-        cuda_visible_devices: The environment variable's value; None when unset.
-
-    Returns:
-        The NVML index, or None if nothing identifies the device.
-
-    Example:
-        >>> gpus = [NvmlIdentity(i, f"GPU-{i}", None) for i in range(4)]
-        >>> map_torch_ordinal_to_nvml_index(0, gpus, cuda_visible_devices="3,1")
-        3
-    """
-    uuid = _normalize_uuid(torch_uuid)
-    if uuid is not None:
-        for dev in nvml_devices:
-            if _normalize_uuid(dev.uuid) == uuid:
-                return dev.index
-    pci = _parse_pci_bus_id(torch_pci_bus_id)
-    if pci is not None:
-        for dev in nvml_devices:
-            if _parse_pci_bus_id(dev.pci_bus_id) == pci:
-                return dev.index
-    indices = {dev.index for dev in nvml_devices}
-    if cuda_visible_devices is None:
-        return ordinal if ordinal in indices else None
-    entries = _visible_device_entries(cuda_visible_devices)
-    if not 0 <= ordinal < len(entries):
-        return None
-    entry = entries[ordinal]
-    if entry.isdigit():
-        return int(entry) if int(entry) in indices else None
-    if entry.lower().startswith("mig-"):
-        return None
-    prefix = entry.lower()[4:]
-    hits = [
-        dev.index
-        for dev in nvml_devices
-        if dev.uuid and dev.uuid.lower().removeprefix("gpu-").startswith(prefix)
-    ]
-    return hits[0] if len(hits) == 1 else None
 
 
 def parse_cpuinfo(text: str, allowed_cpus: set[int] | None = None) -> dict[str, Any]:
@@ -265,34 +163,68 @@ def available_memory_bytes() -> int | None:
 def identity_fields(fp: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a fingerprint that identify the hardware, and nothing that drifts.
 
-    Clocks, power limits, driver and library versions and thread counts are left out.
+    Clocks, power limits, driver and library versions and thread counts are left out. The run's
+    GPU count, tensor parallel size, interconnect and per-GPU name and memory join only where they
+    differ from one device at tensor parallel size 1, so a single-device key (every profile stored
+    before they existed) stays the same.
 
     Args:
-        fp: A dict from :func:`fingerprint` (only ``kind``, ``device`` and ``nvml`` are read).
+        fp: A dict from :func:`fingerprint` (``kind``, ``device``, ``nvml`` and, where present,
+            ``gpu_count``, ``tensor_parallel_size``, ``interconnect`` and ``gpus`` are read).
 
     Returns:
         A small dict of identity fields, memory rounded to whole GiB.
+
+    Example:
+        >>> fp = {"kind": "cpu", "device": {"model_name": "X", "memory_total_bytes": GIB,
+        ...       "physical_cores": 2, "isa": "AVX2", "architecture": "x86_64"}}
+        >>> "tensor_parallel_size" in identity_fields(fp), identity_fields(
+        ...     {**fp, "tensor_parallel_size": 2})["tensor_parallel_size"]
+        (False, 2)
     """
     dev = fp["device"]
-    memory_gib = round(dev["memory_total_bytes"] / GIB) if dev.get("memory_total_bytes") else None
     if fp["kind"] == "cuda":
-        nvml = fp.get("nvml") or {}
-        return {
+        reading = fp.get("nvml") or {}
+        single = {
             "kind": "cuda",
             "name": dev["name"],
-            "memory_gib": memory_gib,
+            "memory_gib": _gib(dev.get("memory_total_bytes")),
             "compute_capability": dev["compute_capability"],
-            "memory_bus_width_bits": nvml.get("memory_bus_width_bits"),
+            "memory_bus_width_bits": reading.get("memory_bus_width_bits"),
             "multiprocessor_count": dev["multiprocessor_count"],
         }
-    return {
-        "kind": "cpu",
-        "model_name": dev["model_name"],
-        "memory_gib": memory_gib,
-        "physical_cores": dev["physical_cores"],
-        "isa": dev["isa"],
-        "architecture": dev["architecture"],
-    }
+    else:
+        single = {
+            "kind": "cpu",
+            "model_name": dev["model_name"],
+            "memory_gib": _gib(dev.get("memory_total_bytes")),
+            "physical_cores": dev["physical_cores"],
+            "isa": dev["isa"],
+            "architecture": dev["architecture"],
+        }
+    return {**single, **_parallel_identity(fp)}
+
+
+def _parallel_identity(fp: Mapping[str, Any]) -> dict[str, Any]:
+    """The multi-GPU identity fields, empty for one device (one GPU, or the CPU) at tensor parallel size 1."""
+    one = 1 if fp["kind"] == "cuda" else 0
+    count = fp.get("gpu_count", one)
+    tp = fp.get("tensor_parallel_size", 1)
+    if count == one and tp == 1:
+        return {}
+    fields: dict[str, Any] = {"gpu_count": count, "tensor_parallel_size": tp}
+    if fp.get("interconnect") is not None:
+        fields["interconnect"] = fp["interconnect"]
+    if count > 1:
+        fields["gpus"] = [
+            {"name": gpu["name"], "memory_gib": _gib(gpu["memory_total_bytes"])} for gpu in fp["gpus"]
+        ]
+    return fields
+
+
+def _gib(size: int | None) -> int | None:
+    """Bytes to whole GiB (None for unknown or zero)."""
+    return round(size / GIB) if size else None
 
 
 def fingerprint_key(identity: Mapping[str, Any]) -> str:
@@ -306,107 +238,17 @@ def fingerprint_key(identity: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def _label(kind: str, dev: Mapping[str, Any]) -> str:
-    """Human label: ``"NVIDIA H200 140GB"`` or ``"AMD EPYC (2 cores)"``."""
+def _label(kind: str, dev: Mapping[str, Any], gpus: Sequence[Mapping[str, Any]], tp: int) -> str:
+    """Human label: ``"NVIDIA H200 140GB"``, ``"4x NVIDIA H200 140GB TP4"`` or ``"AMD EPYC (2 cores)"``."""
     if kind == "cuda":
-        return f"{dev['name']} {round(dev['memory_total_bytes'] / GIB)}GB"
-    return f"{dev['model_name']} ({dev['physical_cores']} cores)"
-
-
-def _text(value: object) -> str | None:
-    """NVML strings arrive as ``str`` or ``bytes`` depending on the binding version."""
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _nvml_call(nvml: ModuleType, name: str, *args: object) -> Any:
-    """Call one NVML getter by name; None if it is missing from the binding or raises NVMLError."""
-    fn = getattr(nvml, name, None)
-    if fn is None:
-        return None
-    try:
-        return fn(*args)
-    except nvml.NVMLError:
-        return None
-
-
-def _nvml_device_fields(nvml: ModuleType, handle: object) -> dict[str, Any]:
-    """Every per-device NVML field, each queried on its own (None where unsupported)."""
-    cc = _nvml_call(nvml, "nvmlDeviceGetCudaComputeCapability", handle)
-    memory = _nvml_call(nvml, "nvmlDeviceGetMemoryInfo", handle)
-    power_mw = _nvml_call(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle)
-    mig = _nvml_call(nvml, "nvmlDeviceGetMigMode", handle)  # [current, pending]
-    return {
-        "name": _text(_nvml_call(nvml, "nvmlDeviceGetName", handle)),
-        "uuid": _text(_nvml_call(nvml, "nvmlDeviceGetUUID", handle)),
-        "pci_bus_id": _device_pci_bus_id(nvml, handle),
-        "compute_capability": f"{cc[0]}.{cc[1]}" if cc is not None else None,
-        "memory_total_bytes": int(memory.total) if memory is not None else None,
-        "memory_bus_width_bits": _nvml_call(nvml, "nvmlDeviceGetMemoryBusWidth", handle),
-        "max_sm_clock_mhz": _nvml_call(nvml, "nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_SM),
-        "max_mem_clock_mhz": _nvml_call(nvml, "nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_MEM),
-        "power_limit_w": power_mw / 1000 if power_mw is not None else None,
-        "mig_mode": bool(mig[0]) if mig is not None else None,
-    }
-
-
-def _nvml_system_fields(nvml: ModuleType) -> dict[str, str | None]:
-    """Driver version and the CUDA version the driver supports (``13000`` -> ``"13.0"``)."""
-    cuda = _nvml_call(nvml, "nvmlSystemGetCudaDriverVersion")
-    return {
-        "driver_version": _text(_nvml_call(nvml, "nvmlSystemGetDriverVersion")),
-        "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda is not None else None,
-    }
-
-
-def _nvml_snapshot(
-    ordinal: int, torch_uuid: str | None, torch_pci_bus_id: str | None
-) -> tuple[dict | None, str | None]:
-    """NVML's view of torch's device ``ordinal``: ``(fields, None)`` or ``(None, reason)``."""
-    try:
-        import pynvml
-    except ImportError as exc:
-        return None, f"nvidia-ml-py unavailable: {exc}"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        return None, f"nvmlInit failed: {exc}"
-    try:
-        handles = {}
-        for index in range(_nvml_call(pynvml, "nvmlDeviceGetCount") or 0):
-            handle = _nvml_call(pynvml, "nvmlDeviceGetHandleByIndex", index)
-            if handle is not None:
-                handles[index] = handle
-        identities = [
-            NvmlIdentity(
-                index,
-                _text(_nvml_call(pynvml, "nvmlDeviceGetUUID", handle)),
-                _device_pci_bus_id(pynvml, handle),
-            )
-            for index, handle in handles.items()
-        ]
-        nvml_index = map_torch_ordinal_to_nvml_index(
-            ordinal, identities, torch_uuid, torch_pci_bus_id, os.environ.get("CUDA_VISIBLE_DEVICES")
-        )
-        if nvml_index is None:
-            return None, f"no NVML device matches CUDA device {ordinal}"
-        return {
-            "index": nvml_index,
-            **_nvml_device_fields(pynvml, handles[nvml_index]),
-            **_nvml_system_fields(pynvml),
-        }, None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
-
-
-def _device_pci_bus_id(nvml: ModuleType, handle: object) -> str | None:
-    """NVML's PCI bus id string for ``handle``, or None."""
-    pci = _nvml_call(nvml, "nvmlDeviceGetPciInfo", handle)
-    return _text(pci.busId) if pci is not None else None
+        each = [f"{gpu['name']} {round(gpu['memory_total_bytes'] / GIB)}GB" for gpu in gpus]
+        if len(each) == 1:
+            text = each[0]
+        else:
+            text = f"{len(each)}x {each[0]}" if len(set(each)) == 1 else " + ".join(each)
+    else:
+        text = f"{dev['model_name']} ({dev['physical_cores']} cores)"
+    return text if tp == 1 else f"{text} TP{tp}"
 
 
 def _torch_uuid(props: object) -> str | None:
@@ -508,54 +350,162 @@ def _resolve_device(device: str) -> tuple[str, int | None]:
     return "cuda", torch.cuda.current_device() if dev.index is None else dev.index
 
 
-def fingerprint(device: str = "auto", dtype: str = "float32") -> dict[str, Any]:
-    """Describe the device a measurement runs on, as a JSON-serialisable dict.
+def _used_ordinals(
+    first: int, gpus: Sequence[int] | None, gpu_count: int | None, tensor_parallel_size: int
+) -> list[int]:
+    """The CUDA ordinals a run uses: ``gpus``, else ``gpu_count`` (default: the tensor parallel
+    size) consecutive ordinals from ``first``; checked against what torch sees."""
+    if gpus is not None and gpu_count is not None:
+        raise ValueError("pass the GPUs a run uses either as gpus=[...] or as gpu_count=N, not both")
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size must be at least 1 (got {tensor_parallel_size})")
+    if gpus is not None:
+        ordinals = list(gpus)
+    else:
+        count = tensor_parallel_size if gpu_count is None else gpu_count
+        ordinals = list(range(first, first + count))
+    visible = torch.cuda.device_count()
+    if not ordinals or len(set(ordinals)) != len(ordinals) or any(not 0 <= o < visible for o in ordinals):
+        raise ValueError(f"GPUs {ordinals}: need distinct CUDA ordinals below the {visible} torch sees")
+    if len(ordinals) % tensor_parallel_size:
+        raise ValueError(
+            f"tensor_parallel_size {tensor_parallel_size} does not divide the {len(ordinals)} GPU(s) used"
+        )
+    return ordinals
+
+
+def _cuda_gpus(ordinals: Sequence[int]) -> tuple[list[dict[str, Any]], NvmlView | None, str | None]:
+    """Torch's fields of each used GPU, NVML's view of them, and why NVML is missing (or None)."""
+    devs = [_cuda_device_fields(ordinal) for ordinal in ordinals]
+    try:
+        view = nvml.read(
+            [nvml.TorchGpu(d["ordinal"], d["uuid"], d["pci_bus_id"]) for d in devs],
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
+    except nvml.NvmlUnavailable as exc:
+        return devs, None, str(exc)
+    return devs, view, view.error
+
+
+def _gpu_entry(dev: Mapping[str, Any], reading: Mapping[str, Any] | None, mig: dict | None) -> dict[str, Any]:
+    """One used GPU of a fingerprint: torch's name, memory and UUID, its NVML index, its MIG slice."""
+    return {
+        "ordinal": dev["ordinal"],
+        "name": dev["name"],
+        "memory_total_bytes": dev["memory_total_bytes"],
+        "uuid": dev["uuid"],
+        "nvml_index": reading["index"] if reading is not None else None,
+        "mig": mig,
+    }
+
+
+def _bandwidth(reading: Mapping[str, Any] | None, mig: Mapping[str, Any] | None) -> float | None:
+    """Theoretical DRAM bandwidth of one GPU, or of a MIG slice: its share of the parent's."""
+    fields = reading or {}
+    whole = theoretical_bandwidth_bytes_per_s(
+        fields.get("max_mem_clock_mhz"), fields.get("memory_bus_width_bits")
+    )
+    if mig is None or whole is None:
+        return whole
+    return whole * mig["bandwidth_share"] if mig["bandwidth_share"] is not None else None
+
+
+def fingerprint(
+    device: str = "auto",
+    dtype: str = "float32",
+    *,
+    gpus: Sequence[int] | None = None,
+    gpu_count: int | None = None,
+    tensor_parallel_size: int = 1,
+) -> dict[str, Any]:
+    """Describe the device (or the GPUs) a measurement runs on, as a JSON-serialisable dict.
 
     Args:
         device: ``"auto"`` (the current CUDA device if torch sees one, else the CPU), ``"cpu"``,
-            ``"cuda"`` or ``"cuda:N"``.
+            ``"cuda"`` or ``"cuda:N"``: the run's first GPU.
         dtype: Name of the torch dtype measurements use, e.g. ``"bfloat16"``; recorded only.
+        gpus: The CUDA ordinals the run uses, first one first (it overrides ``device``'s index).
+        gpu_count: Or how many GPUs, consecutive from ``device``'s. Default: ``tensor_parallel_size``.
+        tensor_parallel_size: The serving stack's tensor parallel size; it must divide the GPU count.
 
     Returns:
         ``{"kind": "cuda" | "cpu", "label": str, "key": str, "device": {...}, "nvml": {...} | None,
-        "nvml_error": str | None, "theoretical": {"bandwidth_bytes_per_s", "dense_bf16_flops"},
-        "software": {...}}``. ``device`` holds torch's view of the GPU (or the CPU fields);
-        ``nvml`` holds NVML's fields for the same GPU, any of them None where unsupported.
+        "nvml_error": str | None, "gpu_count": int, "tensor_parallel_size": int,
+        "interconnect": str | None, "gpus": [...], "theoretical": {"bandwidth_bytes_per_s",
+        "dense_bf16_flops"}, "software": {...}}``. ``device`` holds torch's view of the first GPU
+        (or the CPU fields); ``nvml`` NVML's fields of the same GPU (a MIG slice's parent), any of
+        them None where unsupported. ``gpus`` lists each used GPU (``ordinal``, ``name``,
+        ``memory_total_bytes``, ``uuid``, ``nvml_index``, ``mig``: the slice's own UUID, memory,
+        multiprocessors and bandwidth share, or None); ``gpu_count`` is 0 on the CPU.
+        ``interconnect`` is the slowest path between the used GPUs in nvidia-smi topo's words
+        (``"NV"``, ``"PIX"`` ... ``"SYS"``), None for one GPU or where NVML cannot say.
+        ``theoretical`` is per GPU (a MIG slice's share of its parent's bandwidth).
 
     Raises:
-        ValueError: For an unknown device string, a CUDA index out of range, or a bad dtype.
+        ValueError: For an unknown device string, a CUDA index out of range, GPUs on a CPU run,
+            a tensor parallel size that does not divide the GPU count, or a bad dtype.
         RuntimeError: If a CUDA device is requested explicitly but torch sees none.
 
     Example:
         >>> fp = fingerprint("cpu")
-        >>> fp["kind"], len(fp["key"])
-        ('cpu', 16)
+        >>> fp["kind"], len(fp["key"]), fp["gpu_count"], fp["tensor_parallel_size"]
+        ('cpu', 16, 0, 1)
     """
     if not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise ValueError(f"unknown torch dtype {dtype!r}")
     kind, ordinal = _resolve_device(device)
-    nvml: dict | None = None
+    view: NvmlView | None = None
     nvml_error: str | None = None
+    entries: list[dict[str, Any]] = []
     if ordinal is not None:  # kind "cuda": _resolve_device gives CUDA, and only CUDA, an ordinal
-        dev = _cuda_device_fields(ordinal)
-        nvml, nvml_error = _nvml_snapshot(ordinal, dev["uuid"], dev["pci_bus_id"])
+        devs, view, nvml_error = _cuda_gpus(_used_ordinals(ordinal, gpus, gpu_count, tensor_parallel_size))
+        readings = view.gpus if view is not None else (None,) * len(devs)
+        migs = view.migs if view is not None else (None,) * len(devs)
+        entries = [_gpu_entry(d, r, m) for d, r, m in zip(devs, readings, migs, strict=True)]
+        dev = devs[0]
+        first_nvml, first_mig = readings[0], migs[0]
+    elif gpus is not None or gpu_count is not None:
+        raise ValueError("gpus and gpu_count need a CUDA device (the CPU runs take none)")
     else:
-        dev = _cpu_device_fields()
-    nvml_fields = nvml or {}
+        dev, first_nvml, first_mig = _cpu_device_fields(), None, None
     fp: dict[str, Any] = {
         "kind": kind,
-        "label": _label(kind, dev),
+        "label": _label(kind, dev, entries, tensor_parallel_size),
         "key": None,
         "device": dev,
-        "nvml": nvml,
+        "nvml": first_nvml,
         "nvml_error": nvml_error,
+        "gpu_count": len(entries),
+        "tensor_parallel_size": tensor_parallel_size,
+        "interconnect": view.interconnect if view is not None else None,
+        "gpus": entries,
         "theoretical": {
-            "bandwidth_bytes_per_s": theoretical_bandwidth_bytes_per_s(
-                nvml_fields.get("max_mem_clock_mhz"), nvml_fields.get("memory_bus_width_bits")
-            ),
+            "bandwidth_bytes_per_s": _bandwidth(first_nvml, first_mig),
             "dense_bf16_flops": theoretical_flops(dev["name"]) if kind == "cuda" else None,
         },
         "software": _software_fields(dtype),
     }
     fp["key"] = fingerprint_key(identity_fields(fp))
     return fp
+
+
+def nvml_selectors(fp: Mapping[str, Any]) -> list[int | str] | None:
+    """How NVML names the GPUs a fingerprint's run uses, for :func:`autotune.device.hostnoise.measure`:
+    a MIG slice's ``MIG-`` UUID, else the NVML index, else torch's ``GPU-`` UUID; None on the CPU.
+
+    Example:
+        >>> nvml_selectors({"kind": "cuda", "gpus": [{"nvml_index": 3, "uuid": "GPU-a", "mig": None}]})
+        [3]
+    """
+    if fp["kind"] != "cuda":
+        return None
+    selectors: list[int | str] = []
+    for gpu in fp.get("gpus") or []:
+        mig = gpu.get("mig")
+        if mig is not None and mig.get("uuid"):
+            selectors.append(mig["uuid"])
+        elif gpu.get("nvml_index") is not None:
+            selectors.append(gpu["nvml_index"])
+        elif gpu.get("uuid"):
+            selectors.append(gpu["uuid"])
+    return selectors

@@ -6,11 +6,13 @@ Two kinds of evidence, recorded together in ``profile["host_noise"]``:
   float32 matmul chain, timed ``repeats`` times after a warm-up) on the host CPU;
 - other processes' CPU use: the busy share of all cores from ``/proc/stat`` over a window of at
   least :data:`WINDOW_S` (the timings, then idle) minus this process's own share
-  (``/proc/self/stat``), and ``/proc/loadavg``. ``/proc`` counts in clock ticks (10 ms): over
-  the 7 ms the timings alone take, one tick of anyone else read as "50% of 2 CPUs";
-- on NVIDIA hosts, each GPU's utilisation and the compute processes other than this one
-  (NVML: ``nvmlDeviceGetUtilizationRates``, ``nvmlDeviceGetComputeRunningProcesses``): another
-  process computing on the GPU makes the host busy (:data:`GPU_BUSY` utilisation before we start).
+  (``/proc/self/stat``), and ``/proc/loadavg``. ``/proc`` counts in clock ticks (10 ms), so a
+  window as short as the timings alone reads one tick of anyone else as a large share of the
+  cores (docs/decisions.md#host-noise-window);
+- on NVIDIA hosts, the utilisation of each GPU (or MIG slice) the run uses and the compute
+  processes on it other than this one (NVML: ``nvmlDeviceGetUtilizationRates``,
+  ``nvmlDeviceGetComputeRunningProcesses``): another process computing on one of them makes the
+  host busy (:data:`GPU_BUSY` utilisation before we start); GPUs the run does not use are not read.
 
 The host counts as busy when other processes used more than :data:`OTHERS_BUSY` of the cores
 during the window (steal time included: another VM on the same host counts) or another process
@@ -24,12 +26,15 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
+
+from autotune.device import nvml
 
 CV_BUSY = 0.10
 """Coefficient of variation of the reference workload above which a host without /proc counts as busy."""
@@ -41,38 +46,49 @@ WINDOW_S = 0.5
 """Seconds of /proc accounting per check: 100 clock ticks per CPU-second, so 1% resolution on 2 CPUs."""
 
 
-def gpu_activity() -> list[dict] | None:
-    """Per NVIDIA GPU: ``{"index", "utilization", "other_processes"}``; None without NVML or a GPU.
+def gpu_activity(gpus: Sequence[int | str] | None = None) -> list[dict] | None:
+    """Per NVIDIA GPU this run uses: ``{"index", "uuid", "utilization", "other_processes"}``; None
+    without NVML.
 
-    ``utilization`` is NVML's share of the last sample period in which a kernel ran (0..1);
-    ``other_processes`` counts compute processes on the GPU that are not this one.
+    Another run on a GPU this one does not use cannot slow it, so only the run's GPUs are read:
+    ``gpus`` as NVML names them (indices, ``GPU-``/``MIG-`` UUIDs or prefixes of them, e.g.
+    :func:`autotune.device.hardware.nvml_selectors`); None reads the entries of
+    ``CUDA_VISIBLE_DEVICES`` the same way, or every GPU where it is unset. A MIG slice is read on
+    its own handle. ``utilization`` is NVML's share of the last sample period in which a kernel
+    ran (0..1); ``other_processes`` counts compute processes on the GPU (or slice) that are not
+    this one; either is None where NVML cannot report it (utilisation of a MIG slice).
     """
+    selectors = gpus if gpus is not None else _visible_gpus()
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no library, no driver, no GPU: nothing to report  # noqa: BLE001
-        return None
-    try:
-        me, out = os.getpid(), []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-            out.append(
-                {
-                    "index": i,
-                    "utilization": pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0,
-                    "other_processes": sum(1 for p in procs if p.pid != me),
-                }
+        with nvml.session() as lib:
+            with_mig = selectors is not None and any(str(s).lower().startswith("mig-") for s in selectors)
+            devices = nvml.enumerate_devices(lib, with_mig=with_mig)
+            used = (
+                [d for d in devices if d.mig is None]
+                if selectors is None
+                else nvml.select_devices(devices, selectors)
             )
-        return out
-    except Exception:  # a query NVML does not support here (MIG, virtualised): report nothing  # noqa: BLE001
+            return [_activity(lib, device) for device in used]
+    except Exception:  # no library, no driver, a binding that breaks: nothing to report  # noqa: BLE001
         return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+
+
+def _visible_gpus() -> list[str] | None:
+    """The GPUs ``CUDA_VISIBLE_DEVICES`` exposes to this run, as it names them; None where it is unset."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if env is None else nvml.visible_device_entries(env)
+
+
+def _activity(lib: ModuleType, device: nvml.NvmlDevice) -> dict:
+    """One GPU's (or MIG slice's) utilisation and the compute processes on it other than this one."""
+    procs = nvml.nvml_call(lib, "nvmlDeviceGetComputeRunningProcesses", device.handle)
+    rates = nvml.nvml_call(lib, "nvmlDeviceGetUtilizationRates", device.handle)
+    return {
+        "index": device.identity.index,
+        "uuid": device.identity.uuid,
+        "utilization": rates.gpu / 100.0 if rates is not None else None,
+        "other_processes": sum(1 for p in procs if p.pid != os.getpid()) if procs is not None else None,
+    }
 
 
 def _proc_stat(root: Path) -> tuple[int, int] | None:
@@ -193,9 +209,10 @@ def verdict(cv: float, others: float | None, gpus: list[dict] | None = None) -> 
     where /proc gives no CPU share (``others`` None).
 
     Busy means another process held a core (or the GPU) during the window: that is what slows and
-    skews a trial. The reference CV alone is no evidence of it: on a quiet 2-core VM it read 29-31%
-    in every quiet run of ``benchmarks/noise_robustness.py`` (sub-millisecond timings jitter with
-    every interrupt), so it is recorded (``cv``) and printed, not a verdict, where /proc is read.
+    skews a trial. The reference CV alone is no evidence of it: sub-millisecond timings jitter with
+    every interrupt, so a quiet host can read a CV far above :data:`CV_BUSY`
+    (docs/decisions.md#host-busy-rule); it is recorded (``cv``) and printed, not a verdict, where
+    /proc is read.
 
     Example:
         >>> verdict(0.02, 0.05)
@@ -208,6 +225,8 @@ def verdict(cv: float, others: float | None, gpus: list[dict] | None = None) -> 
         (True, ['reference workload CV 18% > 10%'])
         >>> verdict(0.02, 0.05, [{"index": 0, "utilization": 0.9, "other_processes": 1}])
         (True, ['GPU 0 90% utilised by 1 other process(es)'])
+        >>> verdict(0.02, 0.05, [{"index": 0, "uuid": "MIG-1a", "utilization": None, "other_processes": 2}])
+        (True, ['MIG-1a used by 2 other process(es)'])
     """
     reasons = []
     if others is None and cv > CV_BUSY:
@@ -215,20 +234,30 @@ def verdict(cv: float, others: float | None, gpus: list[dict] | None = None) -> 
     if others is not None and others > OTHERS_BUSY:
         reasons.append(f"other processes used {others:.0%} of the CPU > {OTHERS_BUSY:.0%}")
     for g in gpus or []:
-        if g["other_processes"] and g["utilization"] > GPU_BUSY:
-            reasons.append(
-                f"GPU {g['index']} {g['utilization']:.0%} utilised by {g['other_processes']} other process(es)"
-            )
+        count, used = g["other_processes"], g["utilization"]
+        if not count:
+            continue
+        uuid = str(g.get("uuid"))
+        where = uuid if uuid.startswith("MIG-") else f"GPU {g['index']}"
+        if used is None:  # a MIG slice reports no utilisation; another process on it shares its SMs
+            reasons.append(f"{where} used by {count} other process(es)")
+        elif used > GPU_BUSY:
+            reasons.append(f"{where} {used:.0%} utilised by {count} other process(es)")
     return bool(reasons), reasons
 
 
 def measure(
-    repeats: int = 20, size: int = 192, proc: str | Path = "/proc", window_s: float = WINDOW_S
+    repeats: int = 20,
+    size: int = 192,
+    proc: str | Path = "/proc",
+    window_s: float = WINDOW_S,
+    gpus: Sequence[int | str] | None = None,
 ) -> dict:
     """Time the reference workload ``repeats`` times and read /proc over at least ``window_s`` around it.
 
     Returns ``{"cv", "median_ms", "repeats", "window_s", "others_cpu_share", "loadavg_1m", "cpus",
-    "gpus", "busy", "reasons", "thresholds"}`` (``gpus``: :func:`gpu_activity`, None without NVML).
+    "gpus", "busy", "reasons", "thresholds"}`` (``gpus``: :func:`gpu_activity` of the run's GPUs,
+    named as that function takes them; None without NVML).
 
     Example:
         >>> m = measure(repeats=3, size=16, window_s=0.05)
@@ -258,14 +287,14 @@ def measure(
     cpu = CpuSample.read(root).since(start)
     mean = statistics.fmean(samples)
     cv = statistics.stdev(samples) / mean if len(samples) > 1 and mean > 0 else 0.0
-    gpus = gpu_activity()
-    busy, reasons = verdict(cv, cpu["others_cpu_share"], gpus)
+    activity = gpu_activity(gpus)
+    busy, reasons = verdict(cv, cpu["others_cpu_share"], activity)
     return {
         "cv": cv,
         "median_ms": statistics.median(samples) * 1e3,
         "repeats": repeats,
         **cpu,
-        "gpus": gpus,
+        "gpus": activity,
         "busy": busy,
         "reasons": reasons,
         "thresholds": {"cv": CV_BUSY, "others_cpu_share": OTHERS_BUSY, "gpu_utilization": GPU_BUSY},
@@ -276,9 +305,9 @@ def threads_for(noise: dict, current: int) -> int:
     """torch intra-op threads for a run on this host: ``current``, or the cores other processes leave free.
 
     Intra-op threads wait for each other at the end of every op, so one thread sharing a core
-    with a busy process stalls them all: on the 2-core host a single busy-loop process made a
-    tune ~15x slower with 2 threads. When other processes use a measurable share of the cores,
-    the run takes only the cores they leave (rounded, at least 1).
+    with a busy process stalls them all, and the whole run slows many times over
+    (docs/decisions.md#threads-on-busy-host). When other processes use a measurable share of the
+    cores, the run takes only the cores they leave (rounded, at least 1).
 
     Example:
         >>> threads_for({"others_cpu_share": 0.5, "cpus": 2}, current=2)

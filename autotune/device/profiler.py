@@ -28,11 +28,12 @@ from collections.abc import Callable
 
 import torch
 
-from autotune.cost.costmodel import TREE_RANK_CAP, per_position_acceptance
+from autotune.cost.acceptance import from_samples
+from autotune.cost.costmodel import TREE_RANK_CAP
 from autotune.device.ceilings import measure_ceilings
 from autotune.device.classify import classify
 from autotune.device.hardware import fingerprint
-from autotune.device.timing import measure_stable, time_fn
+from autotune.device.timing import forward_timer, measure_stable, time_fn
 from autotune.records import Curves, StepSample
 from autotune.workload.runner import LoadSpec, run_load
 from engine.eagle3 import Eagle3Head
@@ -61,26 +62,6 @@ def powers_of_two(limit: int) -> list[int]:
         out.append(b)
         b *= 2
     return [*out, limit]
-
-
-def _forward_timer(
-    model: Transformer, batch: int, k: int, context: int, device: torch.device
-) -> Callable[[], object]:
-    """A closure running one cached forward of (batch, k) new tokens after ``context`` tokens."""
-    cache = model.new_cache(batch, context + k + 1)
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    with torch.inference_mode():
-        prefix = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
-        model(prefix, cache=cache, start=torch.zeros(batch, dtype=torch.long, device=device), kv_len=context)
-    tokens = torch.randint(0, vocab, (batch, k), generator=gen).to(device)
-    start = torch.full((batch,), context, dtype=torch.long, device=device)
-
-    def run() -> object:
-        with torch.inference_mode():
-            return model.decode(tokens, cache, start, context + k)
-
-    return run
 
 
 def _head_timer(head: Eagle3Head, batch: int, context: int, device: torch.device) -> Callable[[], object]:
@@ -119,7 +100,7 @@ def compiled_over_eager(
     medians = {True: 0.0, False: 0.0}
     try:
         for k in widths:
-            run = _forward_timer(model, 1, k, context, device)
+            run = forward_timer(model, 1, k, context, device)
             samples: dict[bool, list[float]] = {True: [], False: []}
             for _ in range(rounds):
                 for compiled in (True, False):
@@ -156,7 +137,7 @@ def measure_curves(
         cost_samples[b] = {}
         for k in range(1, max(gamma_max + 1, verify_k_max or 0) + 1):
             m = measure_stable(
-                _forward_timer(pair.target, b, k, context, device),
+                forward_timer(pair.target, b, k, context, device),
                 device,
                 warmup=2,
                 repeats=repeats,
@@ -168,7 +149,7 @@ def measure_curves(
             if m["noisy"]:
                 noisy.append(f"verify B={b} k={k}")
         draft_step = (
-            _forward_timer(pair.draft, b, 1, context, device)
+            forward_timer(pair.draft, b, 1, context, device)
             if pair.draft is not None
             else _head_timer(pair.eagle3, b, context, device)
             if pair.eagle3 is not None
@@ -183,7 +164,7 @@ def measure_curves(
     t_prefill: dict[int, float] = {}
     for b in batch_sizes:
         m = measure_stable(
-            _forward_timer(pair.target, b, prompt_tokens, 1, device),
+            forward_timer(pair.target, b, prompt_tokens, 1, device),
             device,
             warmup=1,
             repeats=max(3, repeats // 2),
@@ -194,7 +175,7 @@ def measure_curves(
         b = min(n, b_max)
         k = max(1, n // b)
         m = measure_stable(
-            _forward_timer(pair.target, b, k, context, device),
+            forward_timer(pair.target, b, k, context, device),
             device,
             warmup=2,
             repeats=repeats,
@@ -259,7 +240,7 @@ def measure_acceptance(
         "gamma_max": gamma_max,
         "drafter": drafter,
         "acceptance_rate": run.metrics["acceptance_rate"],
-        "per_position_acceptance": per_position_acceptance(samples, gamma_max),
+        "per_position_acceptance": from_samples(samples, gamma_max),
         "samples": [[s.n_accepted, list(s.confidence)] for s in samples],
     }
 
@@ -342,7 +323,7 @@ def extend_for_trees(
     for b, ks in missing.items():
         for k in ks:
             m = measure_stable(
-                _forward_timer(pair.target, int(b), k, context, device), device, warmup=2, repeats=repeats
+                forward_timer(pair.target, int(b), k, context, device), device, warmup=2, repeats=repeats
             )
             new["curves"]["t_verify"][str(b)][str(k)] = m["median"]
             t1 = new["curves"]["t_verify"][str(b)].get("1")

@@ -1,6 +1,7 @@
-"""Timing primitives shared by the ceiling probes and the profiler.
+"""Timing primitives shared by the ceiling probes, the profiler and the sweep sizing.
 
-Times a zero-argument callable on a device and summarises the samples robustly (median and
+:func:`forward_timer` makes a model's cached forward a zero-argument callable; :func:`time_fn`
+times a zero-argument callable on a device and summarises the samples robustly (median and
 inter-quartile range). On CUDA each repeat is bracketed by ``torch.cuda.Event`` pairs so the
 samples are device time; on any other device they are host wall time from
 ``time.perf_counter``. A measurement whose relative IQR exceeds a threshold is taken once
@@ -12,11 +13,39 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from engine.model import Transformer
+
 NOISY_IQR_REL = 0.1
 """Relative IQR (IQR / median) above which a measurement counts as noisy."""
+
+
+def forward_timer(
+    model: Transformer, batch: int, k: int, context: int, device: torch.device
+) -> Callable[[], object]:
+    """A closure running one cached forward of (batch, k) new tokens after ``context`` tokens.
+
+    The cache is prefilled with ``context`` random tokens (seeded) once, here; every call of the
+    closure writes the same ``k`` positions after them, so repeated calls time the same work.
+    """
+    cache = model.new_cache(batch, context + k + 1)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        prefix = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
+        model(prefix, cache=cache, start=torch.zeros(batch, dtype=torch.long, device=device), kv_len=context)
+    tokens = torch.randint(0, vocab, (batch, k), generator=gen).to(device)
+    start = torch.full((batch,), context, dtype=torch.long, device=device)
+
+    def run() -> object:
+        with torch.inference_mode():
+            return model.decode(tokens, cache, start, context + k)
+
+    return run
 
 
 def time_fn(

@@ -5,7 +5,7 @@ comments included, and replaces only the values of models.target, models.draft a
 workload.prompts (absolute paths, or ``demo`` for the bundled demo pair and prompts), so the
 written file works from any folder, and (unless ``--sweep bundled``) the load sweep:
 workload.concurrency, workload.num_requests and search.max_batch_size, sized on this host by
-:func:`size_sweep` (one request up to where the target's decode throughput stops growing). In a
+:func:`autotune.device.sizing.size_sweep` (one request up to where the target's decode throughput stops growing). In a
 source checkout (or an editable install) the bundled file is the repository's ``tune.yaml``; a
 wheel installs the same file as ``<prefix>/share/spec-autotune/tune.yaml``.
 """
@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import sysconfig
 from collections.abc import Callable
-from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 
 import yaml
 
 from autotune.config import DEMO, parse
+from autotune.device.sizing import Sweep
 from autotune.errors import ConfigError
 from engine.demo import DEMO_TARGET
 
-REPO_TUNE_YAML = Path(__file__).resolve().parents[1] / "tune.yaml"
+REPO_TUNE_YAML = Path(__file__).resolve().parents[2] / "tune.yaml"  # the checkout root
 SHARE = Path("share") / "spec-autotune" / "tune.yaml"
 FIELDS = (
     ("models", "target"),
@@ -38,8 +36,6 @@ FIELDS = (
     ("search", "max_batch_size"),
 )
 PATH_KEYS = frozenset({"target", "draft", "prompts"})  # written as YAML scalars; the others as YAML text
-SATURATION_GAIN = 1.15  # a doubling of the batch that adds less decode throughput than this: saturated
-MAX_SWEEP_BATCH = 256
 
 
 def bundled_tune_yaml() -> str:
@@ -131,7 +127,7 @@ def write_tune_yaml(
     sweep: Callable[[Path], Sweep] | None = None,
 ) -> Path:
     """Write a tune.yaml for ``target``/``draft``/``prompts`` (each ``None``: the bundled demo one);
-    with ``sweep`` (e.g. :func:`size_sweep`, called with the checked target folder) its load levels
+    with ``sweep`` (e.g. :func:`autotune.device.sizing.size_sweep`, called with the checked target folder) its load levels
     replace the bundled ones.
 
     The models and the prompts are checked first (config.json readable by the engine, one
@@ -170,78 +166,6 @@ def write_tune_yaml(
     tmp.write_text(text)
     tmp.replace(output)
     return output
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """The load levels ``init`` writes and the measurement they come from."""
-
-    levels: tuple[int, ...]  # 1, 2, 4, ... up to the saturation batch
-    device: str
-    tokens_per_second: dict[int, float]  # the target's decode throughput per batch size
-
-    def describe(self) -> str:
-        """``concurrency [1, 2, 4, 8] (decode tokens/s per doubling on cpu: 1.9x 1.7x 1.1x)``."""
-        bs = sorted(self.tokens_per_second)
-        gains = " ".join(
-            f"{self.tokens_per_second[b] / self.tokens_per_second[a]:.2f}x" for a, b in pairwise(bs)
-        )
-        return (
-            f"concurrency {list(self.levels)}: the target's decode throughput on {self.device} grows "
-            f"{gains} per doubling of the batch (saturated below {SATURATION_GAIN:g}x)"
-        )
-
-
-def saturation_levels(tokens_per_second: dict[int, float], gain: float = SATURATION_GAIN) -> tuple[int, ...]:
-    """Powers of two from 1 to the first batch whose doubling added less than ``gain`` throughput
-    (that batch shows the saturation), else to the largest measured.
-
-    Example:
-        >>> saturation_levels({1: 10.0, 2: 19.0, 4: 35.0, 8: 38.0, 16: 39.0})
-        (1, 2, 4, 8)
-        >>> saturation_levels({1: 10.0, 2: 20.0, 4: 40.0})
-        (1, 2, 4)
-    """
-    bs = sorted(tokens_per_second)
-    top = next((b for a, b in pairwise(bs) if tokens_per_second[b] < gain * tokens_per_second[a]), bs[-1])
-    return tuple(b for b in bs if b <= top)
-
-
-def size_sweep(
-    target: Path,
-    device: str = "auto",
-    dtype: str = "float32",
-    context: int = 128,
-    max_batch: int = MAX_SWEEP_BATCH,
-) -> Sweep:
-    """Time one decode step of ``target`` (after ``context`` cached tokens) at batch 1, 2, 4, ... and
-    return the levels up to its saturation (:func:`saturation_levels`). Stops early past the
-    saturation, at ``max_batch``, or when a batch does not fit in memory (the largest that fitted
-    is then the top). Seconds on a small model; a GPU measures with CUDA events."""
-    import torch
-
-    from autotune.device.profiler import _forward_timer
-    from autotune.device.timing import time_fn
-    from engine.loader import load_model, resolve_device
-
-    dev = resolve_device(device)
-    model = load_model(target, dtype, str(dev))
-    limit = min(context + 2, model.config.max_position_embeddings)
-    context = max(limit - 2, 1)
-    tps: dict[int, float] = {}
-    batch = 1
-    while batch <= max_batch:
-        try:
-            run = _forward_timer(model, batch, 1, context, dev)
-            seconds = statistics.median(time_fn(run, dev, warmup=2, repeats=5))
-        except torch.OutOfMemoryError:
-            break
-        tps[batch] = batch / seconds
-        if batch > 1 and tps[batch] < SATURATION_GAIN * tps[batch // 2]:
-            break
-        batch *= 2
-    label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    return Sweep(saturation_levels(tps), label, tps)
 
 
 def _check_pair(target: Path, draft: Path) -> tuple[Path, Path]:

@@ -14,8 +14,10 @@ import json
 import logging
 import re
 import signal
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from autotune.knobs import Knobs
 from autotune.records import TrialResult
 from autotune.search import guard as disturbance
 from autotune.search import study as study_mod
+from autotune.search.budget import RunBudget, minutes_text
 from profiles.exporters import export, write_export
 from profiles.schema import MISSING, Profile
 from profiles.store import redact_url
@@ -78,6 +81,17 @@ def _sigterm_as_interrupt(signum, frame):  # noqa: ARG001
     raise KeyboardInterrupt
 
 
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt inside the block, as Ctrl-C does: the running trial is marked
+    failed and a serving stack's servers are stopped; the previous handler comes back after it."""
+    old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def run_tune(
     cfg: TuneConfig,
     resume: bool = False,
@@ -105,40 +119,53 @@ def run_tune(
     ``profile["host_noise"]``; with ``strict`` a busy host raises :class:`BusyHostError` and no
     profile is stored. See docs/architecture.md (data flow of ``autotune tune``).
     """
+    clock = RunBudget.of_minutes(cfg.budget.minutes)
     ctx = ctx_mod.build(cfg, say, reprofile)
+    cfg = ctx.cfg  # models.dtype resolved
     say(f"device: {ctx.fingerprint['label']} [{ctx.device_key}]")
+    for note in ctx.notes:
+        say(note)
     say(ctx.compile_note)
     noise_before = _host_noise(say, strict, "before tuning")
     threads = torch.get_num_threads()
     _size_threads(ctx, noise_before, say)
     backend = backend_for(ctx)  # before profiling: a missing stack fails in seconds
-    old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # servers are stopped on SIGTERM too
     try:
-        measurement, reused = ctx_mod.ensure_profile(
-            ctx, reprofile, progress=lambda s: say(f"  profiling: {s}")
-        )
-        say(
-            "profile: "
-            + (
-                "reused stored measurement (--reprofile to measure again)"
-                if reused
-                else "measured and stored"
+        with _sigterm_interrupts():  # servers are stopped on SIGTERM too
+            measurement = _profile(ctx, reprofile, say)
+            run = _run_study(ctx, backend, measurement, resume, say, clock)
+            decision = decide(cfg, backend, run.space, measurement, run.points, say, clock)
+            typed = build_profile(ctx, run.space, measurement, run.study, decision)
+            typed = dataclasses.replace(typed, study={**typed.study, "run_budget": clock.to_json()})
+            if clock.seconds is not None:
+                cut = "; ".join(clock.cuts) if clock.cuts else "nothing"
+                say(f"budget: {minutes_text(clock.spent())} of {minutes_text(clock.seconds)}; cut: {cut}")
+            noise_after = _host_noise(say, strict, "after the study")
+            profile = _store(ctx, backend, typed, run, noise_before, noise_after, say)
+            profile["exports"] = write_exports(
+                profile, cfg.export.formats, cfg.export.dir, say, _gguf_models(ctx)
             )
-        )
-        measurement = ctx_mod.extend_for_trees(ctx, measurement, say)
-        run = _run_study(ctx, backend, measurement, resume, say)
-        decision = decide(cfg, backend, run.space, measurement, run.points, say)
-        typed = build_profile(ctx, run.space, measurement, run.study, decision)
-        noise_after = _host_noise(say, strict, "after the study")
-        profile = _store(ctx, backend, typed, run, noise_before, noise_after, say)
-        profile["exports"] = write_exports(
-            profile, cfg.export.formats, cfg.export.dir, say, _gguf_models(ctx)
-        )
-        return profile
+            return profile
     finally:
-        signal.signal(signal.SIGTERM, old)
         torch.set_num_threads(threads)
         backend.close()
+
+
+def _profile(ctx: ctx_mod.Context, reprofile: bool, say: Say) -> dict:
+    """The profiler measurement (stored, or measured now and stored), extended for the trees searched."""
+    notes = len(ctx.notes)
+    measurement, reused = ctx_mod.ensure_profile(
+        ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"), say=say
+    )
+    for note in ctx.notes[notes:]:
+        say(note)
+    if reused:
+        say("profile: reused stored measurement (--reprofile to measure again)")
+    elif measurement.get("engine") != "not loaded":
+        say("profile: measured and stored")
+    else:
+        say("profile: no engine measurement (the study starts without the cost model's prior)")
+    return ctx_mod.extend_for_trees(ctx, measurement, say)
 
 
 def _size_threads(ctx: ctx_mod.Context, noise: dict, say: Say) -> None:
@@ -184,7 +211,12 @@ class _StudyRun:
 
 
 def _run_study(
-    ctx: ctx_mod.Context, backend: Backend, measurement: dict, resume: bool, say: Say
+    ctx: ctx_mod.Context,
+    backend: Backend,
+    measurement: dict,
+    resume: bool,
+    say: Say,
+    clock: RunBudget | None = None,
 ) -> _StudyRun:
     """Shape the space, open (or resume) the study, enqueue warm starts, run the remaining trials."""
     cfg = ctx.cfg
@@ -200,14 +232,7 @@ def _run_study(
     log = _library_log(name)
     done_before = len(study_mod.finished(study))
     if not resume:
-        nearest = ctx.store.nearest_profile(
-            ctx.fingerprint["label"], target_hash=ctx.target_hash, draft_hash=ctx.draft_hash
-        )
-        for label, params in study_mod.warm_starts(
-            ctx, space, measurement, nearest, in_stack=backend.plans_by_cost
-        ):
-            # a new study: nothing to skip, and an in-stack study's baseline runs twice on purpose
-            study.enqueue_trial(params, user_attrs={"warm_start": label}, skip_if_exists=False)
+        _enqueue_warm_starts(ctx, backend, study, space, measurement)
     remaining = max(budget.n_trials - done_before, 0)
     say(
         f"study: {name} ({'resumed, ' + str(done_before) + ' finished trials kept' if resume else 'new'}); "
@@ -219,30 +244,8 @@ def _run_study(
         )
     )
     started_before = _n_finished(study)
-    guard = disturbance.TrialGuard(
-        cfg, backend, disturbance.open_watch(), note=lambda number, text: say(f"  trial {number}: {text}")
-    )
-    old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    try:
-        if remaining:
-            study.optimize(
-                study_mod.make_objective(cfg, guard, space, _trial_logger(cfg, remaining, say, log)),
-                n_trials=remaining,
-                timeout=budget.timeout_s,
-                catch=(Exception,),
-                gc_after_trial=False,
-                callbacks=[study_mod.stack_planner(space, say, backend.serves_table)]
-                if backend.plans_by_cost
-                else None,
-            )
-    except KeyboardInterrupt:
-        n = len(study_mod.finished(study))
-        raise Interrupted(
-            f"interrupted: {n} finished trials are kept in study {name!r}; "
-            f"continue with `autotune tune --resume`"
-        ) from None
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    if remaining:
+        _optimize(ctx, backend, study, space, remaining, budget.timeout_s, say, log, clock)
     ran = _n_finished(study) - started_before
     provisional = budget.timeout_s is not None and ran < remaining
     if provisional:
@@ -255,6 +258,87 @@ def _run_study(
         raise RuntimeError(f"study {name!r}: no trial finished (see failed trials' 'error' attribute)")
     points = [study_mod.point_from_trial(t) for t in trials]
     return _StudyRun(space, study, points, remaining, ran, provisional)
+
+
+def _enqueue_warm_starts(
+    ctx: ctx_mod.Context, backend: Backend, study: optuna.Study, space: study_mod.Space, measurement: dict
+) -> None:
+    """Queue a new study's first trials: the cost model's picks and the nearest stored profile's."""
+    nearest = ctx.store.nearest_profile(
+        ctx.fingerprint["label"], target_hash=ctx.target_hash, draft_hash=ctx.draft_hash
+    )
+    for label, params in study_mod.warm_starts(
+        ctx, space, measurement, nearest, in_stack=backend.plans_by_cost
+    ):
+        # a new study: nothing to skip, and an in-stack study's baseline runs twice on purpose
+        study.enqueue_trial(params, user_attrs={"warm_start": label}, skip_if_exists=False)
+
+
+def _optimize(
+    ctx: ctx_mod.Context,
+    backend: Backend,
+    study: optuna.Study,
+    space: study_mod.Space,
+    remaining: int,
+    timeout_s: float | None,
+    say: Say,
+    log: Path,
+    clock: RunBudget | None = None,
+) -> None:
+    """Run ``remaining`` trials within ``timeout_s`` (None: no cap), each through a
+    :class:`autotune.search.guard.TrialGuard`; an interrupt (Ctrl-C, or SIGTERM under
+    :func:`_sigterm_interrupts`) raises :class:`Interrupted` once the running trial is marked failed."""
+    cfg = ctx.cfg
+    guard = disturbance.TrialGuard(
+        cfg, backend, disturbance.open_watch(), note=lambda number, text: say(f"  trial {number}: {text}")
+    )
+    planner = [study_mod.stack_planner(space, say, backend.serves_table)] if backend.plans_by_cost else []
+    if clock is not None:
+        planner.append(_budget_stop(cfg, clock, say))
+    try:
+        study.optimize(
+            study_mod.make_objective(cfg, guard, space, _trial_logger(cfg, remaining, say, log)),
+            n_trials=remaining,
+            timeout=timeout_s,
+            catch=(Exception,),
+            gc_after_trial=False,
+            callbacks=planner,
+        )
+    except KeyboardInterrupt:
+        n = len(study_mod.finished(study))
+        raise Interrupted(
+            f"interrupted: {n} finished trials are kept in study {study.study_name!r}; "
+            f"continue with `autotune tune --resume`"
+        ) from None
+
+
+def _budget_stop(
+    cfg: TuneConfig, clock: RunBudget, say: Say
+) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    """An Optuna callback for ``budget.minutes``: keeps the median finished trial's seconds as the
+    run's cost of one configuration (:attr:`RunBudget.run_s`, which the re-measurement sizes its
+    rounds from) and stops the study when one more trial would leave too little for the
+    re-measurement's first round of its finalists (``remeasure_top`` + the baseline and best constant)."""
+    finalists = cfg.budget.remeasure_top + 2
+
+    def stop(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:  # noqa: ARG001
+        done = [t.duration.total_seconds() for t in study_mod.finished(study) if t.duration is not None]
+        if not done:
+            return
+        clock.run_s = statistics.median(done)
+        if clock.seconds is None:
+            return
+        reserve = clock.run_s * finalists * cfg.budget.repeats
+        if not clock.allows(clock.run_s + reserve):
+            say(
+                clock.cut(
+                    f"study stopped after {len(done)} trials: one more ({minutes_text(clock.run_s)}) and the "
+                    f"re-measurement ({minutes_text(reserve)}) would pass budget.minutes"
+                )
+            )
+            study.stop()
+
+    return stop
 
 
 def _library_log(study_name: str) -> Path:
@@ -340,6 +424,7 @@ def _store(
         },
         host_noise={"busy": any(n["busy"] for n in noises), "before": noise_before, "after": noise_after},
         backend=backend.describe(),
+        deployment=backend.deployment if backend.deployment is not None else MISSING,
         stack_cost=stack_cost_section(run.study, backend.name),
     )
     profile = json.loads(json.dumps(typed.to_json()))

@@ -196,8 +196,8 @@ def shape_space(cfg: TuneConfig, measurement: dict, fixed: Mapping[str, Any] | N
     knobs a serving-stack backend cannot express (``confidence_threshold``, ``gamma_schedule``).
     """
     cap: int | None = None
-    if cfg.search.gamma_cap == "auto":
-        m = Measurement.from_json(measurement)
+    m = Measurement.from_json(measurement)
+    if cfg.search.gamma_cap == "auto" and m.has_engine:
         curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
         best = [best_gamma(curves, samples, b, gmax).gamma for b in cfg.batch_sizes]
         cap = max(max(best) + 2, 1)
@@ -302,6 +302,8 @@ def warm_starts(
     )
     points = [("baseline (gamma=0)", base)]
     m = Measurement.from_json(measurement)
+    if not m.has_engine:  # no engine prior: the stack's own calibration K, or the middle of the range
+        return _warm_starts_without_engine(ctx, space, base, in_stack, points, nearest)
     curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
     thresholds = tuple(
         sorted({space.threshold_low, space.threshold_high, (space.threshold_low + space.threshold_high) / 2})
@@ -344,6 +346,45 @@ def warm_starts(
     if nearest is not None and isinstance(nearest.get("chosen"), dict):
         stored = Knobs.from_params({**space.params(base), **nearest["chosen"]})
         points.append((f"nearest stored profile #{nearest.get('id')}", stored))
+    out, seen = [], set()
+    for label, knobs in points:
+        clipped = space.clip(knobs)
+        key = tuple(sorted(clipped.items()))
+        if clipped and key not in seen:
+            seen.add(key)
+            out.append((label, clipped))
+    if in_stack:
+        out.insert(1, ("baseline again, same server (the host's round-to-round noise)", out[0][1]))
+    return out
+
+
+def _warm_starts_without_engine(
+    ctx: Context,
+    space: Space,
+    base: Knobs,
+    in_stack: bool,
+    points: list[tuple[str, Knobs]],
+    nearest: dict | None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """Warm starts when the engine measured nothing: the calibration K spread over the searched range
+    (:func:`autotune.cost.stackcost.first_ks` with no hint), each searched drafter once."""
+    drafter = ctx.profile_drafter if ctx.profile_drafter in space.drafters else space.drafters[0]
+    ks = stackcost.first_ks(space.gamma_low, space.gamma_high, [])
+    if not in_stack:
+        ks = ks[:1]
+    first = replace(base, drafter=drafter, gamma=ks[0] if ks else 0)
+    points += [(f"calibration K={k} of {list(ks)} (no engine prior)", replace(first, gamma=k)) for k in ks]
+    for other in [d for d in space.drafters if d not in ("none", drafter, "hybrid")] if ks else []:
+        points.append(
+            (f"{other} at K={first.gamma}", replace(first, drafter=other, confidence_threshold=0.0))
+        )
+    if nearest is not None and isinstance(nearest.get("chosen"), dict):
+        points.append(
+            (
+                f"nearest stored profile #{nearest.get('id')}",
+                Knobs.from_params({**space.params(base), **nearest["chosen"]}),
+            )
+        )
     out, seen = [], set()
     for label, knobs in points:
         clipped = space.clip(knobs)

@@ -20,6 +20,9 @@ from engine.scheduler import LoadGenerator, RunResult, Scheduler
 from engine.speculative import Request, SpecConfig, SpecEngine
 from engine.workload import WorkloadItem, fit_prompt_to_context
 
+CONTEXT_MARGIN = 20
+"""Tokens a sequence keeps free past prompt + max_new_tokens (the speculative lookahead's room)."""
+
 
 @dataclass(frozen=True)
 class LoadSpec:
@@ -59,7 +62,9 @@ def build_requests(
     for i, item in enumerate(items):
         max_new = item.max_new_tokens or sampling.max_new_tokens
         ids = tokenizer.encode(item.prompt).ids
-        ids = fit_prompt_to_context(ids, context - max_new - 20, f"{where}:{item.line or i + 1}", truncate)
+        ids = fit_prompt_to_context(
+            ids, context - max_new - CONTEXT_MARGIN, f"{where}:{item.line or i + 1}", truncate
+        )
         out.append(
             Request(
                 ids,

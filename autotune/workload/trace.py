@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 
 from autotune.config import PHASES, TuneConfig
 from autotune.errors import ConfigError
-from autotune.workload.runner import Sampling
+from autotune.workload.runner import CONTEXT_MARGIN, Sampling
 from engine.errors import EngineInputError
 from engine.scheduler import poisson_arrivals
 from engine.speculative import Request
@@ -43,14 +43,10 @@ Arrival = tuple[float, Request]
 """One arrival of a trace: its offset from the trace's start (s) and its request."""
 
 TRACE_KEYS = ("arrival_s", "prompt", "prompt_tokens", "max_new_tokens", "temperature", "top_k", "top_p")
-CONTEXT_MARGIN = 20  # tokens the context keeps free past prompt + max_new_tokens (as runner.build_requests)
 
-# The built-in ``phases`` trace (phase_trace's defaults). On the demo pair on a quiet 2-core CPU a
-# request of 64 new tokens takes ~0.5 s alone (125 tok/s at B=1, benchmarks/results/load_sweep.txt),
-# so 2 requests/s keep 1-2 in flight; the burst is twice the largest concurrency, all at once. At
-# concurrency 4: 20 requests arriving over ~9.5 s, ~11 s in all where the host keeps up (estimated
-# from load_sweep: 8 x 64 tokens at 236 tok/s drain in ~2.2 s, within the 4 s pause); measured 55 s
-# on a 2-core host whose cores other jobs held (load average 3-4).
+# The built-in ``phases`` trace (phase_trace's defaults): the low-load rate keeps one or two of the
+# demo pair's requests in flight on a small CPU, and the burst, twice the largest concurrency, fills
+# every row and drains before the low load returns (docs/decisions.md#phases-trace).
 PHASE_LOW_REQUESTS = 6  # requests in each low-load phase
 PHASE_LOW_RATE = 2.0  # Poisson arrivals per second in the low-load phases
 PHASE_BURST_FACTOR = 2  # burst size = this x the largest load level's concurrency

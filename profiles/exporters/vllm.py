@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from profiles.deployment import Deployment
 from profiles.errors import ProfileError
 from profiles.exporters._common import (
     Exported,
@@ -236,11 +237,32 @@ def speculative_config(inputs: ExportInputs) -> dict[str, Any] | None:
     return config
 
 
+def deployment_args(d: Deployment | None) -> list[str]:
+    """The ``vllm serve`` flags of a :class:`~profiles.deployment.Deployment` (none without one).
+
+    Example:
+        >>> deployment_args(Deployment("vllm", "bfloat16", tensor_parallel_size=4, max_model_len=2048))
+        ['--dtype', 'bfloat16', '--tensor-parallel-size', '4', '--max-model-len', '2048']
+    """
+    if d is None:
+        return []
+    args = ["--dtype", d.dtype]
+    if d.tensor_parallel_size != 1:
+        args += ["--tensor-parallel-size", str(d.tensor_parallel_size)]
+    if d.max_model_len is not None:
+        args += ["--max-model-len", str(d.max_model_len)]
+    if d.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", f"{d.gpu_memory_utilization:g}"]
+    return args
+
+
 def serve_args(inputs: ExportInputs) -> list[str]:
     """The arguments of ``vllm serve`` for a profile (the autotune vllm backend launches exactly these).
 
-    The target, ``--speculative-config`` when speculation is on, and ``--max-num-seqs`` when the
-    profile tuned the number of concurrent sequences.
+    The target, the deployment's flags (dtype, tensor parallel size, max model length, memory
+    share) when the profile has them, ``--speculative-config`` when speculation is on,
+    ``--max-num-seqs`` when the profile tuned the number of concurrent sequences, then the user's
+    own flags as the trials ran them.
 
     Example:
         >>> from profiles.profile import ExportInputs
@@ -250,13 +272,21 @@ def serve_args(inputs: ExportInputs) -> list[str]:
         >>> args[:3], args[4:]
         (['serve', '/m/t', '--speculative-config'], ['--max-num-seqs', '4'])
     """
-    args = ["serve", inputs.target]
+    args = ["serve", inputs.target, *deployment_args(inputs.deployment)]
     config = speculative_config(inputs)
     if config is not None:
         args += ["--speculative-config", json.dumps(config)]
     if inputs.max_batch_size is not None:
         args += ["--max-num-seqs", str(inputs.max_batch_size)]
+    if inputs.deployment is not None:
+        args += list(inputs.deployment.extra_args)
     return args
+
+
+def serve_command(inputs: ExportInputs) -> str:
+    """The shell command that serves the profile: the deployment's environment, then ``vllm serve``."""
+    env = [f"{k}={v}" for k, v in inputs.deployment.env] if inputs.deployment is not None else []
+    return " ".join([*(shlex.quote(e) for e in env), shlex.join(["vllm", *serve_args(inputs)])])
 
 
 def export(inputs: ExportInputs) -> Exported:
@@ -307,7 +337,7 @@ def export(inputs: ExportInputs) -> Exported:
         separate = "" if inputs.drafter == "eagle3" else "; ngram and draft_model are separate methods"
         notes += substitution_notes(inputs, f"vLLM ({method}{separate})")
     validate(config)
-    command = shlex.join(["vllm", *serve_args(inputs)])
+    command = serve_command(inputs)
     text = "null\n" if config is None else json_lines(config)
     sidecar = sidecar_json(inputs, STACK, speculation=config is not None, notes=notes, command=command)
     return Exported(

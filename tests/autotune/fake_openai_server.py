@@ -2,8 +2,10 @@
 
 Run as ``python fake_openai_server.py serve MODEL --port P [flags]`` (the shape of ``vllm serve``;
 unknown flags are ignored). It serves ``/health``, ``/version``, ``/metrics`` (vLLM's
-spec-decode counter names) and streaming ``/v1/completions`` whose token ids are a pure
-function of the prompt. Test flags:
+spec-decode counter names), ``/v1/models`` (vLLM's shape: ``id`` the served name, ``root`` the
+model path; with ``--metrics-prefix llamacpp`` llama-server's: ``id`` the alias or the path, no
+``root``) and streaming ``/v1/completions`` whose token ids are a pure function of the prompt.
+Test flags:
 
 --never-ready          /health answers 503 forever
 --die-after N          the process exits abruptly after N completions
@@ -12,6 +14,8 @@ function of the prompt. Test flags:
 --metrics-prefix P     counter prefix (vllm, llamacpp)
 --tokenizer FILE       /tokenize answers with this tokenizer.json's ids (llama-server's endpoint)
 --bad-tokenize         ... plus one, so they differ from the tokenizer's
+--served-model-name N  /v1/models names the model N (vLLM's flag; llama-server's is --alias)
+--alias N              the same, llama-server's spelling
 """
 
 from __future__ import annotations
@@ -30,6 +34,23 @@ LOCK = threading.Lock()
 
 def tokens_for(prompt: list[int], n: int) -> list[int]:
     return [(sum(prompt) + 7 * i) % 97 for i in range(n)]
+
+
+def models(args: argparse.Namespace) -> dict:
+    """The /v1/models answer of the stack the flags imitate."""
+    name = args.served_model_name or args.alias or args.model
+    if args.metrics_prefix == "llamacpp":
+        entry = {"id": name, "object": "model", "created": 0, "owned_by": "llamacpp", "meta": {}}
+        return {"models": [{"name": name, "model": name}], "object": "list", "data": [entry]}
+    entry = {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "vllm",
+        "root": args.model,
+        "parent": None,
+    }
+    return {"object": "list", "data": [entry]}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -51,6 +72,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(503 if self.args.never_ready else 200, "{}")
         elif self.path == "/version":
             self._send(200, json.dumps({"version": "0.0.0-fake"}))
+        elif self.path == "/v1/models":
+            self._send(200, json.dumps(models(self.args)))
         elif self.path == "/metrics":
             p = self.args.metrics_prefix
             with LOCK:
@@ -117,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics-prefix", default="vllm")
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--bad-tokenize", action="store_true")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--alias", default=None)
     args, _ = parser.parse_known_args(argv)
     Handler.args = args
     child = None

@@ -28,6 +28,7 @@ class FakeBackend:
     order = "interleaved"  # what remeasure_order says
     serves_table = True
     plans_by_cost = False
+    deployment = None  # an in-process stand-in: no server flags
 
     def __init__(self, ctx: Context, run: RunFn) -> None:
         self.cfg, self._run = ctx.cfg, run

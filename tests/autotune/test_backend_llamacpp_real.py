@@ -125,6 +125,7 @@ def test_llama_server_speculative_greedy_output_equals_the_engines(tmp_path: Pat
     finally:
         backend.close()
         ctx.store.close()
+    context.load_engine(ctx)  # the engine's own greedy output, after the server is gone
     ours = generate(
         ctx.pair,
         [Request(r.prompt_ids, r.max_new_tokens, 0.0, id=i) for i, r in enumerate(requests)],

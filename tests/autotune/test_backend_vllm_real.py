@@ -63,7 +63,7 @@ def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
         "backend": {
             "name": "vllm",
             "n_trials": 2,
-            "vllm": {"python": PYTHON, "args": ["--max-model-len", "512", "--no-enable-prefix-caching"]},
+            "vllm": {"python": PYTHON, "max_model_len": 512},
         },
     }
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
@@ -120,7 +120,7 @@ def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output
         },
         "backend": {
             "name": "vllm",
-            "vllm": {"python": PYTHON, "args": ["--max-model-len", "512", "--no-enable-prefix-caching"]},
+            "vllm": {"python": PYTHON, "max_model_len": 512},
         },
     }
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
@@ -130,14 +130,17 @@ def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output
     ctx = context.build(cfg)
     requests = ctx.requests[:4]
     backend = vllm_backend.VllmBackend(ctx)
-    inputs = vllm_backend.trial_inputs(cfg, ctx.fingerprint, Knobs(drafter, 3, max_batch_size=2))
+    inputs = vllm_backend.trial_inputs(
+        cfg, ctx.fingerprint, Knobs(drafter, 3, max_batch_size=2), deployment=backend.deployment
+    )
     try:
-        server = backend.server_for(vllm_backend.serve_command(backend.python, cfg, inputs))
+        server = backend.server_for(vllm_backend.serve_command(backend.python, inputs))
         before = spec_counts(server.get("/metrics"), "vllm")
         run = run_http_load(backend.endpoint(server), requests, len(requests), concurrency=2)
         counts = spec_counts(server.get("/metrics"), "vllm") - before
     finally:
         backend.close()
+    context.load_engine(ctx)  # the engine's own greedy output, after the server is gone
     ours = generate(
         ctx.pair,
         [Request(r.prompt_ids, r.max_new_tokens, 0.0, id=i) for i, r in enumerate(requests)],
@@ -165,7 +168,7 @@ def test_vllm_serves_a_two_entry_table_and_k_follows_the_load(tmp_path: Path) ->
         "search": {"max_batch_size": [4]},
         "backend": {
             "name": "vllm",
-            "vllm": {"python": PYTHON, "args": ["--max-model-len", "512", "--no-enable-prefix-caching"]},
+            "vllm": {"python": PYTHON, "max_model_len": 512},
         },
     }
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))

@@ -92,15 +92,18 @@ def _cfg(tmp_path: Path, tiny_pair_dirs, **backend) -> object:
 
 
 def test_trial_flags_are_the_exporters_flags(tmp_path, tiny_pair_dirs) -> None:
-    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable, "args": ["--max-model-len", "512"]})
+    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable, "max_model_len": 512})
+    cfg = cfg.with_overrides({"models.dtype": "float32"})  # as autotune.context.build resolves auto here
     fp = {"label": "CPU", "key": "k"}
+    deployment = vllm_backend.deployment(cfg, fp, 100)
     for params in (
         {"drafter": "model", "gamma": 3, "max_batch_size": 2},
         {"drafter": "ngram", "gamma": 5, "max_batch_size": 2},
         {"drafter": "model", "gamma": 0, "max_batch_size": 2},
     ):
         cmd = vllm_backend.serve_command(
-            Path(sys.executable), cfg, vllm_backend.trial_inputs(cfg, fp, Knobs.from_params(params))
+            Path(sys.executable),
+            vllm_backend.trial_inputs(cfg, fp, Knobs.from_params(params), deployment=deployment),
         )
         profile = {
             "tool_version": "0",
@@ -113,14 +116,17 @@ def test_trial_flags_are_the_exporters_flags(tmp_path, tiny_pair_dirs) -> None:
                 "prompt_lookup_max": cfg.search.ngram_max,
             },
             "schedule": [{"batch_size": 2, "gamma": params["gamma"]}],
+            "deployment": deployment.to_json(),
         }
         exported = export(profile, "vllm")
         served = cmd[2 : cmd.index("--host")]
-        assert ["vllm", *served] == __import__("shlex").split(
+        env = [f"{k}={v}" for k, v in deployment.env]  # the CPU server's environment leads the command
+        assert [*env, "vllm", *served] == __import__("shlex").split(
             exported.command
         )  # tuned == exported, byte for byte
-        assert cmd[cmd.index("--max-num-seqs") + 1] == "2"
-        assert cmd[-2:] == ["--max-model-len", "512"] and cmd[cmd.index("--dtype") + 1] == "float32"
+        assert cmd[cmd.index("--max-num-seqs") + 1] == "2" and env == ["VLLM_CPU_KVCACHE_SPACE=2"]
+        assert cmd[cmd.index("--max-model-len") + 1] == "512" and cmd[cmd.index("--dtype") + 1] == "float32"
+        assert "--no-enable-prefix-caching" in cmd and "--tensor-parallel-size" not in cmd
         if params["gamma"] == 0:
             assert "--speculative-config" not in cmd and exported.text == "null\n"
         else:
@@ -135,7 +141,7 @@ def test_a_served_table_is_the_exported_table_byte_for_byte(tmp_path, tiny_pair_
     cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable})
     fp = {"label": "CPU", "key": "k"}
     knobs = Knobs.for_table("model", ((1, 5), (2, 0)), 2)
-    cmd = vllm_backend.serve_command(Path(sys.executable), cfg, vllm_backend.trial_inputs(cfg, fp, knobs))
+    cmd = vllm_backend.serve_command(Path(sys.executable), vllm_backend.trial_inputs(cfg, fp, knobs))
     served = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert served["num_speculative_tokens"] == 5
     assert served["num_speculative_tokens_per_batch_size"] == [[1, 1, 5], [2, 2, 0]]
@@ -318,7 +324,9 @@ def test_a_server_that_dies_mid_run_fails_the_trial_with_its_log(tmp_path, tiny_
             "cache_dir": str(tmp_path / "c"),
         },
     )
-    ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
+    ctx = SimpleNamespace(
+        cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2), longest_sequence=128
+    )
     backend = vllm_backend.VllmBackend(ctx)
     knobs = Knobs("model", 2, max_batch_size=2)
     try:
@@ -333,7 +341,9 @@ def _fake_vllm_backend(tmp_path, tiny_pair_dirs, fake_vllm, keep_servers: int) -
     """A vllm backend on the fake vLLM, two requests, ``keep_servers`` servers kept alive."""
     vllm = {"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")}
     cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={**vllm, "keep_servers": keep_servers})
-    ctx = SimpleNamespace(cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2))
+    ctx = SimpleNamespace(
+        cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2), longest_sequence=128
+    )
     return vllm_backend.VllmBackend(ctx)
 
 
@@ -454,7 +464,7 @@ from autotune.config import load_config
 from autotune.backends.vllm import VllmBackend
 from autotune.jobs.tune import _sigterm_as_interrupt
 signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-ctx = SimpleNamespace(cfg=load_config(sys.argv[1]), fingerprint={"label": "CPU", "key": "k"}, requests=[])
+ctx = SimpleNamespace(cfg=load_config(sys.argv[1]), fingerprint={"label": "CPU", "key": "k"}, requests=[], longest_sequence=128)
 backend = VllmBackend(ctx)
 try:
     backend.server_for(sys.argv[2:])
@@ -538,7 +548,9 @@ def test_vllm_servers_on_a_cpu_host_start_without_aot_compile_unless_the_config_
     left to vLLM on a GPU, and ``backend.vllm.env`` has the last word."""
     cpu = _fake_vllm_backend(tmp_path, tiny_pair_dirs, fake_vllm, keep_servers=1)
     assert cpu.env()["VLLM_USE_AOT_COMPILE"] == "0"
-    gpu = vllm_backend.VllmBackend(SimpleNamespace(cfg=cpu.cfg, fingerprint={"kind": "cuda", "key": "k"}))
+    gpu = vllm_backend.VllmBackend(
+        SimpleNamespace(cfg=cpu.cfg, fingerprint={"kind": "cuda", "key": "k"}, longest_sequence=128)
+    )
     assert "VLLM_USE_AOT_COMPILE" not in gpu.env()
     vllm = {
         "python": sys.executable,
@@ -546,5 +558,7 @@ def test_vllm_servers_on_a_cpu_host_start_without_aot_compile_unless_the_config_
         "cache_dir": str(tmp_path),
     }
     cfg = _cfg(tmp_path, tiny_pair_dirs, vllm=vllm)
-    mine = vllm_backend.VllmBackend(SimpleNamespace(cfg=cfg, fingerprint={"kind": "cpu", "key": "k"}))
+    mine = vllm_backend.VllmBackend(
+        SimpleNamespace(cfg=cfg, fingerprint={"kind": "cpu", "key": "k"}, longest_sequence=128)
+    )
     assert mine.env()["VLLM_USE_AOT_COMPILE"] == "1"

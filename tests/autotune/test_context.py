@@ -171,12 +171,13 @@ def test_the_compile_comparison_runs_on_the_free_cores(tiny_pair_dirs, monkeypat
 
 
 @pytest.mark.parametrize("stored", ["compiled", "eager"])
-def test_a_stack_backend_does_not_compile_the_engine_when_its_profile_is_stored(
+def test_a_stack_backend_loads_the_engine_only_to_profile_and_releases_it(
     tmp_path, tiny_pair_dirs, monkeypatch, stored
 ):
-    """With --backend vllm|llamacpp the engine only profiles: a stored profile of this workload (the
-    compiled one first) is reused without compiling (minutes saved), under the key it was stored
-    with; --reprofile compiles as before."""
+    """With --backend vllm|llamacpp the tool holds no weights: build reads the pair's files only;
+    ensure_profile loads (and compiles) the engine to profile when nothing is stored and releases it
+    before any server starts; a stored profile of this workload (the compiled one first) is reused
+    without loading, under the key it was stored with; --reprofile loads it again."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
     path = write_config(
@@ -188,17 +189,27 @@ def test_a_stack_backend_does_not_compile_the_engine_when_its_profile_is_stored(
         backend={"name": "vllm"},
     )
     cfg = load_config(path)
-    compiles = []
+    compiles, measured = [], []
     monkeypatch.setattr(context, "_compile", lambda *a, **k: compiles.append(1) or "engine: eager (stub)")
-    first = context.build(cfg)  # nothing stored: the compile decision runs
-    assert compiles == [1]
+    monkeypatch.setattr(context, "_measure", lambda ctx, progress: measured.append(ctx.pair) or {"x": 1})
+    first = context.build(cfg)
+    assert compiles == [] and first.loaded is None
+    assert first.compile_note.startswith("engine: not loaded yet (the vllm backend runs every trial")
+    data, reused = context.ensure_profile(first)
+    assert (data, reused) == ({"x": 1}, False) and compiles == [1] and len(measured) == 1
+    assert first.loaded is None  # released before the first server starts
+    assert any(
+        n.startswith("engine prior: the pair is loaded to profile, then released") for n in first.notes
+    )
     workload = {**first.workload, **({"engine": "compiled"} if stored == "compiled" else {})}
     from profiles.hashing import hash_json
 
-    first.store.save_measurement(first.device_key, first.pair_id, hash_json(workload), "profiler", {"x": 1})
+    first.store.save_measurement(first.device_key, first.pair_id, hash_json(workload), "profiler", {"x": 2})
     again = context.build(cfg)
-    assert compiles == [1] and not again.pair.target.compiled
-    assert again.compile_note.startswith("engine: not compiled (the vllm backend runs every trial")
+    assert compiles == [1] and again.loaded is None
+    assert again.compile_note.startswith("engine: not loaded (the vllm backend runs every trial")
     assert again.workload_hash == hash_json(workload) and f"measured {stored}" in again.compile_note
-    context.build(cfg, reprofile=True)
-    assert compiles == [1, 1]
+    assert context.ensure_profile(again) == ({"x": 2}, True) and compiles == [1]
+    fresh = context.build(cfg, reprofile=True)
+    context.ensure_profile(fresh, reprofile=True)
+    assert compiles == [1, 1] and fresh.loaded is None

@@ -1,32 +1,46 @@
-"""Tests for autotune.device.hardware: CPU fingerprint, NVML fallbacks, ordinal mapping, key stability."""
+"""Tests for autotune.device.hardware and autotune.device.nvml: CPU fingerprint, NVML fallbacks, ordinal
+mapping, MIG slices, several GPUs, key stability."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
+from unittest import mock
 
 import pynvml
 import pytest
 import torch
 
-from autotune.device import hardware
+from autotune.device import hardware, nvml
 from autotune.device.hardware import (
-    NvmlIdentity,
     fingerprint,
-    map_torch_ordinal_to_nvml_index,
     parse_cpuinfo,
     parse_meminfo,
     theoretical_bandwidth_bytes_per_s,
     theoretical_flops,
 )
+from autotune.device.nvml import NvmlIdentity, map_torch_ordinal_to_nvml_index
+from tests.conftest import CPU_DEVICE_FIELDS, SOFTWARE_FIELDS
 
 H200_MEMORY = 143771 * (1 << 20)
 
 
 @dataclass(frozen=True)
+class FakeMig:
+    """One simulated MIG slice as NVML (its own handle) and torch (a device of its own) report it."""
+
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+    memory: int = 10 * (1 << 30)
+    sm_count: int = 16
+    gi_slices: int = 1
+
+
+@dataclass(frozen=True)
 class FakeGpu:
-    """One simulated GPU as both NVML and torch would report it."""
+    """One simulated GPU as both NVML and torch would report it; ``mig`` holds its MIG slots
+    (None: an empty slot), MIG mode being on when there are any."""
 
     name: str = "NVIDIA H200"
     uuid: str = "GPU-11111111-2222-3333-4444-555555555555"
@@ -41,18 +55,32 @@ class FakeGpu:
     driver: str = "580.65.06"
     cuda_driver: int = 13000
     unsupported: frozenset[str] = field(default_factory=frozenset)
+    mig: tuple[FakeMig | None, ...] = ()
 
 
-def _install_fake_gpus(monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu], visible: list[int]) -> dict:
-    """Patch pynvml and torch.cuda so ``gpus`` exist in NVML and ``visible`` (NVML indices) in torch.
+def _not_supported() -> pynvml.NVMLError:
+    return pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+def _install_fake_gpus(
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: list[FakeGpu],
+    visible: list[int | tuple[int, int]],
+    links: dict[tuple[int, int], str | int] | None = None,
+) -> dict:
+    """Patch pynvml and torch.cuda so ``gpus`` exist in NVML and ``visible`` in torch: an NVML
+    index (a whole GPU) or ``(index, slot)`` (a MIG slice). ``links[(a, b)]`` is ``"NV"`` (NVLink
+    peer-to-peer) or an NVML topology level; a pair without one is unsupported both ways.
+    A whole GPU's handle is its index, a MIG slice's ``(index, slot)``.
 
     Returns a dict counting ``nvmlInit`` and ``nvmlShutdown`` calls.
     """
     calls = {"init": 0, "shutdown": 0}
+    links = links or {}
 
     def check(handle: int, fn_name: str) -> FakeGpu:
         if fn_name in gpus[handle].unsupported:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            raise _not_supported()
         return gpus[handle]
 
     def getter(attr: str, fn_name: str):
@@ -64,24 +92,28 @@ def _install_fake_gpus(monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu], vis
     def shutdown() -> None:
         calls["shutdown"] += 1
 
-    patches = {
-        "nvmlInit": init,
-        "nvmlShutdown": shutdown,
-        "nvmlDeviceGetCount": lambda: len(gpus),
-        "nvmlDeviceGetHandleByIndex": lambda index: index,
-        "nvmlDeviceGetName": getter("name", "nvmlDeviceGetName"),
-        "nvmlDeviceGetUUID": getter("uuid", "nvmlDeviceGetUUID"),
-        "nvmlDeviceGetCudaComputeCapability": getter("cc", "nvmlDeviceGetCudaComputeCapability"),
-        "nvmlDeviceGetMemoryBusWidth": getter("bus_width", "nvmlDeviceGetMemoryBusWidth"),
-        "nvmlDeviceGetEnforcedPowerLimit": getter("power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit"),
-        "nvmlSystemGetDriverVersion": lambda: gpus[0].driver,
-        "nvmlSystemGetCudaDriverVersion": lambda: gpus[0].cuda_driver,
-    }
-    for name, fn in patches.items():
-        monkeypatch.setattr(pynvml, name, fn)
+    def mig_of(handle: tuple[int, int]) -> FakeMig:
+        mig = gpus[handle[0]].mig[handle[1]]
+        assert mig is not None
+        return mig
 
-    def memory_info(handle: int) -> SimpleNamespace:
+    def uuid(handle: int | tuple[int, int]) -> str:
+        return mig_of(handle).uuid if isinstance(handle, tuple) else check(handle, "nvmlDeviceGetUUID").uuid
+
+    def memory_info(handle: int | tuple[int, int]) -> SimpleNamespace:
+        if isinstance(handle, tuple):
+            return SimpleNamespace(total=mig_of(handle).memory)
         return SimpleNamespace(total=check(handle, "nvmlDeviceGetMemoryInfo").memory)
+
+    def attributes(handle: int | tuple[int, int]) -> SimpleNamespace:
+        if not isinstance(handle, tuple):
+            raise _not_supported()
+        mig = mig_of(handle)
+        return SimpleNamespace(
+            multiprocessorCount=mig.sm_count,
+            gpuInstanceSliceCount=mig.gi_slices,
+            memorySizeMB=mig.memory >> 20,
+        )
 
     def pci_info(handle: int) -> SimpleNamespace:
         return SimpleNamespace(busId=check(handle, "nvmlDeviceGetPciInfo").pci_bus_id.encode())
@@ -91,23 +123,64 @@ def _install_fake_gpus(monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu], vis
         return gpu.max_sm_clock if kind == pynvml.NVML_CLOCK_SM else gpu.max_mem_clock
 
     def mig_mode(handle: int) -> list[int]:
-        check(handle, "nvmlDeviceGetMigMode")
-        return [0, 0]
+        on = int(bool(check(handle, "nvmlDeviceGetMigMode").mig))
+        return [on, on]
 
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", memory_info)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetPciInfo", pci_info)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetMaxClockInfo", max_clock)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigMode", mig_mode)
+    def mig_handle(handle: int, slot: int) -> tuple[int, int]:
+        if gpus[handle].mig[slot] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return handle, slot
+
+    def link(a: int, b: int) -> str | int:
+        found = links.get((a, b), links.get((b, a)))
+        if found is None:
+            raise _not_supported()
+        return found
+
+    def p2p(a: int, b: int, index: int) -> int:
+        assert index == pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+        return pynvml.NVML_P2P_STATUS_OK if link(a, b) == "NV" else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+
+    def ancestor(a: int, b: int) -> int:
+        found = link(a, b)
+        return pynvml.NVML_TOPOLOGY_NODE if found == "NV" else int(found)
+
+    patches = {
+        "nvmlInit": init,
+        "nvmlShutdown": shutdown,
+        "nvmlDeviceGetCount": lambda: len(gpus),
+        "nvmlDeviceGetHandleByIndex": lambda index: index,
+        "nvmlDeviceGetName": getter("name", "nvmlDeviceGetName"),
+        "nvmlDeviceGetUUID": uuid,
+        "nvmlDeviceGetCudaComputeCapability": getter("cc", "nvmlDeviceGetCudaComputeCapability"),
+        "nvmlDeviceGetMemoryBusWidth": getter("bus_width", "nvmlDeviceGetMemoryBusWidth"),
+        "nvmlDeviceGetEnforcedPowerLimit": getter("power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit"),
+        "nvmlSystemGetDriverVersion": lambda: gpus[0].driver,
+        "nvmlSystemGetCudaDriverVersion": lambda: gpus[0].cuda_driver,
+        "nvmlDeviceGetMemoryInfo": memory_info,
+        "nvmlDeviceGetAttributes": attributes,
+        "nvmlDeviceGetPciInfo": pci_info,
+        "nvmlDeviceGetMaxClockInfo": max_clock,
+        "nvmlDeviceGetMigMode": mig_mode,
+        "nvmlDeviceGetMaxMigDeviceCount": lambda handle: len(gpus[handle].mig),
+        "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
+        "nvmlDeviceGetP2PStatus": p2p,
+        "nvmlDeviceGetTopologyCommonAncestor": ancestor,
+    }
+    for name, fn in patches.items():
+        monkeypatch.setattr(pynvml, name, fn)
 
     def props(ordinal: int) -> SimpleNamespace:
-        gpu = gpus[visible[ordinal]]
+        seen = visible[ordinal]
+        gpu = gpus[seen[0] if isinstance(seen, tuple) else seen]
+        what: FakeGpu | FakeMig = mig_of(seen) if isinstance(seen, tuple) else gpu
         return SimpleNamespace(
-            name=gpu.name,
-            total_memory=gpu.memory,
-            multi_processor_count=gpu.sm_count,
+            name=what.name,
+            total_memory=what.memory,
+            multi_processor_count=what.sm_count,
             major=gpu.cc[0],
             minor=gpu.cc[1],
-            uuid=gpu.uuid.removeprefix("GPU-"),  # torch prints the UUID without the prefix
+            uuid=what.uuid[4:],  # torch prints the UUID without its GPU-/MIG- prefix
         )
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -329,4 +402,183 @@ def test_theoretical_flops_lookup(name: str | None, flops: float | None) -> None
 
 
 def test_nvml_call_missing_binding_function_is_none() -> None:
-    assert hardware._nvml_call(pynvml, "nvmlDeviceGetSomethingFromTheFuture", 0) is None
+    assert nvml.nvml_call(pynvml, "nvmlDeviceGetSomethingFromTheFuture", 0) is None
+
+
+# --- several GPUs, tensor parallelism and MIG ------------------------------------------------------
+
+# The keys of a fingerprint with one device at tensor parallel size 1, as profiles already stored
+# hold them: the multi-GPU fields must not move them.
+ONE_H200_KEY = "45a455fe3ca5b097"
+TEST_CPU_KEY = "18570e79202242f9"
+
+
+def _eight_gpus() -> list[FakeGpu]:
+    return [
+        FakeGpu(uuid=f"GPU-{i}1111111-2222-3333-4444-555555555555", pci_bus_id=f"00000000:{i + 1:02X}:00.0")
+        for i in range(8)
+    ]
+
+
+def _nvlink_everywhere() -> dict[tuple[int, int], str | int]:
+    return {(a, b): "NV" for a in range(8) for b in range(a + 1, 8)}
+
+
+def test_single_device_keys_are_the_stored_keys(monkeypatch: pytest.MonkeyPatch, cpu_fingerprint) -> None:
+    _install_fake_gpus(monkeypatch, [FakeGpu()], visible=[0])
+    one = fingerprint()
+    assert one["key"] == ONE_H200_KEY
+    assert (one["gpu_count"], one["tensor_parallel_size"], one["interconnect"]) == (1, 1, None)
+    assert one["gpus"] == [
+        {
+            "ordinal": 0,
+            "name": "NVIDIA H200",
+            "memory_total_bytes": H200_MEMORY,
+            "uuid": "GPU-11111111-2222-3333-4444-555555555555",
+            "nvml_index": 0,
+            "mig": None,
+        }
+    ]
+    assert fingerprint(gpus=[0], tensor_parallel_size=1)["key"] == ONE_H200_KEY
+    assert fingerprint(gpu_count=1)["key"] == ONE_H200_KEY
+    cpu = cpu_fingerprint()
+    assert cpu["key"] == TEST_CPU_KEY and (cpu["gpu_count"], cpu["gpus"]) == (0, [])
+
+
+def test_each_tensor_parallel_size_has_its_own_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    _install_fake_gpus(monkeypatch, _eight_gpus(), visible=list(range(8)), links=_nvlink_everywhere())
+    tp1, tp4, tp8 = (fingerprint(tensor_parallel_size=tp) for tp in (1, 4, 8))
+    assert len({tp1["key"], tp4["key"], tp8["key"]}) == 3
+    assert (tp4["gpu_count"], tp4["tensor_parallel_size"], tp4["interconnect"]) == (4, 4, "NV")
+    assert tp4["label"] == "4x NVIDIA H200 140GB TP4" and tp1["label"] == "NVIDIA H200 140GB"
+    assert [g["nvml_index"] for g in tp4["gpus"]] == [0, 1, 2, 3]
+    assert fingerprint(gpus=[0, 1, 2, 3], tensor_parallel_size=4)["key"] == tp4["key"]
+    assert fingerprint(gpu_count=4, tensor_parallel_size=4)["key"] == tp4["key"]
+    # the same GPUs and tensor parallel size behind another NVML index are the same hardware
+    assert fingerprint(gpus=[4, 5, 6, 7], tensor_parallel_size=4)["key"] == tp4["key"]
+    # two GPUs, each a whole replica (data parallel), are not one GPU
+    assert fingerprint(gpu_count=2)["key"] not in (tp1["key"], tp4["key"])
+    assert json.loads(json.dumps(tp8)) == tp8
+
+
+def test_interconnect_is_the_slowest_path_and_absent_where_nvml_cannot_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    links = {(0, 1): "NV", (0, 2): pynvml.NVML_TOPOLOGY_HOSTBRIDGE, (1, 2): pynvml.NVML_TOPOLOGY_SYSTEM}
+    _install_fake_gpus(monkeypatch, _eight_gpus()[:3], visible=[0, 1, 2], links=links)
+    assert fingerprint(gpus=[0, 1], tensor_parallel_size=2)["interconnect"] == "NV"
+    assert fingerprint(gpus=[0, 2], tensor_parallel_size=2)["interconnect"] == "PHB"
+    three = fingerprint(gpu_count=3, tensor_parallel_size=3)
+    assert three["interconnect"] == "SYS"
+    _install_fake_gpus(monkeypatch, _eight_gpus()[:3], visible=[0, 1, 2], links={})
+    unknown = fingerprint(gpu_count=3, tensor_parallel_size=3)
+    assert unknown["interconnect"] is None and unknown["key"] != three["key"]
+
+
+def test_mixed_gpus_are_named_each_and_keyed_by_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    small = FakeGpu(name="NVIDIA H100", memory=80 * (1 << 30), uuid="GPU-9", pci_bus_id="00000000:09:00.0")
+    _install_fake_gpus(monkeypatch, [FakeGpu(), small], visible=[0, 1], links={(0, 1): "NV"})
+    fp = fingerprint(gpu_count=2, tensor_parallel_size=2)
+    assert fp["label"] == "NVIDIA H200 140GB + NVIDIA H100 80GB TP2"
+    _install_fake_gpus(
+        monkeypatch, [FakeGpu(), replace(small, name="NVIDIA H200", memory=H200_MEMORY)], [0, 1]
+    )
+    assert fingerprint(gpu_count=2, tensor_parallel_size=2)["key"] != fp["key"]
+
+
+def test_bad_gpu_sets_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    _install_fake_gpus(monkeypatch, _eight_gpus()[:4], visible=[0, 1, 2, 3])
+    for kwargs in (
+        {"gpu_count": 3, "tensor_parallel_size": 2},  # 2 does not divide 3
+        {"gpus": [0, 0]},
+        {"gpus": [0, 9]},
+        {"gpus": [0], "gpu_count": 1},
+        {"tensor_parallel_size": 0},
+        {"tensor_parallel_size": 8},  # more GPUs than torch sees
+    ):
+        with pytest.raises(ValueError):
+            fingerprint(**kwargs)
+    with pytest.raises(ValueError, match="need a CUDA device"):
+        fingerprint("cpu", gpus=[0])
+
+
+def test_cpu_runs_at_tensor_parallel_size_above_one_have_their_own_key() -> None:
+    with (
+        mock.patch.object(hardware, "_cpu_device_fields", return_value=dict(CPU_DEVICE_FIELDS)),
+        mock.patch.object(hardware, "_software_fields", return_value={**SOFTWARE_FIELDS, "dtype": "float32"}),
+    ):
+        tp2 = fingerprint("cpu", tensor_parallel_size=2)
+    assert tp2["key"] != TEST_CPU_KEY and tp2["label"] == "Test CPU (2 cores) TP2"
+
+
+H100_MEMORY = 80 * (1 << 30)
+MIG_SLICES = (
+    FakeMig("MIG-aaaaaaaa-0000-0000-0000-000000000000", memory=H100_MEMORY // 8),
+    None,
+    FakeMig(
+        "MIG-bbbbbbbb-0000-0000-0000-000000000000",
+        "NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+        H100_MEMORY // 2,
+        60,
+        3,
+    ),
+)
+
+
+def _h100_with_mig() -> FakeGpu:
+    return FakeGpu(
+        name="NVIDIA H100 80GB HBM3", memory=H100_MEMORY, bus_width=5120, max_mem_clock=2619, mig=MIG_SLICES
+    )
+
+
+def test_a_mig_slice_is_matched_by_its_own_uuid_with_its_own_memory_and_bandwidth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _install_fake_gpus(monkeypatch, [FakeGpu(), _h100_with_mig()], visible=[(1, 2)])
+    fp = fingerprint()
+    parent_bandwidth = 2 * 2619e6 * 5120 / 8
+    assert fp["gpus"][0]["mig"] == {
+        "uuid": "MIG-bbbbbbbb-0000-0000-0000-000000000000",
+        "memory_total_bytes": H100_MEMORY // 2,
+        "multiprocessor_count": 60,
+        "gpu_instance_slice_count": 3,
+        "bandwidth_share": 0.5,
+    }
+    assert fp["nvml"]["index"] == 1 and fp["nvml"]["mig_mode"] is True and fp["gpus"][0]["nvml_index"] == 1
+    assert fp["theoretical"]["bandwidth_bytes_per_s"] == parent_bandwidth / 2
+    assert fp["label"] == "NVIDIA H100 80GB HBM3 MIG 3g.40gb 40GB" and fp["nvml_error"] is None
+    assert hardware.nvml_selectors(fp) == ["MIG-bbbbbbbb-0000-0000-0000-000000000000"]
+    # another slice of the same GPU is another device
+    _install_fake_gpus(monkeypatch, [FakeGpu(), _h100_with_mig()], visible=[(1, 0)])
+    small = fingerprint()
+    assert small["gpus"][0]["mig"]["bandwidth_share"] == 0.125 and small["key"] != fp["key"]
+
+
+def test_a_mig_slice_without_a_torch_uuid_is_found_by_cuda_visible_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _install_fake_gpus(monkeypatch, [_h100_with_mig()], visible=[(0, 0)])
+    props = torch.cuda.get_device_properties
+
+    def without_uuid(ordinal: int) -> SimpleNamespace:
+        return SimpleNamespace(**{**vars(props(ordinal)), "uuid": None})
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", without_uuid)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-aaaa")
+    fp = fingerprint()
+    assert fp["gpus"][0]["mig"]["uuid"] == "MIG-aaaaaaaa-0000-0000-0000-000000000000"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-ffff")  # names no slice: no NVML reading, a reason
+    unmatched = fingerprint()
+    assert unmatched["nvml"] is None and unmatched["nvml_error"] == "no NVML device matches CUDA device 0"
+
+
+def test_select_devices_by_index_uuid_and_prefix() -> None:
+    whole = [nvml.NvmlDevice(NvmlIdentity(i, f"GPU-{i}aaa-0000", None), i) for i in range(2)]
+    mig = nvml.MigIdentity(1, 0, "MIG-0aab-0000")
+    devices = [*whole, nvml.NvmlDevice(NvmlIdentity(1, mig.uuid, None), (1, 0), mig)]
+    pick = nvml.select_devices
+    assert [d.handle for d in pick(devices, [1, "0"])] == [1, 0]
+    assert [d.handle for d in pick(devices, ["GPU-0a"])] == [0]  # GPU- names whole GPUs only
+    assert [d.handle for d in pick(devices, ["MIG-0a"])] == [(1, 0)]
+    assert pick(devices, ["0a"]) == []  # a bare prefix of a GPU and a slice names neither
+    assert pick(devices, [7, "GPU-f"]) == []

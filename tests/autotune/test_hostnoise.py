@@ -130,10 +130,17 @@ def test_a_study_that_runs_all_its_trials_is_not_provisional(tune_config, monkey
 
 
 class _FakeNvml:
-    """pynvml's calls gpu_activity makes, over a table of GPUs {index: (utilisation %, [pids])}."""
+    """pynvml's calls gpu_activity makes, over a table of GPUs {index: (utilisation %, [pids])} and
+    MIG slices {(index, slot): [pids]} (a GPU with slices is in MIG mode; a slice reports no
+    utilisation). GPU i's UUID is ``GPU-i0000000-aaaa``, slice (i, s)'s ``MIG-is000000-bbbb``."""
 
-    def __init__(self, gpus: dict[int, tuple[int, list[int]]]) -> None:
-        self.gpus, self.shut = gpus, False
+    class NVMLError(Exception):
+        pass
+
+    def __init__(
+        self, gpus: dict[int, tuple[int, list[int]]], migs: dict[tuple[int, int], list[int]] | None = None
+    ) -> None:
+        self.gpus, self.migs, self.shut = gpus, migs or {}, False
 
     def nvmlInit(self) -> None:
         pass
@@ -147,20 +154,39 @@ class _FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
-    def nvmlDeviceGetUtilizationRates(self, h: int):
+    def nvmlDeviceGetUUID(self, h: int | tuple[int, int]) -> str:
+        return f"MIG-{h[0]}{h[1]}000000-bbbb" if isinstance(h, tuple) else f"GPU-{h}0000000-aaaa"
+
+    def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
+        on = int(any(parent == h for parent, _ in self.migs))
+        return [on, on]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, slot: int) -> tuple[int, int]:
+        if (h, slot) not in self.migs:
+            raise self.NVMLError("Not Found")
+        return h, slot
+
+    def nvmlDeviceGetUtilizationRates(self, h: int | tuple[int, int]):
+        if isinstance(h, tuple):
+            raise self.NVMLError("Not Supported")
         return types.SimpleNamespace(gpu=self.gpus[h][0], memory=0)
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: int):
-        return [types.SimpleNamespace(pid=p) for p in self.gpus[h][1]]
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int | tuple[int, int]):
+        pids = self.migs[h] if isinstance(h, tuple) else self.gpus[h][1]
+        return [types.SimpleNamespace(pid=p) for p in pids]
 
 
 def test_gpu_activity_counts_other_processes_and_makes_the_host_busy(monkeypatch) -> None:
     fake = _FakeNvml({0: (85, [os.getpid(), 4242]), 1: (0, [os.getpid()])})
     monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     gpus = hostnoise.gpu_activity()
     assert gpus == [
-        {"index": 0, "utilization": 0.85, "other_processes": 1},
-        {"index": 1, "utilization": 0.0, "other_processes": 0},
+        {"index": 0, "uuid": "GPU-00000000-aaaa", "utilization": 0.85, "other_processes": 1},
+        {"index": 1, "uuid": "GPU-10000000-aaaa", "utilization": 0.0, "other_processes": 0},
     ]
     assert fake.shut
     busy, reasons = hostnoise.verdict(0.01, 0.0, gpus)
@@ -170,6 +196,33 @@ def test_gpu_activity_counts_other_processes_and_makes_the_host_busy(monkeypatch
         False,
         [],
     )
+
+
+def test_only_the_gpus_this_run_uses_are_checked(monkeypatch) -> None:
+    """Another job on GPU 0 cannot slow a run on GPU 1: the run reads GPU 1 alone."""
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml({0: (90, [4242]), 1: (0, []), 2: (0, [])}))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for used in ([1], ["1"], ["GPU-1"], ["GPU-10000000-aaaa"]):
+        gpus = hostnoise.gpu_activity(used)
+        assert [g["index"] for g in gpus] == [1] and hostnoise.verdict(0.01, 0.0, gpus) == (False, [])
+    assert [g["index"] for g in hostnoise.gpu_activity([2, 0])] == [2, 0]
+    assert hostnoise.gpu_activity(["GPU-f", 7]) == []  # names no GPU of this host
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")  # the default: the GPUs CUDA exposes to this run
+    assert [g["index"] for g in hostnoise.gpu_activity()] == [1, 2]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-0")
+    assert hostnoise.verdict(0.01, 0.0, hostnoise.gpu_activity())[0]
+    assert hostnoise.measure(repeats=3, size=8, gpus=[1])["gpus"] == hostnoise.gpu_activity([1])
+
+
+def test_a_mig_slice_is_busy_when_another_process_runs_on_it(monkeypatch) -> None:
+    me = os.getpid()
+    migs = {(0, 0): [me], (0, 1): [4242]}
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml({0: (0, [me, 4242])}, migs))
+    mine = hostnoise.gpu_activity(["MIG-00000000-bbbb"])
+    assert mine == [{"index": 0, "uuid": "MIG-00000000-bbbb", "utilization": None, "other_processes": 0}]
+    assert hostnoise.verdict(0.01, 0.0, mine) == (False, [])
+    shared = hostnoise.gpu_activity(["MIG-01"])
+    assert hostnoise.verdict(0.01, 0.0, shared) == (True, ["MIG-01000000-bbbb used by 1 other process(es)"])
 
 
 def test_gpu_activity_is_none_without_nvml(monkeypatch) -> None:

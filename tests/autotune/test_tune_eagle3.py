@@ -188,7 +188,7 @@ def test_the_vllm_backend_serves_the_head_as_the_vllm_export_says(
     )
     fp = {"label": "CPU", "key": "k"}
     knobs = Knobs("eagle3", 3, max_batch_size=2)
-    cmd = vllm_backend.serve_command(Path(sys.executable), cfg, vllm_backend.trial_inputs(cfg, fp, knobs))
+    cmd = vllm_backend.serve_command(Path(sys.executable), vllm_backend.trial_inputs(cfg, fp, knobs))
     served = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert served["method"] == "eagle3" and served["model"] == str(head_dir)
     assert served["num_speculative_tokens"] == 3
@@ -202,7 +202,7 @@ def test_the_vllm_backend_serves_the_head_as_the_vllm_export_says(
     }
     assert ["vllm", *cmd[2 : cmd.index("--host")]] == shlex.split(export(profile, "vllm").command)
     off = vllm_backend.trial_inputs(cfg, fp, Knobs("none", 0, max_batch_size=2))
-    assert "--speculative-config" not in vllm_backend.serve_command(Path(sys.executable), cfg, off)
+    assert "--speculative-config" not in vllm_backend.serve_command(Path(sys.executable), off)
 
 
 def _head_tree_wins(cfg, knobs: Knobs, seed: int) -> TrialResult:  # noqa: ARG001 - a backend run's signature
