@@ -94,6 +94,7 @@ class Context:
     head_hash: str | None = None  # the EAGLE-3 head searched beside the draft model (cfg.head_beside)
     notes: list[str] = field(default_factory=list)  # dtype, memory and engine lines for tune's log
     loaded: ModelPair | None = None  # the engine's pair while it is held
+    device: str = "cpu"  # models.device as this host resolves it (cpu, cuda:N)
 
     @property
     def pair(self) -> ModelPair:
@@ -105,10 +106,6 @@ class Context:
     @property
     def device_key(self) -> str:
         return self.fingerprint["key"]
-
-    @property
-    def device(self) -> str:
-        return str(self.fingerprint.get("device") or self.cfg.models.device)
 
     @property
     def longest_sequence(self) -> int:
@@ -175,6 +172,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
     needs_draft = "model" in cfg.search.drafter or "hybrid" in cfg.search.drafter  # hybrid: the draft model
     needs_head = "eagle3" in cfg.search.drafter
     device = check_device(cfg)
+    device = "cuda:0" if device == "cuda" else device
     files = read_pair(cfg, needs_draft, needs_head)
     cfg, dtype_note = _with_dtype(cfg, files, device)
     items = load_workload(cfg.workload.prompts)
@@ -224,6 +222,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
         trace=trace,
         head_hash=hash_folder(cfg.head_beside) if cfg.head_beside is not None else None,
         notes=notes,
+        device=device,
     )
     if stored is not None:  # a serving stack runs the trials; the engine's profile is in the store
         ctx.compile_note = (

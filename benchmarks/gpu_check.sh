@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU host check (one NVIDIA GPU, torch with CUDA, no internet), ~3-5 minutes on an H200:
+# GPU host check (one NVIDIA GPU, torch with CUDA, no internet), each step under its own timeout:
 #
 #   0. environment: missing Python packages from ./wheels (pip --no-index) if that folder exists,
 #      then `pip install -e . --no-deps`; nvidia-smi and torch's view of the GPU;

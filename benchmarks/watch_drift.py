@@ -69,7 +69,11 @@ from autotune.config import load_config  # noqa: E402
 from autotune.errors import USER_ERRORS  # noqa: E402
 from autotune.knobs import Knobs  # noqa: E402
 from autotune.stats import paired_ratio  # noqa: E402
-from autotune.watch.monitor import ProfileModel, Staleness, Window, assess, verdict_json  # noqa: E402
+from autotune.watch.output import verdict_json  # noqa: E402
+from autotune.watch.predict import assess  # noqa: E402
+from autotune.watch.profile_model import ProfileModel  # noqa: E402
+from autotune.watch.staleness import Staleness  # noqa: E402
+from autotune.watch.windows import Window  # noqa: E402
 from autotune.workload.runner import Sampling, build_requests  # noqa: E402
 from engine.workload import load_workload  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402

@@ -69,10 +69,9 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     """Build a :class:`Transformer` from a model folder, weights cast to ``dtype`` on ``device``.
 
     On a CPU this also turns on flush-to-zero for subnormal floats (``torch.set_flush_denormal``,
-    process-wide): subnormal activations, which sampled (T > 0) decoding produces, slowed the
-    demo pair's temperature-1 speculative steps on x86 (benchmarks/demo_pair_quality.py: verify
-    step 15.4 -> 13.7 ms, draft forward 2.0 -> 1.7 ms, speedup 1.27x -> 1.41x). Values below
-    1.2e-38 become 0; greedy and sampled outputs keep their guarantees.
+    process-wide): subnormal activations, which sampled (T > 0) decoding produces, slow x86
+    arithmetic (docs/decisions.md#flush-denormal). Values below 1.2e-38 become 0; greedy and
+    sampled outputs keep their guarantees.
 
     Example:
         >>> model = load_model("engine/demo/pair/target", dtype="float32")  # doctest: +SKIP

@@ -271,11 +271,10 @@ class Transformer(nn.Module):
         never recompiles per trial; torch still specialises sizes 0 and 1, hence the warm-up runs
         the six classes a run meets (batch 1 or more, width 1 or more, a cache of 1 slot or more)
         on scratch caches, and the time reported is compile time, kept out of every measurement
-        after it (demo pair, 2 CPU cores: 239 s on a cold inductor cache, 45-47 s once the cache
-        holds the graphs; ``autotune`` keeps that cache under ~/.cache/spec-autotune/inductor).
-        Prefill stays eager:
-        long prompts amortise the launch overhead that compiling removes. ``mode`` is
-        torch.compile's (``"reduce-overhead"``: CUDA graphs where inductor can capture them).
+        after it (a warm inductor cache compiles in a fraction of a cold one's time; ``autotune``
+        keeps that cache under ~/.cache/spec-autotune/inductor: docs/decisions.md#inductor-cache).
+        Prefill stays eager: long prompts amortise the launch overhead that compiling removes.
+        ``mode`` is torch.compile's (``"reduce-overhead"``: CUDA graphs where inductor can capture them).
         ``trees`` (per-depth top-k shapes, engine.tree) also warms the token-tree forward (an
         explicit attention pattern: another graph) for the widths those trees feed: always more
         than one token (the verify pass), one token only when a tree starts with top-k 1 (its first

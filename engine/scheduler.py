@@ -27,6 +27,7 @@ import torch
 
 from engine.errors import EngineInputError
 from engine.metrics import percentile
+from engine.rows import Finished
 from engine.speculative import Request, SpecEngine
 
 
@@ -172,6 +173,33 @@ def load_metrics(records: list[RequestRecord], wall_s: float) -> dict[str, float
 
 
 @dataclass
+class _Ledger:
+    """One run's per-request times: arrival and prompt length at admission, the first token's time
+    after the admission's prefill, and a record per retired request."""
+
+    arrival: dict[int, float] = field(default_factory=dict)
+    first: dict[int, float] = field(default_factory=dict)
+    prompt_len: dict[int, int] = field(default_factory=dict)
+    records: list[RequestRecord] = field(default_factory=list)
+
+    def admitted(self, admit: list[tuple[float, Request]]) -> None:
+        for t, req in admit:
+            self.arrival[req.id], self.prompt_len[req.id] = t, len(req.prompt_ids)
+
+    def started(self, admit: list[tuple[float, Request]], now: float) -> None:
+        for _, req in admit:
+            self.first[req.id] = now
+
+    def finished(self, done: list[Finished], now: float) -> None:
+        for fin in done:
+            i = fin.id
+            record = RequestRecord(
+                i, self.arrival[i], self.first[i], now, self.prompt_len[i], fin.tokens, fin.reason
+            )
+            self.records.append(record)
+
+
+@dataclass
 class RunResult:
     records: list[RequestRecord]
     metrics: dict[str, Any]  # load_metrics, then SpecStats.summary, then "steps" (docs/metrics.md)
@@ -209,55 +237,32 @@ class Scheduler:
     def run(
         self, load: LoadGenerator, max_steps: int | None = None, time_limit_s: float | None = None
     ) -> RunResult:
-        """Serve ``load`` to completion; ``time_limit_s`` raises TimeoutError past that wall time."""
+        """Serve ``load`` to completion; ``time_limit_s`` raises TimeoutError past that wall time.
+
+        Each turn: take the arrivals, admit what fits (one prefill), run one step over the running
+        rows and retire the finished; with nothing running or waiting, sleep to the next arrival.
+        """
         engine, clock = self.engine, self.clock
         waiting: list[tuple[float, Request]] = []
-        arrival: dict[int, float] = {}
-        first: dict[int, float] = {}
-        prompt_len: dict[int, int] = {}
-        records: list[RequestRecord] = []
+        ledger = _Ledger()
         steps = 0
         t0 = clock()
-
-        def finish(now: float) -> None:
-            for fin in engine.retire():
-                records.append(
-                    RequestRecord(
-                        fin.id,
-                        arrival[fin.id],
-                        first[fin.id],
-                        now,
-                        prompt_len[fin.id],
-                        fin.tokens,
-                        fin.reason,
-                    )
-                )
-
         with torch.inference_mode():
             while True:
                 now = clock() - t0
                 waiting.extend(load.poll(now, len(waiting) + engine.n))
                 if waiting and engine.free_slots():
-                    admit = waiting[: self.admissible(waiting, engine.free_slots())]
-                    waiting = waiting[len(admit) :]
-                    for t, req in admit:
-                        arrival[req.id], prompt_len[req.id] = t, len(req.prompt_ids)
-                    engine.add([req for _, req in admit])
-                    engine.synchronize()
-                    now = clock() - t0
-                    for _, req in admit:
-                        first[req.id] = now
-                    finish(now)
+                    waiting, now = self._admit(waiting, ledger, t0)
                 if engine.n:
                     engine.step()
                     steps += 1
-                    finish(clock() - t0)
+                    ledger.finished(engine.retire(), clock() - t0)
                     if max_steps is not None and steps >= max_steps:
                         raise RuntimeError(f"scheduler: no progress after {max_steps} steps")
                     if time_limit_s is not None and clock() - t0 > time_limit_s:
                         raise TimeoutError(
                             f"run exceeded its time limit of {time_limit_s:g} s "
-                            f"({len(records)} of {load.num_requests} requests done)"
+                            f"({len(ledger.records)} of {load.num_requests} requests done)"
                         )
                 elif not waiting:
                     if load.exhausted(now):
@@ -266,8 +271,23 @@ class Scheduler:
                     if nxt is not None and nxt > now:
                         time.sleep(nxt - now)
         wall = clock() - t0
-        records.sort(key=lambda r: r.id)
+        records = sorted(ledger.records, key=lambda r: r.id)
         metrics: dict[str, Any] = dict(load_metrics(records, wall))
         metrics.update(engine.stats.summary())
         metrics["steps"] = steps
         return RunResult(records, metrics)
+
+    def _admit(
+        self, waiting: list[tuple[float, Request]], ledger: _Ledger, t0: float
+    ) -> tuple[list[tuple[float, Request]], float]:
+        """Prefill the first waiting requests that fit (:meth:`admissible`) as one batch; their first
+        token is timed once the prefill is done. Returns the requests left waiting and that time."""
+        engine = self.engine
+        admit = waiting[: self.admissible(waiting, engine.free_slots())]
+        ledger.admitted(admit)
+        engine.add([req for _, req in admit])
+        engine.synchronize()
+        now = self.clock() - t0
+        ledger.started(admit, now)
+        ledger.finished(engine.retire(), now)  # a first token may be EOS, or the whole budget
+        return waiting[len(admit) :], now

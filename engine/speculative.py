@@ -81,8 +81,9 @@ class SpecConfig:
     (engine.tree); all ones, or empty, is the chain. ``tree_sampling`` says how sampled rows pick
     a node's children: k i.i.d. draft samples ("iid", accepted with min(1, p/q) against the
     residual) or the draft's top-k ("topk", deterministic, accepted with the residual's p); greedy
-    rows always take the top-k. "iid" is the default: on the demo pair at T=1 the top-k rule
-    accepts about half as many tokens (benchmarks/results/trees.txt).
+    rows always take the top-k. "iid" is the default: at T > 0 the target's sample is often
+    outside the draft's top-k, so top-k children are rejected far more often
+    (docs/decisions.md#tree-sampling-iid).
 
     ``tree_nodes`` > 0 makes the tree dynamic (EAGLE-2, engine.tree.DynamicTree): ``tree_topk`` is
     then one top-k repeated at every depth, and each row verifies the ``tree_nodes`` drafted

@@ -478,23 +478,10 @@ def tree_accept(
         q = draft_probs[rows, cur].double() if iid is not None and draft_probs is not None else None
         u = torch.rand(b, k, generator=generator, dtype=torch.float64, device=dev)
         for c in range(k):
-            child = tree.children[
-                rows, cur, c
-            ]  # (B,) -1: no such child (a dynamic tree's leaf or fewer children)
+            child = tree.children[rows, cur, c]  # (B,) -1: none (a leaf, or fewer children)
             x = node_tokens.gather(1, child.clamp(min=0)[:, None])  # (B, 1)
-            px = res.gather(1, x)[:, 0]
-            mass = res.sum(-1)
             trying = alive & ~taken & (child >= 0)
-            ok = u[:, c] * mass < px  # deterministic: accept w.p. r(x) / sum(r)
-            rej_res = res.scatter(1, x, 0.0)
-            if iid is not None and q is not None:
-                qx = q.gather(1, x)[:, 0]
-                ok = torch.where(
-                    iid, (qx > 0) & (u[:, c] * qx * mass < px), ok
-                )  # min(1, (r(x)/sum r) / q(x))
-                diff = (res / mass[:, None] - q).clamp(min=0)
-                diff = torch.where(diff.sum(-1, keepdim=True) > 0, diff, res)  # r == q: cannot reject; guard
-                rej_res = torch.where(iid[:, None], diff, rej_res)
+            ok, rej_res = _test_child(res, x, u[:, c], q, iid)
             ok = ok & trying
             nxt = torch.where(ok, child, nxt)
             taken = taken | ok
@@ -505,3 +492,29 @@ def tree_accept(
         res = torch.where(taken[:, None], target_probs[rows, cur].double(), res)
         path.append(cur)
     return n_acc, torch.stack(path, 1), sample(res, generator)
+
+
+def _test_child(
+    res: torch.Tensor,  # (B, V) float64 residual at the current node (unnormalised)
+    x: torch.Tensor,  # (B, 1) the child's token
+    u: torch.Tensor,  # (B,) float64 uniforms, one per row
+    q: torch.Tensor | None,  # (B, V) float64 draft distribution at the node, for i.i.d. rows
+    iid: torch.Tensor | None,  # (B,) bool rows whose children were sampled i.i.d. from q
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One child's test against the node's residual: accepted (B,) bool, and the residual if rejected.
+
+    A deterministic child is accepted w.p. r(x) / sum(r), and rejecting it zeroes r(x); an i.i.d.
+    child w.p. min(1, (r(x) / sum r) / q(x)) (never where q(x) = 0), and rejecting it leaves
+    max(r / sum r - q, 0).
+    """
+    px = res.gather(1, x)[:, 0]
+    mass = res.sum(-1)
+    ok = u * mass < px  # deterministic: accept w.p. r(x) / sum(r)
+    rej_res = res.scatter(1, x, 0.0)
+    if iid is not None and q is not None:
+        qx = q.gather(1, x)[:, 0]
+        ok = torch.where(iid, (qx > 0) & (u * qx * mass < px), ok)  # min(1, (r(x)/sum r) / q(x))
+        diff = (res / mass[:, None] - q).clamp(min=0)
+        diff = torch.where(diff.sum(-1, keepdim=True) > 0, diff, res)  # r == q: cannot reject; guard
+        rej_res = torch.where(iid[:, None], diff, rej_res)
+    return ok, rej_res

@@ -12,7 +12,6 @@ importable from here too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,10 +171,9 @@ def export_inputs(
 def _schedule_note(profile: Profile) -> str:
     """The profile's ``table_decision`` as one sentence for the exports' notes ("" when absent)."""
     decision = profile.table_decision
-    if decision is MISSING or not isinstance(decision, Mapping):
+    if decision is MISSING:
         return ""
-    levels = decision.get("levels") or []
-    per_level = ", ".join(f"{lv['batch_size']}: {lv['gamma']}" for lv in levels if isinstance(lv, Mapping))
+    per_level = ", ".join(f"{lv.batch_size}: {lv.gamma}" for lv in decision.levels or ())
     head = f"the per-level choice of K was (batch size: K) {per_level}; " if per_level else ""
-    served = "served live, chosen: " if decision.get("won") else ""
-    return head + served + str(decision.get("reason", ""))
+    served = "served live, chosen: " if decision.won else ""
+    return head + served + (decision.reason or "")

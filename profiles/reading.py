@@ -3,12 +3,13 @@
 Every reader of a stored profile (:mod:`profiles.schema`, :mod:`profiles.profile`,
 :mod:`profiles.store`) builds on this module, which builds on none of them. :func:`get` reads a
 dotted key with a type check and raises :class:`~profiles.errors.ProfileError` naming the
-missing or bad key; :func:`check_schema_version` refuses a profile from a newer schema.
+missing or bad key; :func:`check_schema_version` refuses a profile from a newer schema and
+:func:`migrate` brings one of an older schema to this one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -22,9 +23,10 @@ __all__ = [
     "check_kind",
     "check_schema_version",
     "get",
+    "migrate",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # :func:`migrate` reads every earlier one
 # Copies of the engine's enumerations (engine.generate.DRAFTERS, engine.speculative.GAMMA_POLICIES):
 # profiles never imports engine; tests/test_enumerations.py checks that the copies match.
 DRAFTERS = ("model", "ngram", "hybrid", "eagle3", "none")
@@ -115,3 +117,53 @@ def check_schema_version(profile: Mapping[str, Any]) -> None:
             f"profile: schema_version {found} is newer than this spec-autotune reads "
             f"({SCHEMA_VERSION}); upgrade spec-autotune"
         )
+
+
+def migrate(profile: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``profile`` in this schema's layout: each version's step to the next applied in turn (an
+    absent ``schema_version`` is this one; :func:`check_schema_version` refuses a newer one first).
+
+    Version 2 stores ``table_decision.levels[].over_chosen`` as ``{value, ci95: [low, high], n}``,
+    the shape of every other paired ratio in a profile (``schedule[].ratio``), where version 1 wrote
+    ``{value, low, high, n}``; it also adds the optional ``deployment`` section, which a version-1
+    profile lacks. The input is not changed.
+
+    Example:
+        >>> v1 = {"schema_version": 1, "table_decision": {"levels": [{"batch_size": 8, "gamma": 2,
+        ...       "over_chosen": {"value": 1.06, "low": 1.02, "high": 1.11, "n": 6}}]}}
+        >>> v2 = migrate(v1)
+        >>> v2["schema_version"], v2["table_decision"]["levels"][0]["over_chosen"]
+        (2, {'value': 1.06, 'ci95': [1.02, 1.11], 'n': 6})
+    """
+    version = get(profile, "schema_version", int, default=SCHEMA_VERSION)
+    while version < SCHEMA_VERSION:
+        step = _STEPS.get(version)
+        if step is None:
+            raise ProfileError(
+                f"profile: schema_version {version} is older than any this spec-autotune reads "
+                f"({min(_STEPS)}-{SCHEMA_VERSION})"
+            )
+        profile = step(profile)
+        version += 1
+    return profile
+
+
+def _version_2(profile: Mapping[str, Any]) -> dict[str, Any]:
+    """Version 1 -> 2: each level's ``over_chosen`` as ``{value, ci95, n}`` (see :func:`migrate`)."""
+    data = {**profile, "schema_version": 2}
+    decision = profile.get("table_decision")
+    levels = decision.get("levels") if isinstance(decision, Mapping) else None
+    if isinstance(levels, list):
+        data["table_decision"] = {**decision, "levels": [_level_version_2(lv) for lv in levels]}
+    return data
+
+
+def _level_version_2(level: Any) -> Any:
+    over = level.get("over_chosen") if isinstance(level, Mapping) else None
+    if not isinstance(over, Mapping) or "ci95" in over:
+        return level
+    ratio = {"value": over.get("value"), "ci95": [over.get("low"), over.get("high")], "n": over.get("n")}
+    return {**level, "over_chosen": ratio}
+
+
+_STEPS: dict[int, Callable[[Mapping[str, Any]], dict[str, Any]]] = {1: _version_2}

@@ -1,16 +1,18 @@
 """Typed profile data: the stored profile as dataclasses with ``to_json`` / ``from_json``.
 
 The JSON keys are the stored ones (docs/architecture.md, "Data flow of ``autotune tune``"), under
-:data:`profiles.reading.SCHEMA_VERSION`. ``X.from_json(d).to_json() == d`` for every profile this
-tool writes or has written, key order included (the ``yaml`` export dumps the profile in its
-order): a key the JSON lacks stays absent (:data:`MISSING`), keys this module does not name are
-kept in ``extra``, and an object read from JSON remembers its key order. Sections that only the
-report shows (device, pair, workload, study, metrics, classification, ...) stay mappings; the
-parts the tuner decides and the exporters read are typed: :class:`Chosen` (the chosen knobs),
-:class:`ScheduleEntry` / :class:`BatchSchedule` (gamma by batch size) and :class:`Profile`.
-:meth:`Profile.from_json` is the one reader of a stored profile: it refuses a newer schema and
-validates ``chosen`` and ``schedule`` once, so what reads a :class:`Profile` (the exporters, the
-report) takes those as checked.
+:data:`profiles.reading.SCHEMA_VERSION`. ``X.from_json(d).to_json() == d`` for every profile of this
+schema, key order included (the ``yaml`` export dumps the profile in its order); a profile of an
+older schema reads as its migration to this one (:func:`profiles.reading.migrate`). A key the
+JSON lacks stays absent (:data:`MISSING`), keys this module does not name are kept in ``extra``,
+and an object read from JSON remembers its key order. Sections that only the report shows
+(device, pair, workload, study, metrics, classification, ...) stay mappings; the parts the tuner
+decides and the exporters and the watch read are typed: :class:`Chosen` (the chosen knobs),
+:class:`ScheduleEntry` / :class:`BatchSchedule` (gamma by batch size), :class:`TableDecision`
+(the per-level choices and the table's verdict) and :class:`Profile`. :meth:`Profile.from_json`
+is the one reader of a stored profile: it refuses a newer schema, migrates an older one and
+validates ``chosen``, ``schedule`` and ``table_decision`` once, so what reads a :class:`Profile`
+(the exporters, the report, the watch) takes those as checked.
 
 ``profiles`` never imports torch, ``engine`` or ``autotune`` (tests/profiles/test_profiles_imports.py).
 """
@@ -25,9 +27,27 @@ from typing import Any
 
 from profiles.deployment import Deployment
 from profiles.errors import ProfileError
-from profiles.reading import DRAFTERS, GAMMA_POLICIES, SCHEMA_VERSION, check_kind, check_schema_version, get
+from profiles.reading import (
+    DRAFTERS,
+    GAMMA_POLICIES,
+    SCHEMA_VERSION,
+    check_kind,
+    check_schema_version,
+    get,
+    migrate,
+)
 
-__all__ = ["MISSING", "BatchSchedule", "Chosen", "Profile", "ScheduleEntry", "SCHEMA_VERSION"]
+__all__ = [
+    "MISSING",
+    "BatchSchedule",
+    "Chosen",
+    "LevelDecision",
+    "Profile",
+    "Ratio",
+    "ScheduleEntry",
+    "SCHEMA_VERSION",
+    "TableDecision",
+]
 
 
 class _Missing:
@@ -311,6 +331,141 @@ class BatchSchedule:
         return tuple(sorted((e.batch_size, e.gamma) for e in self.entries))
 
 
+@dataclass(frozen=True)
+class Ratio:
+    """A paired ratio over ``n`` rounds and its 95% interval, stored as ``{"value", "ci95": [low, high],
+    "n"}``: the shape of every paired ratio in a profile (``schedule[].ratio`` too)."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str) -> Ratio:
+        """Validate one ratio; ProfileError names the key (``<where>.<key>``). Numbers are kept as written."""
+        known, _ = _split(data, ("value", "ci95", "n"), where)
+        for key in ("value", "ci95", "n"):
+            if key not in known:
+                raise ProfileError(f"profile: missing key '{where}.{key}'")
+        ci95 = check_kind(known["ci95"], list, f"{where}.ci95")
+        if len(ci95) != 2:
+            raise ProfileError(f"profile: '{where}.ci95' must be [low, high], got {ci95!r}")
+        for bound in ci95:
+            check_kind(bound, float, f"{where}.ci95")
+        if not check_kind(known["value"], float, f"{where}.value") > 0:
+            raise ProfileError(f"profile: '{where}.value' must be > 0, got {known['value']!r}")
+        if check_kind(known["n"], int, f"{where}.n") < 1:
+            raise ProfileError(f"profile: '{where}.n' must be >= 1, got {known['n']!r}")
+        return cls(known["value"], ci95[0], ci95[1], known["n"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": self.value, "ci95": [self.low, self.high], "n": self.n}
+
+
+@dataclass(frozen=True)
+class LevelDecision:
+    """One load level of ``table_decision.levels``: the K the per-level rule chose there, its measured
+    tokens/s and why. ``over_chosen``, where measured: the paired ratio of this level's choice over
+    the configuration the profile serves, at this level (``autotune watch`` takes its interval
+    where it has no live acceptance)."""
+
+    batch_size: int
+    gamma: int
+    tokens_per_second: float | None = MISSING
+    reason: str = MISSING
+    over_chosen: Ratio = MISSING
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    KEYS = ("batch_size", "gamma", "tokens_per_second", "reason", "over_chosen")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str) -> LevelDecision:
+        known, extra = _split(data, cls.KEYS, where)
+        for key in ("batch_size", "gamma"):
+            if key not in known:
+                raise ProfileError(f"profile: missing key '{where}.{key}'")
+        if check_kind(known["batch_size"], int, f"{where}.batch_size") < 1:
+            raise ProfileError(f"profile: '{where}.batch_size' must be >= 1, got {known['batch_size']}")
+        if check_kind(known["gamma"], int, f"{where}.gamma") < 0:
+            raise ProfileError(f"profile: '{where}.gamma' must be >= 0, got {known['gamma']}")
+        if known.get("tokens_per_second") is not None:
+            check_kind(known["tokens_per_second"], float, f"{where}.tokens_per_second")
+        if "over_chosen" in known:
+            known["over_chosen"] = Ratio.from_json(known["over_chosen"], f"{where}.over_chosen")
+        return cls(**{k: known.get(k, MISSING) for k in cls.KEYS}, extra=extra, key_order=tuple(data))
+
+    def to_json(self) -> dict[str, Any]:
+        values = {k: getattr(self, k) for k in self.KEYS if getattr(self, k) is not MISSING}
+        if self.over_chosen is not MISSING:
+            values["over_chosen"] = self.over_chosen.to_json()
+        return _ordered({**values, **self.extra}, self.key_order)
+
+
+@dataclass(frozen=True)
+class TableDecision:
+    """Why the schedule is a by-batch-size table or one K (profile key ``table_decision``).
+
+    Written by ``autotune.decide.decision.TableContest``: the per-level choices (``levels``), the
+    table they make (``(batch_size, K)`` pairs), whether it was served live beside the best
+    constant and no speculation and won there, the verdict's per-level ratios (``per_level``, as
+    ``autotune.decide.selection.TableVerdict`` holds them), the arrival trace's tokens/s of each
+    served configuration, and the reason in one sentence. Absent keys stay absent (profiles from
+    before a key).
+    """
+
+    levels: tuple[LevelDecision, ...] = MISSING
+    table: tuple[tuple[int, int], ...] = MISSING
+    served: bool = MISSING
+    won: bool = MISSING
+    per_level: Sequence[Mapping[str, Any]] = MISSING
+    trace_tokens_per_second: Mapping[str, float | None] = MISSING
+    reason: str = MISSING
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    KEYS = ("levels", "table", "served", "won", "per_level", "trace_tokens_per_second", "reason")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TableDecision:
+        """Validate ``table_decision``; ProfileError names the key (``table_decision.<key>``).
+
+        Example:
+            >>> d = TableDecision.from_json({"levels": [{"batch_size": 4, "gamma": 2}], "table": [[4, 2]]})
+            >>> d.levels[0].gamma, d.table, d.won
+            (2, ((4, 2),), MISSING)
+        """
+        known, extra = _split(data, cls.KEYS, "table_decision")
+        if "levels" in known:
+            levels = check_kind(known["levels"], list, "table_decision.levels")
+            known["levels"] = tuple(
+                LevelDecision.from_json(lv, f"table_decision.levels[{i}]") for i, lv in enumerate(levels)
+            )
+        if "table" in known:
+            known["table"] = _pairs(known["table"], "table_decision.table")
+        for key in ("served", "won"):
+            if key in known:
+                check_kind(known[key], bool, f"table_decision.{key}")
+        return cls(**{k: known.get(k, MISSING) for k in cls.KEYS}, extra=extra, key_order=tuple(data))
+
+    def to_json(self) -> dict[str, Any]:
+        values = {k: getattr(self, k) for k in self.KEYS if getattr(self, k) is not MISSING}
+        if self.levels is not MISSING:
+            values["levels"] = [lv.to_json() for lv in self.levels]
+        if self.table is not MISSING:
+            values["table"] = [list(p) for p in self.table]
+        return _ordered({**values, **self.extra}, self.key_order)
+
+
+def _pairs(value: Any, where: str) -> tuple[tuple[int, int], ...]:
+    """``[[batch_size, K], ...]`` as a tuple of integer pairs; ProfileError naming ``where`` otherwise."""
+    pairs = check_kind(value, list, where)
+    if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise ProfileError(f"profile: {where!r} must be [batch_size, K] pairs, got {pairs!r}")
+    return tuple((check_kind(b, int, where), check_kind(k, int, where)) for b, k in pairs)
+
+
 _PROFILE_KEYS = (
     "schema_version",
     "tool_version",
@@ -366,7 +521,7 @@ class Profile:
     selection: Mapping[str, Any] = MISSING  # met_slo, reason, trial
     schedule: BatchSchedule = MISSING  # stored as `schedule` and `crossover_batch_size`
     # the per-level choices, the table they make, whether it was served live and won, and why
-    table_decision: Mapping[str, Any] = MISSING
+    table_decision: TableDecision = MISSING
     metrics: Mapping[str, Any] = MISSING
     baseline: Mapping[str, Any] = MISSING
     trials: Sequence[Mapping[str, Any]] = MISSING
@@ -391,9 +546,11 @@ class Profile:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Profile:
-        """Read a stored profile; a newer schema_version is refused, ``chosen``/``schedule`` are validated."""
-        known, extra = _split(data, _PROFILE_KEYS, "profile")
+        """Read a stored profile; a newer schema_version is refused, an older one migrated
+        (:func:`profiles.reading.migrate`), ``chosen``/``schedule``/``table_decision`` are validated."""
         check_schema_version(data)
+        data = migrate(data)
+        known, extra = _split(data, _PROFILE_KEYS, "profile")
         fields = {k: v for k, v in known.items() if k != "crossover_batch_size"}
         fields.setdefault("schema_version", MISSING)
         if "chosen" in known:
@@ -404,6 +561,8 @@ class Profile:
             )
         elif "crossover_batch_size" in known:
             extra = {**extra, "crossover_batch_size": known["crossover_batch_size"]}
+        if "table_decision" in known:
+            fields["table_decision"] = TableDecision.from_json(known["table_decision"])
         if "deployment" in known:
             fields["deployment"] = Deployment.from_json(known["deployment"])
         return cls(**fields, extra=extra, key_order=tuple(data))
@@ -420,7 +579,7 @@ class Profile:
                 values["schedule"] = value.to_json()
                 if value.crossover_batch_size is not MISSING:
                     values["crossover_batch_size"] = value.crossover_batch_size
-            elif f.name in ("chosen", "deployment"):
+            elif f.name in ("chosen", "table_decision", "deployment"):
                 values[f.name] = value.to_json()
             else:
                 values[f.name] = value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,7 +11,13 @@ from autotune.cli.options import print_json
 from autotune.cli.render import render_bench
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import DRAFTERS
-from engine.speculative import GAMMA_POLICIES
+from engine.speculative import GAMMA_POLICIES, Request, SpecConfig
+
+if TYPE_CHECKING:
+    from autotune.workload.runner import Sampling
+    from engine.loader import ModelPair
+
+Arrivals = tuple[tuple[float, Request], ...]  # (offset_s, request), sorted by offset
 
 
 @click.command()
@@ -141,18 +148,59 @@ def bench(
     as_json,
 ):
     """Speculative vs autoregressive decoding on the same engine, prompts and load."""
-    from autotune.workload.runner import LoadSpec, Sampling, build_requests, compare
-    from autotune.workload.trace import phase_trace, read_trace
-    from engine.loader import load_pair
-    from engine.speculative import SpecConfig
-    from engine.workload import load_workload
+    from autotune.workload.runner import LoadSpec, Sampling, compare
 
+    _check_trace(trace, rate, concurrency)
+    spec = SpecConfig(gamma=gamma, confidence_threshold=confidence_threshold, gamma_schedule=gamma_schedule)
+    batch_size = batch_size or (concurrency if rate is None else None) or 1
+    sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
+    pair, requests = _bench_inputs(
+        target, draft, eagle3, drafter, dtype, device, prompts, sampling, truncate_prompts
+    )
+    arrivals = _arrivals(trace, requests, pair, sampling, batch_size, seed, truncate_prompts)
+    load = LoadSpec(
+        max_batch_size=batch_size,
+        concurrency=None if rate or arrivals else (concurrency or batch_size),
+        rate=rate,
+        num_requests=len(arrivals) if arrivals is not None else num_requests,
+        duration_s=duration,
+        max_prefill_tokens=max_prefill_tokens,
+        arrivals=arrivals,
+    )
+    result = compare(pair, requests, spec, drafter, load, seed)
+    device_name = str(pair.target.lm_head.weight.device)
+    result.update(gamma=gamma, drafter=drafter, confidence_threshold=confidence_threshold)
+    result.update(batch_size=batch_size, device=device_name, dtype=dtype)
+    if as_json:
+        print_json(result)
+        return
+    click.echo(render_bench(result, drafter, gamma, confidence_threshold, batch_size, load.num_requests))
+
+
+def _check_trace(trace: str | None, rate: float | None, concurrency: int | None) -> None:
+    """``--trace`` is a file or ``phases``, and replaces ``--concurrency`` and ``--rate``."""
     if trace is not None and (rate is not None or concurrency is not None):
         raise click.UsageError("--trace replaces --concurrency and --rate: give one of them")
     if trace not in (None, "phases") and not Path(trace).is_file():
         raise click.BadParameter(f"{trace}: no such file (or phases)", param_hint="--trace")
-    spec = SpecConfig(gamma=gamma, confidence_threshold=confidence_threshold, gamma_schedule=gamma_schedule)
-    batch_size = batch_size or (concurrency if rate is None else None) or 1
+
+
+def _bench_inputs(
+    target: Path,
+    draft: Path,
+    eagle3: Path | None,
+    drafter: str,
+    dtype: str,
+    device: str,
+    prompts: Path,
+    sampling: Sampling,
+    truncate: bool,
+) -> tuple[ModelPair, list[Request]]:
+    """The pair ``drafter`` needs, and the prompts as engine requests (each checked against the context)."""
+    from autotune.workload.runner import build_requests
+    from engine.loader import load_pair
+    from engine.workload import load_workload
+
     items = load_workload(prompts)
     if drafter == "eagle3" and eagle3 is None:
         raise click.UsageError("--drafter eagle3 needs --eagle3 HEAD_FOLDER")
@@ -165,44 +213,28 @@ def bench(
     )
     if pair.tokenizer is None:
         raise click.BadParameter(f"{target}: no tokenizer.json", param_hint="--target")
-    sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
-    requests = build_requests(
-        items,
-        pair.tokenizer,
-        sampling,
-        pair.target.config.max_position_embeddings,
-        where=str(prompts),
-        truncate=truncate_prompts,
+    context = pair.target.config.max_position_embeddings
+    return pair, build_requests(
+        items, pair.tokenizer, sampling, context, where=str(prompts), truncate=truncate
     )
-    arrivals = None
+
+
+def _arrivals(
+    trace: str | None,
+    requests: list[Request],
+    pair: ModelPair,
+    sampling: Sampling,
+    batch_size: int,
+    seed: int,
+    truncate: bool,
+) -> Arrivals | None:
+    """The arrivals ``--trace`` asks for: the phases trace over ``requests``, or the file's; None without it."""
+    from autotune.workload.trace import phase_trace, read_trace
+
     if trace == "phases":
-        arrivals = tuple(phase_trace(requests, batch_size, seed))
-    elif trace is not None:
-        context = pair.target.config.max_position_embeddings
-        arrivals = tuple(read_trace(trace, pair.tokenizer, sampling, context, truncate_prompts))
-    if arrivals is not None:
-        num_requests = len(arrivals)
-    load = LoadSpec(
-        max_batch_size=batch_size,
-        concurrency=None if rate or arrivals else (concurrency or batch_size),
-        rate=rate,
-        num_requests=num_requests,
-        duration_s=duration,
-        max_prefill_tokens=max_prefill_tokens,
-        arrivals=arrivals,
-    )
-    result = compare(pair, requests, spec, drafter, load, seed)
-    result.update(
-        {
-            "gamma": gamma,
-            "drafter": drafter,
-            "confidence_threshold": confidence_threshold,
-            "batch_size": batch_size,
-            "device": str(pair.target.lm_head.weight.device),
-            "dtype": dtype,
-        }
-    )
-    if as_json:
-        print_json(result)
-        return
-    click.echo(render_bench(result, drafter, gamma, confidence_threshold, batch_size, num_requests))
+        return tuple(phase_trace(requests, batch_size, seed))
+    if trace is None:
+        return None
+    assert pair.tokenizer is not None  # _bench_inputs refuses a target without one
+    context = pair.target.config.max_position_embeddings
+    return tuple(read_trace(trace, pair.tokenizer, sampling, context, truncate))

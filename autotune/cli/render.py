@@ -15,7 +15,7 @@ from typing import Any
 
 from autotune.cli.text import columns
 from autotune.records import LevelMetrics, Measurement
-from profiles.schema import MISSING, Profile, ScheduleEntry
+from profiles.schema import MISSING, Profile, ScheduleEntry, TableDecision
 
 BENCH_ROWS = [
     ("tokens_per_second", "tokens/s"),
@@ -113,7 +113,7 @@ def render_profile(measurement: Measurement | Mapping[str, Any]) -> str:
 
 
 def _ratio(value: float | None, ci: list | None, unit: str = "x") -> str:
-    """``1.62x (95% CI 1.51-1.70)``; without an interval (old profiles, one repeat) just the value."""
+    """``1.62x (95% CI 1.51-1.70)``; without an interval (a profile that stored none, one repeat) just the value."""
     if value is None:
         return "n/a"
     if not ci or ci[0] == ci[1] == value:
@@ -176,15 +176,15 @@ def _schedule_text(e: ScheduleEntry | Mapping[str, Any]) -> str:
     return text + f" (speculation vs gamma 0: {describe_difference(estimate)})"
 
 
-def _table_lines(decision: Mapping[str, Any] | None) -> list[str]:
-    """The per-level choices and the table's verdict (profiles from before tables have none)."""
-    if decision is MISSING or not decision:
+def _table_lines(decision: TableDecision) -> list[str]:
+    """The per-level choices and the table's verdict (a profile without a table decision has none)."""
+    if decision is MISSING or not decision.to_json():
         return []
-    levels = ", ".join(f"B={lv['batch_size']}: {lv['gamma']}" for lv in decision.get("levels", []))
-    verdict = "served live and chosen" if decision.get("won") else "served live, not chosen"
+    levels = ", ".join(f"B={lv.batch_size}: {lv.gamma}" for lv in decision.levels or ())
+    verdict = "served live and chosen" if decision.won else "served live, not chosen"
     return [
         f"per level   K chosen per load level: {levels or 'none'}",
-        f"table       {verdict if decision.get('served') else 'not served'}: {decision.get('reason', '')}",
+        f"table       {verdict if decision.served else 'not served'}: {decision.reason or ''}",
     ]
 
 

@@ -1,6 +1,7 @@
 """``autotune watch``: follow a live server's /metrics and say when its stored profile no longer holds.
 
-The logic is :mod:`autotune.watch.monitor`; this module opens the store, takes the first scrape,
+The logic is :mod:`autotune.watch` (its modules: scrape, windows, predict, staleness, output,
+endpoint, loop); this module opens the store, takes the first scrape,
 picks the profile (:mod:`autotune.watch.match`: the newest of the model the server's /v1/models
 names, tuned on its stack), wires the output (human lines or ``--json`` on stdout, warnings on
 stderr, the optional Prometheus endpoint) and turns Ctrl-C (or SIGTERM) into a clean exit 0.
@@ -173,13 +174,15 @@ def watch(
 ):
     """Follow a live vLLM or llama-server and say when the stored profile no longer holds.
 
-    Reads only GET /metrics, every --interval seconds. Per window: live acceptance per draft
+    Reads GET /v1/models once (which model the server serves, so the profile is of that model)
+    and GET /metrics every --interval seconds. Per window: live acceptance per draft
     position, the load, and the cost model's predicted tokens/s of the served K against every
     other K (speculation off included). Stale after --windows-to-stale windows in a row that
     predict another K better, when their pooled gain exceeds --margin with the interval's lower
     bound above 1; fresh after as many windows within half the margin.
     """
-    from autotune.watch import monitor as w
+    from autotune.watch import endpoint, loop, output, profile_model, scrape
+    from autotune.watch.staleness import Staleness, Verdict
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (a service manager's stop) ends the watch like Ctrl-C
@@ -193,14 +196,14 @@ def watch(
         if not config_path.is_file():
             raise ConfigError(f"--retune: {config_path} does not exist (the tune.yaml a re-tune starts from)")
         retune_cfg = load_config(config_path)
-    target = w.metrics_url(url)
+    target = scrape.metrics_url(url)
     timeout = min(max(interval, 1.0), 10.0)
     store = _store(config_path, storage)
     try:
         if profile_id is None and not store.list_profiles():
             raise ProfileError("no profile in the store (run `autotune tune`, or pass --storage URL)")
-        state = w.Watch(lambda: w.fetch_metrics(target, timeout), stack, say_err)
-        staleness = w.Staleness(windows_to_stale=1 if once else windows_to_stale, margin=margin)
+        state = loop.Watch(lambda: scrape.fetch_metrics(target, timeout), stack, say_err)
+        staleness = Staleness(windows_to_stale=1 if once else windows_to_stale, margin=margin)
         exporter = None
         previous = signal.signal(signal.SIGTERM, stop) if _main_thread() else None
         try:
@@ -212,14 +215,14 @@ def watch(
                 first = state.scrape()
             state.baseline = first
             prof, why = _pick_profile(store, profile_id, first.stack, target, timeout)
-            model = w.ProfileModel.from_profile(prof)
+            model = profile_model.ProfileModel.from_profile(prof)
             if model.backend != first.stack:
                 say_err(
                     f"note: profile #{model.profile_id} was tuned on {model.backend}, this server is "
                     f"{first.stack}: its acceptance and served K still apply, its step costs are the engine's"
                 )
             if metrics_port is not None:
-                exporter = w.MetricsServer(metrics_host, metrics_port)
+                exporter = endpoint.MetricsServer(metrics_host, metrics_port)
                 say_err(f"serving the watch's metrics on http://{metrics_host}:{exporter.port}/metrics")
             say_err(
                 f"watching {target} ({first.stack}) against profile #{model.profile_id} ({why}), "
@@ -228,15 +231,15 @@ def watch(
 
             retuned: list[int] = []
 
-            def emit(verdict: w.Verdict) -> None:
+            def emit(verdict: Verdict) -> None:
                 if as_json:
-                    click.echo(w.json_line(w.verdict_json(verdict, model, first.stack)))
+                    click.echo(output.json_line(output.verdict_json(verdict, model, first.stack)))
                 else:
-                    click.echo(w.render_line(verdict, model))
+                    click.echo(output.render_line(verdict, model))
                 if retune_cfg is not None and verdict.stale and verdict.changed and not retuned:
                     retuned.append(_retune(retune_cfg, retune_prompts, first.stack, verdict, model))
 
-            return w.run(state, model, staleness, emit, interval, once=once, exporter=exporter)
+            return loop.run(state, model, staleness, emit, interval, once=once, exporter=exporter)
         except KeyboardInterrupt:
             say_err("stopped")
             return 0

@@ -59,7 +59,16 @@ from autotune.search.budget import RunBudget
 from autotune.search.study import Space, slo_violations
 from autotune.stats import Estimate, estimate, paired_ratio, significant
 from profiles.profile import SCHEMA_VERSION, TOOL_VERSION
-from profiles.schema import MISSING, BatchSchedule, Chosen, Profile, ScheduleEntry
+from profiles.schema import (
+    MISSING,
+    BatchSchedule,
+    Chosen,
+    LevelDecision,
+    Profile,
+    Ratio,
+    ScheduleEntry,
+    TableDecision,
+)
 from profiles.store import redact_url
 
 Say = Callable[[str], None]
@@ -264,6 +273,7 @@ class TableContest:
     ``over_chosen``: by batch size, the paired ratio of that level's choice over the configuration
     the profile serves, measured there (:func:`level_ratios`); stored as each level's
     ``over_chosen`` (``autotune watch`` takes its interval where it has no live acceptance).
+    :meth:`table_decision` is the profile's record of it.
     """
 
     levels: list[LevelChoice]
@@ -275,31 +285,30 @@ class TableContest:
     trace: dict[str, float | None] = dataclasses.field(default_factory=dict)  # workload.trace tokens/s
     over_chosen: dict[int, Estimate] = dataclasses.field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The profile's ``table_decision``; a level's ``over_chosen`` is ``{value, low, high, n}``
-        (absent where :func:`level_ratios` has none: profiles from before it have none either)."""
-        return {
-            "levels": [
-                {
-                    "batch_size": c.batch_size,
-                    "gamma": c.gamma,
-                    "tokens_per_second": c.point.tokens_per_second,
-                    "reason": c.reason,
-                    **(
-                        {"over_chosen": dataclasses.asdict(self.over_chosen[c.batch_size])}
-                        if c.batch_size in self.over_chosen
-                        else {}
-                    ),
-                }
-                for c in self.levels
-            ],
-            "table": [list(p) for p in self.table],
-            "served": self.served is not None,
-            "won": bool(self.verdict and self.verdict.won),
-            "per_level": self.verdict.per_level if self.verdict else [],
-            **({"trace_tokens_per_second": self.trace} if self.trace else {}),
-            "reason": self.note,
-        }
+    def table_decision(self) -> TableDecision:
+        """The profile's ``table_decision``; a level's ``over_chosen`` is absent where
+        :func:`level_ratios` has none."""
+        levels = tuple(
+            LevelDecision(
+                c.batch_size,
+                c.gamma,
+                c.point.tokens_per_second,
+                c.reason,
+                Ratio(e.value, e.low, e.high, e.n)
+                if (e := self.over_chosen.get(c.batch_size)) is not None
+                else MISSING,
+            )
+            for c in self.levels
+        )
+        return TableDecision(
+            levels=levels,
+            table=self.table,
+            served=self.served is not None,
+            won=bool(self.verdict and self.verdict.won),
+            per_level=self.verdict.per_level if self.verdict else [],
+            trace_tokens_per_second=self.trace if self.trace else MISSING,
+            reason=self.note,
+        )
 
 
 @dataclass(frozen=True)
@@ -527,7 +536,7 @@ def level_ratios(levels: list[LevelChoice], pool: list[Point], chosen: Point) ->
             continue
         mine, theirs = p.per_batch_rounds.get(b, ()), chosen.per_batch_rounds.get(b, ())
         if mine and len(mine) == len(theirs):
-            out[b] = score_ratio(at_level(p, b), at_level(chosen, b), has_slo=True)
+            out[b] = score_ratio(at_level(p, b), at_level(chosen, b))
     return out
 
 
@@ -755,7 +764,7 @@ def build_profile(
         curves=measurement["curves"],
         acceptance={k: v for k, v in measurement["acceptance"].items() if k != "samples"},
         predicted_vs_measured=d.predicted_vs_measured,
-        table_decision=d.table.to_json(),
+        table_decision=d.table.table_decision(),
     )
 
 

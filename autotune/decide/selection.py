@@ -87,7 +87,7 @@ def choose(points: Sequence[Point], has_slo: bool, knee: bool = False) -> Choice
     return Choice(best, True, "highest throughput (no SLOs set)")
 
 
-def score_ratio(a: Point, b: Point, has_slo: bool) -> Estimate:  # noqa: ARG001 - one rule with or without SLOs
+def score_ratio(a: Point, b: Point) -> Estimate:
     """A over B in tokens/s (the throughput objective), from paired rounds when both have them.
 
     The rule *ranks* by tokens/s or (``objectives.choose: knee``) tokens/s per ms of latency, but a
@@ -149,7 +149,7 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool, knee: bool = Fals
         )
         blocked = None
         for s in simpler:
-            ratio = score_ratio(winner, s, has_slo)
+            ratio = score_ratio(winner, s)
             if not significant(ratio):
                 blocked = (s, ratio)
                 break
@@ -158,13 +158,13 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool, knee: bool = Fals
             if notes:
                 reason += "; kept " + winner.knobs.label + ": " + "; ".join(notes)
             elif simpler:
-                ratio = score_ratio(winner, simpler[0], has_slo)
+                ratio = score_ratio(winner, simpler[0])
                 reason += f"; over {simpler[0].knobs.label}: {describe_difference(ratio)}"
             else:  # the simplest won outright: say how the runner-up compared
                 others = [p for p in pool if p is not winner and (p.feasible or not has_slo)]
                 if others:
                     runner_up = choose(others, has_slo, knee).point
-                    ratio = score_ratio(runner_up, winner, has_slo)
+                    ratio = score_ratio(runner_up, winner)
                     reason += f"; {runner_up.knobs.label} vs it: {describe_difference(ratio)}"
             return Choice(winner, choice.met_slo, reason)
         s, ratio = blocked
@@ -248,7 +248,7 @@ def per_level_choices(
         for p in pool:
             if p is base or p.tokens_per_second <= base.tokens_per_second:
                 continue
-            ratio = score_ratio(p, base, has_slo=True)
+            ratio = score_ratio(p, base)
             faster.append((p, ratio))
         better = [(p, r) for p, r in faster if significant(r)]
         if better:
@@ -356,9 +356,9 @@ def plan_table(
         if c.point.knobs == const.knobs:
             continue
         if const.tokens_per_second < c.point.tokens_per_second:
-            gains = gains or significant(score_ratio(c.point, const, has_slo=True))
+            gains = gains or significant(score_ratio(c.point, const))
             continue
-        ratio = score_ratio(const, c.point, has_slo=True)
+        ratio = score_ratio(const, c.point)
         if significant(ratio):
             return plan(
                 f"per-level choices {per_level}; the table {table_text(table)} holds K={c.gamma} at "

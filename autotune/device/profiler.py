@@ -128,61 +128,31 @@ def measure_curves(
     k runs 1 .. gamma_max + 1, or 1 .. ``verify_k_max`` when that is larger (a token tree's nodes + 1)."""
     prompt_tokens = prompt_tokens or context
     device = pair.target.lm_head.weight.device
+    k_max = max(gamma_max + 1, verify_k_max or 0)
     t_verify: dict[int, dict[int, float]] = {}
     t_draft: dict[int, float] = {}
     cost_samples: dict[int, dict[int, list[float]]] = {}  # the classifier's evidence: k = 1 and gamma_max + 1
-    noisy = []
+    noisy: list[str] = []
     for b in batch_sizes:
-        t_verify[b] = {}
-        cost_samples[b] = {}
-        for k in range(1, max(gamma_max + 1, verify_k_max or 0) + 1):
-            m = measure_stable(
-                forward_timer(pair.target, b, k, context, device),
-                device,
-                warmup=2,
-                repeats=repeats,
-                keep_samples=True,
-            )
-            t_verify[b][k] = m["median"]
-            if k in (1, gamma_max + 1):
-                cost_samples[b][k] = m["samples"]
-            if m["noisy"]:
-                noisy.append(f"verify B={b} k={k}")
-        draft_step = (
-            forward_timer(pair.draft, b, 1, context, device)
-            if pair.draft is not None
-            else _head_timer(pair.eagle3, b, context, device)
-            if pair.eagle3 is not None
-            else None
+        t_verify[b], cost_samples[b], noisy_ks = _verify_row(
+            pair.target, b, k_max, gamma_max, context, repeats
         )
+        noisy += [f"verify B={b} k={k}" for k in noisy_ks]
+        draft_step = _draft_timer(pair, b, context, device)
         if draft_step is not None:
             t_draft[b] = measure_stable(draft_step, device, warmup=2, repeats=repeats)["median"]
         if progress:
             progress(f"verify/draft curves B={b}")
-    knee_curve: dict[int, float] = {}
-    knee_samples: dict[int, list[float]] = {}
-    t_prefill: dict[int, float] = {}
-    for b in batch_sizes:
-        m = measure_stable(
+    t_prefill = {
+        b: measure_stable(
             forward_timer(pair.target, b, prompt_tokens, 1, device),
             device,
             warmup=1,
             repeats=max(3, repeats // 2),
-        )
-        t_prefill[b] = m["median"]
-    b_max = max(batch_sizes)
-    for n in powers_of_two(max(64, b_max * (gamma_max + 1))):
-        b = min(n, b_max)
-        k = max(1, n // b)
-        m = measure_stable(
-            forward_timer(pair.target, b, k, context, device),
-            device,
-            warmup=2,
-            repeats=repeats,
-            keep_samples=True,
-        )
-        knee_curve[b * k] = m["median"]
-        knee_samples[b * k] = m["samples"]
+        )["median"]
+        for b in batch_sizes
+    }
+    knee_curve, knee_samples = _knee_curve(pair.target, max(batch_sizes), gamma_max, context, repeats)
     if progress:
         progress("knee curve")
     return {
@@ -197,6 +167,54 @@ def measure_curves(
         "repeats": repeats,
         "noisy": noisy,
     }
+
+
+def _verify_row(
+    target: Transformer, b: int, k_max: int, gamma_max: int, context: int, repeats: int
+) -> tuple[dict[int, float], dict[int, list[float]], list[int]]:
+    """T_verify(b, k) for k = 1 .. ``k_max``: the medians, the samples at k = 1 and gamma_max + 1 (the
+    classifier's evidence), and the k whose samples stayed noisy."""
+    device = target.lm_head.weight.device
+    times: dict[int, float] = {}
+    samples: dict[int, list[float]] = {}
+    noisy = []
+    for k in range(1, k_max + 1):
+        m = measure_stable(
+            forward_timer(target, b, k, context, device), device, warmup=2, repeats=repeats, keep_samples=True
+        )
+        times[k] = m["median"]
+        if k in (1, gamma_max + 1):
+            samples[k] = m["samples"]
+        if m["noisy"]:
+            noisy.append(k)
+    return times, samples, noisy
+
+
+def _draft_timer(pair: ModelPair, b: int, context: int, device: torch.device) -> Callable[[], object] | None:
+    """One draft step at batch ``b``: the draft model's forward, or the EAGLE-3 head's; None without either."""
+    if pair.draft is not None:
+        return forward_timer(pair.draft, b, 1, context, device)
+    if pair.eagle3 is not None:
+        return _head_timer(pair.eagle3, b, context, device)
+    return None
+
+
+def _knee_curve(
+    target: Transformer, b_max: int, gamma_max: int, context: int, repeats: int
+) -> tuple[dict[int, float], dict[int, list[float]]]:
+    """T(n) for verify passes of n = B * k tokens in powers of two (B up to ``b_max``): medians and samples."""
+    device = target.lm_head.weight.device
+    curve: dict[int, float] = {}
+    samples: dict[int, list[float]] = {}
+    for n in powers_of_two(max(64, b_max * (gamma_max + 1))):
+        b = min(n, b_max)
+        k = max(1, n // b)
+        m = measure_stable(
+            forward_timer(target, b, k, context, device), device, warmup=2, repeats=repeats, keep_samples=True
+        )
+        curve[b * k] = m["median"]
+        samples[b * k] = m["samples"]
+    return curve, samples
 
 
 def measure_overhead(pair: ModelPair, requests: list[Request], curves: dict, seed: int = 0) -> None:

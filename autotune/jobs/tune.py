@@ -315,25 +315,27 @@ def _optimize(
 def _budget_stop(
     cfg: TuneConfig, clock: RunBudget, say: Say
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    """An Optuna callback for ``budget.minutes``: keeps the median finished trial's seconds as the
+    """An Optuna callback for ``budget.minutes``: keeps the median trial's seconds (on the budget's clock) as the
     run's cost of one configuration (:attr:`RunBudget.run_s`, which the re-measurement sizes its
     rounds from) and stops the study when one more trial would leave too little for the
     re-measurement's first round of its finalists (``remeasure_top`` + the baseline and best constant)."""
     finalists = cfg.budget.remeasure_top + 2
+    durations: list[float] = []
+    last = [clock.clock()]
 
     def stop(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:  # noqa: ARG001
-        done = [t.duration.total_seconds() for t in study_mod.finished(study) if t.duration is not None]
-        if not done:
-            return
-        clock.run_s = statistics.median(done)
+        now = clock.clock()
+        durations.append(now - last[0])
+        last[0] = now
+        clock.run_s = statistics.median(durations)
         if clock.seconds is None:
             return
         reserve = clock.run_s * finalists * cfg.budget.repeats
         if not clock.allows(clock.run_s + reserve):
             say(
                 clock.cut(
-                    f"study stopped after {len(done)} trials: one more ({minutes_text(clock.run_s)}) and the "
-                    f"re-measurement ({minutes_text(reserve)}) would pass budget.minutes"
+                    f"study stopped after {len(durations)} trials: one more ({minutes_text(clock.run_s)}) and "
+                    f"the re-measurement ({minutes_text(reserve)}) would pass budget.minutes"
                 )
             )
             study.stop()

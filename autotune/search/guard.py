@@ -2,8 +2,8 @@
 that took the cores its threads need?
 
 The host checks before and after tuning (:mod:`autotune.device.hostnoise`) never see a process that starts
-after the first one, and two torch threads sharing a core with a busy loop run 10-20x slower
-(intra-op threads wait for each other at the end of every op). So every study trial, whatever its
+after the first one, and two torch threads sharing a core with a busy loop run many times slower
+(intra-op threads wait for each other at the end of every op: docs/decisions.md#threads-on-busy-host). So every study trial, whatever its
 backend, runs through :class:`TrialGuard`:
 
 - **Threads follow the free cores.** Before each run, when the latest reading says other processes
@@ -17,14 +17,14 @@ backend, runs through :class:`TrialGuard`:
   study's finished trials (:class:`Expectation`; every trial runs the same requests at the same
   load levels). The fixed matmul of the host check is not timed per trial: it samples one instant
   after the run, not the run, and on a 2-core host one reading of it right after heavy work is
-  noise (a 32% CV on a quiet host right after a compile), while the counters integrate over
-  exactly the run at no cost.
+  noise (a high CV on a quiet host: docs/decisions.md#host-busy-rule), while the counters integrate
+  over exactly the run at no cost.
 - **Disturbed** (:func:`verdict`): other processes held, for most of the run, a core the study's
   threads need (the host would have been given fewer threads: hostnoise's ``OTHERS_BUSY`` rule);
   or the run had fewer threads than the study; or it took more than :data:`SLOW` times its expected
   time (or was cut) while other processes took at least :data:`EVIDENCE_CORES` of a needed core,
   or the load average exceeded the CPU count. The load average alone decides nothing: it lags a
-  minute behind (a loop stopped 30 s ago still reads 1.5) and counts this process's threads.
+  minute behind (a loop stopped half a minute ago still raises it) and counts this process's threads.
 - **What a disturbed run gets.** Its measurement is kept in the trial's ``disturbed`` user
   attribute, never returned as the trial's values: the guard waits for a quiet host (windows of
   :data:`QUIET_WINDOW_S`, up to :data:`QUIET_WAIT_S`) and runs the same knobs with the same seed
@@ -75,7 +75,7 @@ SLOW = 2.0
 """A run slower than this many times its expected time is disturbed when the host shows any load."""
 EVIDENCE_CORES = 0.1
 """Cores the study's threads need that other processes took, averaged over a slow run, that make it
-disturbed (a tenth of a core: a busy loop overlapping ~15% of the run)."""
+disturbed (a tenth of a core, averaged over the run)."""
 
 
 class HostWatch(Protocol):

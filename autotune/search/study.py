@@ -304,27 +304,8 @@ def warm_starts(
     m = Measurement.from_json(measurement)
     if not m.has_engine:  # no engine prior: the stack's own calibration K, or the middle of the range
         return _warm_starts_without_engine(ctx, space, base, in_stack, points, nearest)
-    curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
-    thresholds = tuple(
-        sorted({space.threshold_low, space.threshold_high, (space.threshold_low + space.threshold_high) / 2})
-    )
     drafter = ctx.profile_drafter if ctx.profile_drafter in space.drafters else space.drafters[0]
-    chains = []
-    for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
-        best = best_gamma(
-            curves,
-            samples,
-            b,
-            min(gmax, space.gamma_high),
-            thresholds,
-            cfg.workload.max_new_tokens,
-            max(cfg.workload.requests_at(b), b),
-            [len(r.prompt_ids) for r in ctx.requests],
-        )
-        knobs = replace(
-            base, drafter=drafter, gamma=max(best.gamma, 1), confidence_threshold=best.confidence_threshold
-        )
-        chains.append((f"cost model best at batch {b}", knobs))
+    chains = _cost_model_chains(ctx, space, m, replace(base, drafter=drafter))
     first = chains[0][1]  # the cost model's best at the smallest batch size
     if in_stack:
         ks = stackcost.first_ks(space.gamma_low, space.gamma_high, [k.gamma for _, k in chains])
@@ -335,17 +316,64 @@ def warm_starts(
         points.append(
             (f"{other} at the cost model's gamma", replace(first, drafter=other, confidence_threshold=0.0))
         )
+    points += _cost_model_trees(cfg, space, m, base.max_batch_size)
+    return _as_params(space, base, points, nearest, in_stack)
+
+
+def _cost_model_chains(ctx: Context, space: Space, m: Measurement, base: Knobs) -> list[tuple[str, Knobs]]:
+    """The cost model's best chain (gamma and threshold, drafted by ``base``'s drafter) at the smallest
+    and the largest batch size, the smallest's first."""
+    cfg = ctx.cfg
+    curves, samples = m.cost_curves(), m.samples()
+    thresholds = tuple(
+        sorted({space.threshold_low, space.threshold_high, (space.threshold_low + space.threshold_high) / 2})
+    )
+    chains = []
+    for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
+        best = best_gamma(
+            curves,
+            samples,
+            b,
+            min(m.gamma_max, space.gamma_high),
+            thresholds,
+            cfg.workload.max_new_tokens,
+            max(cfg.workload.requests_at(b), b),
+            [len(r.prompt_ids) for r in ctx.requests],
+        )
+        knobs = replace(base, gamma=max(best.gamma, 1), confidence_threshold=best.confidence_threshold)
+        chains.append((f"cost model best at batch {b}", knobs))
+    return chains
+
+
+def _cost_model_trees(
+    cfg: TuneConfig, space: Space, m: Measurement, max_batch_size: int
+) -> list[tuple[str, Knobs]]:
+    """The cost model's best static tree at the smallest and the largest batch size, when trees are searched
+    (it predicts static trees of the draft model: the profiler's ranks are the draft model's)."""
     ranks = tree_rank_samples(m.acceptance) if space.trees else None
-    trees = [
-        t for t in space.tree_shapes if isinstance(t, tuple) and t
-    ]  # the cost model predicts static trees, of the draft model (its ranks are the draft model's)
-    if ranks and trees:
-        for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
-            shape, _ = best_tree(curves, ranks, trees, b)
-            points.append((f"cost model best tree at batch {b}", Knobs.for_tree(shape, base.max_batch_size)))
+    trees = [t for t in space.tree_shapes if isinstance(t, tuple) and t]
+    if not (ranks and trees):
+        return []
+    curves = m.cost_curves()
+    out = []
+    for b in sorted({min(cfg.batch_sizes), max(cfg.batch_sizes)}):
+        shape, _ = best_tree(curves, ranks, trees, b)
+        out.append((f"cost model best tree at batch {b}", Knobs.for_tree(shape, max_batch_size)))
+    return out
+
+
+def _as_params(
+    space: Space,
+    base: Knobs,
+    points: list[tuple[str, Knobs]],
+    nearest: dict | None,
+    in_stack: bool,
+) -> list[tuple[str, dict[str, Any]]]:
+    """``points`` and the nearest stored profile's choice as the searched knobs' params
+    (:meth:`Space.clip`), each configuration once; in a stack, the baseline twice (first and second)."""
     if nearest is not None and isinstance(nearest.get("chosen"), dict):
         stored = Knobs.from_params({**space.params(base), **nearest["chosen"]})
-        points.append((f"nearest stored profile #{nearest.get('id')}", stored))
+        points = [*points, (f"nearest stored profile #{nearest.get('id')}", stored)]
     out, seen = [], set()
     for label, knobs in points:
         clipped = space.clip(knobs)
@@ -378,23 +406,7 @@ def _warm_starts_without_engine(
         points.append(
             (f"{other} at K={first.gamma}", replace(first, drafter=other, confidence_threshold=0.0))
         )
-    if nearest is not None and isinstance(nearest.get("chosen"), dict):
-        points.append(
-            (
-                f"nearest stored profile #{nearest.get('id')}",
-                Knobs.from_params({**space.params(base), **nearest["chosen"]}),
-            )
-        )
-    out, seen = [], set()
-    for label, knobs in points:
-        clipped = space.clip(knobs)
-        key = tuple(sorted(clipped.items()))
-        if clipped and key not in seen:
-            seen.add(key)
-            out.append((label, clipped))
-    if in_stack:
-        out.insert(1, ("baseline again, same server (the host's round-to-round noise)", out[0][1]))
-    return out
+    return _as_params(space, base, points, nearest, in_stack)
 
 
 def trial_knobs(trial: optuna.trial.FrozenTrial) -> Knobs:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from profiles.deployment import Deployment
 from profiles.errors import ProfileError
 from profiles.profile import ExportInputs
 
@@ -42,7 +43,9 @@ class Exported:
     """One export: the file's text and default name, plus an optional sidecar and command line.
 
     ``speculation`` is False when the export deliberately turns speculative decoding off
-    (``notes`` then say why); ``command`` is a ready shell command when the stack has one.
+    (``notes`` then say why); ``command`` is a ready shell command when the stack has one;
+    ``extra_files`` are ``(file name, text)`` pairs written next to the main file (vLLM's
+    ``vllm serve --config`` YAML).
     """
 
     format: str
@@ -52,6 +55,7 @@ class Exported:
     command: str | None = None
     speculation: bool = True
     notes: tuple[str, ...] = field(default_factory=tuple)
+    extra_files: tuple[tuple[str, str], ...] = ()
 
     @property
     def sidecar_filename(self) -> str | None:
@@ -275,3 +279,34 @@ def substitution_notes(inputs: ExportInputs, stack: str, tree_exported: bool = F
             "this exports the draft model alone with the chosen gamma."
         )
     return notes
+
+
+# The GGUF file types that hold one float format, by the name the other stacks give it.
+_GGUF_FLOATS = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
+
+def served_dtype(deployment: Deployment) -> str | None:
+    """The weights' dtype as the trials served them, named as vLLM, SGLang, TGI and TensorRT-LLM
+    take it (``float32``, ``bfloat16``...); None for a quantized GGUF type, which they do not load.
+
+    Example:
+        >>> served_dtype(Deployment("llamacpp", "f16")), served_dtype(Deployment("llamacpp", "q4_k_m"))
+        ('float16', None)
+        >>> served_dtype(Deployment("vllm", "bfloat16"))
+        'bfloat16'
+    """
+    if deployment.stack == "llamacpp":
+        return _GGUF_FLOATS.get(deployment.dtype.lower())
+    return deployment.dtype
+
+
+def max_length(deployment: Deployment) -> int | None:
+    """The longest sequence (prompt + output) one request could hold in the trials: vLLM's
+    ``max_model_len``, llama.cpp's context per slot (None: the stack's default).
+
+    Example:
+        >>> max_length(Deployment("vllm", "float32", max_model_len=512)), max_length(
+        ...     Deployment("llamacpp", "f32", context_size=300))
+        (512, 300)
+    """
+    return deployment.max_model_len if deployment.max_model_len is not None else deployment.context_size

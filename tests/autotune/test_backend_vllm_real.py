@@ -22,7 +22,7 @@ from autotune.backends.openai_load import run_http_load
 from autotune.config import load_config
 from autotune.jobs.tune import run_tune
 from autotune.knobs import Knobs
-from autotune.watch import monitor as watch
+from autotune.watch import scrape, windows
 from engine.demo import DEMO_DRAFT, DEMO_EAGLE3, DEMO_PROMPTS, DEMO_TARGET
 from engine.generate import generate
 from engine.speculative import Request, SpecConfig
@@ -48,7 +48,7 @@ def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
     lines = DEMO_PROMPTS.read_text().splitlines()[:3]
     prompts.write_text("\n".join(lines) + "\n")
     raw = {
-        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},
+        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "dtype": "float32", "compile": False},
         "workload": {"prompts": str(prompts), "max_new_tokens": 16, "concurrency": [1, 2], "num_requests": 2},
         "search": {
             "drafter": ["model"],
@@ -106,7 +106,7 @@ def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output
 ) -> None:
     """vLLM's speculative greedy output, with the demo draft model or the demo EAGLE-3 head (served as
     ``method: eagle3`` from the folder the engine loads), equals the engine's autoregressive output."""
-    models = {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False}
+    models = {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "dtype": "float32", "compile": False}
     if drafter == "eagle3":
         models = {**models, "draft": None, "eagle3": str(DEMO_EAGLE3)}
     raw = {
@@ -163,7 +163,7 @@ def test_vllm_serves_a_two_entry_table_and_k_follows_the_load(tmp_path: Path) ->
     from autotune import context
 
     raw = {
-        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "compile": False},
+        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "dtype": "float32", "compile": False},
         "workload": {"prompts": str(DEMO_PROMPTS), "max_new_tokens": 24, "concurrency": [1, 4]},
         "search": {"max_batch_size": [4]},
         "backend": {
@@ -179,7 +179,7 @@ def test_vllm_serves_a_two_entry_table_and_k_follows_the_load(tmp_path: Path) ->
     command = backend.command(knobs)
     served = json.loads(command[command.index("--speculative-config") + 1])
     assert served["num_speculative_tokens_per_batch_size"] == [[1, 1, 4], [2, 4, 1]]
-    counts, windows, driven = {}, {}, {}
+    counts, watched, driven = {}, {}, {}
     try:
         server = backend.server_for(command)
         endpoint = backend.endpoint(server)
@@ -187,25 +187,25 @@ def test_vllm_serves_a_two_entry_table_and_k_follows_the_load(tmp_path: Path) ->
             # every request with the same short budget, so the 4 in flight stay 4 until the tail
             reqs = [Request(r.prompt_ids, 24, 0.0, id=i) for i, r in enumerate(ctx.requests[:n])]
             text = server.get("/metrics")
-            before, scrape = spec_counts(text, "vllm"), watch.read_scrape(text, "vllm", time.monotonic())
+            before, first = spec_counts(text, "vllm"), scrape.read_scrape(text, "vllm", time.monotonic())
             run = run_http_load(endpoint, reqs, n, concurrency=load)
             text = server.get("/metrics")
             counts[load] = spec_counts(text, "vllm") - before
-            windows[load] = watch.window(scrape, watch.read_scrape(text, "vllm", time.monotonic()))
+            watched[load] = windows.window(first, scrape.read_scrape(text, "vllm", time.monotonic()))
             driven[load] = run.records
     finally:
         backend.close()
     # what the watch reads of each window is what the load driver's own records imply: the tokens it
     # received, and (Little's law) the requests in flight over the window, from the server's
     # running seconds, which lie inside the driver's end-to-end times
-    for load, win in windows.items():
+    for load, win in watched.items():
         assert win.generated == sum(len(r.output_tokens) for r in driven[load])
         in_flight = sum(r.finish_s - r.arrival_s for r in driven[load]) / win.seconds
         assert 0.7 * in_flight <= win.running <= in_flight * 1.02, (load, win.running, in_flight)
         assert win.per_position_acceptance == pytest.approx(
             [a / counts[load].drafts for a in counts[load].accepted_per_pos]
         )
-    assert windows[4].running > 2.5 * windows[1].running
+    assert watched[4].running > 2.5 * watched[1].running
     alone, loaded = counts[1], counts[4]
     assert alone.draft_tokens == pytest.approx(4 * alone.drafts)  # K=4 at batch size 1
     assert alone.accepted_per_pos[1] > 0  # position 2 is drafted and accepted at times

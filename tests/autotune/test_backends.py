@@ -79,7 +79,7 @@ def _cfg(tmp_path: Path, tiny_pair_dirs, **backend) -> object:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "def f(x):\n"}) + "\n")
     raw = {
-        "models": {"target": str(target), "draft": str(draft), "device": "cpu", "compile": False},
+        "models": {"target": str(target), "draft": str(draft), "device": "cpu", "dtype": "float32", "compile": False},
         "workload": {"prompts": str(prompts), "concurrency": [1, 2], "num_requests": 2, "max_new_tokens": 6},
         "search": {"drafter": ["model", "ngram"], "max_batch_size": [2]},
         "backend": {"name": "vllm", **backend},

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.cost.acceptance import from_samples
 from autotune.cost.costmodel import (
     best_gamma,
-    expected_tokens,
-    expected_tokens_constant,
-    per_position_acceptance,
+    chain_stats,
     predict,
     row_outcomes,
     simulate_closed_loop,
+    steady_tokens_per_second,
     step_stats,
 )
 from autotune.records import Curves, StepSample
@@ -26,30 +26,17 @@ def flat_curves(batches=(1, 4), gamma_max: int = 4) -> Curves:
     )
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.95])
-@pytest.mark.parametrize("gamma", [0, 1, 3, 6])
-def test_expected_tokens_matches_leviathan_closed_form(alpha, gamma) -> None:
-    per_position = [alpha**i for i in range(1, 7)]  # P(first i draft tokens accepted)
-    closed = (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    assert expected_tokens(per_position, gamma) == pytest.approx(closed, rel=1e-12)
-    assert expected_tokens_constant(alpha, gamma) == pytest.approx(closed, rel=1e-12)
-
-
-def test_perfect_draft_gives_gamma_plus_one() -> None:
-    assert expected_tokens([1.0] * 5, 5) == 6.0
-    assert expected_tokens_constant(1.0, 5) == 6.0
-
-
-def test_expected_tokens_refuses_unprofiled_positions() -> None:
-    with pytest.raises(ValueError, match="gamma 4 beyond the 3 profiled positions"):
-        expected_tokens([0.9, 0.8, 0.7], 4)
-
-
-def test_per_position_acceptance_is_unconditional() -> None:
-    samples = [StepSample(n, (1.0,) * 3) for n in (3, 1, 0, 2)]
-    # position i accepted when n_accepted > i: 3/4, 2/4, 1/4
-    assert per_position_acceptance(samples, 3) == [0.75, 0.5, 0.25]
-    assert per_position_acceptance([], 2) == [0.0, 0.0]
+def test_a_chains_steady_state_from_per_position_acceptance_is_what_predict_gives_at_one_row() -> None:
+    """The watch predicts a constant K from per-position acceptance (chain_stats); at one row and
+    threshold 0 that is what predict makes of the samples the acceptance was measured from."""
+    curves = Curves({1: {1: 0.010, 2: 0.011, 3: 0.012, 4: 0.013}}, {1: 0.002}, {1: 0.0005})
+    samples = [StepSample(n, (1.0,) * 3) for n in (3, 1, 0, 2, 3)]
+    acceptance = from_samples(samples, 3)
+    for gamma in range(4):
+        steady = steady_tokens_per_second(curves, 1, chain_stats(acceptance, gamma))
+        assert steady == pytest.approx(predict(curves, samples, gamma, 0.0, 1).tokens_per_second, rel=1e-12)
+    # K=2 by hand: E = 1 + 0.8 + 0.6, step = 2 x 0.002 + T_verify(1, 3) + 0.0005
+    assert steady_tokens_per_second(curves, 1, chain_stats(acceptance, 2)) == pytest.approx(2.4 / 0.0165)
 
 
 def test_step_stats_threshold_zero_proposes_gamma() -> None:

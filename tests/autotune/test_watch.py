@@ -26,8 +26,10 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli import main
+from autotune.errors import ConfigError
 from autotune.stats import Estimate
-from autotune.watch import monitor as w
+from autotune.watch import endpoint, loop, output, predict, profile_model, scrape, staleness, windows
+from profiles.errors import ProfileError
 from profiles.schema import Profile
 from profiles.store import Store
 
@@ -73,27 +75,29 @@ PROFILE: dict[str, Any] = {
 }
 
 
-def model(**changes: Any) -> w.ProfileModel:
-    return w.ProfileModel.from_profile(Profile.from_json({**copy.deepcopy(PROFILE), **changes, "id": 7}))
+def model(**changes: Any) -> profile_model.ProfileModel:
+    return profile_model.ProfileModel.from_profile(
+        Profile.from_json({**copy.deepcopy(PROFILE), **changes, "id": 7})
+    )
 
 
-def live_window(alpha: float, running: float = 1.0, drafts: int = 600, k: int = 5) -> w.Window:
+def live_window(alpha: float, running: float = 1.0, drafts: int = 600, k: int = 5) -> windows.Window:
     """A 15 s window of ``drafts`` drafts of K tokens whose conditional acceptance is ``alpha``."""
     per_pos = tuple(float(round(drafts * alpha**i)) for i in range(1, k + 1))
     accepted = sum(per_pos)
-    return w.Window(15.0, drafts, drafts * k, accepted, per_pos, drafts + accepted, running, 0.0)
+    return windows.Window(15.0, drafts, drafts * k, accepted, per_pos, drafts + accepted, running, 0.0)
 
 
 # --- parsing -----------------------------------------------------------------------------------------
 
 
 def test_vllm_recorded_texts_parse_and_difference_into_a_window() -> None:
-    a = w.read_scrape(recorded("vllm_a"), at=100.0)
-    b = w.read_scrape(recorded("vllm_b"), at=115.0)
-    assert a.stack == "vllm" and a.counters["drafts"] == 12000 and a.counters["generated"] == 45000
-    assert a.per_pos == {0: 9600, 1: 7700, 2: 5500, 3: 3700, 4: 2500}
+    a = scrape.read_scrape(recorded("vllm_a"), at=100.0)
+    b = scrape.read_scrape(recorded("vllm_b"), at=115.0)
+    assert a.stack == "vllm" and a.spec.drafts == 12000 and a.counters["generated"] == 45000
+    assert a.spec.accepted_per_pos == (9600, 7700, 5500, 3700, 2500)
     assert a.gauges["running"] == 3 and a.gauges["started"] == pytest.approx(1764500000.25)
-    win = w.window(a, b)
+    win = windows.window(a, b)
     assert win.seconds == 15 and win.drafts == 600 and win.draft_tokens == 3000 and win.accepted == 726
     assert win.per_position_acceptance == pytest.approx([0.62, 0.38, 0.14, 0.05, 0.02])
     assert win.acceptance_rate == pytest.approx(0.242) and win.mean_accepted_length == pytest.approx(2.21)
@@ -106,7 +110,7 @@ def test_vllm_requests_running_is_the_windows_time_average_not_two_point_samples
     gauge's two point samples (8 and 14 of a closed loop of 16 here) only stand in where no request
     finished, or where requests are long next to the window (each is counted whole where it ends)."""
 
-    def scrape(running: float, busy_s: float, finished: float, at: float) -> w.Scrape:
+    def scraped(running: float, busy_s: float, finished: float, at: float) -> scrape.Scrape:
         text = (
             recorded("vllm_a")
             .replace('model_name="demo-target"} 3.0', f'model_name="demo-target"}} {running}', 1)
@@ -119,24 +123,24 @@ def test_vllm_requests_running_is_the_windows_time_average_not_two_point_samples
                 f'inference_time_seconds_count{{engine="0",model_name="demo-target"}} {finished}',
             )
         )
-        s = w.read_scrape(text, at=at)
+        s = scrape.read_scrape(text, at=at)
         assert s.gauges["running"] == running and s.counters["running_seconds"] == busy_s
         return s
 
-    start = scrape(8.0, 900.0, 400.0, at=0.0)
+    start = scraped(8.0, 900.0, 400.0, at=0.0)
     # 16 in flight for 15 s: 108 requests of 2.2 s finished, 237.6 running-seconds
-    assert w.window(start, scrape(14.0, 1137.6, 508.0, at=15.0)).running == pytest.approx(15.84)
+    assert windows.window(start, scraped(14.0, 1137.6, 508.0, at=15.0)).running == pytest.approx(15.84)
     # none finished in the window: the gauges' mean
-    assert w.window(start, scrape(14.0, 900.0, 400.0, at=15.0)).running == 11.0
+    assert windows.window(start, scraped(14.0, 900.0, 400.0, at=15.0)).running == 11.0
     # requests of 40 s in a 15 s window: whole ones would overstate it, the gauges' mean
-    assert w.window(start, scrape(2.0, 980.0, 402.0, at=15.0)).running == 5.0
+    assert windows.window(start, scraped(2.0, 980.0, 402.0, at=15.0)).running == 5.0
 
 
 def test_llamacpp_recorded_texts_parse_and_difference_into_a_window() -> None:
-    a = w.read_scrape(recorded("llamacpp_a"), at=0.0)
-    b = w.read_scrape(recorded("llamacpp_b"), at=15.0)
+    a = scrape.read_scrape(recorded("llamacpp_a"), at=0.0)
+    b = scrape.read_scrape(recorded("llamacpp_b"), at=15.0)
     assert a.stack == "llamacpp" and a.counters["generated"] == 18432 and a.counters["decodes"] == 9120
-    win = w.window(a, b)
+    win = windows.window(a, b)
     assert win.drafts == 300 and win.draft_tokens == 1400 and win.accepted == 420
     assert win.per_position_acceptance == pytest.approx([190 / 300, 120 / 300, 70 / 300, 0.1, 10 / 300])
     assert win.tokens_per_second == 48
@@ -146,62 +150,62 @@ def test_llamacpp_recorded_texts_parse_and_difference_into_a_window() -> None:
 
 
 def test_llamacpp_six_significant_digits_and_speculation_off() -> None:
-    big = w.read_scrape(recorded("llamacpp_big"))
-    assert big.counters["generated"] == 1234570.0 and big.counters["drafts"] == 700001
-    off = w.read_scrape(recorded("llamacpp_nospec"))
-    assert off.counters["drafts"] == 0 and off.per_pos == {}  # no per-position series printed
+    big = scrape.read_scrape(recorded("llamacpp_big"))
+    assert big.counters["generated"] == 1234570.0 and big.spec.drafts == 700001
+    off = scrape.read_scrape(recorded("llamacpp_nospec"))
+    assert off.spec.drafts == 0 and off.spec.accepted_per_pos == ()  # no per-position series printed
     assert "busy_per_decode" not in off.gauges and off.gauges["running"] == 2  # its nan is ignored
-    later = w.read_scrape(
+    later = scrape.read_scrape(
         recorded("llamacpp_nospec").replace("tokens_predicted_total 18432", "tokens_predicted_total 18900"),
         at=15,
     )
-    win = w.window(off, later)
+    win = windows.window(off, later)
     assert win.drafts == 0 and win.per_position_acceptance == [] and win.running == 2 and win.generated == 468
 
 
 def test_nan_and_missing_series_are_absent_not_zero() -> None:
-    b = w.read_scrape(recorded("vllm_b"), at=0)
-    nan = w.read_scrape(recorded("vllm_nan"), at=15)  # speculation off, running gauge NaN
-    assert "running" not in nan.gauges and "drafts" not in nan.counters and nan.per_pos == {}
-    win = w.window(b, nan)
+    b = scrape.read_scrape(recorded("vllm_b"), at=0)
+    nan = scrape.read_scrape(recorded("vllm_nan"), at=15)  # speculation off, running gauge NaN
+    assert "running" not in nan.gauges and nan.spec is None
+    win = windows.window(b, nan)
     assert win.drafts is None and win.per_position_acceptance == [] and win.generated == 674
     assert win.running == 3  # only the first scrape's gauge is known
-    no_pos = w.read_scrape(
+    no_pos = scrape.read_scrape(
         "\n".join(line for line in recorded("vllm_b").splitlines() if "per_pos" not in line), at=30
     )
-    assert w.window(b, no_pos).accepted_per_pos == ()  # a series gone: no per-position acceptance
+    assert windows.window(b, no_pos).accepted_per_pos == ()  # a series gone: no per-position acceptance
 
 
 def test_counter_reset_and_restart_are_detected() -> None:
-    b = w.read_scrape(recorded("vllm_b"), at=0)
-    with pytest.raises(w.CounterReset, match="went down|process_start_time"):
-        w.window(b, w.read_scrape(recorded("vllm_restarted"), at=15))
+    b = scrape.read_scrape(recorded("vllm_b"), at=0)
+    with pytest.raises(windows.CounterReset, match="went down|process_start_time"):
+        windows.window(b, scrape.read_scrape(recorded("vllm_restarted"), at=15))
     # a restart whose counters already passed the old values: the start time still tells
     grown = recorded("vllm_b").replace(
         "process_start_time_seconds 1.76450000025e+09", "process_start_time_seconds 1.7645009e+09"
     )
-    with pytest.raises(w.CounterReset, match="process_start_time_seconds"):
-        w.window(b, w.read_scrape(grown, at=15))
-    a = w.read_scrape(recorded("llamacpp_b"))
+    with pytest.raises(windows.CounterReset, match="process_start_time_seconds"):
+        windows.window(b, scrape.read_scrape(grown, at=15))
+    a = scrape.read_scrape(recorded("llamacpp_b"))
     with pytest.raises(
-        w.CounterReset, match=r"llamacpp:spec_decode_num_drafts_total went down \(4900 -> 4600\)"
+        windows.CounterReset, match=r"llamacpp:spec_decode_num_drafts_total went down \(4900 -> 4600\)"
     ):
-        w.window(a, w.read_scrape(recorded("llamacpp_a"), at=15))
+        windows.window(a, scrape.read_scrape(recorded("llamacpp_a"), at=15))
 
 
 def test_unreadable_texts_are_metrics_errors() -> None:
     for text in ("<html><body>502 Bad Gateway</body></html>", "", "up 1\nprocess_cpu_seconds_total 3"):
-        with pytest.raises(w.MetricsError):
-            w.read_scrape(text)
-    with pytest.raises(w.MetricsError, match="no llamacpp: metrics"):
-        w.read_scrape(recorded("vllm_a"), "llamacpp")
+        with pytest.raises(scrape.MetricsError):
+            scrape.read_scrape(text)
+    with pytest.raises(scrape.MetricsError, match="no llamacpp: metrics"):
+        scrape.read_scrape(recorded("vllm_a"), "llamacpp")
 
 
 def test_metrics_url_checks_the_url() -> None:
-    assert w.metrics_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/metrics"
+    assert scrape.metrics_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/metrics"
     for bad in ("127.0.0.1:8000", "ftp://h/", "http://", "http://h:99999"):
-        with pytest.raises(w.ConfigError, match="--url"):
-            w.metrics_url(bad)
+        with pytest.raises(ConfigError, match="--url"):
+            scrape.metrics_url(bad)
 
 
 # --- the cost model and the rule ---------------------------------------------------------------------
@@ -213,9 +217,9 @@ def test_profile_model_serves_the_tuned_k_and_predicts_it_best_on_the_profiles_o
     assert [m.served_k("vllm", b) for b in (1, 1.4, 2, 3, 4, 9)] == [5, 5, 4, 4, 4, 4]
     assert m.served_k("llamacpp", 4) == 5  # llama-server takes one K
     for b in (1, 2, 4):
-        tps = [w.predicted_tps(m.curves, m.acceptance, k, b) for k in range(7)]
+        tps = [predict.engine_tokens_per_second(m.curves, m.acceptance, k, b) for k in range(7)]
         assert max(range(7), key=tps.__getitem__) == m.served_k("vllm", b)
-    a = w.assess(m, live_window(ALPHA), "vllm")
+    a = predict.assess(m, live_window(ALPHA), "vllm")
     assert a.acceptance_source == "live" and a.served_k == 5 and a.gain < 1.0
     assert a.acceptance[5] == pytest.approx(ALPHA**6, rel=0.02)  # position 6 extrapolated
 
@@ -227,25 +231,25 @@ def test_a_load_switch_is_stale_where_the_profile_serves_the_wrong_k_there() -> 
     curves["t_verify"]["8"] = {str(k): 0.044 + 0.016 * (k - 1) for k in range(1, 8)}
     schedule = [*PROFILE["schedule"], {"batch_size": 8, "gamma": 2}]
     m = model(curves=curves, schedule=schedule)
-    tps = [w.predicted_tps(m.curves, m.acceptance, k, 8) for k in range(7)]
+    tps = [predict.engine_tokens_per_second(m.curves, m.acceptance, k, 8) for k in range(7)]
     assert max(range(7), key=tps.__getitem__) == 2 and tps[2] / tps[5] > 1.1
     for stack, stale in (("vllm", False), ("llamacpp", True)):
-        rule = w.Staleness(windows_to_stale=3)
+        rule = staleness.Staleness(windows_to_stale=3)
 
-        def served(running: float, stack: str = stack) -> w.Window:  # drafts of the K the stack serves
+        def served(running: float, stack: str = stack) -> windows.Window:  # drafts of the K the stack serves
             return live_window(ALPHA, running=running, k=m.served_k(stack, running))
 
-        quiet = [rule.update(w.assess(m, served(1), stack)) for _ in range(3)]
-        busy = [rule.update(w.assess(m, served(8), stack)) for _ in range(3)]
+        quiet = [rule.update(predict.assess(m, served(1), stack)) for _ in range(3)]
+        busy = [rule.update(predict.assess(m, served(8), stack)) for _ in range(3)]
         assert not any(v.stale for v in quiet) and busy[-1].stale == stale, stack
         assert busy[-1].assessment.served_k == (2 if stack == "vllm" else 5)
     assert busy[-1].alternative == 2
 
 
 def test_the_server_running_fewer_positions_than_the_profiles_k_is_what_is_served() -> None:
-    a = w.assess(model(), live_window(ALPHA, k=3), "vllm")
+    a = predict.assess(model(), live_window(ALPHA, k=3), "vllm")
     assert a.served_k == 3 and a.served_from == "server" and a.observed_positions == 3
-    assert w.assess(model(), live_window(ALPHA), "vllm").served_from == "profile"
+    assert predict.assess(model(), live_window(ALPHA), "vllm").served_from == "profile"
 
 
 def test_a_vllm_server_drafting_another_k_than_the_profiles_is_held_at_its_own_k() -> None:
@@ -255,9 +259,9 @@ def test_a_vllm_server_drafting_another_k_than_the_profiles_is_held_at_its_own_k
     confidence, so there the counted positions stay its K."""
     win = live_window(ALPHA, k=5)
     win = dataclasses.replace(win, draft_tokens=win.drafts * 3)
-    a = w.assess(model(), win, "vllm")
+    a = predict.assess(model(), win, "vllm")
     assert a.served_k == 3 and a.served_from == "server" and a.observed_positions == 5
-    assert w.assess(model(), win, "llamacpp").served_k == 5
+    assert predict.assess(model(), win, "llamacpp").served_k == 5
 
 
 def k1_best_at_4_requests():
@@ -280,15 +284,15 @@ def test_the_stack_that_measured_the_profile_is_predicted_with_its_own_fitted_co
     fit = k1_best_at_4_requests()
     m = model(stack_cost=fit.to_json(), table_decision={})  # no measured per-level choice to defer to
     assert m.stack_cost is not None and m.stack_cost.levels.keys() == {1, 4}
-    a = w.assess(m, live_window(ALPHA, running=4), "vllm")
+    a = predict.assess(m, live_window(ALPHA, running=4), "vllm")
     assert a.costs == "stack" and a.calibrated_at is None
     assert a.tps[1] == pytest.approx(fit.predict_at_load(4, 1, a.acceptance))
     assert max(range(len(a.tps)), key=a.tps.__getitem__) == 1 and a.alternative == 1 and a.gain > 1
-    other = w.assess(m, live_window(ALPHA, running=4), "llamacpp")
+    other = predict.assess(m, live_window(ALPHA, running=4), "llamacpp")
     assert other.costs == "engine" and other.tps[1] == pytest.approx(
-        w.predicted_tps(m.curves, other.acceptance, 1, 4)
+        predict.engine_tokens_per_second(m.curves, other.acceptance, 1, 4)
     )
-    with pytest.raises(w.ProfileError, match="unreadable 'stack_cost'"):
+    with pytest.raises(ProfileError, match="unreadable 'stack_cost'"):
         model(stack_cost={"levels": {}})
 
 
@@ -300,22 +304,24 @@ def test_at_a_tuned_level_whose_measured_choice_is_served_only_a_change_of_accep
     fit = k1_best_at_4_requests()
     m = model(stack_cost=fit.to_json())
     raw = model(stack_cost=fit.to_json(), table_decision={})
-    assert w.assess(raw, live_window(ALPHA, running=4, k=4), "vllm").gain > 1.05  # the uncalibrated claim
-    a = w.assess(m, live_window(ALPHA, running=4, k=4), "vllm")
+    assert (
+        predict.assess(raw, live_window(ALPHA, running=4, k=4), "vllm").gain > 1.05
+    )  # the uncalibrated claim
+    a = predict.assess(m, live_window(ALPHA, running=4, k=4), "vllm")
     assert (
         a.calibrated_at == 4 and a.served_k == 4 and a.gain == pytest.approx(1.0, rel=1e-3)
     )  # counts rounded
     assert all(c >= 1.0 for c in a.calibration) and a.calibration[4] == 1.0
-    rule = w.Staleness(windows_to_stale=3)
-    steady = [rule.update(w.assess(m, live_window(ALPHA, running=4, k=4), "vllm")) for _ in range(5)]
+    rule = staleness.Staleness(windows_to_stale=3)
+    steady = [rule.update(predict.assess(m, live_window(ALPHA, running=4, k=4), "vllm")) for _ in range(5)]
     assert not any(v.alarm or v.stale for v in steady)
-    dropped = [rule.update(w.assess(m, live_window(0.4, running=4, k=4), "vllm")) for _ in range(3)]
+    dropped = [rule.update(predict.assess(m, live_window(0.4, running=4, k=4), "vllm")) for _ in range(3)]
     assert dropped[-1].stale and dropped[-1].alternative != 4
-    assert w.measured_level(m, 9.0) is None  # above the tuned levels (1, 2, 4)
-    assert w.verdict_json(steady[0], m, "vllm")["calibrated_at_level"] == 4
+    assert predict.measured_level(m, 9.0) is None  # above the tuned levels (1, 2, 4)
+    assert output.verdict_json(steady[0], m, "vllm")["calibrated_at_level"] == 4
 
 
-def off_level_with_k4_at_4_requests(ratio: float | None) -> w.ProfileModel:
+def off_level_with_k4_at_4_requests(ratio: float | None) -> profile_model.ProfileModel:
     """A fit that has speculation off a hair above the served K=4 at 4 requests (1.01x) at the
     profile's acceptance, where the tune measured K=4 best (table_decision) and, when ``ratio`` is
     given, K=4 ``ratio`` x no speculation there (``schedule[].ratio``)."""
@@ -343,7 +349,7 @@ def test_speculation_off_is_held_where_the_tune_measured_it_not_at_the_models_pa
     is stale either way."""
     held = off_level_with_k4_at_4_requests(1.2)
     assert held.off_ratios == {4: 1.2}
-    a = w.assess(held, live_window(0.75, running=4, k=4), "vllm")
+    a = predict.assess(held, live_window(0.75, running=4, k=4), "vllm")
     base = [held.stack_cost.predict_at_load(4, k, held.stack_cost.acceptance) for k in range(5)]
     assert base[0] / base[4] == pytest.approx(1.01, abs=0.01)
     assert (
@@ -352,13 +358,15 @@ def test_speculation_off_is_held_where_the_tune_measured_it_not_at_the_models_pa
         and a.calibration[0] == pytest.approx(base[0] * 1.2 / base[4])
     )
     assert a.tps[0] / a.tps[4] < 0.95 and a.gain < 1.0
-    old = w.assess(off_level_with_k4_at_4_requests(None), live_window(0.75, running=4, k=4), "vllm")
+    old = predict.assess(off_level_with_k4_at_4_requests(None), live_window(0.75, running=4, k=4), "vllm")
     assert old.alternative == 0 and old.gain > 1.05
-    rule = w.Staleness(windows_to_stale=3)
+    rule = staleness.Staleness(windows_to_stale=3)
     assert not any(
-        rule.update(w.assess(held, live_window(0.75, running=4, k=4), "vllm")).alarm for _ in range(6)
+        rule.update(predict.assess(held, live_window(0.75, running=4, k=4), "vllm")).alarm for _ in range(6)
     )
-    collapsed = [rule.update(w.assess(held, live_window(0.3, running=4, k=4), "vllm")) for _ in range(3)]
+    collapsed = [
+        rule.update(predict.assess(held, live_window(0.3, running=4, k=4), "vllm")) for _ in range(3)
+    ]
     assert collapsed[-1].stale and collapsed[-1].alternative == 0
 
 
@@ -369,16 +377,16 @@ def test_at_a_tuned_level_whose_measured_choice_is_not_served_the_measurement_is
     fit = k1_best_at_4_requests()
     levels = [{"batch_size": 1, "gamma": 5}, {"batch_size": 4, "gamma": 2}]
     m = model(stack_cost=fit.to_json(), table_decision={"levels": levels})
-    a = w.assess(m, live_window(ALPHA, running=4, k=4), "vllm")
+    a = predict.assess(m, live_window(ALPHA, running=4, k=4), "vllm")
     assert a.served_k == 4 and a.calibrated_at == 4 and a.alternative == 2
     base = [fit.predict_at_load(4, k, a.acceptance) for k in range(len(a.tps))]
     assert a.gain == pytest.approx(base[2] / base[4], rel=1e-3) and a.gain > 1.05
-    rule = w.Staleness(windows_to_stale=3)
-    verdicts = [rule.update(w.assess(m, live_window(ALPHA, running=4, k=4), "vllm")) for _ in range(3)]
+    rule = staleness.Staleness(windows_to_stale=3)
+    verdicts = [rule.update(predict.assess(m, live_window(ALPHA, running=4, k=4), "vllm")) for _ in range(3)]
     assert verdicts[-1].stale and verdicts[-1].alternative == 2
 
 
-def measured_at_4(over: dict[str, Any] | None) -> w.ProfileModel:
+def measured_at_4(over: dict[str, Any] | None) -> profile_model.ProfileModel:
     """The profile above (served K=4 at 4 requests, K=2 measured best there), its level-4 entry
     carrying the tune's paired ratio of K=2 over the served K=4 there (``over_chosen``) when given."""
     level = {"batch_size": 4, "gamma": 2, **({"over_chosen": over} if over is not None else {})}
@@ -386,9 +394,9 @@ def measured_at_4(over: dict[str, Any] | None) -> w.ProfileModel:
     return model(stack_cost=k1_best_at_4_requests().to_json(), table_decision={"levels": levels})
 
 
-def no_drafts(running: float = 4.0) -> w.Window:
+def no_drafts(running: float = 4.0) -> windows.Window:
     """A window without drafts (speculation off, a quiet window): no live acceptance."""
-    return w.Window(15.0, generated=900.0, running=running)
+    return windows.Window(15.0, generated=900.0, running=running)
 
 
 def test_without_live_acceptance_at_a_tuned_level_the_gains_interval_is_the_tunes_measurement() -> None:
@@ -396,34 +404,34 @@ def test_without_live_acceptance_at_a_tuned_level_the_gains_interval_is_the_tune
     is a point; the tune measured K=2 over the served K=4 at 4 requests at 1.20x (1.08-1.32, 3
     rounds), and that interval, scaled to the predicted gain, is the verdict's: it excludes 1, so
     the profile goes stale after the windows. A window with live acceptance keeps the windows."""
-    m = measured_at_4({"value": 1.2, "low": 1.08, "high": 1.32, "n": 3})
+    m = measured_at_4({"value": 1.2, "ci95": [1.08, 1.32], "n": 3})
     assert m.level_ratios == {4: Estimate(1.2, 1.08, 1.32, 3)} and m.chosen_k_at(4) == 4
-    rule = w.Staleness(windows_to_stale=3)
-    out = [rule.update(w.assess(m, no_drafts(), "vllm")) for _ in range(3)]
+    rule = staleness.Staleness(windows_to_stale=3)
+    out = [rule.update(predict.assess(m, no_drafts(), "vllm")) for _ in range(3)]
     a, g = out[-1].assessment, out[-1].gain
     assert a.acceptance_source == "profile" and a.calibrated_at == 4 and a.served_k == 4
     assert a.alternative == out[-1].alternative == 2 and a.measured == Estimate(1.2, 1.08, 1.32, 3)
     assert g.value == pytest.approx(a.gain) and a.gain > 1.05 and g.n == 3
     assert g.low == pytest.approx(a.gain * 1.08 / 1.2) and g.high == pytest.approx(a.gain * 1.32 / 1.2)
     assert [v.stale for v in out] == [False, False, True] and out[-1].interval_from == "tune"
-    line = w.render_line(out[-1], m)
+    line = output.render_line(out[-1], m)
     assert line.endswith(
         f"(95% CI {g.low:.2f}-{g.high:.2f}, measured by the tune) for 3 windows: profile stale"
     )
-    obj = w.verdict_json(out[-1], m, "vllm")
+    obj = output.verdict_json(out[-1], m, "vllm")
     assert obj["gain_ci95"] == [round(g.low, 4), round(g.high, 4)] and obj["gain_ci95_from"] == "tune"
     assert obj["gain_windows"] == 3
-    assert w.assess(m, live_window(ALPHA, running=4, k=4), "vllm").measured is None  # live: windows
-    with pytest.raises(w.ProfileError, match="unreadable 'table_decision.levels"):
+    assert predict.assess(m, live_window(ALPHA, running=4, k=4), "vllm").measured is None  # live: windows
+    with pytest.raises(ProfileError, match=r"missing key 'table_decision.levels\[1\].over_chosen.ci95'"):
         measured_at_4({"value": 1.2})
 
 
 def test_without_live_acceptance_a_measured_interval_including_one_raises_no_false_alarm() -> None:
     """The same level with a measured 1.07x (0.89-1.28): the predicted gain is above the margin, so
     every window alarms, but the tune's interval includes 1, so a steady workload never goes stale."""
-    m = measured_at_4({"value": 1.07, "low": 0.89, "high": 1.28, "n": 3})
-    rule = w.Staleness(windows_to_stale=3)
-    out = [rule.update(w.assess(m, no_drafts(), "vllm")) for _ in range(8)]
+    m = measured_at_4({"value": 1.07, "ci95": [0.89, 1.28], "n": 3})
+    rule = staleness.Staleness(windows_to_stale=3)
+    out = [rule.update(predict.assess(m, no_drafts(), "vllm")) for _ in range(8)]
     assert all(v.alarm and v.gain.value > 1.05 for v in out) and not any(v.stale for v in out)
     assert all(v.gain.low < 1.0 < v.gain.high and v.interval_from == "tune" for v in out)
 
@@ -433,30 +441,32 @@ def test_without_live_acceptance_a_profile_without_the_measured_ratio_keeps_the_
     windows: a zero-width interval, stale after the windows)."""
     m = measured_at_4(None)
     assert m.level_ratios == {}
-    rule = w.Staleness(windows_to_stale=3)
-    out = [rule.update(w.assess(m, no_drafts(), "vllm")) for _ in range(3)]
+    rule = staleness.Staleness(windows_to_stale=3)
+    out = [rule.update(predict.assess(m, no_drafts(), "vllm")) for _ in range(3)]
     g = out[-1].gain
     assert out[-1].assessment.measured is None and out[-1].interval_from == "windows"
     assert g.n == 3 and g.low == pytest.approx(g.value) == pytest.approx(g.high) and out[-1].stale
-    obj = w.verdict_json(out[-1], m, "vllm")
+    obj = output.verdict_json(out[-1], m, "vllm")
     assert obj["gain_ci95_from"] == "windows" and obj["gain_windows"] == 3
 
 
 def test_a_profile_without_curves_or_acceptance_is_one_line() -> None:
-    with pytest.raises(w.ProfileError, match="no 'curves'"):
-        w.ProfileModel.from_profile(Profile.from_json({k: v for k, v in PROFILE.items() if k != "curves"}))
-    with pytest.raises(w.ProfileError, match="per_position_acceptance"):
+    with pytest.raises(ProfileError, match="no 'curves'"):
+        profile_model.ProfileModel.from_profile(
+            Profile.from_json({k: v for k, v in PROFILE.items() if k != "curves"})
+        )
+    with pytest.raises(ProfileError, match="per_position_acceptance"):
         model(acceptance={"gamma_max": 6})
 
 
 def test_speculation_off_uses_the_profiles_acceptance() -> None:
-    a = w.assess(model(), w.Window(15.0, generated=900.0, running=2.0), "vllm")
+    a = predict.assess(model(), windows.Window(15.0, generated=900.0, running=2.0), "vllm")
     assert a.acceptance_source == "profile" and a.served_k == 4 and not a.idle
 
 
-def verdicts(m: w.ProfileModel, alphas: list[float], n: int = 3) -> list[w.Verdict]:
-    rule = w.Staleness(windows_to_stale=n, margin=1.05)
-    return [rule.update(w.assess(m, live_window(x), "vllm")) for x in alphas]
+def verdicts(m: profile_model.ProfileModel, alphas: list[float], n: int = 3) -> list[staleness.Verdict]:
+    rule = staleness.Staleness(windows_to_stale=n, margin=1.05)
+    return [rule.update(predict.assess(m, live_window(x), "vllm")) for x in alphas]
 
 
 def test_steady_workload_never_alarms() -> None:
@@ -474,13 +484,13 @@ def test_a_sustained_acceptance_drop_is_stale_after_n_windows_and_clears_after_n
     assert first.changed and first.alternative == 2 and first.streak == 3 and first.gain.n == 3
     assert first.gain.low > 1.0 and first.gain.value == pytest.approx(1.2, abs=0.05)
     assert out[11].changed and not out[11].stale
-    line = w.render_line(first, m)
+    line = output.render_line(first, m)
     assert line.startswith("acceptance 0.")
     assert "(profile 0.54) at ~1 request running: predicted K=2 1.2" in line
     assert "over the served K=5 (95% CI 1." in line and line.endswith("for 3 windows: profile stale")
-    assert w.render_line(out[9], m).endswith("profile stale (fresh after 2 more calm windows)")
-    assert w.render_line(out[10], m).endswith("profile stale (fresh after 1 more calm window)")
-    assert w.render_line(out[5], m).endswith("fresh (2 of 3 windows to stale)")
+    assert output.render_line(out[9], m).endswith("profile stale (fresh after 2 more calm windows)")
+    assert output.render_line(out[10], m).endswith("profile stale (fresh after 1 more calm window)")
+    assert output.render_line(out[5], m).endswith("fresh (2 of 3 windows to stale)")
 
 
 def test_a_single_outlier_window_raises_no_alarm_state() -> None:
@@ -490,29 +500,33 @@ def test_a_single_outlier_window_raises_no_alarm_state() -> None:
 
 
 def test_idle_windows_change_nothing() -> None:
-    m, rule = model(), w.Staleness(windows_to_stale=2)
-    rule.update(w.assess(m, live_window(0.5), "vllm"))
-    idle = rule.update(w.assess(m, w.Window(15.0, 0, 0, 0, (), 0, 0.0), "vllm"))
+    m, rule = model(), staleness.Staleness(windows_to_stale=2)
+    rule.update(predict.assess(m, live_window(0.5), "vllm"))
+    idle = rule.update(predict.assess(m, windows.Window(15.0, 0, 0, 0, (), 0, 0.0), "vllm"))
     assert (
-        idle.idle and not idle.alarm and w.render_line(idle, m).startswith("idle: no tokens counted in 15 s")
+        idle.idle
+        and not idle.alarm
+        and output.render_line(idle, m).startswith("idle: no tokens counted in 15 s")
     )
-    assert rule.update(w.assess(m, live_window(0.5), "vllm")).stale  # the streak went on across the idle one
+    assert rule.update(
+        predict.assess(m, live_window(0.5), "vllm")
+    ).stale  # the streak went on across the idle one
 
 
-def fake(gains: list[float]) -> list[w.Assessment]:
+def fake(gains: list[float]) -> list[predict.Assessment]:
     """Assessments whose K=1 is predicted ``gain`` x the served K=0."""
     win = live_window(ALPHA)
-    return [w.Assessment(win, 1.0, 0, (0.5,), "live", 1, (100.0, 100.0 * g), 1, g) for g in gains]
+    return [predict.Assessment(win, 1.0, 0, (0.5,), "live", 1, (100.0, 100.0 * g), 1, g) for g in gains]
 
 
 def test_an_alarm_streak_whose_interval_includes_one_is_not_stale() -> None:
-    rule = w.Staleness(windows_to_stale=3, margin=1.05)
+    rule = staleness.Staleness(windows_to_stale=3, margin=1.05)
     out = [rule.update(a) for a in fake([1.06, 1.06, 1.9])]
     assert all(v.alarm for v in out) and not out[-1].stale and out[-1].gain.low < 1.0
-    rule = w.Staleness(windows_to_stale=3, margin=1.05)
+    rule = staleness.Staleness(windows_to_stale=3, margin=1.05)
     out = [rule.update(a) for a in fake([1.3, 1.32, 1.28])]
     assert out[-1].stale and out[-1].gain.low > 1.0
-    assert w.streak_gain(fake([1.2, 1.2]))[1] == Estimate(
+    assert staleness.streak_gain(fake([1.2, 1.2]))[1] == Estimate(
         pytest.approx(1.2), pytest.approx(1.2), pytest.approx(1.2), 2
     )
 
@@ -522,7 +536,7 @@ def test_a_gain_near_the_margin_is_held_by_the_pooled_windows_and_does_not_flap(
     row above 1.05. The better windows pool: stale once their pooled gain clears the margin with an
     interval above 1; windows between half the margin and the margin keep it stale."""
     gains = [1.06, 1.08, 1.03, 1.10, 1.05, 1.06, 1.09, 1.01, 1.08, 1.08, 1.05]
-    rule = w.Staleness(windows_to_stale=3, margin=1.05)
+    rule = staleness.Staleness(windows_to_stale=3, margin=1.05)
     out = [rule.update(a) for a in fake(gains)]
     assert max(len(run) for run in "".join("a" if g > 1.05 else " " for g in gains).split()) < 3
     first = next(i for i, v in enumerate(out) if v.stale)
@@ -533,20 +547,20 @@ def test_a_gain_near_the_margin_is_held_by_the_pooled_windows_and_does_not_flap(
     after = [rule.update(a) for a in fake([1.0, 1.02, 1.04, 0.99, 1.0, 1.01])]
     assert [v.stale for v in after] == [True, True, True, True, True, False]
     # gains that stay inside the margin never turn it stale, however long they last
-    rule = w.Staleness(windows_to_stale=3, margin=1.05)
+    rule = staleness.Staleness(windows_to_stale=3, margin=1.05)
     assert not any(rule.update(a).stale for a in fake([1.01, 1.02, 1.03, 1.02, 1.01] * 6))
 
 
 def test_once_decides_on_the_single_window() -> None:
-    rule = w.Staleness(windows_to_stale=1, margin=1.05)
+    rule = staleness.Staleness(windows_to_stale=1, margin=1.05)
     assert rule.update(fake([1.07])[0]).stale
-    assert not w.Staleness(windows_to_stale=1, margin=1.1).update(fake([1.07])[0]).stale
+    assert not staleness.Staleness(windows_to_stale=1, margin=1.1).update(fake([1.07])[0]).stale
 
 
 def test_json_object_of_a_window() -> None:
     m = model()
     v = verdicts(m, [0.5] * 3)[-1]
-    obj = json.loads(w.json_line(w.verdict_json(v, m, "vllm")))
+    obj = json.loads(output.json_line(output.verdict_json(v, m, "vllm")))
     assert obj["stale"] and obj["alternative_k"] == 2 and obj["served_k"] == 5 and obj["profile_id"] == 7
     assert obj["live_acceptance"][:2] == [0.5, 0.25] and obj["extrapolated_from_position"] == 6
     assert obj["nearest_level"] == 1 and obj["level_choice_k"] == 5 and not obj["outside_tuned_levels"]
@@ -559,7 +573,7 @@ def test_json_object_of_a_window() -> None:
 def test_metrics_text_and_endpoint() -> None:
     m = model()
     v = verdicts(m, [0.5] * 3)[-1]
-    text = w.metrics_text(v, "vllm", 3, 1, 0, 7)
+    text = endpoint.metrics_text(v, "vllm", 3, 1, 0, 7)
     assert 'autotune_live_acceptance{position="1"} 0.5\n' in text
     assert 'autotune_live_acceptance{position="5"} 0.0316667\n' in text
     assert "autotune_profile_stale 1\n" in text and "autotune_windows_total 3\n" in text
@@ -567,7 +581,7 @@ def test_metrics_text_and_endpoint() -> None:
     assert 'autotune_watch_info{backend="vllm",profile="7"} 1' in text
     gain = float(text.split("\nautotune_predicted_gain ")[1].split()[0])
     assert gain == pytest.approx(v.gain.value, rel=1e-5)
-    server = w.MetricsServer("127.0.0.1", 0)
+    server = endpoint.MetricsServer("127.0.0.1", 0)
     try:
         url = f"http://127.0.0.1:{server.port}"
         assert (
@@ -712,14 +726,14 @@ def test_the_loop_warns_and_goes_on_through_faults() -> None:
 
     warnings: list[str] = []
     clock = {"t": 0.0}
-    state = w.Watch(fetch, None, warnings.append, clock=lambda: clock["t"])
+    state = loop.Watch(fetch, None, warnings.append, clock=lambda: clock["t"])
     state.baseline = state.scrape()
-    out: list[w.Verdict] = []
+    out: list[staleness.Verdict] = []
 
     def sleep(s: float) -> None:
         clock["t"] += s
 
-    code = w.run(state, model(), w.Staleness(), out.append, 15.0, sleep=sleep, max_windows=2)
+    code = loop.run(state, model(), staleness.Staleness(), out.append, 15.0, sleep=sleep, max_windows=2)
     assert code == 0 and len(out) == 2 and state.windows == 2 and state.resets == 1
     assert [x.split(" (")[0] for x in warnings] == [
         "warning: scrape failed",
@@ -734,17 +748,17 @@ def test_ctrl_c_exits_0_and_closes_the_metrics_server(fake_server, storage, monk
     url, serve = fake_server
     serve(vllm_text(ALPHA, 1), vllm_text(ALPHA, 2))
     closed = []
-    real_close = w.MetricsServer.close
+    real_close = endpoint.MetricsServer.close
 
-    def close(self: w.MetricsServer) -> None:
+    def close(self: endpoint.MetricsServer) -> None:
         closed.append(self.port)
         real_close(self)
 
     def interrupted(*args: Any, **kwargs: Any) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(w.MetricsServer, "close", close)
-    monkeypatch.setattr(w, "run", interrupted)
+    monkeypatch.setattr(endpoint.MetricsServer, "close", close)
+    monkeypatch.setattr(loop, "run", interrupted)
     result = watch_cli("--url", url, "--storage", storage, "--metrics-port", "0")
     assert result.exit_code == 0 and "stopped" in result.stderr and len(closed) == 1
     assert "serving the watch's metrics on http://127.0.0.1:" in result.stderr

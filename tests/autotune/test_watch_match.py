@@ -26,9 +26,24 @@ from profiles.errors import ProfileError
 from profiles.hashing import hash_folder
 from profiles.schema import Profile
 from profiles.store import Store
-from tests.autotune.test_watch import PROFILE
 
 FAKE = Path(__file__).with_name("fake_openai_server.py")
+# a profile the watch can hold a server against: step costs for 1 and 2 rows, K up to 2, acceptance
+PROFILE: dict[str, Any] = {
+    "tool_version": "0.1.0",
+    "created_at": "2026-11-30T01:30:00+00:00",
+    "device": {"key": "ab12cd34ef56", "label": "CPU test", "kind": "cpu"},
+    "pair": {"target": "/m/target", "draft": "/m/draft", "drafter": "model", "target_hash": "t" * 64},
+    "workload": {"hash": "w" * 64, "concurrency": [1, 2]},
+    "chosen": {"drafter": "model", "gamma": 2, "confidence_threshold": 0.0, "max_batch_size": 2},
+    "schedule": [{"batch_size": 1, "gamma": 2}, {"batch_size": 2, "gamma": 2}],
+    "curves": {
+        "t_verify": {"1": {"1": 0.02, "2": 0.021, "3": 0.022}, "2": {"1": 0.023, "2": 0.024, "3": 0.025}},
+        "t_draft": {"1": 0.0025, "2": 0.0028},
+    },
+    "acceptance": {"gamma_max": 2, "per_position_acceptance": [0.8, 0.64]},
+    "backend": {"name": "vllm"},
+}
 
 
 def profile_of(target: str, backend: str = "vllm", target_hash: str = "t" * 64) -> dict[str, Any]:
