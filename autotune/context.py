@@ -193,7 +193,8 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
     if cfg.backend.name == "engine":
         notes.append(check_fits(engine_needs(cfg, files, requests), free_bytes(device), device, FIT_KNOBS))
     store = Store(cfg.storage.url)
-    fp = fingerprint(device, cfg.models.dtype)
+    tp = cfg.backend.vllm.tensor_parallel_size if cfg.backend.name == "vllm" else 1
+    fp = fingerprint(device, cfg.models.dtype, tensor_parallel_size=tp)  # the GPUs the servers span
     workload = workload_identity(cfg, items)
     store.upsert_device(fp)
     drafter = "model" if needs_draft else "eagle3" if needs_head else cfg.search.drafter[0]

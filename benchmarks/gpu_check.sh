@@ -21,12 +21,17 @@
 #      busy check on the used GPU only (identity.json, identity.txt). It fails when NVML is there
 #      but matches no GPU, when the two keys differ, or when the busy check reads no GPU.
 #
-# STEPS (default "1 2 3 4 5 6") picks steps, so one device call can stay under its time limit.
+#   7. memory and dtype before anything loads (autotune.device.capacity) on the GPU: dtype auto for a
+#      bf16 checkpoint, the GPU's free memory from torch against nvidia-smi's, the demo pair's sizes
+#      from its headers against what loading it allocates, and a 70B-shaped pair (sizes from a
+#      config, no weights) refused on one GPU and fitted per GPU at tensor parallel 4 (capacity.json).
+#
+# STEPS (default "1 2 3 4 5 6 7") picks steps, so one device call can stay under its time limit.
 #
 # Everything goes to benchmarks/results/gpu/ (gpu_check.log holds the whole console) and is
 # copied to $OUT/gpu when $OUT is set. A failing step is logged and the next one still runs; the
-# exit code is 1 when any step failed. Step timeouts (120 + 200 + 150 + 240 + 150 + 60 s): ~15.5
-# minutes at most for all six; e.g. STEPS="1 4 5 6" fits a 10-minute call.
+# exit code is 1 when any step failed. Step timeouts (120 + 200 + 150 + 240 + 150 + 60 + 90 s): ~17
+# minutes at most for all seven; e.g. STEPS="1 2 6 7" fits a 10-minute call.
 #
 # Usage: bash benchmarks/gpu_check.sh
 # Environment (all optional): PYTHON (python3), DTYPE (bfloat16), DEVICE (cuda), WHEELS (./wheels),
@@ -46,7 +51,7 @@ DRAFT="${DRAFT:-$ROOT/engine/demo/pair/draft}"
 PROMPTS="${PROMPTS:-$ROOT/engine/demo/prompts.jsonl}"
 PROFILE_CONCURRENCY="${PROFILE_CONCURRENCY:-1,8,32}"
 INSTALL="${INSTALL:-1}"
-STEPS=" ${STEPS:-1 2 3 4 5 6} "
+STEPS=" ${STEPS:-1 2 3 4 5 6 7} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 read -r -a EXTRA <<< "${BENCH_FLAGS:-}"
 read -r -a SWEEP <<< "${SWEEP_FLAGS:-}"
@@ -110,6 +115,71 @@ print()
 print(table(["batch", f"verify cost (gamma={cl['gamma_max']}+1 vs 1)", "label", "best gamma", "predicted speedup"],
             [(r["batch_size"], r["verify_cost"], r["label"], r["best_gamma"], r["predicted_speedup"])
              for r in cl["batch_sizes"]]))
+EOF
+
+read -r -d '' CAPACITY_PY <<'EOF'
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from autotune.device.capacity import Checkpoint, Need, check_fits, free_bytes, read_checkpoint, resolve_dtype
+from autotune.errors import ConfigError
+from engine.loader import load_pair
+
+device, target, draft, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+device = "cuda:0" if device == "cuda" else device
+report, failed = {}, []
+dtype, why = resolve_dtype("auto", "bfloat16", device)
+report["dtype_auto_bf16_checkpoint"] = [dtype, why]
+if dtype != "bfloat16":
+    failed.append(f"dtype auto gave {dtype} for a bf16 checkpoint on {torch.cuda.get_device_name(0)}")
+free = free_bytes(device)
+smi = subprocess.run(
+    ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
+    capture_output=True, text=True,
+).stdout.strip()
+report["free_bytes_torch"], report["free_mib_nvidia_smi"] = free, smi
+if smi and free is not None and abs(free / 2**20 - float(smi)) > 1024:
+    failed.append(f"torch free {free / 2**20:.0f} MiB vs nvidia-smi {smi} MiB")
+ck_t, ck_d = read_checkpoint(target), read_checkpoint(draft)
+predicted = ck_t.weights_bytes("bfloat16") + ck_d.weights_bytes("bfloat16")
+torch.cuda.synchronize()
+before = torch.cuda.memory_allocated(0)
+pair = load_pair(target, draft, dtype="bfloat16", device=device, fuse=False)
+torch.cuda.synchronize()
+loaded = torch.cuda.memory_allocated(0) - before
+report["demo_pair_bf16_predicted_bytes"], report["demo_pair_bf16_allocated_bytes"] = predicted, loaded
+if abs(loaded - predicted) > 0.05 * predicted + 2**20:
+    failed.append(f"demo pair: predicted {predicted} B, allocated {loaded} B")
+del pair
+torch.cuda.empty_cache()
+config = {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192}
+big = Checkpoint(Path("llama-70b-shape"), config, 70_553_706_496, 0, 0, 0, frozenset({"BF16"}))
+small = replace(
+    big, folder=Path("llama-1b-draft-shape"), float_params=1_235_814_400,
+    config={**config, "num_hidden_layers": 16, "num_attention_heads": 32, "hidden_size": 2048},
+)
+kv = big.kv_bytes_per_token("bfloat16") * 16 * 8192
+needs = [
+    Need("target weights (bfloat16)", big.weights_bytes("bfloat16")),
+    Need("draft weights (bfloat16)", small.weights_bytes("bfloat16")),
+    Need("KV cache (16 x 8192 tokens)", kv),
+]
+try:
+    check_fits(needs, free, device, "backend.vllm.tensor_parallel_size")
+    failed.append("a 70B pair fitted on one GPU")
+except ConfigError as exc:
+    report["70b_one_gpu"] = str(exc)
+per_gpu = [Need(n.what + " / 4", n.bytes // 4) for n in needs]
+report["70b_tp4_per_gpu"] = check_fits(per_gpu, free, device, "backend.vllm.tensor_parallel_size")
+report["failed"] = failed
+out.write_text(json.dumps(report, indent=1))
+print(json.dumps(report, indent=1))
+sys.exit(1 if failed else 0)
 EOF
 
 read -r -d '' IDENTITY_PY <<'EOF'
@@ -247,6 +317,15 @@ main() {
   rc=$?
   cat "$RES/identity.txt"
   [ "$rc" = 0 ] || step_failed "identity (rc $rc)"
+  fi
+
+  if want 7; then
+  log "7/7 memory and dtype before anything loads ($DEVICE)"
+  local rc7
+  timeout -k 10 90 "$PY" -c "$CAPACITY_PY" "$DEVICE" "$TARGET" "$DRAFT" "$RES/capacity.json" > "$RES/capacity.txt" 2>&1
+  rc7=$?
+  cat "$RES/capacity.txt"
+  [ "$rc7" = 0 ] || step_failed "capacity (rc $rc7)"
   fi
 
   log "done in $((SECONDS - T0)) s; results in $RES${OUT:+ and $OUT/gpu}"

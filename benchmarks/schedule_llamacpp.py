@@ -68,7 +68,7 @@ from _schedule import (  # noqa: E402
 )
 from _transfer import open_stack  # noqa: E402
 
-from autotune.backends.llamacpp import LlamacppBackend, server_command  # noqa: E402
+from autotune.backends.llamacpp import LlamacppBackend  # noqa: E402
 from autotune.knobs import Knobs  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
 from profiles.schema import Profile  # noqa: E402
@@ -162,7 +162,7 @@ def main() -> None:
                 n = 0 if inputs.drafter == "none" else inputs.gamma
                 plan.run(
                     label,
-                    server_command(backend.binary, cfg, inputs, backend.context),
+                    backend.profile_command(inputs),
                     "profile",
                     k_per_level={b: n for b in levels},
                 )

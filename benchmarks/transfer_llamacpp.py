@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _transfer import arguments, measure_plan, open_stack, report, summarize  # noqa: E402
 
-from autotune.backends.llamacpp import LlamacppBackend, server_command  # noqa: E402
+from autotune.backends.llamacpp import LlamacppBackend  # noqa: E402
 from autotune.knobs import Knobs  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
 from profiles.schema import Profile  # noqa: E402
@@ -59,7 +59,7 @@ def main() -> None:
             str(backend.target_gguf),
             str(backend.draft_gguf) if backend.draft_gguf else None,
         )
-        return server_command(backend.binary, cfg, inputs, backend.context)
+        return backend.profile_command(inputs)
 
     plan = [
         ("no speculation", grid_command(0, 0.0)),

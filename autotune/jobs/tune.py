@@ -31,6 +31,7 @@ from autotune.config import DEFAULT_CACHE, TuneConfig
 from autotune.cost import stackcost
 from autotune.decide.decision import build_profile, decide
 from autotune.device import hostnoise
+from autotune.device.hardware import nvml_selectors
 from autotune.errors import BusyHostError, ConfigError
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
@@ -126,7 +127,8 @@ def run_tune(
     for note in ctx.notes:
         say(note)
     say(ctx.compile_note)
-    noise_before = _host_noise(say, strict, "before tuning")
+    gpus = nvml_selectors(ctx.fingerprint)
+    noise_before = _host_noise(say, strict, "before tuning", gpus)
     threads = torch.get_num_threads()
     _size_threads(ctx, noise_before, say)
     backend = backend_for(ctx)  # before profiling: a missing stack fails in seconds
@@ -140,7 +142,7 @@ def run_tune(
             if clock.seconds is not None:
                 cut = "; ".join(clock.cuts) if clock.cuts else "nothing"
                 say(f"budget: {minutes_text(clock.spent())} of {minutes_text(clock.seconds)}; cut: {cut}")
-            noise_after = _host_noise(say, strict, "after the study")
+            noise_after = _host_noise(say, strict, "after the study", gpus)
             profile = _store(ctx, backend, typed, run, noise_before, noise_after, say)
             profile["exports"] = write_exports(
                 profile, cfg.export.formats, cfg.export.dir, say, _gguf_models(ctx)
@@ -187,8 +189,9 @@ def _size_threads(ctx: ctx_mod.Context, noise: dict, say: Say) -> None:
     )
 
 
-def _host_noise(say: Say, strict: bool, when: str) -> dict:
-    noise = hostnoise.measure()
+def _host_noise(say: Say, strict: bool, when: str, gpus: list[int | str] | None = None) -> dict:
+    """The host's noise now (on a GPU host, only the GPUs this run uses are read)."""
+    noise = hostnoise.measure(gpus=gpus)
     say(hostnoise.summary(noise) + f" [{when}]")
     if strict and noise["busy"]:
         raise BusyHostError(

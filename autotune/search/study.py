@@ -92,9 +92,11 @@ class Space:
         return out
 
     def suggest(self, trial: optuna.Trial) -> Knobs:
-        """One configuration. With trees searched, the shape is suggested for the drafters that draft
-        trees (``model``, ``eagle3``) only; a tree fixes gamma (its depth), threshold 0 and the
-        constant policy, so those are not suggested."""
+        """One configuration, from a conditional space: with trees searched, the shape is suggested
+        for the drafters that draft trees (``model``, ``eagle3``) only, and a tree fixes gamma (its
+        depth), threshold 0 and the constant policy; where nothing drafts (gamma 0, drafter ``none``)
+        threshold and policy do nothing, so they are not suggested and every such trial is one
+        configuration (:func:`make_objective` answers its repeats from the study's record)."""
         drafter = (
             trial.suggest_categorical("drafter", self.drafters)
             if len(self.drafters) > 1
@@ -109,9 +111,12 @@ class Space:
         else:
             gamma = (
                 trial.suggest_int("gamma", self.gamma_low, self.gamma_high)
-                if self.gamma_high > self.gamma_low
+                if self.gamma_high > self.gamma_low and drafter != "none"
                 else self.gamma_low
             )
+        if not tree and (gamma == 0 or drafter == "none"):  # nothing drafts: threshold and policy do nothing
+            threshold, policy = self.threshold_low, self.gamma_policies[0]
+        elif not tree:
             threshold = round(
                 trial.suggest_float(
                     "confidence_threshold", self.threshold_low, self.threshold_high, step=THRESHOLD_STEP
@@ -196,8 +201,8 @@ def shape_space(cfg: TuneConfig, measurement: dict, fixed: Mapping[str, Any] | N
     knobs a serving-stack backend cannot express (``confidence_threshold``, ``gamma_schedule``).
     """
     cap: int | None = None
-    m = Measurement.from_json(measurement)
-    if cfg.search.gamma_cap == "auto" and m.has_engine:
+    m = Measurement.from_json(measurement) if cfg.search.gamma_cap == "auto" else None
+    if m is not None and m.has_engine:  # gamma_cap auto, and the engine measured the pair
         curves, samples, gmax = m.cost_curves(), m.samples(), m.gamma_max
         best = [best_gamma(curves, samples, b, gmax).gamma for b in cfg.batch_sizes]
         cap = max(max(best) + 2, 1)
@@ -253,7 +258,23 @@ def make_objective(
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         knobs = space.suggest(trial)
-        trial.set_user_attr("params", space.params(knobs))
+        params = space.params(knobs)
+        trial.set_user_attr("params", params)
+        twin = None if "warm_start" in trial.user_attrs else measured_twin(trial.study, params)
+        if twin is not None:  # measured already: the study's record answers (an enqueued repeat runs)
+            trial.set_user_attr("repeat_of", twin.number)
+            trial.set_user_attr("per_level", twin.user_attrs["per_level"])
+            for key, value in twin.constraints.items():
+                trial.set_constraint(key, value)
+            if on_trial:
+                values = {"tokens_per_second": twin.values[0], "latency_ms": twin.values[1]}
+                on_trial(
+                    trial.number,
+                    knobs,
+                    TrialResult.from_json({**values, "per_level": twin.user_attrs["per_level"]}),
+                    None,
+                )
+            return twin.values[0], twin.values[1]
         try:
             result = guard.run(trial, knobs, cfg.budget.seed, Expectation.of(finished(trial.study)))
         except optuna.TrialPruned as exc:  # every run disturbed: no measurement for the front or TPE
@@ -279,6 +300,14 @@ def make_objective(
         return result.tokens_per_second, result.latency_ms
 
     return objective
+
+
+def measured_twin(study: optuna.Study, params: Mapping[str, Any]) -> optuna.trial.FrozenTrial | None:
+    """A finished trial of ``study`` that ran exactly ``params`` (the first), else None."""
+    for t in finished(study):
+        if t.user_attrs.get("params") == dict(params) and "per_level" in t.user_attrs and t.values:
+            return t
+    return None
 
 
 def warm_starts(

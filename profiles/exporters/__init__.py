@@ -107,11 +107,12 @@ def _write_temp(dest: Path, text: str, mode: int) -> Path:
 
 
 def write_export(exported: Exported, path: str | os.PathLike[str]) -> list[Path]:
-    """Write an export (and its sidecar) atomically; returns the written paths, main file first.
+    """Write an export (its sidecar and extra files too) atomically; returns the written paths, main file first.
 
     ``path`` is a file path, or an existing folder (the export's default file name is used);
-    missing parent folders are created. Each file goes to a temporary file in the same
-    folder and is moved into place with ``os.replace``, the sidecar first, the main file last;
+    missing parent folders are created; extra files keep their names, next to the main file. Each
+    file goes to a temporary file in the same folder and is moved into place with ``os.replace``,
+    the sidecar first, the main file last;
     on any failure the temporary files are removed, so no partial file is ever left.
 
     Example:
@@ -126,7 +127,8 @@ def write_export(exported: Exported, path: str | os.PathLike[str]) -> list[Path]
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         mode = 0o755 if dest.name.endswith(_EXECUTABLE) else 0o644
-        planned = [(dest, exported.text, mode)]
+        planned = [(dest.with_name(name), text, 0o644) for name, text in exported.extra_files]
+        planned.append((dest, exported.text, mode))
         if exported.sidecar is not None:
             planned.insert(0, (dest.with_name(dest.name + ".meta.json"), exported.sidecar, 0o644))
         temps: list[tuple[Path, Path]] = []

@@ -310,3 +310,19 @@ def max_length(deployment: Deployment) -> int | None:
         (512, 300)
     """
     return deployment.max_model_len if deployment.max_model_len is not None else deployment.context_size
+
+
+_STACK_NAMES = {"engine": "the engine", "vllm": "vLLM", "llamacpp": "llama.cpp"}
+
+
+def deployment_note(deployment: Deployment, written: Sequence[str], dropped: Sequence[str] = ()) -> str:
+    """The note of an export that carries a profile's deployment: the flags written from it, and what
+    the stack cannot take.
+
+    Example:
+        >>> deployment_note(Deployment("vllm", "float32", max_model_len=512), ["--context-length 512"],
+        ...                 ["dtype float32 (TGI takes float16 or bfloat16)"])
+        'As the trials ran in vLLM: --context-length 512. Not carried: dtype float32 (TGI takes float16 or bfloat16).'
+    """
+    note = f"As the trials ran in {_STACK_NAMES[deployment.stack]}: {', '.join(written) or 'no flag here'}."
+    return note + (f" Not carried: {'; '.join(dropped)}." if dropped else "")

@@ -9,13 +9,20 @@ ngram-simple --spec-ngram-simple-size-n prompt_lookup_min --spec-ngram-simple-si
 The removed ``--draft``/``--draft-max``/``--draft-min`` flags stop llama-server at start-up
 and are never written. llama.cpp loads GGUF files: pass ``--target-model``/``--draft-model``
 with converted ``.gguf`` paths (the header warns when the paths are not ``.gguf``).
+
+A profile tuned in llama-server carries its deployment: the script then also holds the trials'
+``-c`` (``-np`` x the workload's longest sequence), ``-t``, ``-ngl``/``-ngld`` and their own flags
+(``--metrics``, ``backend.llamacpp.args``). :func:`server_argv` builds them, and the llama.cpp
+backend launches every trial with it, so the script runs what was measured.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from profiles.deployment import Deployment
 from profiles.exporters._common import (
     Exported,
     StackTarget,
@@ -63,6 +70,10 @@ KNOWN_FLAGS = frozenset(
     {
         "-m",
         "-np",
+        "-c",
+        "-t",
+        "-ngl",
+        "-ngld",
         "--spec-type",
         "-md",
         "--spec-draft-n-max",
@@ -80,6 +91,10 @@ _RANGES = {
     "--spec-draft-n-max": (1, None),
     "--spec-draft-n-min": (0, None),
     "-np": (1, None),
+    "-c": (1, None),
+    "-t": (1, None),
+    "-ngl": (0, None),
+    "-ngld": (0, None),
 }
 
 
@@ -123,10 +138,37 @@ def validate(args: Mapping[str, Any]) -> None:
             raise fail("llamacpp", f"--spec-type {kind} needs -md ({what})")
 
 
+def deployment_args(deployment: Deployment | None, slots: int) -> dict[str, Any]:
+    """The llama-server flags of a :class:`~profiles.deployment.Deployment` (none without one).
+
+    ``-c`` is ``slots`` x the deployment's context per slot: llama-server divides ``-c`` evenly among
+    its ``-np`` slots (``n_ctx_seq = n_ctx / n_seq_max``, docs/stacks/llamacpp.md), so every slot holds
+    the workload's longest sequence.
+
+    Example:
+        >>> deployment_args(Deployment("llamacpp", "f32", context_size=300, threads=8, gpu_layers=99), 4)
+        {'-c': 1200, '-t': 8, '-ngl': 99}
+    """
+    if deployment is None:
+        return {}
+    args: dict[str, Any] = {}
+    if deployment.context_size is not None:
+        args["-c"] = slots * deployment.context_size
+    for flag, value in (
+        ("-t", deployment.threads),
+        ("-ngl", deployment.gpu_layers),
+        ("-ngld", deployment.draft_gpu_layers),
+    ):
+        if value is not None:
+            args[flag] = value
+    return args
+
+
 def server_args(inputs: ExportInputs) -> dict[str, Any]:
     """The llama-server flags (flag -> value) for a profile, target model included.
 
-    ``-np`` (server slots) is the profile's tuned ``max_batch_size`` when it has one.
+    ``-np`` (server slots) is the profile's tuned ``max_batch_size`` when it has one; then the
+    deployment's flags (:func:`deployment_args`) and the speculative ones.
 
     Example:
         >>> from profiles.profile import ExportInputs
@@ -138,6 +180,7 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
     args: dict[str, Any] = {"-m": inputs.target}
     if inputs.max_batch_size is not None:
         args["-np"] = inputs.max_batch_size
+    args.update(deployment_args(inputs.deployment, inputs.max_batch_size or 1))
     if inputs.drafter == "none" or inputs.gamma == 0:
         return args
     if inputs.drafter in ("model", "eagle3"):
@@ -161,16 +204,62 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
     return args
 
 
+def server_argv(inputs: ExportInputs) -> list[str]:
+    """The llama-server arguments of a profile, program name excluded: :func:`server_args` (validated),
+    then the deployment's own flags as the trials ran them. The llama.cpp backend launches every
+    trial with exactly these, plus its address.
+
+    Example:
+        >>> from profiles.profile import ExportInputs
+        >>> inputs = ExportInputs("0.1.0", "t", "H200", "k", "t.gguf", None, "none", 0, 0.0, "constant",
+        ...                       None, None, ((2, 0),), max_batch_size=2,
+        ...                       deployment=Deployment("llamacpp", "f32", context_size=300, threads=2,
+        ...                                             extra_args=("--metrics",)))
+        >>> server_argv(inputs)
+        ['-m', 't.gguf', '-np', '2', '-c', '600', '-t', '2', '--metrics']
+    """
+    args = server_args(inputs)
+    validate(args)
+    extra = inputs.deployment.extra_args if inputs.deployment is not None else ()
+    return [part for flag, value in args.items() for part in (flag, _text(value))] + list(extra)
+
+
+def _text(value: Any) -> str:
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
+def _slots_note(args: Mapping[str, Any], deployment: Deployment | None) -> str:
+    slots = args["-np"]
+    if deployment is None or deployment.context_size is None:
+        return (
+            f"-np {slots}: the tuned number of concurrent sequences; give llama-server a context "
+            "of -np x the per-request context with -c."
+        )
+    return (
+        f"-np {slots}: the tuned max_batch_size (chosen.max_batch_size); -c {args['-c']} = -np x "
+        f"{deployment.context_size}, the workload's longest prompt + output: llama-server divides -c "
+        "evenly among its slots, so each slot holds one such request."
+    )
+
+
 def export(inputs: ExportInputs) -> Exported:
     """Render, validate and describe the llama-server launch script."""
     args = server_args(inputs)
-    validate(args)
+    argv = server_argv(inputs)
     speculation = "--spec-type" in args
     notes = []
     if "-np" in args:
+        notes.append(_slots_note(args, inputs.deployment))
+    if inputs.deployment is not None:
         notes.append(
-            f"-np {args['-np']}: the tuned number of concurrent sequences; give llama-server a context "
-            "of -np x the per-request context with -c."
+            f"The trials loaded {inputs.deployment.dtype} GGUF weights"
+            + (
+                f" with -t {args['-t']} threads (the tuning host's; on another host pass -t with its "
+                "physical cores: a later flag wins)"
+                if "-t" in args
+                else ""
+            )
+            + "."
         )
     if not speculation:
         why = off_reason(inputs)
@@ -204,8 +293,7 @@ def export(inputs: ExportInputs) -> Exported:
         notes,
         usage=f"sh {FILENAME} [more llama-server flags]",
     )
-    values = [
-        (flag, format(value, "g") if isinstance(value, float) else value) for flag, value in args.items()
-    ]
+    values: list[tuple[str, Any]] = [(flag, _text(value)) for flag, value in args.items()]
+    values += [(shlex.quote(arg), None) for arg in argv[2 * len(args) :]]
     text, command = shell_script(header, PROGRAM, values)
     return Exported("llamacpp", FILENAME, text, command=command, speculation=speculation, notes=tuple(notes))

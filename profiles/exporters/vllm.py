@@ -11,15 +11,27 @@ k for batch sizes above the last range. A schedule with one gamma everywhere nee
 to the ``.meta.json`` sidecar, with a ready ``vllm serve`` command. When the schedule is 0
 everywhere, the file holds JSON ``null``: vLLM parses ``--speculative-config null`` as "no
 speculative config", and num_speculative_tokens = 0 would be rejected.
+
+Beside it, ``vllm-serve.yaml`` holds every flag of :func:`serve_args` for ``vllm serve --config``
+(the model as ``model``, the deployment's dtype, tensor parallel size, max model length and memory
+share, the speculative config as a nested mapping, ``max-num-seqs``, the user's flags): vLLM reads
+each key as ``--key`` and a nested mapping as its JSON (``FlexibleArgumentParser.load_config_file``,
+docs/stacks/vllm.md), so the file reads back as the trials' own arguments. Flags a YAML key cannot
+carry (a short option, a repeated flag, a value that starts with ``-``) stay on the command line after
+``--config``, in their order. The ready command, with the deployment's environment, is in the
+sidecar (``config_command``) and the file's header.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from profiles.deployment import Deployment
 from profiles.errors import ProfileError
@@ -27,6 +39,7 @@ from profiles.exporters._common import (
     Exported,
     StackTarget,
     batch_ranges,
+    comment_header,
     fail,
     is_int,
     json_lines,
@@ -40,6 +53,8 @@ from profiles.profile import ExportInputs
 
 STACK = StackTarget("vLLM", "--speculative-config JSON", "vllm-project/vllm@002e77c1f0ef")
 FILENAME = "vllm-speculative-config.json"
+CONFIG_FILENAME = "vllm-serve.yaml"
+CONFIG_SOURCE = "vllm-project/vllm@00da11e37d1f"  # vllm/utils/argparse_utils.py, load_config_file
 
 # SpeculativeConfig fields at 002e77c1 (docs/stacks/vllm.md); anything else is rejected by pydantic.
 KNOWN_KEYS = frozenset(
@@ -285,8 +300,120 @@ def serve_args(inputs: ExportInputs) -> list[str]:
 
 def serve_command(inputs: ExportInputs) -> str:
     """The shell command that serves the profile: the deployment's environment, then ``vllm serve``."""
-    env = [f"{k}={v}" for k, v in inputs.deployment.env] if inputs.deployment is not None else []
-    return " ".join([*(shlex.quote(e) for e in env), shlex.join(["vllm", *serve_args(inputs)])])
+    return " ".join([*_env_words(inputs), shlex.join(["vllm", *serve_args(inputs)])])
+
+
+def _env_words(inputs: ExportInputs) -> list[str]:
+    env = inputs.deployment.env if inputs.deployment is not None else ()
+    return [shlex.quote(f"{k}={v}") for k, v in env]
+
+
+CONFIG_STACK = StackTarget("vLLM", "vllm serve --config YAML", CONFIG_SOURCE)
+_NUMBER = re.compile(r"-?\d+(\.\d*)?([eE][-+]?\d+)?")
+
+
+def _is_flag(token: str) -> bool:
+    """An option token: starts with ``-`` and is not a negative number."""
+    return token.startswith("-") and not _NUMBER.fullmatch(token)
+
+
+def _flag_groups(args: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """``["--a", "1", "--b"]`` -> ``[("--a", ["1"]), ("--b", [])]``: each option with its values."""
+    groups: list[tuple[str, list[str]]] = []
+    for token in args:
+        if _is_flag(token) or not groups:
+            groups.append((token, []))
+        else:
+            groups[-1][1].append(token)
+    return groups
+
+
+def _yaml_scalar(token: str) -> Any:
+    """``token`` as the YAML scalar whose ``str()`` (how vLLM reads a key's value back) is ``token``."""
+    for kind in (int, float):
+        try:
+            value = kind(token)
+        except ValueError:
+            continue
+        if str(value) == token:
+            return value
+    return token
+
+
+def _yaml_value(values: Sequence[str]) -> Any:
+    """An option's values as one YAML value: a bare switch is ``true``, one value a scalar (a JSON object
+    that ``json.dumps`` writes back byte for byte, a mapping), several values a list."""
+    if not values:
+        return True
+    if len(values) > 1:
+        return [_yaml_scalar(v) for v in values]
+    token = values[0]
+    if token.startswith("{"):
+        try:
+            obj = json.loads(token)
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict) and json.dumps(obj) == token:
+            return obj
+    return _yaml_scalar(token)
+
+
+def serve_config(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
+    """The ``vllm serve --config`` mapping of :func:`serve_args`, and the flags left for the command line.
+
+    The mapping holds the model and every long option, in order, until the first one a key cannot
+    carry (a short option, ``--flag=value``, a repeat); that one and every later flag stay on the
+    command line, so vLLM still sees them in the trials' order.
+
+    Example:
+        >>> from profiles.profile import ExportInputs
+        >>> inputs = ExportInputs("0.1.0", "t", "H200", "k", "/m/t", "/m/d", "model", 3, 0.0, "constant",
+        ...                       None, None, ((1, 3),), max_batch_size=4,
+        ...                       deployment=Deployment("vllm", "bfloat16", extra_args=("--enforce-eager", "-O0")))
+        >>> config, rest = serve_config(inputs)
+        >>> config["model"], config["dtype"], config["max-num-seqs"], config["enforce-eager"], rest
+        ('/m/t', 'bfloat16', 4, True, ['-O0'])
+    """
+    config: dict[str, Any] = {"model": inputs.target}
+    rest: list[str] = []
+    for flag, values in _flag_groups(serve_args(inputs)[2:]):
+        key = flag[2:]
+        if rest or not flag.startswith("--") or "=" in flag or key in config:
+            rest += [flag, *values]
+        else:
+            config[key] = _yaml_value(values)
+    return config, rest
+
+
+def config_command(inputs: ExportInputs, rest: Sequence[str] = ()) -> str:
+    """The ready command for ``vllm-serve.yaml``: the deployment's environment, ``vllm serve --config``,
+    then the flags the file cannot carry (run from the folder that holds the file)."""
+    return " ".join([*_env_words(inputs), shlex.join(["vllm", "serve", "--config", CONFIG_FILENAME, *rest])])
+
+
+def config_yaml(inputs: ExportInputs, notes: Sequence[str] = ()) -> tuple[str, str]:
+    """``(vllm-serve.yaml text, its ready command)``; the header carries provenance and ``notes``."""
+    config, rest = serve_config(inputs)
+    command = config_command(inputs, rest)
+    header = comment_header(
+        CONFIG_FILENAME,
+        "vllm serve --config file with every flag the trials ran with",
+        inputs,
+        CONFIG_STACK,
+        notes,
+        usage=command,
+    )
+    body = yaml.safe_dump(config, sort_keys=False, default_flow_style=None, width=1 << 20, allow_unicode=True)
+    return header + body, command
+
+
+def max_num_seqs_note(max_batch_size: int) -> str:
+    """How ``--max-num-seqs`` was chosen."""
+    return (
+        f"--max-num-seqs {max_batch_size} is the tuned max_batch_size (chosen.max_batch_size): the number of "
+        "concurrent sequences the study chose among search.max_batch_size, measured with the rest of the "
+        "chosen configuration; vLLM schedules at most this many requests per step."
+    )
 
 
 def export(inputs: ExportInputs) -> Exported:
@@ -337,9 +464,14 @@ def export(inputs: ExportInputs) -> Exported:
         separate = "" if inputs.drafter == "eagle3" else "; ngram and draft_model are separate methods"
         notes += substitution_notes(inputs, f"vLLM ({method}{separate})")
     validate(config)
+    if inputs.max_batch_size is not None:
+        notes.append(max_num_seqs_note(inputs.max_batch_size))
     command = serve_command(inputs)
+    serve_yaml, ready = config_yaml(inputs, notes[-1:] if inputs.max_batch_size is not None else ())
     text = "null\n" if config is None else json_lines(config)
-    sidecar = sidecar_json(inputs, STACK, speculation=config is not None, notes=notes, command=command)
+    sidecar = sidecar_json(
+        inputs, STACK, speculation=config is not None, notes=notes, command=command, config_command=ready
+    )
     return Exported(
         "vllm",
         FILENAME,
@@ -348,4 +480,5 @@ def export(inputs: ExportInputs) -> Exported:
         command=command,
         speculation=config is not None,
         notes=tuple(notes),
+        extra_files=((CONFIG_FILENAME, serve_yaml),),
     )

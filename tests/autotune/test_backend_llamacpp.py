@@ -8,8 +8,8 @@ test_backend_llamacpp_real.py.
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -19,12 +19,15 @@ import yaml
 
 from autotune import context
 from autotune.backends import gguf
-from autotune.backends.llamacpp import LlamacppBackend, server_command
+from autotune.backends import llamacpp
+from autotune.backends.llamacpp import LlamacppBackend
 from autotune.config import load_config
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.records import LEVEL_KEYS, PER_POSITION
 from profiles.exporters import export
+from profiles.profile import export_inputs
+from profiles.schema import Profile
 
 FAKE = Path(__file__).with_name("fake_openai_server.py")
 
@@ -66,33 +69,74 @@ def make_cfg(tmp_path: Path, tiny_pair_dirs, home: Path, **search):
 
 def test_trial_flags_are_the_llamacpp_exporters_flags(tmp_path, tiny_pair_dirs) -> None:
     cfg = make_cfg(tmp_path, tiny_pair_dirs, make_home(tmp_path, tiny_pair_dirs[0] / "tokenizer.json"))
-    params = {"drafter": "model", "gamma": 3, "confidence_threshold": 0.25, "max_batch_size": 2}
+    cfg = cfg.with_overrides({"backend.llamacpp.gpu_layers": 99})
     from autotune.backends.http_backend import trial_inputs
 
-    knobs = Knobs.from_params(params)
-    inputs = trial_inputs(cfg, {"label": "CPU", "key": "k"}, knobs, target="/g/t.gguf", draft="/g/d.gguf")
-    cmd = server_command(Path("/bin/llama-server"), cfg, inputs, context=1024)
-    profile = {
-        "tool_version": "0",
-        "created_at": "2026-11-30T00:00:00+00:00",
-        "device": {"label": "CPU", "key": "k"},
-        "pair": {"target": "/hf/t", "draft": "/hf/d"},
-        "chosen": params,
-        "schedule": [{"batch_size": 2, "gamma": 3}],
-    }
-    exported = export(profile, "llamacpp", target_model="/g/t.gguf", draft_model="/g/d.gguf")
-    tuned = cmd[: cmd.index("--host")]
-    assert ["llama-server", *tuned[1:]] == shlex.split(exported.command)  # tuned == exported
-    flags = dict(zip(cmd[1::2], cmd[2::2], strict=False))
-    assert (
-        flags["--spec-draft-n-max"] == "3" and flags["--spec-draft-p-min"] == "0.25" and flags["-np"] == "2"
-    )
-    assert flags["-md"] == "/g/d.gguf" and flags["-m"] == "/g/t.gguf"
-    assert cmd[cmd.index("-c") + 1] == "2048" and cmd[cmd.index("-t") + 1] == "1" and "--metrics" in cmd
-    off = server_command(
-        Path("/bin/llama-server"), cfg, trial_inputs(cfg, {}, dataclasses.replace(knobs, gamma=0)), 1024
-    )
-    assert not any(part.startswith("--spec") for part in off)
+    deployment = llamacpp.deployment(cfg, 300)
+    for params in (
+        {"drafter": "model", "gamma": 3, "confidence_threshold": 0.25, "max_batch_size": 2},
+        {"drafter": "none", "gamma": 0, "max_batch_size": 4},
+    ):
+        knobs = Knobs.from_params(params)
+        inputs = trial_inputs(
+            cfg, {"label": "CPU", "key": "k"}, knobs, "/g/t.gguf", "/g/d.gguf", deployment=deployment
+        )
+        cmd = llamacpp.server_command(Path("/bin/llama-server"), inputs)
+        profile = {
+            "tool_version": "0",
+            "created_at": "2026-11-30T00:00:00+00:00",
+            "device": {"label": "CPU", "key": "k"},
+            "pair": {"target": "/hf/t", "draft": "/hf/d"},
+            "chosen": params,
+            "schedule": [{"batch_size": params["max_batch_size"], "gamma": params["gamma"]}],
+            "deployment": deployment.to_json(),
+        }
+        exported = export(profile, "llamacpp", target_model="/g/t.gguf", draft_model="/g/d.gguf")
+        tuned = cmd[: cmd.index("--host")]
+        assert ["llama-server", *tuned[1:]] == shlex.split(exported.command)  # tuned == exported
+        assert cmd[cmd.index("--host") :] == ["--host", "127.0.0.1", "--port", "{port}", "--no-webui"]
+        flags = dict(zip(tuned[1::2], tuned[2::2], strict=False))
+        slots = params["max_batch_size"]
+        assert flags["-np"] == str(slots) and flags["-c"] == str(slots * 300)  # each slot holds 300
+        assert flags["-t"] == "1" and flags["-ngl"] == "99" and "-ngld" not in flags
+        assert tuned[-2:] == ["--metrics", "--no-cache-prompt"] and flags["-m"] == "/g/t.gguf"
+        if params["gamma"]:
+            assert flags["--spec-draft-n-max"] == "3" and flags["--spec-draft-p-min"] == "0.25"
+            assert flags["-md"] == "/g/d.gguf"
+        else:
+            assert not any(part.startswith("--spec") for part in cmd)
+    assert deployment.dtype == gguf.OUTTYPE == "f32" and deployment.context_size == 300
+
+
+def test_threads_default_to_the_hosts_physical_cores(tmp_path, tiny_pair_dirs) -> None:
+    cfg = make_cfg(tmp_path, tiny_pair_dirs, tmp_path / "home")
+    cfg = cfg.with_overrides({"backend.llamacpp.threads": None})
+    assert llamacpp.deployment(cfg, 100).threads == llamacpp.physical_cores() >= 1
+    smt = "".join(f"processor: {i}\nphysical id: 0\ncore id: {i % 2}\n\n" for i in range(4))
+    assert llamacpp.physical_cores(smt) == 2  # 4 logical processors, 2 cores with 2 SMT threads each
+    assert llamacpp.physical_cores("processor: 0\n") == os.cpu_count()  # no core ids: the CPU count
+
+
+def test_an_engine_profile_serves_with_this_studys_deployment(tmp_path, tiny_pair_dirs) -> None:
+    """A profile without a deployment (tuned on the engine) is launched with the study's flags."""
+    cfg = make_cfg(tmp_path, tiny_pair_dirs, make_home(tmp_path, tiny_pair_dirs[0] / "tokenizer.json"))
+    ctx = context.build(cfg)
+    backend = LlamacppBackend(ctx)
+    try:
+        profile = {
+            "tool_version": "0",
+            "created_at": "2026-11-30T00:00:00+00:00",
+            "device": {"label": "CPU", "key": "k"},
+            "pair": {"target": "/hf/t", "draft": "/hf/d"},
+            "chosen": {"drafter": "model", "gamma": 2, "max_batch_size": 2},
+            "schedule": [{"batch_size": 2, "gamma": 2}],
+        }
+        inputs = export_inputs(Profile.from_json(profile), str(backend.target_gguf), str(backend.draft_gguf))
+        assert backend.profile_command(inputs) == backend.command(Knobs("model", 2, 0.0, max_batch_size=2))
+        assert backend.describe()["threads"] == 1
+    finally:
+        backend.close()
+        ctx.store.close()
 
 
 def test_a_trial_against_the_fake_llama_server(tmp_path, tiny_pair_dirs) -> None:

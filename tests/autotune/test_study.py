@@ -67,7 +67,29 @@ def test_drafter_none_forces_gamma_zero_and_clip_stays_inside_the_space() -> Non
             "max_batch_size": 4,
         }
     )
-    assert space.suggest(trial) == Knobs("none", 0, 0.2, "heuristic", 4)
+    # nothing drafts: threshold and policy are not suggested (they do nothing), so every such trial is
+    # one configuration of the conditional space
+    assert space.suggest(trial) == Knobs("none", 0, 0.0, "constant", 4)
+    zero = optuna.trial.FixedTrial(
+        {
+            "drafter": "model",
+            "gamma": 0,
+            "confidence_threshold": 0.4,
+            "gamma_schedule": "heuristic",
+            "max_batch_size": 4,
+        }
+    )
+    assert space.suggest(zero) == Knobs("model", 0, 0.0, "constant", 4)
+    some = optuna.trial.FixedTrial(
+        {
+            "drafter": "model",
+            "gamma": 2,
+            "confidence_threshold": 0.4,
+            "gamma_schedule": "heuristic",
+            "max_batch_size": 4,
+        }
+    )
+    assert space.suggest(some) == Knobs("model", 2, 0.4, "heuristic", 4)
     assert space.clip(Knobs("ngram", 12, 0.9, "x", 64)) == {
         "drafter": "model",
         "gamma": 3,
@@ -75,3 +97,36 @@ def test_drafter_none_forces_gamma_zero_and_clip_stays_inside_the_space() -> Non
         "gamma_schedule": "constant",
         "max_batch_size": 2,
     }
+
+
+def test_a_configuration_measured_already_is_answered_from_the_studys_record() -> None:
+    """The conditional space makes every gamma-0 trial one configuration; a repeat suggested by the
+    sampler runs nothing (the record answers), while an enqueued warm start runs (the in-stack
+    baseline's second round is the host's noise, on purpose)."""
+    from autotune.records import TrialResult
+
+    space = study_mod.shape_space(with_search(gamma_cap=3, drafter=("model",)), measurement={})
+    runs: list[Knobs] = []
+
+    class Guard:
+        def run(self, trial, knobs, seed, expected):  # noqa: ARG002 - TrialGuard.run's signature
+            runs.append(knobs)
+            level = {"tokens_per_second": 10.0 + knobs.gamma, "tpot_ms_p95": 5.0}
+            return TrialResult.from_json(
+                {"tokens_per_second": 10.0 + knobs.gamma, "latency_ms": 5.0, "per_level": {1: level}}
+            )
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    objective = study_mod.make_objective(CFG, Guard(), space, None)
+    zero = {"gamma": 0, "confidence_threshold": 0.3, "gamma_schedule": "heuristic", "max_batch_size": 4}
+    study.enqueue_trial(zero, user_attrs={"warm_start": "baseline"})
+    study.enqueue_trial(zero, user_attrs={"warm_start": "baseline again"})
+    study.enqueue_trial({**zero, "confidence_threshold": 0.1})  # sampled, say: the same configuration
+    study.enqueue_trial({**zero, "gamma": 2})
+    study.optimize(objective, n_trials=4)
+    assert [k.gamma for k in runs] == [0, 0, 2]  # the third trial ran nothing
+    third = study.trials[2]
+    assert third.user_attrs["repeat_of"] == 0 and third.values == study.trials[0].values
+    twin = study_mod.measured_twin(study, space.params(Knobs("model", 2, 0.3, "heuristic", 4)))
+    assert twin is not None and twin.number == 3
+    assert study_mod.measured_twin(study, space.params(Knobs("model", 1, 0.0, "constant", 4))) is None

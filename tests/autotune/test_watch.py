@@ -105,6 +105,31 @@ def test_vllm_recorded_texts_parse_and_difference_into_a_window() -> None:
     assert win.running == 3 and win.waiting == 0.5 and win.mean_draft_length == 5 and not win.idle
 
 
+def test_the_watch_and_the_tuner_read_one_scrape_with_one_reader_and_one_rule(monkeypatch) -> None:
+    """The same two scrapes through the watch (a window) and through the tuner (a load level's
+    counts, as HttpBackend.run_command takes them): both call prometheus.read_spec_counts and get
+    the same per-position acceptance. The later scrape counts position 3 ahead of position 2 (a
+    scrape between two of one step's increments): both hold it at position 2's."""
+    from autotune.backends import http_backend, prometheus
+
+    before = recorded("vllm_a")
+    after = recorded("vllm_b").replace('position="3"} 3730.0', 'position="3"} 3790.0')
+    real, calls = prometheus.read_spec_counts, []
+
+    def spy(samples: prometheus.Samples, prefix: str) -> prometheus.SpecCounts | None:
+        calls.append(prefix)
+        return real(samples, prefix)
+
+    monkeypatch.setattr(prometheus, "read_spec_counts", spy)
+    watched = windows.window(scrape.read_scrape(before, at=0.0), scrape.read_scrape(after, at=15.0))
+    assert calls == ["vllm", "vllm"]
+    level = http_backend.spec_counts(after, "vllm") - http_backend.spec_counts(before, "vllm")
+    assert calls == ["vllm"] * 4
+    assert level.accepted_per_pos == watched.accepted_per_pos == (372.0, 228.0, 84.0, 90.0, 12.0)
+    tuned = level.metrics()["per_position_acceptance"]
+    assert tuned == watched.per_position_acceptance == pytest.approx([0.62, 0.38, 0.14, 0.14, 0.02])
+
+
 def test_vllm_requests_running_is_the_windows_time_average_not_two_point_samples() -> None:
     """Little's law: the seconds finished requests spent running over the window's seconds. The
     gauge's two point samples (8 and 14 of a closed loop of 16 here) only stand in where no request

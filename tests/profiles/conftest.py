@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from profiles.reading import SCHEMA_VERSION
 from profiles.schema import BatchSchedule, Chosen, Profile, ScheduleEntry
 from profiles.store import Store
 
@@ -40,7 +41,7 @@ GOLDEN_KEY_ORDER = (
 )
 
 SAMPLE = Profile(
-    schema_version=1,
+    schema_version=SCHEMA_VERSION,
     tool_version="0.1.0",
     created_at="2026-11-30T01:30:00+00:00",
     device=GOLDEN_DEVICE,

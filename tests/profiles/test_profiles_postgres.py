@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from profiles.store import Store
+from profiles.store import SCHEMA_VERSION, Store
 
 PG_URL = os.environ.get("AUTOTUNE_TEST_PG_URL")
 pytestmark = pytest.mark.skipif(not PG_URL, reason="AUTOTUNE_TEST_PG_URL not set (.ci/run sets it)")
@@ -55,5 +55,5 @@ def test_optuna_study_shares_the_database():
     again = optuna.load_study(study_name=name, storage=PG_URL)
     assert len(again.trials) == 3
     with Store(PG_URL) as store:  # our prefixed tables live beside Optuna's
-        assert store.meta()["schema_version"] == "1"
+        assert store.meta()["schema_version"] == str(SCHEMA_VERSION)
     optuna.delete_study(study_name=name, storage=PG_URL)
