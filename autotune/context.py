@@ -357,12 +357,14 @@ def ensure_profile(
     reprofile: bool = False,
     progress: Callable[[str], None] | None = None,
     say: Callable[[str], None] | None = None,
+    beside: Need | None = None,
 ) -> tuple[dict, bool]:
     """The stored profiler measurement for this device + pair + workload, measuring if needed.
 
     Returns ``(measurement, reused)``. With a serving-stack backend the engine is loaded only to
-    profile, and only when the pair fits in the device's free memory now (no server is up yet); it is
-    released before returning. Where it does not fit, the run goes on without the engine's prior
+    profile, and only when the pair fits in the device's free memory beside ``beside`` (what one of
+    the stack's servers will hold: the engine is a prior worth having only where it could share the
+    host with the servers); it is released before returning, so no server ever runs beside it. Where it does not fit, the run goes on without the engine's prior
     (:func:`no_engine_measurement`: no curves, nothing stored) and ``ctx.notes`` says so.
     """
     if not reprofile:
@@ -372,9 +374,11 @@ def ensure_profile(
     stack = ctx.cfg.backend.name != "engine"
     if stack and ctx.loaded is None:
         try:
-            line = check_fits(
-                engine_needs(ctx.cfg, ctx.files, ctx.requests), free_bytes(ctx.device), ctx.device, FIT_KNOBS
-            )
+            needs = [
+                *engine_needs(ctx.cfg, ctx.files, ctx.requests),
+                *([beside] if beside is not None else []),
+            ]
+            line = check_fits(needs, free_bytes(ctx.device), ctx.device, FIT_KNOBS)
         except ConfigError as exc:
             ctx.notes.append(f"engine prior: none, the pair does not fit in the engine here ({exc})")
             return no_engine_measurement(ctx), False

@@ -15,7 +15,10 @@ of every round at every load level from the stack's own counters). For every rou
 every measured K=m >= 2 (at m = 1 the rules agree) predicts every larger measured K=n: the
 predicted E(n) = 1 + p[0] + ... + p[n-1] against the E(n) the K=n server counted in the same
 round at the same level. Reported per stack and per gap n - m: the mean absolute and the mean
-signed relative error of each rule, and how often the mean rate is the closer.
+signed relative error of each rule, and how often the mean rate is the closer. Also counted: the
+per-position vectors of those rounds (the tuner's counters, before any clamp) whose acceptance
+rises from one position to the next (:func:`autotune.cost.acceptance.from_counts` holds them
+non-increasing).
 
 JSON: ``benchmarks/results/acceptance_tail.json``. Usage::
 
@@ -101,6 +104,19 @@ def cases(results: Path) -> list[dict]:
     return out
 
 
+def out_of_order(results: Path) -> dict:
+    """The grids' per-position vectors (every round, level and K) and those that rise somewhere."""
+    vectors = [
+        acc
+        for path in sorted(results.glob("schedule_*.json")) + [results / "stack_cost_vllm.json"]
+        if path.is_file() and not path.stem.endswith("_reanalysed")
+        for _, by_k in grid_rounds(json.loads(path.read_text()))
+        for acc in by_k.values()
+    ]
+    rising = [acc for acc in vectors if any(b > a for a, b in zip(acc, acc[1:], strict=False))]
+    return {"vectors": len(vectors), "rising": len(rising)}
+
+
 def summary(rows: Sequence[dict]) -> dict:
     return {
         "cases": len(rows),
@@ -145,9 +161,11 @@ def main() -> None:
         groups[f"n - m = {gap}"] = summary([r for r in rows if r["n"] - r["m"] == gap])
     print("E(n) predicted from the counters of K=m, relative to the E(n) the K=n server counted")
     print(report(groups))
+    order = out_of_order(args.results)
+    print(f"\nper-position vectors counted: {order['vectors']}, rising somewhere: {order['rising']}")
     names = sorted({r["file"] for r in rows})
     files = {name: summary([r for r in rows if r["file"] == name]) for name in names}
-    write_json(args.out, {"command": " ".join(sys.argv), "groups": groups, "files": files})
+    write_json(args.out, {"command": " ".join(sys.argv), "groups": groups, "files": files, "order": order})
     print(f"\nwrote {portable(str(args.out))}")
 
 

@@ -152,8 +152,7 @@ def _version_2(profile: Mapping[str, Any]) -> dict[str, Any]:
     """Version 1 -> 2: each level's ``over_chosen`` as ``{value, ci95, n}`` (see :func:`migrate`)."""
     data = {**profile, "schema_version": 2}
     decision = profile.get("table_decision")
-    levels = decision.get("levels") if isinstance(decision, Mapping) else None
-    if isinstance(levels, list):
+    if isinstance(decision, Mapping) and isinstance(levels := decision.get("levels"), list):
         data["table_decision"] = {**decision, "levels": [_level_version_2(lv) for lv in levels]}
     return data
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from autotune.config import LoadLevel, TuneConfig
+from autotune.device.capacity import Need
 from autotune.knobs import Knobs
 from autotune.records import LevelMetrics, TrialResult
 from engine.speculative import Request
@@ -68,6 +69,9 @@ class Backend(Protocol):
     @property
     def deployment(self) -> Deployment | None:
         """The server flags every trial runs with, stored in the profile and exported (None: the engine)."""
+
+    def server_need(self) -> Need | None:
+        """What one of the backend's servers holds in memory (None: no server, or unknown)."""
 
     def budget(self) -> TrialBudget:
         """The study's trial count and cap on this backend (from tune.yaml)."""

@@ -14,6 +14,7 @@ from typing import Any, TypedDict
 from autotune.backends.base import TrialBudget, run_levels
 from autotune.config import LoadLevel
 from autotune.context import Context
+from autotune.device.capacity import Need
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
 from autotune.workload.runner import LoadSpec, run_load
@@ -38,6 +39,9 @@ class EngineBackend:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.cfg = ctx.cfg
+
+    def server_need(self) -> Need | None:
+        return None  # in process: the engine is what runs
 
     def remeasure_order(self, n_configs: int) -> str:  # noqa: ARG002
         return "interleaved"  # in process: alternating costs nothing

@@ -21,6 +21,7 @@ from autotune.backends.prometheus import spec_counts
 from autotune.backends.server import ServerError, ServerProcess
 from autotune.config import LoadLevel, TuneConfig
 from autotune.context import Context
+from autotune.device.capacity import Need
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
 from engine.speculative import Request
@@ -86,6 +87,10 @@ class HttpBackend:
     serves_table = False  # a stack that takes a by-batch-size K table says so (vLLM)
     plans_by_cost = False  # a stack whose server starts take minutes says so (vLLM)
     deployment: Deployment | None = None  # the stack's server flags (set by the stack's backend)
+
+    def server_need(self) -> Need | None:
+        """What one server holds (None: unknown; a stack that can say overrides this)."""
+        return None
 
     def __init__(self, ctx: Context, log_dir: Path) -> None:
         self.ctx = ctx
@@ -230,8 +235,8 @@ class HttpBackend:
 
     def _warmup(self, endpoint: Endpoint, max_batch_size: int) -> None:
         """A short run at the largest batch, once per server: first-request failures surface here,
-        lazy init leaves the runs (a round of the re-measurement in a kept server skips it: 1-2 s of
-        a 25 s round on the demo pair here)."""
+        lazy init leaves the runs (a round of the re-measurement in a kept server skips it:
+        docs/decisions.md#warm-up-once)."""
         width = min(max_batch_size, max(self.cfg.batch_sizes))
         short = [
             Request(r.prompt_ids, min(r.max_new_tokens, 16), r.temperature, r.top_k, r.top_p, r.id)

@@ -135,7 +135,7 @@ def read_spec_counts(samples: Samples, prefix: str) -> SpecCounts | None:
         pos = dict(labels).get("position")
         if name == f"{prefix}:{PER_POSITION}" and pos is not None and pos.isdigit() and math.isfinite(v):
             per_pos[int(pos)] = per_pos.get(int(pos), 0.0) + v
-    contiguous = []
+    contiguous: list[float] = []
     while len(contiguous) in per_pos:
         contiguous.append(per_pos[len(contiguous)])
     return SpecCounts(

@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.http_backend import HttpBackend, trial_inputs
-from autotune.backends.http_backend import spec_counts as _spec_counts
 from autotune.backends.prometheus import SpecCounts
+from autotune.backends.prometheus import spec_counts as _spec_counts
 from autotune.backends.server import ServerProcess
 from autotune.config import DEFAULT_CACHE, TuneConfig
 from autotune.context import Context
-from autotune.device.capacity import GIB
+from autotune.device.capacity import GIB, Need
 from autotune.device.hardware import available_memory_bytes
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
@@ -250,6 +250,18 @@ class VllmBackend(HttpBackend):
             available_memory_bytes(),
         )
         self.version: str | None = None
+
+    def server_need(self) -> Need | None:
+        """One server: on a CPU host its KV cache, weights and base (:func:`server_bytes`); on a GPU the
+        memory share it claims of the first GPU (``gpu_memory_utilization``, vLLM's 0.9 by default)."""
+        if self.ctx.fingerprint.get("kind", "cpu") == "cpu":
+            held = server_bytes(dict(self.deployment.env), self.weights)
+            return None if held is None else Need("one vLLM server", held)
+        import torch
+
+        total = torch.cuda.mem_get_info(int(self.ctx.device.partition(":")[2] or 0))[1]
+        share = self.deployment.gpu_memory_utilization or 0.9
+        return Need(f"one vLLM server ({share:g} of the GPU)", int(share * total))
 
     def command(self, knobs: Knobs) -> list[str]:
         inputs = trial_inputs(self.cfg, self.ctx.fingerprint, knobs, deployment=self.deployment)

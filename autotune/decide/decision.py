@@ -90,9 +90,8 @@ def finalists(cfg: TuneConfig, points: list[Point], every_chain: bool = False) -
     """The ``budget.remeasure_top`` fastest Pareto points (SLO-feasible ones when any), gamma=0, the
     best static gamma overall and at each load level; with ``every_chain`` (a study that served
     few K on purpose: a backend that plans by cost) every static chain it measured, so that one
-    noisy round per server does not drop a K before the paired rounds. (Measured on vLLM-CPU:
-    K=6's one round ran ahead of K=3's at every level, 383 vs 354 tok/s over the sweep, and K=3
-    was not re-measured; the grid half an hour later put K=3 ahead of K=6 at every level.)"""
+    noisy round per server does not drop a K before the paired rounds
+    (docs/decisions.md#finalists-every-chain)."""
     pool = (
         [p for p in points if p.feasible]
         if cfg.objectives.slo and any(p.feasible for p in points)

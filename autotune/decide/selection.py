@@ -65,9 +65,8 @@ def choose(points: Sequence[Point], has_slo: bool, knee: bool = False) -> Choice
     knee of the Pareto front instead.
 
     Throughput is the default because the knee trades it one for one against a p95 latency of a
-    few requests: a study over three drafters chose no speculation as the knee (TPOT p95 19.5 vs
-    27.5 ms) where EAGLE-3 at gamma 4 was 1.55x (95% CI 1.27-1.88) faster, 0.61-0.68x the best at
-    every load level (benchmarks/results/drafters_tune_head1024.txt). A latency bound is an SLO.
+    few requests, and chose no speculation where a drafter was significantly faster at every load
+    level (docs/decisions.md#throughput-not-knee). A latency bound is an SLO.
 
     When nothing meets the SLOs, the point with the smallest violation is returned with
     ``met_slo=False`` so the caller can say what came closest.
@@ -92,9 +91,9 @@ def score_ratio(a: Point, b: Point) -> Estimate:
 
     The rule *ranks* by tokens/s or (``objectives.choose: knee``) tokens/s per ms of latency, but a
     configuration *replaces* a simpler one only on throughput: the knee score divides by a
-    p95 latency of a few requests, whose round-to-round noise made a 1.3x throughput gain
-    "not significant" (95% CI 0.80-1.91 over 3 rounds) while every batch size's own throughput
-    ratio excluded 1. Points without (equally many) rounds compare as one run each.
+    p95 latency of a few requests, whose round-to-round noise hid a throughput gain that every
+    batch size's own ratio showed (docs/decisions.md#replace-on-throughput). Points without
+    (equally many) rounds compare as one run each.
     """
 
     def scores(p: Point) -> list[float]:
@@ -118,10 +117,8 @@ def choose_with_margin(points: Sequence[Point], has_slo: bool, knee: bool = Fals
     with a ratio interval excluding 1 (:func:`autotune.stats.significant`). Otherwise it leaves the
     pool, the rule picks again, and the reason says which comparison was not significant. Between
     two K of one structure the faster wins on its measurement: a smaller K is no safer a choice, and
-    demanding a margin there kept K=2 over K=5 on three noisy rounds (1.20x, 95% CI 0.90-1.59) in a
-    vLLM sweep where K=2 then ran at 0.82x K=5 at the worst load level
-    (benchmarks/results/schedule_vllm_margin_rule.json). When nothing meets the SLOs, the closest
-    point is returned as before.
+    demanding a margin there kept a K that then ran slower (docs/decisions.md#no-margin-between-k).
+    When nothing meets the SLOs, the closest point is returned as before.
 
     Example:
         >>> ar = Point(Knobs("model", 0), 100, 10, rounds=((100, 10), (104, 10), (96, 10)))

@@ -31,6 +31,7 @@ from autotune.config import DEFAULT_CACHE, TuneConfig
 from autotune.cost import stackcost
 from autotune.decide.decision import build_profile, decide
 from autotune.device import hostnoise
+from autotune.device.capacity import Need
 from autotune.device.hardware import nvml_selectors
 from autotune.errors import BusyHostError, ConfigError
 from autotune.knobs import Knobs
@@ -134,7 +135,7 @@ def run_tune(
     backend = backend_for(ctx)  # before profiling: a missing stack fails in seconds
     try:
         with _sigterm_interrupts():  # servers are stopped on SIGTERM too
-            measurement = _profile(ctx, reprofile, say)
+            measurement = _profile(ctx, reprofile, say, backend.server_need())
             run = _run_study(ctx, backend, measurement, resume, say, clock)
             decision = decide(cfg, backend, run.space, measurement, run.points, say, clock)
             typed = build_profile(ctx, run.space, measurement, run.study, decision)
@@ -153,11 +154,12 @@ def run_tune(
         backend.close()
 
 
-def _profile(ctx: ctx_mod.Context, reprofile: bool, say: Say) -> dict:
-    """The profiler measurement (stored, or measured now and stored), extended for the trees searched."""
+def _profile(ctx: ctx_mod.Context, reprofile: bool, say: Say, beside: Need | None = None) -> dict:
+    """The profiler measurement (stored, or measured now and stored), extended for the trees searched;
+    ``beside``: what one of a serving stack's servers holds (the engine profiles only where it fits too)."""
     notes = len(ctx.notes)
     measurement, reused = ctx_mod.ensure_profile(
-        ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"), say=say
+        ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"), say=say, beside=beside
     )
     for note in ctx.notes[notes:]:
         say(note)

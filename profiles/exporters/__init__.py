@@ -107,7 +107,7 @@ def _write_temp(dest: Path, text: str, mode: int) -> Path:
 
 
 def write_export(exported: Exported, path: str | os.PathLike[str]) -> list[Path]:
-    """Write an export (its sidecar and extra files too) atomically; returns the written paths, main file first.
+    """Write an export, its sidecar and extra files atomically; returns the written paths, main file first.
 
     ``path`` is a file path, or an existing folder (the export's default file name is used);
     missing parent folders are created; extra files keep their names, next to the main file. Each

@@ -27,6 +27,10 @@ head folder (the format vLLM loads, docs/eagle3.md: SGLang's ``llama_eagle3.py``
 num-draft-tokens gamma + 1 (the same forced relation as STANDALONE's chain), a chosen tree (static
 or dynamic) with the same three flags as the draft model's tree above (EAGLE3 is the eagle family
 those flags were made for).
+
+A profile measured in a serving stack carries its deployment: ``--tp-size`` (when not 1),
+``--dtype`` and ``--context-length`` repeat the trials' tensor parallel size, dtype and longest
+sequence (docs/stacks/sglang.md).
 """
 
 from __future__ import annotations
@@ -34,15 +38,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from profiles.deployment import Deployment
 from profiles.exporters._common import (
     Exported,
     StackTarget,
     comment_header,
+    deployment_note,
     fail,
     is_int,
+    max_length,
     off_reason,
     one_length_note,
     schedule_text,
+    served_dtype,
     shell_script,
     substitution_notes,
     tree_text,
@@ -58,6 +66,9 @@ ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLA
 KNOWN_FLAGS = frozenset(
     {
         "--model-path",
+        "--tp-size",
+        "--dtype",
+        "--context-length",
         "--speculative-algorithm",
         "--speculative-draft-model-path",
         "--speculative-num-steps",
@@ -67,7 +78,10 @@ KNOWN_FLAGS = frozenset(
         "--speculative-ngram-max-bfs-breadth",
     }
 )
+DTYPES = frozenset({"auto", "half", "float16", "bfloat16", "float", "float32"})
 _INT_FLAGS = (
+    "--tp-size",
+    "--context-length",
     "--speculative-num-steps",
     "--speculative-eagle-topk",
     "--speculative-num-draft-tokens",
@@ -97,6 +111,8 @@ def validate(args: Mapping[str, Any]) -> None:
     for flag in _INT_FLAGS:
         if flag in args and (not is_int(args[flag]) or args[flag] < 1):
             raise fail("sglang", f"{flag} must be an integer >= 1, got {args[flag]!r}")
+    if "--dtype" in args and args["--dtype"] not in DTYPES:
+        raise fail("sglang", f"--dtype must be one of {', '.join(sorted(DTYPES))}, got {args['--dtype']!r}")
     algorithm = args.get("--speculative-algorithm")
     if algorithm is None:
         spec = sorted(flag for flag in args if flag.startswith("--speculative-"))
@@ -176,8 +192,30 @@ def tree_args(topk_per_depth: tuple[int, ...], dynamic_nodes: int = 0) -> tuple[
     return steps, topk, min(nodes, tree_candidates(topk, steps)) + 1
 
 
+def deployment_args(deployment: Deployment | None) -> dict[str, Any]:
+    """SGLang's flags for the trials' tensor parallel size, dtype and max length (none without a
+    deployment; a GGUF type SGLang does not load leaves ``--dtype`` out).
+
+    Example:
+        >>> deployment_args(Deployment("vllm", "bfloat16", tensor_parallel_size=4, max_model_len=2048))
+        {'--tp-size': 4, '--dtype': 'bfloat16', '--context-length': 2048}
+    """
+    if deployment is None:
+        return {}
+    args: dict[str, Any] = {}
+    if deployment.tensor_parallel_size != 1:
+        args["--tp-size"] = deployment.tensor_parallel_size
+    dtype, length = served_dtype(deployment), max_length(deployment)
+    if dtype is not None:
+        args["--dtype"] = dtype
+    if length is not None:
+        args["--context-length"] = length
+    return args
+
+
 def server_args(inputs: ExportInputs) -> dict[str, Any]:
-    """The SGLang flags (flag -> value) for a profile, target path included.
+    """The SGLang flags (flag -> value) for a profile, target path included: the deployment's
+    (:func:`deployment_args`), then the speculative ones.
 
     Example:
         >>> from profiles.profile import ExportInputs
@@ -186,7 +224,7 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
         >>> server_args(inputs)["--speculative-num-draft-tokens"]
         4
     """
-    args: dict[str, Any] = {"--model-path": inputs.target}
+    args: dict[str, Any] = {"--model-path": inputs.target, **deployment_args(inputs.deployment)}
     gamma = 0 if inputs.drafter == "none" else inputs.gamma
     if gamma == 0:
         return args
@@ -228,6 +266,11 @@ def export(inputs: ExportInputs) -> Exported:
     validate(args)
     speculation = "--speculative-algorithm" in args
     notes = []
+    if inputs.deployment is not None:
+        written = [f"{flag} {value}" for flag, value in deployment_args(inputs.deployment).items()]
+        dtype = inputs.deployment.dtype
+        dropped = [] if "--dtype" in args else [f"the {dtype} GGUF weights (no SGLang --dtype)"]
+        notes.append(deployment_note(inputs.deployment, written, dropped))
     if not speculation:
         why = off_reason(inputs)
         notes.append(f"Speculation off: {why}, so no --speculative-* flags.")

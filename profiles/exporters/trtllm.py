@@ -24,6 +24,11 @@ schedule is written as for a draft model. ``eagle3_layers_to_capture`` is writte
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` when its config.json is readable here: without the
 key TensorRT-LLM captures {1, L/2 - 1, L - 4} of an L-layer target, not the layers the head was
 trained on (a note says so when the folder cannot be read).
+
+A profile measured in a serving stack carries its deployment as top-level LLM-API options
+(``BaseLlmArgs``, llm_args.py at the same commit): ``tensor_parallel_size`` (when not 1), ``dtype``
+and ``max_seq_len`` (the trials' longest sequence); the options file overrides trtllm-serve's own
+``--tp_size``/``--max_seq_len`` (docs/stacks/trtllm.md).
 """
 
 from __future__ import annotations
@@ -35,18 +40,22 @@ from typing import Any
 
 import yaml
 
+from profiles.deployment import Deployment
 from profiles.errors import ProfileError
 from profiles.exporters._common import (
     Exported,
     StackTarget,
     batch_ranges,
     comment_header,
+    deployment_note,
     fail,
     is_int,
     is_number,
+    max_length,
     off_reason,
     read_json_file,
     schedule_text,
+    served_dtype,
     substitution_notes,
 )
 from profiles.profile import ExportInputs
@@ -75,6 +84,8 @@ BASE_KEYS = frozenset(
         "enable_penalty",
     }
 )
+DTYPES = frozenset({"auto", "float16", "bfloat16", "float32"})
+_DEPLOYMENT_KEYS = ("tensor_parallel_size", "dtype", "max_seq_len")
 TYPE_KEYS = {
     "Draft_Target": frozenset(),
     "Eagle3": frozenset(
@@ -119,9 +130,14 @@ def validate(options: Mapping[str, Any]) -> None:
     """
     if not isinstance(options, Mapping):
         raise fail("trtllm", "the options file root must be a mapping")
-    unknown = sorted(set(options) - {"speculative_config"})
+    unknown = sorted(set(options) - {"speculative_config", *_DEPLOYMENT_KEYS})
     if unknown:
         raise fail("trtllm", f"unexpected option(s) {', '.join(unknown)}")
+    for key in ("tensor_parallel_size", "max_seq_len"):
+        if key in options and (not is_int(options[key]) or options[key] < 1):
+            raise fail("trtllm", f"{key} must be an integer >= 1, got {options[key]!r}")
+    if "dtype" in options and options["dtype"] not in DTYPES:
+        raise fail("trtllm", f"dtype must be one of {', '.join(sorted(DTYPES))}, got {options['dtype']!r}")
     if "speculative_config" not in options:
         return
     config = options["speculative_config"]
@@ -202,6 +218,27 @@ def head_layer_ids(folder: str | None) -> list[int] | None:
     return None
 
 
+def deployment_options(deployment: Deployment | None) -> dict[str, Any]:
+    """The LLM-API options for the trials' tensor parallel size, dtype and longest sequence (none
+    without a deployment; a GGUF type TensorRT-LLM does not load leaves ``dtype`` out).
+
+    Example:
+        >>> deployment_options(Deployment("vllm", "bfloat16", tensor_parallel_size=4, max_model_len=2048))
+        {'tensor_parallel_size': 4, 'dtype': 'bfloat16', 'max_seq_len': 2048}
+    """
+    if deployment is None:
+        return {}
+    options: dict[str, Any] = {}
+    if deployment.tensor_parallel_size != 1:
+        options["tensor_parallel_size"] = deployment.tensor_parallel_size
+    dtype, length = served_dtype(deployment), max_length(deployment)
+    if dtype is not None:
+        options["dtype"] = dtype
+    if length is not None:
+        options["max_seq_len"] = length
+    return options
+
+
 def extra_options(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
     """The options mapping (``{}`` when speculation is off) and the notes that explain it."""
     if inputs.schedule_max == 0:
@@ -256,7 +293,14 @@ def extra_options(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
 
 def export(inputs: ExportInputs) -> Exported:
     """Render, validate and describe the TensorRT-LLM options file."""
-    options, notes = extra_options(inputs)
+    speculative, notes = extra_options(inputs)
+    deployed = deployment_options(inputs.deployment)
+    options = {**deployed, **speculative}
+    if inputs.deployment is not None:
+        dtype = inputs.deployment.dtype
+        dropped = [] if "dtype" in deployed else [f"the {dtype} GGUF weights (no TensorRT-LLM dtype)"]
+        written = [f"{key}: {value}" for key, value in deployed.items()]
+        notes.insert(0, deployment_note(inputs.deployment, written, dropped))
     validate(options)
     command = f"trtllm-serve {shlex.quote(inputs.target)} --extra_llm_api_options {FILENAME}"
     header = comment_header(
@@ -269,5 +313,10 @@ def export(inputs: ExportInputs) -> Exported:
     )
     body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False) if options else "{}\n"
     return Exported(
-        "trtllm", FILENAME, header + body, command=command, speculation=bool(options), notes=tuple(notes)
+        "trtllm",
+        FILENAME,
+        header + body,
+        command=command,
+        speculation=bool(speculative),
+        notes=tuple(notes),
     )

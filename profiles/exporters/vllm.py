@@ -368,8 +368,9 @@ def serve_config(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
     Example:
         >>> from profiles.profile import ExportInputs
         >>> inputs = ExportInputs("0.1.0", "t", "H200", "k", "/m/t", "/m/d", "model", 3, 0.0, "constant",
-        ...                       None, None, ((1, 3),), max_batch_size=4,
-        ...                       deployment=Deployment("vllm", "bfloat16", extra_args=("--enforce-eager", "-O0")))
+        >>> d = Deployment("vllm", "bfloat16", extra_args=("--enforce-eager", "-O0"))
+        >>> inputs = ExportInputs("0.1.0", "t", "H200", "k", "/m/t", "/m/d", "model", 3, 0.0, "constant",
+        ...                       None, None, ((1, 3),), max_batch_size=4, deployment=d)
         >>> config, rest = serve_config(inputs)
         >>> config["model"], config["dtype"], config["max-num-seqs"], config["enforce-eager"], rest
         ('/m/t', 'bfloat16', 4, True, ['-O0'])

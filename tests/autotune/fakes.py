@@ -39,6 +39,9 @@ class FakeBackend:
     def remeasure_order(self, n_configs: int) -> str:  # noqa: ARG002
         return self.order
 
+    def server_need(self) -> None:
+        return None  # a stand-in: nothing held beside the engine
+
     def budget(self) -> TrialBudget:
         return TrialBudget(self.cfg.budget.n_trials, self.cfg.budget.timeout_s, "budget")
 

@@ -18,8 +18,7 @@ import pytest
 import yaml
 
 from autotune import context
-from autotune.backends import gguf
-from autotune.backends import llamacpp
+from autotune.backends import gguf, llamacpp
 from autotune.backends.llamacpp import LlamacppBackend
 from autotune.config import load_config
 from autotune.errors import ConfigError

@@ -37,7 +37,7 @@ def _flags(argv: list[str], program_len: int) -> dict[str, str]:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_export_matches_golden_file(fmt: str, profile: dict) -> None:
     exported = export(profile, fmt)
-    files = {exported.filename: exported.text}
+    files = {exported.filename: exported.text, **dict(exported.extra_files)}
     if exported.sidecar is not None:
         files[exported.sidecar_filename] = exported.sidecar
     for name, text in files.items():
@@ -307,6 +307,7 @@ def test_write_export_writes_main_file_and_sidecar(profile: dict, tmp_path: Path
     written = write_export(export(profile, "vllm"), tmp_path)
     assert [p.name for p in written] == [
         "vllm-speculative-config.json",
+        "vllm-serve.yaml",
         "vllm-speculative-config.json.meta.json",
     ]
     assert json.loads(written[0].read_text())["num_speculative_tokens"] == 5
