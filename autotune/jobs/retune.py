@@ -1,6 +1,6 @@
 """Re-tuning when the watch calls the profile stale: ``autotune watch --retune PROMPTS.jsonl``.
 
-The watch (:mod:`autotune.watch.monitor`) says *that* the stored profile no longer holds and which K it
+The watch (:mod:`autotune.watch`) says *that* the stored profile no longer holds and which K it
 predicts better; a re-tune measures it. When the state turns stale, :func:`retune` runs the main
 job (:func:`autotune.jobs.tune.run_tune`) once, with the user's tune.yaml changed in three keys only:
 

@@ -321,8 +321,8 @@ def deployment_note(deployment: Deployment, written: Sequence[str], dropped: Seq
 
     Example:
         >>> deployment_note(Deployment("vllm", "float32", max_model_len=512), ["--context-length 512"],
-        ...                 ["dtype float32 (TGI: float16 or bfloat16)"])
-        'As the trials ran in vLLM: --context-length 512. Not carried: dtype float32 (TGI: float16 or bfloat16).'
+        ...                 ["dtype float32"])
+        'As the trials ran in vLLM: --context-length 512. Not carried: dtype float32.'
     """
     note = f"As the trials ran in {_STACK_NAMES[deployment.stack]}: {', '.join(written) or 'no flag here'}."
     return note + (f" Not carried: {'; '.join(dropped)}." if dropped else "")

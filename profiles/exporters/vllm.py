@@ -367,7 +367,6 @@ def serve_config(inputs: ExportInputs) -> tuple[dict[str, Any], list[str]]:
 
     Example:
         >>> from profiles.profile import ExportInputs
-        >>> inputs = ExportInputs("0.1.0", "t", "H200", "k", "/m/t", "/m/d", "model", 3, 0.0, "constant",
         >>> d = Deployment("vllm", "bfloat16", extra_args=("--enforce-eager", "-O0"))
         >>> inputs = ExportInputs("0.1.0", "t", "H200", "k", "/m/t", "/m/d", "model", 3, 0.0, "constant",
         ...                       None, None, ((1, 3),), max_batch_size=4, deployment=d)

@@ -49,7 +49,13 @@ def make_cfg(tmp_path: Path, tiny_pair_dirs, home: Path, **search):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def f(x):\n", "class A:\n"]))
     raw = {
-        "models": {"target": str(target), "draft": str(draft), "device": "cpu", "dtype": "float32", "compile": False},
+        "models": {
+            "target": str(target),
+            "draft": str(draft),
+            "device": "cpu",
+            "dtype": "float32",
+            "compile": False,
+        },
         "workload": {"prompts": str(prompts), "concurrency": [1, 2], "num_requests": 2, "max_new_tokens": 6},
         "search": {"drafter": ["model"], "max_batch_size": [2], **search},
         "backend": {"name": "llamacpp", "llamacpp": {"home": str(home), "threads": 1}},

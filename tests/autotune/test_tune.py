@@ -471,10 +471,10 @@ def test_each_level_records_the_measured_ratio_of_its_choice_over_the_chosen_con
     cfg = SimpleNamespace(batch_sizes=[1, 4])
     backend = SimpleNamespace(name="llamacpp", serves_table=False)
     contest = serve_table(cfg, backend, remeasured, off, off, k3, lambda _: None)
-    levels = contest.to_json()["levels"]
+    levels = contest.table_decision().to_json()["levels"]
     assert [(lv["batch_size"], lv["gamma"]) for lv in levels] == [(1, 3), (4, 0)] and contest.served is None
     want = paired_ratio([150.0, 160.0, 155.0], [100.0, 104.0, 98.0])
-    assert levels[0]["over_chosen"] == {"value": want.value, "low": want.low, "high": want.high, "n": 3}
+    assert levels[0]["over_chosen"] == {"value": want.value, "ci95": [want.low, want.high], "n": 3}
     assert want.low > 1.0 and "over_chosen" not in levels[1]
 
 

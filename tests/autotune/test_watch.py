@@ -475,6 +475,20 @@ def test_without_live_acceptance_a_profile_without_the_measured_ratio_keeps_the_
     assert obj["gain_ci95_from"] == "windows" and obj["gain_windows"] == 3
 
 
+def test_a_stored_version_1_profile_gives_the_watch_its_measured_ratios() -> None:
+    """A profile stored at schema version 1 (``over_chosen`` as ``{value, low, high, n}``) is read
+    through the typed table decision: the watch gets the same choices and measured ratios."""
+    v1 = json.loads((Path(__file__).parents[1] / "profiles" / "data" / "stored_v1_vllm.json").read_text())
+    m = profile_model.ProfileModel.from_profile(Profile.from_json(v1))
+    levels = v1["table_decision"]["levels"]
+    assert (
+        m.level_choices == {lv["batch_size"]: lv["gamma"] for lv in levels} == {1: 5, 2: 5, 4: 5, 8: 2, 16: 0}
+    )
+    over = {lv["batch_size"]: lv["over_chosen"] for lv in levels if "over_chosen" in lv}
+    assert m.level_ratios == {b: Estimate(o["value"], o["low"], o["high"], o["n"]) for b, o in over.items()}
+    assert set(m.level_ratios) == {8, 16} and m.stack_cost is not None and m.backend == "vllm"
+
+
 def test_a_profile_without_curves_or_acceptance_is_one_line() -> None:
     with pytest.raises(ProfileError, match="no 'curves'"):
         profile_model.ProfileModel.from_profile(

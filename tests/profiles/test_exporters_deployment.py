@@ -88,7 +88,7 @@ def test_vllm_serve_yaml_reads_back_as_the_trials_arguments(profile: dict, extra
     deployment = Deployment(**{**VLLM_GPU.__dict__, "extra_args": extra})
     exported = export(_with(profile, deployment), "vllm")
     inputs = export_inputs(Profile.from_json(_with(profile, deployment)))
-    (name, text), = exported.extra_files
+    ((name, text),) = exported.extra_files
     ready = json.loads(exported.sidecar)["config_command"]
     env, argv = _vllm_reads(text, ready)
     assert name == "vllm-serve.yaml" and env == {"VLLM_ATTENTION_BACKEND": "FLASH_ATTN"}
@@ -142,7 +142,12 @@ def test_llamacpp_script_holds_the_deployment(profile: dict) -> None:
         (
             VLLM_GPU,
             {"--tp-size": "4", "--dtype": "bfloat16", "--context-length": "2048"},
-            {"--num-shard": "4", "--dtype": "bfloat16", "--max-input-tokens": "2047", "--max-total-tokens": "2048"},
+            {
+                "--num-shard": "4",
+                "--dtype": "bfloat16",
+                "--max-input-tokens": "2047",
+                "--max-total-tokens": "2048",
+            },
             {"tensor_parallel_size": 4, "dtype": "bfloat16", "max_seq_len": 2048},
         ),
         (
