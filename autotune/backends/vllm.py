@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,12 +65,16 @@ FIXED_KNOBS: Mapping[str, Any] = {"confidence_threshold": 0.0, "gamma_schedule":
 
 
 def resolve_python(configured: Path | None) -> Path:
-    """The python of vLLM's venv: ``backend.vllm.python``, $AUTOTUNE_VLLM_PYTHON, or the default install."""
+    """The python of vLLM's environment: ``backend.vllm.python``, $AUTOTUNE_VLLM_PYTHON, the user's own
+    vLLM (the python of a ``vllm`` executable on PATH, where it imports vllm), else the project's
+    install (tools/install_vllm_cpu.sh)."""
     env = os.environ.get("AUTOTUNE_VLLM_PYTHON")
     if configured is not None:
         where, path = "backend.vllm.python", configured
     elif env:
         where, path = "AUTOTUNE_VLLM_PYTHON", Path(env)
+    elif (found := path_vllm_python()) is not None:
+        return found
     else:
         where, path = "the default install", (DEFAULT_CACHE / "vllm-venv" / "bin" / "python").expanduser()
     if path.is_file() and os.access(path, os.X_OK):
@@ -77,6 +83,30 @@ def resolve_python(configured: Path | None) -> Path:
         f"backend.vllm.python: no vLLM python at {path} (from {where}); install vLLM into its own "
         "venv with `bash tools/install_vllm_cpu.sh` or set backend.vllm.python"
     )
+
+
+def path_vllm_python() -> Path | None:
+    """The python behind a ``vllm`` executable on PATH (its shebang), if that python imports vllm."""
+    exe = shutil.which("vllm")
+    if exe is None:
+        return None
+    try:
+        first = Path(exe).read_text(errors="replace").splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    if not first.startswith("#!"):
+        return None
+    python = Path(first[2:].strip().split()[0])
+    if not (python.is_file() and os.access(python, os.X_OK)):
+        return None
+    try:
+        ok = (
+            subprocess.run([str(python), "-c", "import vllm"], capture_output=True, timeout=120).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return python if ok else None
 
 
 DEFAULT_ARGS = ("--no-enable-prefix-caching",)

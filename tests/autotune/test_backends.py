@@ -79,7 +79,13 @@ def _cfg(tmp_path: Path, tiny_pair_dirs, **backend) -> object:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "def f(x):\n"}) + "\n")
     raw = {
-        "models": {"target": str(target), "draft": str(draft), "device": "cpu", "dtype": "float32", "compile": False},
+        "models": {
+            "target": str(target),
+            "draft": str(draft),
+            "device": "cpu",
+            "dtype": "float32",
+            "compile": False,
+        },
         "workload": {"prompts": str(prompts), "concurrency": [1, 2], "num_requests": 2, "max_new_tokens": 6},
         "search": {"drafter": ["model", "ngram"], "max_batch_size": [2]},
         "backend": {"name": "vllm", **backend},
@@ -562,3 +568,22 @@ def test_vllm_servers_on_a_cpu_host_start_without_aot_compile_unless_the_config_
         SimpleNamespace(cfg=cfg, fingerprint={"kind": "cpu", "key": "k"}, longest_sequence=128)
     )
     assert mine.env()["VLLM_USE_AOT_COMPILE"] == "1"
+
+
+def test_the_users_own_vllm_on_path_comes_before_the_projects_install(tmp_path, monkeypatch) -> None:
+    """A ``vllm`` executable on PATH whose python imports vllm is used; one whose python does not is not."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n[ \"$2\" = 'import vllm' ] && exit ${IMPORTS:-0}\nexit 1\n")
+    python.chmod(0o755)
+    vllm = bin_dir / "vllm"
+    vllm.write_text(f"#!{python}\nprint('vllm')\n")
+    vllm.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.delenv("AUTOTUNE_VLLM_PYTHON", raising=False)
+    assert vllm_backend.resolve_python(None) == python
+    monkeypatch.setenv("IMPORTS", "1")
+    assert vllm_backend.path_vllm_python() is None
+    monkeypatch.setenv("AUTOTUNE_VLLM_PYTHON", str(python))
+    assert vllm_backend.resolve_python(None) == python  # the variable wins over PATH
