@@ -280,7 +280,8 @@ class BudgetConfig:
 
     n_trials: int = 20
     timeout_s: float | None = None
-    trial_timeout_s: float | None = 300.0
+    # a trial's fixed cap; None: none (from 3 finished trials on, 4x the expected seconds cuts a run)
+    trial_timeout_s: float | None = None
     seed: int = 0
     remeasure_top: int = 3
     repeats: int = 3
@@ -293,7 +294,7 @@ class BudgetConfig:
     def read(cls, s: Section) -> BudgetConfig:
         n_trials = s.int("n_trials", 20, lo=1)
         timeout = s.num("timeout_s", None, lo=0.0, open_lo=True, allow_none=True)
-        trial_timeout = s.num("trial_timeout_s", 300.0, lo=0.0, open_lo=True, allow_none=True)
+        trial_timeout = s.num("trial_timeout_s", None, lo=0.0, open_lo=True, allow_none=True)
         seed = s.int("seed", 0)
         remeasure = s.int("remeasure_top", 3, lo=1)
         repeats = s.int("repeats", 3, lo=1)
