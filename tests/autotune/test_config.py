@@ -82,7 +82,7 @@ def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dir
     cfg = load_config(path)
 
     assert (cfg.models.target, cfg.models.draft, cfg.workload.prompts) == (target, draft, tiny_prompts)
-    assert (cfg.models.device, cfg.models.dtype) == ("auto", "float32")
+    assert (cfg.models.device, cfg.models.dtype) == ("auto", "auto")
     assert (
         cfg.workload.max_new_tokens,
         cfg.workload.temperature,
@@ -110,6 +110,9 @@ def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dir
         cfg.budget.repeats,
         cfg.budget.max_repeats,
     ) == (14, None, 0, 2, 3, 6)
+    assert cfg.budget.minutes == 20 and cfg.budget.trial_timeout_s == 300
+    assert cfg.backend.vllm.tensor_parallel_size == 1 and cfg.backend.vllm.max_model_len is None
+    assert cfg.backend.vllm.args == () and cfg.backend.vllm.env == ()
     assert cfg.storage.url == f"sqlite:///{tmp_path.resolve() / 'autotune.db'}"
     assert cfg.storage.study_name is None
     assert cfg.export.formats == EXPORT_FORMATS
@@ -126,6 +129,35 @@ def test_minimal_config_gets_defaults(tmp_path) -> None:
     )  # default: the largest load level
     assert cfg.search.gamma == Range(0, 8) and cfg.profile.gamma_max == 8
     assert cfg.export.formats == ()
+    assert cfg.models.dtype == "auto" and cfg.budget.minutes is None and cfg.budget.trial_timeout_s is None
+    assert cfg.backend.llamacpp.threads is None and cfg.backend.vllm.startup_timeout_s is None
+
+
+def test_deployment_keys_are_typed_and_checked(tmp_path) -> None:
+    raw = _set(
+        _base_raw(tmp_path),
+        "backend.vllm",
+        {
+            "tensor_parallel_size": 4,
+            "gpu_memory_utilization": 0.85,
+            "max_model_len": 4096,
+            "args": ["!--no-enable-prefix-caching", "--enforce-eager"],
+        },
+    )
+    v = parse(raw, tmp_path).backend.vllm
+    assert (v.tensor_parallel_size, v.gpu_memory_utilization, v.max_model_len) == (4, 0.85, 4096)
+    assert v.args == ("!--no-enable-prefix-caching", "--enforce-eager")
+    for key, bad, message in (
+        ("tensor_parallel_size", 0, "backend.vllm.tensor_parallel_size: must be >= 1 (got 0)"),
+        ("gpu_memory_utilization", 1.5, "backend.vllm.gpu_memory_utilization: must be <= 1.0 (got 1.5)"),
+        ("max_model_len", "long", "backend.vllm.max_model_len: must be an integer"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parse(_set(_base_raw(tmp_path), f"backend.vllm.{key}", bad), tmp_path)
+    with pytest.raises(ConfigError, match=re.escape("budget.minutes: must be > 0.0 (got 0)")):
+        parse(_set(_base_raw(tmp_path), "budget.minutes", 0), tmp_path)
+    with pytest.raises(ConfigError, match=re.escape("backend.llamacpp.gpu_layers: must be >= 0 (got -1)")):
+        parse(_set(_base_raw(tmp_path), "backend.llamacpp.gpu_layers", -1), tmp_path)
 
 
 def test_relative_sqlite_url_resolves_against_the_config_folder(tmp_path, monkeypatch) -> None:
