@@ -5,9 +5,14 @@ One JSON object per line::
     {"prompt": "def parse(", "max_new_tokens": 64, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
      "source": "json/decoder.py"}
 
-``prompt`` (non-empty text) is required; ``max_new_tokens`` (>= 1) and the sampling keys are
-optional and default to the run's settings; ``source`` is informational. Every problem is
-reported as ``<file>:<line>: <what>``. A prompt longer than the model's context is refused with
+or a conversation in OpenAI chat format, rendered with the target's chat template (engine.chat)::
+
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
+
+Exactly one of ``prompt`` (non-empty text) and ``messages`` (system/user/assistant turns, the
+last one the user's: the model writes the reply) is required; ``max_new_tokens`` (>= 1) and the
+sampling keys are optional and default to the run's settings; ``source`` is informational. Every
+problem is reported as ``<file>:<line>: <what>``. A prompt longer than the model's context is refused with
 its length and the limit, unless the caller asked for truncation (keep the last tokens).
 """
 
@@ -18,11 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from engine.chat import ChatTurn, parse_turns
 from engine.errors import EngineInputError
 
 
 @dataclass(frozen=True)
 class WorkloadItem:
+    """One workload line: ``prompt`` text, or (``prompt`` empty) the chat turns in ``messages``."""
+
     prompt: str
     max_new_tokens: int | None = None
     temperature: float | None = None
@@ -30,6 +38,34 @@ class WorkloadItem:
     top_p: float | None = None
     source: str | None = None
     line: int = 0  # line number in the workload file (for error messages)
+    messages: tuple[ChatTurn, ...] = ()
+
+    def identity(self) -> dict[str, object]:
+        """The line as the workload hash reads it; ``messages`` appears only on a chat line, so a
+        plain line hashes as its fields alone."""
+        fields = {k: v for k, v in self.__dict__.items() if k != "messages"}
+        return {**fields, "messages": [m.as_dict() for m in self.messages]} if self.messages else fields
+
+
+def _prompt_or_messages(path: Path, lineno: int, obj: dict) -> tuple[str, tuple[ChatTurn, ...]]:
+    """The line's ``prompt`` text or its chat turns (exactly one of the two)."""
+    where = f"{path}:{lineno}"
+    if "messages" not in obj:
+        prompt = obj.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise EngineInputError(
+                f"{where}: prompt must be a non-empty string (or give messages, a list of chat turns)"
+            )
+        return prompt, ()
+    if "prompt" in obj:
+        raise EngineInputError(f"{where}: prompt, messages: give one of them, not both")
+    turns = parse_turns(obj["messages"], where)
+    if turns[-1].role != "user":
+        raise EngineInputError(
+            f"{where}: messages must end with a user turn (the model writes the reply; "
+            f"got {turns[-1].role!r})"
+        )
+    return "", turns
 
 
 _N = TypeVar("_N", int, float)
@@ -77,12 +113,11 @@ def load_workload(path: str | Path) -> list[WorkloadItem]:
             raise EngineInputError(f"{path}:{lineno}: malformed JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
             raise EngineInputError(f"{path}:{lineno}: expected a JSON object")
-        prompt = obj.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            raise EngineInputError(f"{path}:{lineno}: prompt must be a non-empty string")
+        prompt, messages = _prompt_or_messages(path, lineno, obj)
         items.append(
             WorkloadItem(
                 prompt=prompt,
+                messages=messages,
                 max_new_tokens=_check_number(
                     path, lineno, "max_new_tokens", obj.get("max_new_tokens"), int, 1
                 ),

@@ -209,7 +209,8 @@ def test_init_sizes_the_load_sweep_on_this_host_from_one_request_to_the_targets_
     levels = list(cfg.workload.concurrency)
     assert levels == [2**i for i in range(len(levels))] and len(levels) >= 2  # 1, 2, 4, ... measured
     assert list(cfg.search.max_batch_size) == [levels[-1]]
-    assert cfg.workload.num_requests == max(16, levels[-1])
+    assert cfg.workload.num_requests == 8  # the floor; each level runs max(8, min_batches x concurrency)
+    assert cfg.workload.requests_at(1) == 8 and cfg.workload.requests_at(levels[-1]) == max(8, 3 * levels[-1])
     bundled = (REPO / "tune.yaml").read_text().splitlines()
     written = out.read_text().splitlines()
     changed = {a.split(":")[0].strip() for a, b in zip(bundled, written, strict=True) if a != b}
@@ -231,7 +232,7 @@ def test_the_sweep_init_writes_comes_from_the_measurement_it_is_given(tiny_pair_
     assert seen == [target.resolve()]
     cfg = load_config(out)
     assert list(cfg.workload.concurrency) == [1, 2, 4, 8, 16, 32]
-    assert cfg.workload.num_requests == 32 and list(cfg.search.max_batch_size) == [32]
+    assert cfg.workload.num_requests == 8 and list(cfg.search.max_batch_size) == [32]
     assert measured(target).describe().startswith("concurrency [1, 2, 4, 8, 16, 32]: the target's decode")
 
 

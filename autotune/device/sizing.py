@@ -65,10 +65,21 @@ def size_sweep(
     is then the top). Seconds on a small model; a GPU measures with CUDA events."""
     import torch
 
+    from autotune.device.capacity import Need, check_fits, free_bytes, read_checkpoint, resolve_dtype
     from autotune.device.timing import forward_timer, time_fn
+    from autotune.errors import ConfigError
+    from engine.errors import EngineInputError
     from engine.loader import load_model, resolve_device
 
-    dev = resolve_device(device)
+    try:
+        dev = resolve_device(device)
+    except EngineInputError as exc:
+        raise ConfigError(f"--device: {exc}") from None
+    where = f"{dev.type}:{dev.index or 0}" if dev.type == "cuda" else "cpu"
+    checkpoint = read_checkpoint(Path(target))
+    dtype, _ = resolve_dtype(dtype, checkpoint.torch_dtype, where)
+    weights = Need(f"{Path(target).name} weights ({dtype})", checkpoint.weights_bytes(dtype))
+    check_fits([weights], free_bytes(where), where, "--dtype or --device, or --sweep bundled")
     model = load_model(target, dtype, str(dev))
     limit = min(context + 2, model.config.max_position_embeddings)
     context = max(limit - 2, 1)
@@ -84,5 +95,10 @@ def size_sweep(
         if batch > 1 and tps[batch] < SATURATION_GAIN * tps[batch // 2]:
             break
         batch *= 2
+    if not tps:
+        raise ConfigError(
+            f"{target}: one decode step at batch 1 does not fit on {where} in {dtype} "
+            "(try --dtype, --device, or --sweep bundled)"
+        )
     label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     return Sweep(saturation_levels(tps), label, tps)

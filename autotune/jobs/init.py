@@ -34,8 +34,18 @@ FIELDS = (
     ("workload", "concurrency"),
     ("workload", "num_requests"),
     ("search", "max_batch_size"),
+    ("models", "device"),
+    ("models", "dtype"),
+    ("models", "eagle3"),
+    ("search", "drafter"),
+    ("backend", "name"),
 )
-PATH_KEYS = frozenset({"target", "draft", "prompts"})  # written as YAML scalars; the others as YAML text
+INIT_REQUESTS = 8
+"""workload.num_requests ``autotune init`` writes: the floor of every level's requests (a level of
+concurrency c runs max(8, min_batches x c))."""
+PATH_KEYS = frozenset(
+    {"target", "draft", "prompts", "eagle3"}
+)  # written as YAML scalars; the others as YAML text
 
 
 def bundled_tune_yaml() -> str:
@@ -125,6 +135,10 @@ def write_tune_yaml(
     prompts: Path | None = None,
     force: bool = False,
     sweep: Callable[[Path], Sweep] | None = None,
+    eagle3: Path | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    backend: str = "engine",
 ) -> Path:
     """Write a tune.yaml for ``target``/``draft``/``prompts`` (each ``None``: the bundled demo one);
     with ``sweep`` (e.g. :func:`autotune.device.sizing.size_sweep`, called with the checked target folder) its load levels
@@ -143,24 +157,48 @@ def write_tune_yaml(
         raise ConfigError(f"{output}: already exists (pass --force to overwrite it)")
     if not output.parent.is_dir():
         raise ConfigError(f"{output.parent}: folder not found (create it first)")
-    if (target is None) != (draft is None):
-        given, other = ("--target", "--draft") if target is not None else ("--draft", "--target")
+    if (target is None) != (draft is None and eagle3 is None):
+        given, other = ("--target", "--draft or --eagle3") if target is not None else ("--draft", "--target")
         raise ConfigError(f"{other}: required with {given} (the demo pair's vocabulary is not your model's)")
-    values = {"target": DEMO, "draft": DEMO, "prompts": DEMO}
+    values = {
+        "target": DEMO,
+        "draft": DEMO,
+        "prompts": DEMO,
+        "dtype": dtype,
+        "device": device,
+        "name": backend,
+    }
     folder = DEMO_TARGET
     if target is not None and draft is not None:
         folder, checked_draft = _check_pair(target, draft)
         values["target"], values["draft"] = str(folder), str(checked_draft)
+    if eagle3 is not None:  # an EAGLE-3 head: with a draft model both are searched, else the head alone
+        head = Path(eagle3).expanduser().resolve()
+        if not (head / "config.json").is_file():
+            raise ConfigError(f"--eagle3: {head} is not an EAGLE-3 head folder (no config.json)")
+        values["eagle3"] = str(head)
+        if target is not None:
+            folder = Path(target).expanduser().resolve()
+            if draft is None:
+                values.update(target=str(folder), draft="null", drafter="[eagle3]")
+            else:
+                values["drafter"] = "[model, eagle3]"
     if prompts is not None:
         values["prompts"] = str(_check_prompts(prompts))
     if sweep is not None:
         levels = sweep(folder).levels
         values.update(
             concurrency=f"[{', '.join(map(str, levels))}]",
-            num_requests=str(max(16, levels[-1])),  # the largest level fills its batch at least once
+            # requests per level scale with it (workload.min_batches x concurrency above this floor), so
+            # a level of one request does not run as many as the top level's batches
+            num_requests=str(INIT_REQUESTS),
             max_batch_size=f"[{levels[-1]}]",
         )
-    text = render(bundled_tune_yaml(), values)
+    if values.get("draft") == "null":  # a head without a draft model: the YAML null, not a folder name
+        text = render(bundled_tune_yaml(), {k: v for k, v in values.items() if k != "draft"})
+        text = re.sub(r"^(  draft:[ \t]+)demo", r"\1null", text, count=1, flags=re.M)
+    else:
+        text = render(bundled_tune_yaml(), values)
     parse(yaml.safe_load(text), output.parent, output)  # the file we write must load
     tmp = output.with_name(f".{output.name}.tmp")
     tmp.write_text(text)

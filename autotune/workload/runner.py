@@ -7,12 +7,15 @@ autoregressive baseline under the same arrivals and prompts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
 from autotune.records import StepSample
+from engine.chat import ChatTemplate, ChatTurn, read_chat_template
+from engine.errors import EngineInputError
 from engine.generate import make_drafter
 from engine.loader import ModelPair
 from engine.metrics import draft_cost_ratio, speedup, verification_efficiency
@@ -49,6 +52,43 @@ class Sampling:
     top_p: float = 1.0
 
 
+@dataclass
+class ChatRequest(Request):
+    """A request from a ``messages`` line: the engine runs the ids of the conversation rendered
+    with the target's chat template; a serving stack is sent the turns and applies its own."""
+
+    messages: tuple[ChatTurn, ...] = ()
+
+
+def chat_template_for(items: list[WorkloadItem], folder: Path | None, where: str) -> ChatTemplate | None:
+    """The target's chat template when a line holds ``messages`` (None for a plain workload); a
+    chat line with no template to render it is refused, naming the line and the folder."""
+    chat = next((item for item in items if item.messages), None)
+    if chat is None:
+        return None
+    template = read_chat_template(folder) if folder is not None else None
+    if template is None:
+        whose = f"{folder} has none" if folder is not None else "no target folder was given"
+        raise EngineInputError(
+            f"{where}:{chat.line}: messages are rendered with the target's chat template, and {whose} "
+            "(tokenizer_config.json chat_template or chat_template.jinja)"
+        )
+    return template
+
+
+def _prompt_ids(
+    item: WorkloadItem, tokenizer: Tokenizer, template: ChatTemplate | None, at: str
+) -> list[int]:
+    """The line's prompt tokens: its text encoded, or its conversation rendered with ``template``."""
+    if not item.messages:
+        return tokenizer.encode(item.prompt).ids
+    assert template is not None  # chat_template_for refuses a chat line without one
+    try:
+        return template.encode(tokenizer, item.messages)
+    except EngineInputError as exc:
+        raise EngineInputError(f"{at}: {exc}") from None
+
+
 def build_requests(
     items: list[WorkloadItem],
     tokenizer: Tokenizer,
@@ -56,24 +96,29 @@ def build_requests(
     context: int,
     where: str = "workload",
     truncate: bool = False,
+    chat_folder: Path | None = None,
 ) -> list[Request]:
-    """Tokenize workload items into engine requests, checking each against the context."""
-    out = []
+    """Tokenize workload items into engine requests, checking each against the context.
+
+    A ``messages`` line is rendered with the chat template of ``chat_folder`` (the target's) and
+    becomes a :class:`ChatRequest`.
+    """
+    template = chat_template_for(items, chat_folder, where)
+    out: list[Request] = []
     for i, item in enumerate(items):
         max_new = item.max_new_tokens or sampling.max_new_tokens
-        ids = tokenizer.encode(item.prompt).ids
-        ids = fit_prompt_to_context(
-            ids, context - max_new - CONTEXT_MARGIN, f"{where}:{item.line or i + 1}", truncate
+        at = f"{where}:{item.line or i + 1}"
+        ids = _prompt_ids(item, tokenizer, template, at)
+        ids = fit_prompt_to_context(ids, context - max_new - CONTEXT_MARGIN, at, truncate)
+        args = (
+            ids,
+            max_new,
+            sampling.temperature if item.temperature is None else item.temperature,
+            sampling.top_k if item.top_k is None else item.top_k,
+            sampling.top_p if item.top_p is None else item.top_p,
         )
         out.append(
-            Request(
-                ids,
-                max_new,
-                sampling.temperature if item.temperature is None else item.temperature,
-                sampling.top_k if item.top_k is None else item.top_k,
-                sampling.top_p if item.top_p is None else item.top_p,
-                id=i,
-            )
+            ChatRequest(*args, id=i, messages=item.messages) if item.messages else Request(*args, id=i)
         )
     return out
 
@@ -147,10 +192,7 @@ def run_load(
         return result
 
     if warmup:  # first-touch allocations and lazy init out of the measured run
-        short = [
-            Request(r.prompt_ids, min(r.max_new_tokens, 8), r.temperature, r.top_k, r.top_p, r.id)
-            for r in requests[: load.max_batch_size]
-        ]
+        short = [replace(r, max_new_tokens=min(r.max_new_tokens, 8)) for r in requests[: load.max_batch_size]]
         once(short, len(short), load.max_batch_size, None)
     if load.arrivals is not None:
         return once(requests, len(load.arrivals), None, None, trace, load.arrivals)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -137,3 +139,63 @@ def test_llama_server_speculative_greedy_output_equals_the_engines(tmp_path: Pat
     assert [len(r.output_tokens) for r in run.records] == [len(t) for t in ours.tokens]
     assert theirs == [list(t) for t in ours.tokens]
     assert counts.drafts > 0 and counts.accepted > 0  # it speculated, and the drafts were accepted
+
+
+def _logged_threads(log: str) -> set[int]:
+    """The thread counts llama-server logged (``n_threads = N``)."""
+    return {int(m) for m in re.findall(r"n_threads = (\d+)", log)}
+
+
+def _pad256(n: int) -> int:
+    return -(-n // 256) * 256
+
+
+def test_the_exports_script_serves_the_trials_configuration(tmp_path: Path) -> None:
+    """The llama.cpp export of a trial's profile, run as written (``sh llamacpp-args.sh``, llama-server on
+    PATH; only the address is added), serves what the trial served: slots, context per slot, the
+    speculative type and the GGUF type from ``/props``, the thread count from its log, ``/metrics`` on."""
+    from autotune.backends.server import ServerProcess
+    from profiles.exporters import export, write_export
+
+    cfg = load_config(_config(tmp_path))
+    ctx = context.build(cfg)
+    backend = llamacpp.LlamacppBackend(ctx)
+    try:
+        trial = backend.command(Knobs("model", 3, 0.0, max_batch_size=2))
+        profile = {
+            "tool_version": "0",
+            "created_at": "2026-11-30T00:00:00+00:00",
+            "device": ctx.fingerprint,
+            "pair": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT)},
+            "chosen": {"drafter": "model", "gamma": 3, "confidence_threshold": 0.0, "max_batch_size": 2},
+            "schedule": [{"batch_size": 2, "gamma": 3}],
+            "deployment": backend.deployment.to_json(),
+        }
+        exported = export(profile, "llamacpp", str(backend.target_gguf), str(backend.draft_gguf))
+        folder = tmp_path / "export"
+        folder.mkdir()
+        script = write_export(exported, folder)[0]
+        assert shlex.split(exported.command)[1:] == trial[1 : trial.index("--host")]  # tuned == exported
+        env = {"PATH": f"{backend.binary.parent}:{os.environ['PATH']}"}
+        command = ["sh", str(script), "--host", "127.0.0.1", "--port", "{port}", "--no-webui"]
+        log = tmp_path / "export-server.log"
+        with ServerProcess(command, log, env=env, startup_timeout_s=backend.startup_timeout_s) as server:
+            props = json.loads(server.get("/props"))
+            metrics = server.get("/metrics")
+    finally:
+        backend.close()
+        ctx.store.close()
+    flags = dict(zip(trial[1::2], trial[2::2], strict=False))
+    slots, total = int(flags["-np"]), int(flags["-c"])
+    assert slots == 2 and total == 2 * ctx.longest_sequence
+    # llama.cpp pads -c and each slot's share -c / -np up to multiples of 256 (src/llama-context.cpp)
+    per_slot = props["default_generation_settings"]["n_ctx"]
+    assert props["total_slots"] == slots and per_slot == _pad256(_pad256(total) // slots)
+    assert per_slot >= ctx.longest_sequence  # every slot holds the workload's longest sequence
+    assert props["default_generation_settings"]["params"]["speculative.types"] == flags["--spec-type"]
+    assert props["model_path"] == str(backend.target_gguf) and "F32" in props["model_ftype"].upper()
+    assert backend.deployment.dtype == "f32"
+    threads = _logged_threads(log.read_text(errors="replace"))
+    assert threads == {int(flags["-t"])} == {backend.deployment.threads}
+    assert "llamacpp:" in metrics  # --metrics, as the trials ran
+    assert not _servers(), "the export's llama-server outlived its test"
