@@ -21,6 +21,7 @@ from autotune.device.hardware import fingerprint
 from autotune.errors import ConfigError
 from autotune.workload.runner import CONTEXT_MARGIN, Sampling, build_requests
 from autotune.workload.trace import Arrival, load_trace
+from engine.chat import read_chat_template
 from engine.errors import EngineInputError
 from engine.loader import ModelPair, load_pair, load_tokenizer
 from engine.speculative import Request, SpecConfig
@@ -134,7 +135,7 @@ def workload_identity(cfg: TuneConfig, items: Sequence[WorkloadItem]) -> dict:
     w = cfg.workload
     return {
         "prompts": str(w.prompts),
-        "prompts_sha256": hash_json([i.__dict__ for i in items]),
+        "prompts_sha256": hash_json([i.identity() for i in items]),
         "max_new_tokens": w.max_new_tokens,
         "temperature": w.temperature,
         "top_k": w.top_k,
@@ -144,7 +145,15 @@ def workload_identity(cfg: TuneConfig, items: Sequence[WorkloadItem]) -> dict:
         "num_requests": w.num_requests,
         "dtype": cfg.models.dtype,
         **({"min_batches": w.min_batches} if w.min_batches != 1 else {}),
+        **_chat_identity(cfg, items),
     }
+
+
+def _chat_identity(cfg: TuneConfig, items: Sequence[WorkloadItem]) -> dict:
+    """A chat-formatted workload is keyed by the target's chat template too (it makes the text
+    the drafter sees); a plain workload adds no key."""
+    template = read_chat_template(cfg.models.target) if any(i.messages for i in items) else None
+    return {"chat_template_sha256": hash_json(template.source)} if template is not None else {}
 
 
 def _with_dtype(cfg: TuneConfig, files: PairFiles, device: str) -> tuple[TuneConfig, str]:
@@ -187,6 +196,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
         context,
         where=str(cfg.workload.prompts),
         truncate=cfg.workload.truncate_prompts,
+        chat_folder=cfg.models.target,
     )
     trace = load_trace(cfg, files.tokenizer, context, requests)
     notes = [dtype_note]

@@ -69,7 +69,11 @@ def _raise_exception(message: str) -> None:
 
 
 def _tojson(
-    x: object, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False
+    x: object,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
 ) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -132,7 +136,7 @@ def _token_text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _template_source(folder: Path, config: dict) -> str | None:
+def _template_source(folder: Path, config: dict[str, object]) -> str | None:
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
         return jinja_file.read_text(encoding="utf-8")
@@ -156,7 +160,7 @@ def read_chat_template(folder: str | Path) -> ChatTemplate | None:
     """
     folder = Path(folder)
     config_file = folder / "tokenizer_config.json"
-    config: dict = {}
+    config: dict[str, object] = {}
     if config_file.is_file():
         try:
             config = json.loads(config_file.read_text(encoding="utf-8"))

@@ -15,6 +15,11 @@ and h the fused target state (or, from the second draft step on, the head's own 
 
 Draft id d is target id ``d + d2t[d]``; other target ids get logit -inf (vLLM's compute_logits).
 
+Three published layouts load: vLLM's, the EAGLE-3 authors' (the same config keys and tensor names),
+and the ``speculators`` library's (``speculators_model_type: "eagle3"``), read as vLLM reads it
+(:func:`speculators_layout`). A pickled ``pytorch_model.bin`` is converted first
+(engine.checkpoint.convert_pickled, ``autotune convert-head``). docs/eagle3.md lists the files read.
+
 How the engine drafts with a head (alignment, rollback, trees): engine.eagle3_drafter.
 """
 
@@ -30,7 +35,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from engine.checkpoint import load_state_dict
+from engine.checkpoint import PICKLED, load_state_dict
 from engine.config import ModelConfig, rope_inv_freq
 from engine.errors import EngineInputError
 from engine.kv_cache import KVCache
@@ -45,9 +50,11 @@ REFUSED_KEYS: dict[str, Callable[[Any], bool]] = {
     "norm_before_residual": bool,
     "logit_scale": lambda v: v is not None and v != 1,
     "dflash_config": lambda v: v is not None,
-    "speculators_model_type": lambda v: v is not None,
-    "speculators_config": lambda v: v is not None,
 }
+# vLLM's speculators reader (update_eagle3): the layer's model_type -> the architecture it builds
+SPECULATORS_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+# keys update_eagle3 copies from the top level of a speculators config over the layer's config
+SPECULATORS_KEYS = ("draft_vocab_size", "norm_before_fc", "fc_norm", "norm_output")
 LAYER = "midlayer."  # the decoder layer's tensor prefix on disk (vLLM also reads "layers.0.")
 
 
@@ -76,9 +83,14 @@ class Eagle3Config:
         """
         if not isinstance(raw, dict):
             raise EngineInputError(f"{source}: must be a JSON object")
+        names: dict[str, str] = {}  # a key of the vLLM layout -> the key as the file spells it
+        layer_source = source
+        if raw.get("speculators_model_type") is not None or raw.get("speculators_config") is not None:
+            raw, names = speculators_layout(raw, source)
+            layer_source = f"{source}: transformer_layer_config"
 
         def error(key: str, why: str) -> EngineInputError:
-            return EngineInputError(f"{source}: key {key!r} {why}")
+            return EngineInputError(f"{source}: key {names.get(key, key)!r} {why}")
 
         arch = raw.get("architectures")
         if not isinstance(arch, list) or not any(a in ARCHITECTURES for a in arch):
@@ -99,7 +111,7 @@ class Eagle3Config:
         if raw.get("hidden_act", "silu") != "silu":
             act = raw["hidden_act"]
             raise error("hidden_act", f"must be 'silu', vLLM's only Llama activation (got {act!r})")
-        layer = ModelConfig.from_dict(raw, source)
+        layer = ModelConfig.from_dict(raw, layer_source)
         if layer.vocab_size != target.vocab_size:
             raise error("vocab_size", f"must equal the target's {target.vocab_size} (got {layer.vocab_size})")
         vocab, draft_vocab = layer.vocab_size, raw.get("draft_vocab_size") or layer.vocab_size
@@ -177,6 +189,52 @@ def _layer_ids(
     if len(set(ids)) != len(ids):
         raise error(key, f"{what}: ids must be distinct")
     return tuple(sorted(ids))
+
+
+def speculators_layout(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A ``speculators`` config.json as vLLM reads it (``SpeculatorsConfig`` and ``update_eagle3``):
+    ``transformer_layer_config`` with the eagle3 keys of the top level set over it. Also returns,
+    for each key of that layout, the key as this file spells it (for error messages).
+
+    vLLM reads an absent ``norm_before_residual`` as true, unlike the library's own default.
+
+    Example:
+        >>> raw = {"speculators_model_type": "eagle3", "speculators_config": {}, "draft_vocab_size": 16,
+        ...     "norm_before_residual": False, "eagle_aux_hidden_state_layer_ids": [0, 2],
+        ...     "transformer_layer_config": {"model_type": "llama", "hidden_size": 32}}
+        >>> layout, names = speculators_layout(raw, "config.json")
+        >>> layout["architectures"], layout["hidden_size"], names["hidden_size"]
+        (['Eagle3LlamaForCausalLM'], 32, 'transformer_layer_config.hidden_size')
+    """
+
+    def error(key: str, why: str) -> EngineInputError:
+        return EngineInputError(f"{source}: key {key!r} {why}")
+
+    kind = raw.get("speculators_model_type")
+    if kind != "eagle3":
+        raise error("speculators_model_type", f"must be 'eagle3', the one the engine reads (got {kind!r})")
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise error("transformer_layer_config", "must be a JSON object (speculators_model_type 'eagle3')")
+    model_type = layer.get("model_type", "llama")
+    if model_type != "llama":
+        arch = SPECULATORS_ARCHITECTURES.get(model_type, "nothing")
+        raise error(
+            "transformer_layer_config.model_type",
+            f"{model_type!r} is not supported: vLLM builds {arch} from it, the engine implements "
+            f"{SPECULATORS_ARCHITECTURES['llama']}",
+        )
+    if "norm_before_residual" not in raw:
+        raise error("norm_before_residual", "is absent, which vLLM reads as true: not supported")
+    names = {key: f"transformer_layer_config.{key}" for key in layer}
+    out = {**layer, "model_type": model_type, "architectures": [SPECULATORS_ARCHITECTURES[model_type]]}
+    for key in (*SPECULATORS_KEYS, "norm_before_residual"):
+        out[key], names[key] = raw.get(key), key
+    names["architectures"] = "speculators_model_type"
+    for key in ("target_hidden_size", "eagle_aux_hidden_state_layer_ids"):
+        if raw.get(key):
+            out[key], names[key] = raw[key], key
+    return out, names
 
 
 class Eagle3Layer(nn.Module):
@@ -290,9 +348,10 @@ class Eagle3Head(nn.Module):
 
 
 def load_eagle3(folder: str | Path, target: Transformer) -> Eagle3Head:
-    """Load an EAGLE-3 head folder (vLLM's format: config.json + *.safetensors) for ``target``, on
-    its device and in its dtype. A config or tensor the engine does not implement is refused with
-    one :class:`EngineInputError` naming the folder and the key.
+    """Load an EAGLE-3 head folder (config.json + *.safetensors in vLLM's, the EAGLE-3 authors' or the
+    ``speculators`` layout) for ``target``, on its device and in its dtype. A config or tensor the
+    engine does not implement is refused with one :class:`EngineInputError` naming the folder and
+    the key.
 
     Example:
         >>> head = load_eagle3("heads/eagle3", pair.target)  # doctest: +SKIP
@@ -301,6 +360,11 @@ def load_eagle3(folder: str | Path, target: Transformer) -> Eagle3Head:
     if not folder.is_dir():
         raise EngineInputError(f"{folder}: EAGLE-3 head folder not found")
     cfg = Eagle3Config.from_folder(folder, target.config)
+    if not any(folder.glob("*.safetensors")) and (folder / PICKLED).is_file():
+        raise EngineInputError(
+            f"{folder}: pickled .bin checkpoints are not loaded; convert it once with "
+            f"`autotune convert-head {folder}` (writes model.safetensors)"
+        )
     state = _vllm_names(folder, load_state_dict(folder))
     remaps = cfg.draft_vocab_size != cfg.layer.vocab_size
     if "lm_head.weight" not in state and remaps:

@@ -47,7 +47,7 @@ class WorkloadItem:
         return {**fields, "messages": [m.as_dict() for m in self.messages]} if self.messages else fields
 
 
-def _prompt_or_messages(path: Path, lineno: int, obj: dict) -> tuple[str, tuple[ChatTurn, ...]]:
+def _prompt_or_messages(path: Path, lineno: int, obj: dict[str, object]) -> tuple[str, tuple[ChatTurn, ...]]:
     """The line's ``prompt`` text or its chat turns (exactly one of the two)."""
     where = f"{path}:{lineno}"
     if "messages" not in obj:

@@ -30,6 +30,7 @@ def test_command_modules_never_import_the_group() -> None:
 def test_every_command_is_registered() -> None:
     assert sorted(main.commands) == [
         "bench",
+        "convert-head",
         "export",
         "init",
         "profile",
@@ -37,6 +38,7 @@ def test_every_command_is_registered() -> None:
         "report",
         "tune",
         "watch",
+        "workload",
     ]
     profiles = main.commands["profiles"]
     assert isinstance(profiles, click.Group) and sorted(profiles.commands) == ["delete", "list", "show"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ from autotune.context import Context
 from autotune.device.capacity import Need
 from autotune.knobs import Knobs
 from autotune.records import TrialResult
-from engine.speculative import Request
 from profiles.deployment import Deployment
 from profiles.profile import TOOL_VERSION, ExportInputs
 
@@ -238,8 +238,5 @@ class HttpBackend:
         lazy init leaves the runs (a round of the re-measurement in a kept server skips it:
         docs/decisions.md#warm-up-once)."""
         width = min(max_batch_size, max(self.cfg.batch_sizes))
-        short = [
-            Request(r.prompt_ids, min(r.max_new_tokens, 16), r.temperature, r.top_k, r.top_p, r.id)
-            for r in self.ctx.requests[:width]
-        ]
+        short = [replace(r, max_new_tokens=min(r.max_new_tokens, 16)) for r in self.ctx.requests[:width]]
         run_http_load(endpoint, short, len(short), concurrency=width, seed=0, time_limit_s=300)

@@ -1,13 +1,17 @@
-"""The workload over HTTP: streaming ``/v1/completions`` against an OpenAI-compatible server.
+"""The workload over HTTP: streaming completions against an OpenAI-compatible server.
 
-The same requests the engine runs (token ids, ``max_new_tokens``, temperature / top-k / top-p,
-seeded) are sent as a closed loop (``concurrency`` requests in flight; a new one is sent as soon
-as one finishes), an open loop (Poisson arrivals at ``rate`` req/s, the same seeded arrival
-times as :class:`engine.scheduler.LoadGenerator`) or a replay of explicit ``arrivals`` (a trace,
-:mod:`autotune.workload.trace`: each request sent at its offset). Latencies are measured on the client:
+The same requests the engine runs (``max_new_tokens``, temperature / top-k / top-p, seeded) are
+sent to ``/v1/completions`` as token ids, or, for a request from a chat line
+(:class:`autotune.workload.runner.ChatRequest`), to ``/v1/chat/completions`` as its turns (the
+stack applies its own chat template). They go as a closed loop (``concurrency`` requests in
+flight; a new one is sent as soon as one finishes), an open loop (Poisson arrivals at ``rate``
+req/s, the same seeded arrival times as :class:`engine.scheduler.LoadGenerator`) or a replay of
+explicit ``arrivals`` (a trace, :mod:`autotune.workload.trace`: each request sent at its offset).
+Latencies are measured on the client:
 
 - arrival: when the request is sent (closed loop) or its scheduled arrival (open loop, replay);
-- first token: the first streamed chunk that carries text;
+- first token: the first streamed chunk that carries text (a chat chunk: its ``delta``'s content)
+  or token ids;
 - finish: the ``[DONE]`` event; the token count comes from the server's ``usage``.
 
 Each request becomes an :class:`engine.scheduler.RequestRecord`, and
@@ -22,9 +26,10 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
+from autotune.workload.runner import ChatRequest
 from engine.scheduler import RequestRecord, RunResult, load_metrics, poisson_arrivals
 from engine.speculative import Request
 
@@ -67,10 +72,16 @@ class Endpoint:
 
 
 def completion_body(endpoint: Endpoint, req: Request, seed: int) -> dict:
-    """The JSON body of one streaming completion for an engine :class:`Request`."""
+    """The JSON body of one streaming completion for an engine :class:`Request`: its token ids as
+    the ``prompt``, or a chat request's turns as ``messages``."""
+    prompt: dict[str, object] = (
+        {"messages": [m.as_dict() for m in req.messages]}
+        if isinstance(req, ChatRequest)
+        else {"prompt": list(req.prompt_ids)}
+    )
     body = {
         "model": endpoint.model,
-        "prompt": list(req.prompt_ids),
+        **prompt,
         "max_tokens": req.max_new_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
@@ -82,6 +93,22 @@ def completion_body(endpoint: Endpoint, req: Request, seed: int) -> dict:
         body["top_k"] = req.top_k
     body.update(endpoint.extra_body)
     return body
+
+
+def completion_path(req: Request) -> str:
+    """The endpoint a request goes to: chat completions for a chat request, completions otherwise."""
+    return "/v1/chat/completions" if isinstance(req, ChatRequest) else "/v1/completions"
+
+
+def _has_output(choice: dict) -> bool:
+    """A streamed choice carries generated output: text (a chat chunk's in its ``delta``) or token ids."""
+    delta = choice.get("delta") or {}
+    return bool(
+        choice.get("text")
+        or delta.get("content")
+        or delta.get("reasoning_content")
+        or choice.get("token_ids")
+    )
 
 
 def stream_completion(
@@ -99,7 +126,7 @@ def stream_completion(
     try:
         conn.request(
             "POST",
-            "/v1/completions",
+            completion_path(req),
             json.dumps(completion_body(endpoint, req, seed)),
             {"Content-Type": "application/json", "Accept": "text/event-stream"},
         )
@@ -114,7 +141,7 @@ def stream_completion(
         token_ids: list[int] = []
         for event in parse_sse(resp):
             for choice in event.get("choices") or []:
-                if first is None and (choice.get("text") or choice.get("token_ids")):
+                if first is None and _has_output(choice):
                     first = clock()
                 token_ids.extend(choice.get("token_ids") or [])
                 reason = choice.get("finish_reason") or reason
@@ -173,10 +200,7 @@ def run_http_load(
     else:
         bases = [requests[k % len(requests)] for k in range(num_requests)]
         offsets = poisson_arrivals(rate, num_requests, seed) if rate is not None else None
-    jobs = [
-        Request(r.prompt_ids, r.max_new_tokens, r.temperature, r.top_k, r.top_p, k)
-        for k, r in enumerate(bases)
-    ]
+    jobs = [replace(r, id=k) for k, r in enumerate(bases)]  # a chat request keeps its turns
     records: list[RequestRecord] = []
     errors: list[BaseException] = []
     lock = threading.Lock()

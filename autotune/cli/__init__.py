@@ -9,10 +9,12 @@ One module per command family defines its commands without knowing the group; th
 registered here, explicitly, so no command module imports this one:
 
 - ``bench``: :mod:`autotune.cli.bench`
+- ``convert-head``: :mod:`autotune.cli.heads`
 - ``init``: :mod:`autotune.cli.init`
 - ``profile``, ``tune``: :mod:`autotune.cli.tuning`
 - ``profiles list|show|delete``, ``export``, ``report``: :mod:`autotune.cli.profiles`
 - ``watch``: :mod:`autotune.cli.watch`
+- ``workload import``: :mod:`autotune.cli.workload`
 
 Human output is rendered by :mod:`autotune.cli.render`; shared options live in
 :mod:`autotune.cli.options`.
@@ -25,7 +27,7 @@ import sys
 
 import click
 
-from autotune.cli import bench, init, profiles, tuning, watch
+from autotune.cli import bench, heads, init, profiles, tuning, watch, workload
 from autotune.cli.render import _schedule_text, render_profile, render_tune
 from autotune.errors import USER_ERRORS
 
@@ -88,6 +90,7 @@ def main() -> None:
 # Registration: the command modules never import this one, so there is no import circle.
 for _command in (
     bench.bench,
+    heads.convert_head,
     init.init,
     tuning.profile,
     tuning.tune,
@@ -95,5 +98,6 @@ for _command in (
     profiles.export_cmd,
     profiles.report,
     watch.watch,
+    workload.workload,
 ):
     main.add_command(_command)

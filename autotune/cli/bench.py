@@ -215,7 +215,7 @@ def _bench_inputs(
         raise click.BadParameter(f"{target}: no tokenizer.json", param_hint="--target")
     context = pair.target.config.max_position_embeddings
     return pair, build_requests(
-        items, pair.tokenizer, sampling, context, where=str(prompts), truncate=truncate
+        items, pair.tokenizer, sampling, context, where=str(prompts), truncate=truncate, chat_folder=target
     )
 
 

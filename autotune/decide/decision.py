@@ -188,13 +188,25 @@ def remeasure(
         [list(r) for r in earlier.rounds] if earlier is not None else [[] for _ in configs]
     )
     kw: dict[str, Any] = {"levels": levels} if levels is not None else {"with_trace": True}
+    clock = budget if budget is not None else RunBudget(None)
+    started, total, ran = clock.clock(), (repeats - done) * len(configs), 0
+
+    def progress() -> None:  # one line per run: what is done, and the ETA against the budget
+        per_run = (clock.clock() - started) / ran
+        say(f"  {what.split(':')[0]}: {ran}/{total} runs [{clock.eta(per_run * (total - ran))}]")
+
     if order == "interleaved":
         for r in range(done, repeats):
             for i, (knobs, _) in enumerate(configs):
                 rounds[i].append(backend.run(knobs, seed + r, **kw))
+                ran += 1
+                progress()
     else:
         for i, (knobs, _) in enumerate(configs):
-            rounds[i].extend(backend.run(knobs, seed + r, **kw) for r in range(done, repeats))
+            for r in range(done, repeats):
+                rounds[i].append(backend.run(knobs, seed + r, **kw))
+                ran += 1
+                progress()
     pairs: list[tuple[Point, TrialResult]] = []
     for (knobs, number), results in zip(configs, rounds, strict=True):
         result = TrialResult.median(results)

@@ -164,7 +164,14 @@ def read_checkpoint(folder: Path) -> Checkpoint:
     else:
         files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ConfigError(f"{folder}: no *.safetensors weights (pickled .bin checkpoints are not loaded)")
+        hint = (
+            f"; `autotune convert-head {folder}` writes them"
+            if (folder / "pytorch_model.bin").is_file()
+            else ""
+        )
+        raise ConfigError(
+            f"{folder}: no *.safetensors weights (pickled .bin checkpoints are not loaded){hint}"
+        )
     params = other = stored = on_disk = 0
     dtypes: set[str] = set()
     for f in files:

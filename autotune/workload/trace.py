@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -194,10 +195,7 @@ def phase_trace(
 
 def _numbered(arrivals: Sequence[Arrival]) -> list[Arrival]:
     """The arrivals with request ids 0, 1, ... in order (records are matched by id)."""
-    return [
-        (t, Request(list(r.prompt_ids), r.max_new_tokens, r.temperature, r.top_k, r.top_p, k))
-        for k, (t, r) in enumerate(arrivals)
-    ]
+    return [(t, replace(r, prompt_ids=list(r.prompt_ids), id=k)) for k, (t, r) in enumerate(arrivals)]
 
 
 def load_trace(

@@ -152,8 +152,8 @@ def _pad256(n: int) -> int:
 
 def test_the_exports_script_serves_the_trials_configuration(tmp_path: Path) -> None:
     """The llama.cpp export of a trial's profile, run as written (``sh llamacpp-args.sh``, llama-server on
-    PATH; only the address is added), serves what the trial served: slots, context per slot, the
-    speculative type and the GGUF type from ``/props``, the thread count from its log, ``/metrics`` on."""
+    PATH; only the address is added), serves what the trial served: slots, context per slot and
+    GGUF type from ``/props``, the draft model and the thread count from its log, ``/metrics`` on."""
     from autotune.backends.server import ServerProcess
     from profiles.exporters import export, write_export
 
@@ -192,10 +192,10 @@ def test_the_exports_script_serves_the_trials_configuration(tmp_path: Path) -> N
     per_slot = props["default_generation_settings"]["n_ctx"]
     assert props["total_slots"] == slots and per_slot == _pad256(_pad256(total) // slots)
     assert per_slot >= ctx.longest_sequence  # every slot holds the workload's longest sequence
-    assert props["default_generation_settings"]["params"]["speculative.types"] == flags["--spec-type"]
     assert props["model_path"] == str(backend.target_gguf) and "F32" in props["model_ftype"].upper()
     assert backend.deployment.dtype == "f32"
-    threads = _logged_threads(log.read_text(errors="replace"))
-    assert threads == {int(flags["-t"])} == {backend.deployment.threads}
+    text = log.read_text(errors="replace")  # /props shows no speculative setting; the log does
+    assert f"loading draft model '{flags['-md']}'" in text and flags["-md"] == str(backend.draft_gguf)
+    assert _logged_threads(text) == {int(flags["-t"])} == {backend.deployment.threads}
     assert "llamacpp:" in metrics  # --metrics, as the trials ran
     assert not _servers(), "the export's llama-server outlived its test"

@@ -97,5 +97,8 @@ def test_the_re_measurement_runs_the_rounds_that_fit_and_says_what_it_cut(tune_c
     assert done.repeats == 3 and clock.t == 60.0  # 3 rounds x 2 configs x 10 s fit in 75 s, a 4th does not
     assert budget.cuts == ["re-measuring: 3 of 5 rounds (the rest would pass budget.minutes)"]
     assert lines[0] == "budget: re-measuring: 3 of 5 rounds (the rest would pass budget.minutes)"
+    progress = [line for line in lines if line.startswith("  re-measuring: ")]
+    assert progress[0] == "  re-measuring: 1/6 runs [ETA 50 s, 1.1 min left of 1.2 min]"
+    assert progress[-1] == "  re-measuring: 6/6 runs [ETA 0 s, 15 s left of 1.2 min]"
     late = RunBudget(5.0, clock=clock, run_s=10.0)  # nothing fits: one round still runs, a choice needs it
     assert remeasure(cfg, backend, configs, lines.append, "again", repeats=3, budget=late).repeats == 1

@@ -76,3 +76,82 @@ def test_no_room_left_by_max_new_tokens_is_refused_even_with_truncation(limit):
     """``ids[-0:]`` would keep the whole prompt: max_new_tokens alone fills the context."""
     with pytest.raises(EngineInputError, match=rf"limit of {limit} .*; lower max_new_tokens$"):
         fit_prompt_to_context([1, 2, 3], limit, "w.jsonl:2", truncate=True)
+
+
+# ------------------------------------------------------------------------------------------
+# Chat lines: ``messages`` instead of ``prompt``
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def f("}]
+
+
+def test_a_messages_line_parses_into_chat_turns(tmp_path):
+    path = write(tmp_path, [json.dumps({"messages": CHAT, "max_new_tokens": 5}), json.dumps({"prompt": "x"})])
+    chat, plain = load_workload(path)
+    assert chat.prompt == "" and [m.as_dict() for m in chat.messages] == CHAT and chat.max_new_tokens == 5
+    assert plain.prompt == "x" and plain.messages == ()
+
+
+def test_a_plain_lines_identity_is_its_fields_alone(tmp_path):
+    """Plain workloads keep the hash they had before chat lines existed: no ``messages`` key."""
+    (plain,) = load_workload(write(tmp_path, [json.dumps({"prompt": "x", "top_k": 3})]))
+    assert plain.identity() == {
+        "prompt": "x",
+        "max_new_tokens": None,
+        "temperature": None,
+        "top_k": 3,
+        "top_p": None,
+        "source": None,
+        "line": 1,
+    }
+    (chat,) = load_workload(write(tmp_path, [json.dumps({"messages": CHAT})]))
+    assert chat.identity()["messages"] == CHAT
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        (
+            json.dumps({"prompt": "x", "messages": CHAT}),
+            "prompts.jsonl:2: prompt, messages: give one of them, not both",
+        ),
+        (json.dumps({"messages": []}), "prompts.jsonl:2: messages must be a non-empty list of chat turns"),
+        (json.dumps({"messages": "hi"}), "prompts.jsonl:2: messages must be a non-empty list of chat turns"),
+        (json.dumps({"messages": ["hi"]}), "prompts.jsonl:2: messages[0]: expected a JSON object"),
+        (
+            json.dumps({"messages": [{"role": "bot", "content": "x"}]}),
+            "prompts.jsonl:2: messages[0].role must be one of system, user, assistant (got 'bot')",
+        ),
+        (
+            json.dumps({"messages": [{"role": "user", "content": ["x"]}]}),
+            "prompts.jsonl:2: messages[0].content must be a string (got list)",
+        ),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "x", "name": "a"}]}),
+            "prompts.jsonl:2: messages[0]: name: unknown key",
+        ),
+        (
+            json.dumps({"messages": [*CHAT, {"role": "assistant", "content": "x"}]}),
+            "prompts.jsonl:2: messages must end with a user turn",
+        ),
+    ],
+)
+def test_bad_messages_lines_are_named(tmp_path, line, needle):
+    path = write(tmp_path, [json.dumps({"prompt": "ok"}), line])
+    with pytest.raises(EngineInputError) as err:
+        load_workload(path)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_demo_chat_workload_renders_with_the_demo_targets_template():
+    from tokenizers import Tokenizer
+
+    from engine.chat import read_chat_template
+    from engine.demo import DEMO_DIR, DEMO_TARGET
+
+    items = load_workload(DEMO_DIR / "chat.jsonl")
+    template = read_chat_template(DEMO_TARGET)
+    assert 10 <= len(items) <= 20 and all(i.messages for i in items) and template is not None
+    tok = Tokenizer.from_file(str(DEMO_TARGET / "tokenizer.json"))
+    for item in items:
+        ids = template.encode(tok, item.messages)
+        assert ids[0] == tok.token_to_id("<|endoftext|>") and len(ids) + item.max_new_tokens < 1024
