@@ -92,7 +92,7 @@ read -r -d '' SUMMARY_PY <<'EOF'
 import json
 import sys
 
-from autotune.cli.text import table
+from autotune.cli.text import columns as table
 
 d = json.load(open(sys.argv[1]))
 fp, ce, theo = d["fingerprint"], d["ceilings"], d["fingerprint"].get("theoretical") or {}
@@ -268,7 +268,7 @@ main() {
   # ---------------------------------------------------------------- 1. output contract on the device
   if want 1; then
   log "1/6 greedy equivalence (fp32 and bf16, gamma 4, B = 1 and 8)"
-  timeout -k 10 120 "$PY" benchmarks/gpu_equivalence.py "${PAIR_FLAGS[@]}" --dtypes float32,bfloat16 \
+  timeout -k 10 200 "$PY" benchmarks/gpu_equivalence.py "${PAIR_FLAGS[@]}" --dtypes float32,bfloat16 \
     --batch-sizes 1,8 --gamma 4 ${EXTRA[@]+"${EXTRA[@]}"} || step_failed "gpu_equivalence (rc $?)"
   fi
 

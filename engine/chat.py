@@ -8,7 +8,8 @@ and filters of transformers' ``apply_chat_template`` (``raise_exception``, ``toj
 escaping, ``strftime_now``, loop controls), the special tokens tokenizer_config.json names
 (``bos_token``, ``eos_token``, ...) and ``add_generation_prompt=True``. The rendered text is
 encoded without adding special tokens: the template writes the ones the model expects (BOS
-included), as ``apply_chat_template(tokenize=True)`` and vLLM's ``/v1/chat/completions`` encode it.
+included), as ``apply_chat_template(tokenize=True)`` and vLLM's ``/v1/chat/completions`` encode it
+(docs/decisions.md#chat-template-encoding).
 
 A request built from such a line (``autotune.workload.runner.ChatRequest``) carries both forms:
 the rendered ids for the engine, the turns for a serving stack, which applies its own copy of the

@@ -332,7 +332,7 @@ def test_tune_strict_on_a_busy_host_exits_2_in_one_line_and_stores_nothing(
         "reasons": ["other processes used 70% of the CPU > 25%"],
         "thresholds": {},
     }
-    monkeypatch.setattr(hostnoise, "measure", lambda: busy)
+    monkeypatch.setattr(hostnoise, "measure", lambda gpus=None: busy)
     config = write_config(tmp_path, tiny_pair_dirs, good_prompts)
 
     result = CliRunner().invoke(main, ["tune", "--config", str(config), "--strict"])

@@ -85,7 +85,8 @@ def physical_cores(cpuinfo: str | None = None) -> int:
 def deployment(cfg: TuneConfig, longest_sequence: int) -> Deployment:
     """The server flags of every trial (and of the export): the converted GGUF type, the context per
     slot (the workload's longest sequence), ``backend.llamacpp.threads`` or this host's physical
-    cores, the GPU layers, :data:`DEFAULT_ARGS` and ``backend.llamacpp.args``."""
+    cores, the GPU layers, :data:`DEFAULT_ARGS` and ``backend.llamacpp.args``
+    (docs/decisions.md#export-is-the-trial)."""
     lc = cfg.backend.llamacpp
     return Deployment(
         "llamacpp",

@@ -141,8 +141,8 @@ def write_tune_yaml(
     backend: str = "engine",
 ) -> Path:
     """Write a tune.yaml for ``target``/``draft``/``prompts`` (each ``None``: the bundled demo one);
-    with ``sweep`` (e.g. :func:`autotune.device.sizing.size_sweep`, called with the checked target folder) its load levels
-    replace the bundled ones.
+    with ``sweep`` (e.g. :func:`autotune.device.sizing.size_sweep`, called with the checked target
+    folder) its load levels replace the bundled ones.
 
     The models and the prompts are checked first (config.json readable by the engine, one
     vocabulary, a valid workload), then the file is written atomically; an existing one is
@@ -152,11 +152,7 @@ def write_tune_yaml(
         >>> write_tune_yaml(Path("my/tune.yaml"))  # doctest: +SKIP
         PosixPath('/abs/my/tune.yaml')
     """
-    output = Path(output).expanduser().absolute()
-    if output.exists() and not force:
-        raise ConfigError(f"{output}: already exists (pass --force to overwrite it)")
-    if not output.parent.is_dir():
-        raise ConfigError(f"{output.parent}: folder not found (create it first)")
+    output = _check_output(output, force)
     if (target is None) != (draft is None and eagle3 is None):
         given, other = ("--target", "--draft or --eagle3") if target is not None else ("--draft", "--target")
         raise ConfigError(f"{other}: required with {given} (the demo pair's vocabulary is not your model's)")
@@ -172,17 +168,8 @@ def write_tune_yaml(
     if target is not None and draft is not None:
         folder, checked_draft = _check_pair(target, draft)
         values["target"], values["draft"] = str(folder), str(checked_draft)
-    if eagle3 is not None:  # an EAGLE-3 head: with a draft model both are searched, else the head alone
-        head = Path(eagle3).expanduser().resolve()
-        if not (head / "config.json").is_file():
-            raise ConfigError(f"--eagle3: {head} is not an EAGLE-3 head folder (no config.json)")
-        values["eagle3"] = str(head)
-        if target is not None:
-            folder = Path(target).expanduser().resolve()
-            if draft is None:
-                values.update(target=str(folder), draft="null", drafter="[eagle3]")
-            else:
-                values["drafter"] = "[model, eagle3]"
+    if eagle3 is not None:
+        folder = _add_eagle3(values, eagle3, target, draft) or folder
     if prompts is not None:
         values["prompts"] = str(_check_prompts(prompts))
     if sweep is not None:
@@ -194,16 +181,48 @@ def write_tune_yaml(
             num_requests=str(INIT_REQUESTS),
             max_batch_size=f"[{levels[-1]}]",
         )
-    if values.get("draft") == "null":  # a head without a draft model: the YAML null, not a folder name
-        text = render(bundled_tune_yaml(), {k: v for k, v in values.items() if k != "draft"})
-        text = re.sub(r"^(  draft:[ \t]+)demo", r"\1null", text, count=1, flags=re.M)
-    else:
-        text = render(bundled_tune_yaml(), values)
+    text = _render_values(values)
     parse(yaml.safe_load(text), output.parent, output)  # the file we write must load
     tmp = output.with_name(f".{output.name}.tmp")
     tmp.write_text(text)
     tmp.replace(output)
     return output
+
+
+def _render_values(values: dict[str, str]) -> str:
+    """The bundled tune.yaml with ``values`` (:func:`render`); a ``draft`` of ``"null"`` (a head without
+    a draft model) is written as the YAML null, not as a folder name."""
+    if values.get("draft") != "null":
+        return render(bundled_tune_yaml(), values)
+    text = render(bundled_tune_yaml(), {k: v for k, v in values.items() if k != "draft"})
+    return re.sub(r"^(  draft:[ \t]+)demo", r"\1null", text, count=1, flags=re.M)
+
+
+def _check_output(output: Path, force: bool) -> Path:
+    """The absolute path to write: its folder exists, and an existing file is replaced only with ``force``."""
+    output = Path(output).expanduser().absolute()
+    if output.exists() and not force:
+        raise ConfigError(f"{output}: already exists (pass --force to overwrite it)")
+    if not output.parent.is_dir():
+        raise ConfigError(f"{output.parent}: folder not found (create it first)")
+    return output
+
+
+def _add_eagle3(values: dict[str, str], eagle3: Path, target: Path | None, draft: Path | None) -> Path | None:
+    """Write the EAGLE-3 head into ``values``: with a draft model both are searched, else the head alone.
+    Returns the target folder the sweep times (None without ``target``: the demo's)."""
+    head = Path(eagle3).expanduser().resolve()
+    if not (head / "config.json").is_file():
+        raise ConfigError(f"--eagle3: {head} is not an EAGLE-3 head folder (no config.json)")
+    values["eagle3"] = str(head)
+    if target is None:
+        return None
+    folder = Path(target).expanduser().resolve()
+    if draft is None:
+        values.update(target=str(folder), draft="null", drafter="[eagle3]")
+    else:
+        values["drafter"] = "[model, eagle3]"
+    return folder
 
 
 def _check_pair(target: Path, draft: Path) -> tuple[Path, Path]:

@@ -6,7 +6,8 @@ For a draft-model profile the export still sets ``--speculate`` to the chosen ga
 will speculate with n-grams, whose acceptance was not measured: the header says so. Gamma 0
 (or drafter none) leaves ``--speculate`` unset, TGI's default (off).
 
-A profile measured in a serving stack carries its deployment: ``--num-shard`` (when not 1),
+A profile measured in a serving stack carries its deployment: ``--num-shard`` (always: unset, TGI
+shards over every visible GPU),
 ``--dtype`` (TGI takes float16 or bfloat16 only; any other dtype is left to TGI, with a note),
 ``--max-total-tokens`` = the trials' longest sequence and ``--max-input-tokens`` one less (TGI
 requires input < total), docs/stacks/tgi.md.
@@ -79,9 +80,7 @@ def deployment_args(deployment: Deployment | None) -> dict[str, Any]:
     """
     if deployment is None:
         return {}
-    args: dict[str, Any] = {}
-    if deployment.tensor_parallel_size != 1:
-        args["--num-shard"] = deployment.tensor_parallel_size
+    args: dict[str, Any] = {"--num-shard": deployment.tensor_parallel_size}  # unset: every visible GPU
     if served_dtype(deployment) in DTYPES:
         args["--dtype"] = served_dtype(deployment)
     length = max_length(deployment)

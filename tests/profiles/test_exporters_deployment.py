@@ -153,13 +153,13 @@ def test_llamacpp_script_holds_the_deployment(profile: dict) -> None:
         (
             LLAMACPP,  # f32 GGUF: float32 where the stack takes it (not TGI), the context per slot
             {"--dtype": "float32", "--context-length": "300"},
-            {"--max-input-tokens": "299", "--max-total-tokens": "300"},
+            {"--num-shard": "1", "--max-input-tokens": "299", "--max-total-tokens": "300"},
             {"dtype": "float32", "max_seq_len": 300},
         ),
         (
             Deployment("llamacpp", "q4_k_m", context_size=300),  # a quantized GGUF: no dtype anywhere
             {"--context-length": "300"},
-            {"--max-input-tokens": "299", "--max-total-tokens": "300"},
+            {"--num-shard": "1", "--max-input-tokens": "299", "--max-total-tokens": "300"},
             {"max_seq_len": 300},
         ),
     ],
