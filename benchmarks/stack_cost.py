@@ -350,7 +350,7 @@ def measure(args: argparse.Namespace, t0: float) -> dict:
     """Run no speculation and every K of the grid in fresh vLLM servers (the rows of the JSON)."""
     from _transfer import open_stack
 
-    from autotune.backends.vllm import VllmBackend, serve_command, trial_inputs
+    from autotune.backends.vllm import VllmBackend
     from autotune.knobs import Knobs
 
     ns = argparse.Namespace(config=args.config, engine_profile=None, stack_profile=None)
@@ -374,7 +374,7 @@ def measure(args: argparse.Namespace, t0: float) -> dict:
 
     def command(k: int) -> list[str]:
         knobs = Knobs("model" if k else "none", k, max_batch_size=batch)
-        return serve_command(backend.python, cfg, trial_inputs(cfg, ctx.fingerprint, knobs))
+        return backend.command(knobs)
 
     plan = Plan(
         backend, batch, levels, args.repeats, cfg.budget.seed, cfg.workload.temperature == 0, checkpoint

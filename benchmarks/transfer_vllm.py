@@ -24,6 +24,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _transfer import arguments, measure_plan, open_stack, report, summarize  # noqa: E402
 
-from autotune.backends.vllm import VllmBackend, serve_command, trial_inputs  # noqa: E402
+from autotune.backends.vllm import VllmBackend, serve_command  # noqa: E402
 from autotune.knobs import Knobs  # noqa: E402
 from profiles.profile import export_inputs  # noqa: E402
 from profiles.schema import Profile  # noqa: E402
@@ -45,7 +46,7 @@ def main() -> None:
 
     def grid_command(k: int) -> list[str]:
         knobs = Knobs("model" if k else "none", k, max_batch_size=batch)
-        return serve_command(backend.python, cfg, trial_inputs(cfg, ctx.fingerprint, knobs))
+        return backend.command(knobs)
 
     plan = [
         ("no speculation", grid_command(0)),
@@ -64,7 +65,10 @@ def main() -> None:
             plan.append(
                 (
                     f"{label} (profile #{prof['id']})",
-                    serve_command(backend.python, cfg, export_inputs(Profile.from_json(prof))),
+                    serve_command(
+                        backend.python,
+                        replace(export_inputs(Profile.from_json(prof)), deployment=backend.deployment),
+                    ),
                 )
             )
     plan += [(f"grid K={k}", grid_command(int(k))) for k in args.grid.split(",")]

@@ -452,7 +452,9 @@ def main() -> None:
     batch = max(cfg.search.max_batch_size)
     profile = Profile.from_json(prof)
     if args.stack == "vllm":
-        served = serve_command(backend.python, cfg, export_inputs(profile))
+        served = serve_command(
+            backend.python, dataclasses.replace(export_inputs(profile), deployment=backend.deployment)
+        )
     else:
         inputs = export_inputs(
             profile, str(backend.target_gguf), str(backend.draft_gguf) if backend.draft_gguf else None

@@ -210,7 +210,13 @@ def test_bench_prompt_plus_max_new_tokens_past_context_is_refused_or_truncated(
 def write_config(folder: Path, pair: tuple[Path, Path], prompts: Path, **overrides) -> Path:
     target, draft = pair
     raw = {
-        "models": {"target": str(target), "draft": str(draft), "device": "cpu", "dtype": "float32", "compile": False},
+        "models": {
+            "target": str(target),
+            "draft": str(draft),
+            "device": "cpu",
+            "dtype": "float32",
+            "compile": False,
+        },
         "workload": {"prompts": str(prompts), "max_new_tokens": 6, "concurrency": [1, 2], "num_requests": 2},
         "search": {"gamma": {"low": 0, "high": 2}, "max_batch_size": [2]},
         "budget": {"n_trials": 2, "remeasure_top": 1},

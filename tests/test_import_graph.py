@@ -257,7 +257,9 @@ def test_autotune_packages_import_only_lower_floors() -> None:
     from tools import structure
 
     bad = structure.violations()
-    assert not bad, "autotune/ floor order (tools/structure.py FLOORS):\n" + "\n".join(f"    {b}" for b in bad)
+    assert not bad, "autotune/ floor order (tools/structure.py FLOORS):\n" + "\n".join(
+        f"    {b}" for b in bad
+    )
 
 
 def test_the_floor_check_sees_an_upward_import(tmp_path: Path) -> None:
@@ -270,7 +272,9 @@ def test_the_floor_check_sees_an_upward_import(tmp_path: Path) -> None:
     for d in ("", "cost", "search", "nowhere"):
         (tmp_path / "autotune" / d / "__init__.py").write_text("")
     (tmp_path / "autotune" / "search" / "study.py").write_text("from autotune.cost import costmodel\n")
-    (tmp_path / "autotune" / "cost" / "costmodel.py").write_text("def f():\n    from autotune.search import study\n")
+    (tmp_path / "autotune" / "cost" / "costmodel.py").write_text(
+        "def f():\n    from autotune.search import study\n"
+    )
     bad = structure.violations(structure.modules(tmp_path))
     assert bad == [
         "autotune.nowhere: not in tools/structure.py FLOORS",

@@ -19,7 +19,13 @@ N_TRIALS = 3
 def write_config(folder: Path, pair: tuple[Path, Path], prompts: Path, db: Path, **overrides) -> Path:
     target, draft = pair
     raw = {
-        "models": {"target": str(target), "draft": str(draft), "device": "cpu", "dtype": "float32", "compile": False},
+        "models": {
+            "target": str(target),
+            "draft": str(draft),
+            "device": "cpu",
+            "dtype": "float32",
+            "compile": False,
+        },
         "workload": {"prompts": str(prompts), "max_new_tokens": 6, "concurrency": [1, 2], "num_requests": 2},
         "search": {
             "drafter": ["model"],

@@ -43,7 +43,13 @@ def _config(tmp_path: Path, **extra) -> Path:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(DEMO_PROMPTS.read_text().splitlines()[:4]) + "\n")
     raw = {
-        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "dtype": "float32", "compile": False},
+        "models": {
+            "target": str(DEMO_TARGET),
+            "draft": str(DEMO_DRAFT),
+            "device": "cpu",
+            "dtype": "float32",
+            "compile": False,
+        },
         "workload": {"prompts": str(prompts), "max_new_tokens": 16, "concurrency": [1, 2], "num_requests": 2},
         "search": {
             "drafter": ["model"],
@@ -86,7 +92,13 @@ def test_llama_server_speculative_greedy_output_equals_the_engines(tmp_path: Pat
     EAGLE-3 head (draft-eagle3, its GGUF converted against the target), equals the engine's."""
     extra = {}
     if drafter == "eagle3":
-        models = {"target": str(DEMO_TARGET), "eagle3": str(DEMO_EAGLE3), "device": "cpu", "dtype": "float32", "compile": False}
+        models = {
+            "target": str(DEMO_TARGET),
+            "eagle3": str(DEMO_EAGLE3),
+            "device": "cpu",
+            "dtype": "float32",
+            "compile": False,
+        }
         search = {
             "drafter": ["eagle3"],
             "gamma": {"low": 0, "high": 4},

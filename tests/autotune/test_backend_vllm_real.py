@@ -49,7 +49,13 @@ def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
     lines = DEMO_PROMPTS.read_text().splitlines()[:3]
     prompts.write_text("\n".join(lines) + "\n")
     raw = {
-        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "dtype": "float32", "compile": False},
+        "models": {
+            "target": str(DEMO_TARGET),
+            "draft": str(DEMO_DRAFT),
+            "device": "cpu",
+            "dtype": "float32",
+            "compile": False,
+        },
         "workload": {"prompts": str(prompts), "max_new_tokens": 16, "concurrency": [1, 2], "num_requests": 2},
         "search": {
             "drafter": ["model"],
@@ -107,7 +113,13 @@ def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output
 ) -> None:
     """vLLM's speculative greedy output, with the demo draft model or the demo EAGLE-3 head (served as
     ``method: eagle3`` from the folder the engine loads), equals the engine's autoregressive output."""
-    models = {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "dtype": "float32", "compile": False}
+    models = {
+        "target": str(DEMO_TARGET),
+        "draft": str(DEMO_DRAFT),
+        "device": "cpu",
+        "dtype": "float32",
+        "compile": False,
+    }
     if drafter == "eagle3":
         models = {**models, "draft": None, "eagle3": str(DEMO_EAGLE3)}
     raw = {
@@ -164,7 +176,13 @@ def test_vllm_serves_a_two_entry_table_and_k_follows_the_load(tmp_path: Path) ->
     from autotune import context
 
     raw = {
-        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "dtype": "float32", "compile": False},
+        "models": {
+            "target": str(DEMO_TARGET),
+            "draft": str(DEMO_DRAFT),
+            "device": "cpu",
+            "dtype": "float32",
+            "compile": False,
+        },
         "workload": {"prompts": str(DEMO_PROMPTS), "max_new_tokens": 24, "concurrency": [1, 4]},
         "search": {"max_batch_size": [4]},
         "backend": {

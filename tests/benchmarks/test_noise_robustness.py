@@ -120,7 +120,13 @@ def test_tiny_run_writes_the_json_and_leaves_no_hog(
     config.write_text(
         yaml.safe_dump(
             {
-                "models": {"target": str(target), "draft": str(draft), "device": "cpu", "dtype": "float32", "compile": False},
+                "models": {
+                    "target": str(target),
+                    "draft": str(draft),
+                    "device": "cpu",
+                    "dtype": "float32",
+                    "compile": False,
+                },
                 "workload": {
                     "prompts": str(tiny_prompts),
                     "max_new_tokens": 6,
