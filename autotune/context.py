@@ -184,21 +184,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
     device = "cuda:0" if device == "cuda" else device
     files = read_pair(cfg, needs_draft, needs_head)
     cfg, dtype_note = _with_dtype(cfg, files, device)
-    items = load_workload(cfg.workload.prompts)
-    sampling = Sampling(
-        cfg.workload.max_new_tokens, cfg.workload.temperature, cfg.workload.top_k, cfg.workload.top_p
-    )
-    context = files.context_length
-    requests = build_requests(
-        items,
-        files.tokenizer,
-        sampling,
-        context,
-        where=str(cfg.workload.prompts),
-        truncate=cfg.workload.truncate_prompts,
-        chat_folder=cfg.models.target,
-    )
-    trace = load_trace(cfg, files.tokenizer, context, requests)
+    items, requests, trace = _workload(cfg, files)
     notes = [dtype_note]
     if cfg.backend.name == "engine":
         notes.append(check_fits(engine_needs(cfg, files, requests), free_bytes(device), device, FIT_KNOBS))
@@ -206,18 +192,12 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
     tp = cfg.backend.vllm.tensor_parallel_size if cfg.backend.name == "vllm" else 1
     fp = fingerprint(device, cfg.models.dtype, tensor_parallel_size=tp)  # the GPUs the servers span
     workload = workload_identity(cfg, items)
-    store.upsert_device(fp)
     drafter = "model" if needs_draft else "eagle3" if needs_head else cfg.search.drafter[0]
-    pair_id = store.upsert_pair(
-        str(cfg.models.target),
-        str(cfg.draft_folder) if cfg.draft_folder is not None else None,
-        drafter,
-        hash_folder(cfg.models.target),
-        hash_folder(cfg.draft_folder) if cfg.draft_folder is not None else None,
-    )
+    pair_id = _register(store, cfg, fp, drafter)
     stored = _stored_engine(cfg, store, fp["key"], pair_id, workload) if not reprofile else None
     if stored == "compiled":
         workload["engine"] = "compiled"
+    draft = cfg.draft_folder
     ctx = Context(
         cfg,
         files,
@@ -225,7 +205,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
         store,
         fp,
         hash_folder(cfg.models.target),
-        hash_folder(cfg.draft_folder) if cfg.draft_folder is not None else None,
+        hash_folder(draft) if draft is not None else None,
         workload,
         hash_json(workload),
         pair_id,
@@ -235,16 +215,53 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
         notes=notes,
         device=device,
     )
+    _engine_for(ctx, stored, say)
+    return ctx
+
+
+def _workload(
+    cfg: TuneConfig, files: PairFiles
+) -> tuple[list[WorkloadItem], list[Request], tuple[Arrival, ...] | None]:
+    """The workload's lines, its requests tokenized with the target's tokenizer, and its arrival trace."""
+    items = load_workload(cfg.workload.prompts)
+    w = cfg.workload
+    requests = build_requests(
+        items,
+        files.tokenizer,
+        Sampling(w.max_new_tokens, w.temperature, w.top_k, w.top_p),
+        files.context_length,
+        where=str(w.prompts),
+        truncate=w.truncate_prompts,
+        chat_folder=cfg.models.target,
+    )
+    return items, requests, load_trace(cfg, files.tokenizer, files.context_length, requests)
+
+
+def _register(store: Store, cfg: TuneConfig, fp: dict, drafter: str) -> int:
+    """Store the device and the pair (by folder hashes); the pair's id."""
+    store.upsert_device(fp)
+    draft = cfg.draft_folder
+    return store.upsert_pair(
+        str(cfg.models.target),
+        str(draft) if draft is not None else None,
+        drafter,
+        hash_folder(cfg.models.target),
+        hash_folder(draft) if draft is not None else None,
+    )
+
+
+def _engine_for(ctx: Context, stored: str | None, say: Callable[[str], None] | None) -> None:
+    """Load the engine for the engine backend; a serving stack's waits for :func:`ensure_profile`."""
+    backend = ctx.cfg.backend.name
     if stored is not None:  # a serving stack runs the trials; the engine's profile is in the store
         ctx.compile_note = (
-            f"engine: not loaded (the {cfg.backend.name} backend runs every trial; the engine's "
+            f"engine: not loaded (the {backend} backend runs every trial; the engine's "
             f"profile of this workload, measured {stored}, is reused from the store)"
         )
-    elif cfg.backend.name == "engine":
+    elif backend == "engine":
         load_engine(ctx, say)
     else:
-        ctx.compile_note = f"engine: not loaded yet (the {cfg.backend.name} backend runs every trial)"
-    return ctx
+        ctx.compile_note = f"engine: not loaded yet (the {backend} backend runs every trial)"
 
 
 FIT_KNOBS = "models.dtype, search.max_batch_size or workload.concurrency, or models.device"
@@ -313,6 +330,8 @@ def _compile(
     (:data:`COMPILE_SLOWER`, timed interleaved at B=1: profiler.compiled_over_eager, on the cores
     other processes leave free, like the profiler's timings and every trial); ``true`` makes the
     first an error in one line and never falls back on speed or load.
+
+    Long because: the compile, its eager fallbacks and their log lines are one decision.
     """
     if mode == "false":
         return "engine: eager (models.compile: false)"

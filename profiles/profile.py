@@ -101,6 +101,8 @@ def export_inputs(
         ...      "schedule": [{"batch_size": 1, "gamma": 4}]})
         >>> export_inputs(p, target_model="/gguf/t.gguf").target
         '/gguf/t.gguf'
+
+    Long because: every field exporters read is taken and checked here, once, in ExportInputs' order.
     """
     if profile.chosen is MISSING:
         raise ProfileError("profile: missing key 'chosen.drafter'")

@@ -149,7 +149,7 @@ def migrate(profile: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _version_2(profile: Mapping[str, Any]) -> dict[str, Any]:
-    """Version 1 -> 2: each level's ``over_chosen`` as ``{value, ci95, n}`` (see :func:`migrate`)."""
+    """From version 1 to version 2: each level's ``over_chosen`` as ``{value, ci95, n}`` (:func:`migrate`)."""
     data = {**profile, "schema_version": 2}
     decision = profile.get("table_decision")
     if isinstance(decision, Mapping) and isinstance(levels := decision.get("levels"), list):

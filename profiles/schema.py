@@ -183,7 +183,7 @@ class Chosen:
         values = {k: getattr(self, k) for k in self.KEYS if getattr(self, k) is not MISSING}
         return _ordered({**values, **self.extra}, self.key_order)
 
-    # effective values, with the defaults exporters apply to an older profile that lacks a key
+    # effective values, with the defaults exporters apply to a profile that lacks a key
     @property
     def threshold(self) -> float:
         return 0.0 if self.confidence_threshold is MISSING else float(self.confidence_threshold)
@@ -195,7 +195,7 @@ class Chosen:
     @property
     def tree_shape(self) -> tuple[int, ...]:
         """The chosen tree's per-depth top-k (a dynamic tree's top-k at each depth); ``()`` for a
-        chain (or a profile from before trees)."""
+        chain (or a profile without trees)."""
         return () if self.tree_topk is MISSING else parse_tree_name(self.tree_topk)[0]
 
     @property

@@ -186,6 +186,8 @@ def run_http_load(
     its offset; ``requests`` is not used). The first failing request stops the run and raises
     LoadError; ``time_limit_s`` bounds the whole run (TimeoutError). ``send`` replaces the HTTP
     call (tests).
+
+    Long because: the load driver's request, stream and timing state live in one scope, as the engine's run_load does.
     """
     if (concurrency is not None) + (rate is not None) + (arrivals is not None) != 1:
         raise ValueError("give exactly one of concurrency, rate and arrivals")

@@ -180,6 +180,8 @@ def watch(
     other K (speculation off included). Stale after --windows-to-stale windows in a row that
     predict another K better, when their pooled gain exceeds --margin with the interval's lower
     bound above 1; fresh after as many windows within half the margin.
+
+    Long because: a click command; its flags map one to one onto the watch's settings.
     """
     from autotune.watch import endpoint, loop, output, profile_model, scrape
     from autotune.watch.staleness import Staleness, Verdict

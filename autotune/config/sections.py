@@ -280,7 +280,8 @@ class BudgetConfig:
 
     n_trials: int = 20
     timeout_s: float | None = None
-    # a trial's fixed cap; None: none (from 3 finished trials on, 4x the expected seconds cuts a run)
+    # a trial's fixed cap; None: none (from 3 finished trials on, the guard cuts a run at
+    # autotune.search.guard.CUT_FACTOR times its expected seconds)
     trial_timeout_s: float | None = None
     seed: int = 0
     remeasure_top: int = 3

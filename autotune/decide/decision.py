@@ -148,6 +148,24 @@ class Remeasured:
         }
 
 
+def _remeasured_point(
+    cfg: TuneConfig, knobs: Knobs, number: int | None, results: list[TrialResult]
+) -> tuple[Point, TrialResult]:
+    """A re-measured configuration's point (per-metric medians, its paired rounds) and median result."""
+    result = TrialResult.median(results)
+    viol = sum(max(v, 0.0) for v in slo_violations(cfg, result).values())
+    per_batch = {b: _tps(lv) for b, lv in result.per_level.items()}
+    per_batch_rounds = {
+        b: tuple(_tps(r.per_level[b]) for r in results if b in r.per_level) for b in per_batch
+    }
+    sweeps = TrialResult.full_rounds(results)
+    rounds = tuple((r.tokens_per_second, r.latency_ms) for r in sweeps)
+    point = Point(
+        knobs, result.tokens_per_second, result.latency_ms, viol, per_batch, number, rounds, per_batch_rounds
+    )
+    return point, result
+
+
 def remeasure(
     cfg: TuneConfig,
     backend: Backend,
@@ -183,50 +201,23 @@ def remeasure(
         + (f" at batch size {', '.join(map(str, levels))} only" if levels is not None else "")
         + (" (interleaved)" if order == "interleaved" else " (back to back in each configuration's server)")
     )
-    seed = cfg.budget.seed + 1
     rounds: list[list[TrialResult]] = (
         [list(r) for r in earlier.rounds] if earlier is not None else [[] for _ in configs]
     )
     kw: dict[str, Any] = {"levels": levels} if levels is not None else {"with_trace": True}
     clock = budget if budget is not None else RunBudget(None)
-    started, total, ran = clock.clock(), (repeats - done) * len(configs), 0
-
-    def progress() -> None:  # one line per run: what is done, and the ETA against the budget
-        per_run = (clock.clock() - started) / ran
-        say(f"  {what.split(':')[0]}: {ran}/{total} runs [{clock.eta(per_run * (total - ran))}]")
-
-    if order == "interleaved":
-        for r in range(done, repeats):
-            for i, (knobs, _) in enumerate(configs):
-                rounds[i].append(backend.run(knobs, seed + r, **kw))
-                ran += 1
-                progress()
-    else:
-        for i, (knobs, _) in enumerate(configs):
-            for r in range(done, repeats):
-                rounds[i].append(backend.run(knobs, seed + r, **kw))
-                ran += 1
-                progress()
-    pairs: list[tuple[Point, TrialResult]] = []
-    for (knobs, number), results in zip(configs, rounds, strict=True):
-        result = TrialResult.median(results)
-        viol = sum(max(v, 0.0) for v in slo_violations(cfg, result).values())
-        per_batch = {b: _tps(lv) for b, lv in result.per_level.items()}
-        per_batch_rounds = {
-            b: tuple(_tps(r.per_level[b]) for r in results if b in r.per_level) for b in per_batch
-        }
-        sweeps = TrialResult.full_rounds(results)
-        point = Point(
-            knobs,
-            result.tokens_per_second,
-            result.latency_ms,
-            viol,
-            per_batch,
-            number,
-            tuple((r.tokens_per_second, r.latency_ms) for r in sweeps),
-            per_batch_rounds,
-        )
-        pairs.append((point, result))
+    plan = [(i, r) for r in range(done, repeats) for i in range(len(configs))]  # A B C A B C ...
+    if order != "interleaved":  # A A B B C C: each configuration's rounds in its one server
+        plan.sort()
+    started = clock.clock()
+    for ran, (i, r) in enumerate(plan, start=1):
+        rounds[i].append(backend.run(configs[i][0], cfg.budget.seed + 1 + r, **kw))
+        left = (clock.clock() - started) / ran * (len(plan) - ran)  # one line per run, with the ETA
+        say(f"  {what.split(':')[0]}: {ran}/{len(plan)} runs [{clock.eta(left)}]")
+    pairs = [
+        _remeasured_point(cfg, knobs, number, results)
+        for (knobs, number), results in zip(configs, rounds, strict=True)
+    ]
     return Remeasured(pairs, repeats, order, rounds, earlier.repeats if earlier is not None else None, levels)
 
 
@@ -347,7 +338,10 @@ def decide(
     say: Say,
     budget: RunBudget | None = None,
 ) -> Decision:
-    """Re-measure the finalists, choose with a margin, contest the per-level table, check the prediction."""
+    """Re-measure the finalists, choose with a margin, contest the per-level table, check the prediction.
+
+    Long because: it is the decision's script, each statement one named step.
+    """
     final = finalists(cfg, points, every_chain=backend.plans_by_cost)
     statics = (
         ""
@@ -700,7 +694,10 @@ def _chosen_metrics(
 def build_profile(
     ctx: Context, space: Space, measurement: dict, study: optuna.Study, decision: Decision
 ) -> Profile:
-    """The profile (the study's budget, host noise, backend and id are added when it is stored)."""
+    """The profile (the study's budget, host noise, backend and id are added when it is stored).
+
+    Long because: it assembles the profile's sections in their stored order.
+    """
     cfg, d = ctx.cfg, decision
 
     def row(p: Point) -> dict[str, Any]:

@@ -233,6 +233,8 @@ def per_level_choices(
         [(1, 5), (8, 0)]
         >>> [(c.batch_size, c.gamma) for c in per_level_choices(pts, [1, 8], "model", pts[2].knobs, False)]
         [(1, 5), (8, 2)]
+
+    Long because: one rule and its cases, kept together so it reads as docs/architecture.md states it.
     """
     out = []
     for b in batch_sizes:
@@ -316,6 +318,8 @@ def plan_table(
         ([5, 0], ((1, 5), (8, 2)), '')
         >>> plan_table([off, k2, k5], [1, 8], off, k5, "model").unserved[-47:]
         'the table cannot win there, so it is not served'
+
+    Long because: one rule and its cases, kept together so it reads as docs/architecture.md states it.
     """
     if constant.knobs.gamma > 0:
         drafter = constant.knobs.drafter

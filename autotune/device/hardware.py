@@ -450,6 +450,8 @@ def fingerprint(
         >>> fp = fingerprint("cpu")
         >>> fp["kind"], len(fp["key"]), fp["gpu_count"], fp["tensor_parallel_size"]
         ('cpu', 16, 0, 1)
+
+    Long because: it assembles the fingerprint's fields in their stored order.
     """
     if not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise ValueError(f"unknown torch dtype {dtype!r}")

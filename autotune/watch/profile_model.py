@@ -35,7 +35,7 @@ class ProfileModel:
     # the stack's own step costs (profile["stack_cost"], autotune.cost.stackcost): used for that stack
     stack_cost: StackCost | None = None
     # table_decision.levels[].over_chosen: batch size -> the tune's paired ratio of that level's
-    # choice over the chosen configuration there (absent in profiles from before it)
+    # choice over the chosen configuration there (absent in profiles that lack it)
     level_ratios: Mapping[int, Estimate] = field(default_factory=dict)
     # schedule[].ratio: batch size -> the tune's measured tokens/s of the schedule's K there over no
     # speculation (re-measured rounds; where that K speculates)

@@ -143,6 +143,8 @@ def run_load(
 
     ``trace=True`` also returns per-row step samples (``RunResult.trace``: tokens accepted and
     draft confidence per position, as :class:`~autotune.records.StepSample`).
+
+    Long because: the engine's load loop: admission, steps and per-request timing share one scope.
     """
     if spec.gamma == 0:
         drafter = "none"

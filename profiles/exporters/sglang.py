@@ -102,6 +102,8 @@ def validate(args: Mapping[str, Any]) -> None:
         ...
         profiles.errors.ProfileError: sglang export: with topk 1 --speculative-num-draft-tokens
             must be num-steps + 1 (5), got 4
+
+    Long because: one check per SGLang flag the export writes, in the order the stack reads them.
     """
     unknown = sorted(set(args) - KNOWN_FLAGS)
     if unknown:
@@ -261,7 +263,10 @@ def server_args(inputs: ExportInputs) -> dict[str, Any]:
 
 
 def export(inputs: ExportInputs) -> Exported:
-    """Render, validate and describe the SGLang launch script."""
+    """Render, validate and describe the SGLang launch script.
+
+    Long because: the export's notes, one per case of the profile, in the order the file states them.
+    """
     args = server_args(inputs)
     validate(args)
     speculation = "--speculative-algorithm" in args

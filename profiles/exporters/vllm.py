@@ -417,7 +417,10 @@ def max_num_seqs_note(max_batch_size: int) -> str:
 
 
 def export(inputs: ExportInputs) -> Exported:
-    """Render, validate and describe the vLLM export (see the module docstring)."""
+    """Render, validate and describe the vLLM export (see the module docstring).
+
+    Long because: the export's notes, one per case of the profile, in the order the file states them.
+    """
     config = speculative_config(inputs)
     notes = []
     if config is None:
