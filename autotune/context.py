@@ -420,11 +420,19 @@ def ensure_profile(
                 return found["data"], True
     try:
         data = _measure(ctx, progress)
+    except PriorOverBudget as exc:  # a serving stack goes on without the prior; nothing stored
+        ctx.notes.append(f"engine prior: stopped ({exc}); the study starts without the cost model's prior")
+        return no_engine_measurement(ctx), False
     finally:
         if stack:
             release_engine(ctx)
     ctx.store.save_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler", data)
     return data, False
+
+
+class PriorOverBudget(Exception):
+    """Raised by a serving-stack run's progress callback when profiling the engine has used its share
+    of ``budget.minutes``: the prior is worth less than the server trials it would crowd out."""
 
 
 def _measure(ctx: Context, progress: Callable[[str], None] | None) -> dict:

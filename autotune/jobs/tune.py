@@ -135,7 +135,7 @@ def run_tune(
     backend = backend_for(ctx)  # before profiling: a missing stack fails in seconds
     try:
         with _sigterm_interrupts():  # servers are stopped on SIGTERM too
-            measurement = _profile(ctx, reprofile, say, backend.server_need())
+            measurement = _profile(ctx, reprofile, say, backend.server_need(), clock)
             run = _run_study(ctx, backend, measurement, resume, say, clock)
             decision = decide(cfg, backend, run.space, measurement, run.points, say, clock)
             typed = build_profile(ctx, run.space, measurement, run.study, decision)
@@ -154,13 +154,36 @@ def run_tune(
         backend.close()
 
 
-def _profile(ctx: ctx_mod.Context, reprofile: bool, say: Say, beside: Need | None = None) -> dict:
+PRIOR_SHARE = 0.2
+"""The share of ``budget.minutes`` a serving-stack run gives the engine's profile (its prior): past it,
+profiling stops and the study starts without the prior (the server trials are the measurement)."""
+
+
+def _profile(
+    ctx: ctx_mod.Context,
+    reprofile: bool,
+    say: Say,
+    beside: Need | None = None,
+    clock: RunBudget | None = None,
+) -> dict:
     """The profiler measurement (stored, or measured now and stored), extended for the trees searched;
     ``beside``: what one of a serving stack's servers holds (the engine profiles only where it fits too)."""
     notes = len(ctx.notes)
-    measurement, reused = ctx_mod.ensure_profile(
-        ctx, reprofile, progress=lambda s: say(f"  profiling: {s}"), say=say, beside=beside
-    )
+
+    def progress(step: str) -> None:
+        say(f"  profiling: {step}")
+        share = None if clock is None or clock.seconds is None else PRIOR_SHARE * clock.seconds
+        if (
+            ctx.cfg.backend.name != "engine"
+            and share is not None
+            and clock is not None
+            and clock.spent() > share
+        ):
+            raise ctx_mod.PriorOverBudget(
+                f"{minutes_text(clock.spent())} spent, over {PRIOR_SHARE:.0%} of budget.minutes"
+            )
+
+    measurement, reused = ctx_mod.ensure_profile(ctx, reprofile, progress=progress, say=say, beside=beside)
     for note in ctx.notes[notes:]:
         say(note)
     if reused:

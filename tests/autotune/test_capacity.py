@@ -223,3 +223,29 @@ def test_a_context_reads_the_pair_from_files_only_for_a_stack_backend(tmp_path, 
     assert ctx.loaded is None and ctx.files.target.folder == tiny_pair_dirs[0]
     assert ctx.longest_sequence == len(ctx.requests[0].prompt_ids) + 5 + 20
     assert ctx.notes[0] == "dtype: float32 (models.dtype: float32)"
+
+
+def test_a_stack_runs_engine_prior_stops_at_its_share_of_the_budget(tmp_path, tiny_pair_dirs) -> None:
+    """Profiling that passes its share of budget.minutes stops; the engine is released, nothing is
+    stored, and the run goes on without the prior."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
+    cfg = load_config(
+        write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "store.db", backend={"name": "vllm"})
+    )
+    ctx = context.build(cfg)
+    steps = []
+
+    def progress(step: str) -> None:
+        steps.append(step)
+        if step.startswith("verify/draft"):
+            raise context.PriorOverBudget("5 min spent, over 20% of budget.minutes")
+
+    measurement, reused = context.ensure_profile(ctx, progress=progress)
+    assert not reused and measurement["engine"] == "not loaded" and ctx.loaded is None
+    assert steps[:2] == ["fingerprint", "ceilings"]
+    assert ctx.notes[-1] == (
+        "engine prior: stopped (5 min spent, over 20% of budget.minutes); the study starts without the "
+        "cost model's prior"
+    )
+    assert ctx.store.latest_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler") is None
