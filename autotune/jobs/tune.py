@@ -343,27 +343,33 @@ def _optimize(
 def _budget_stop(
     cfg: TuneConfig, clock: RunBudget, say: Say
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    """An Optuna callback for ``budget.minutes``: keeps the median trial's seconds (on the budget's clock) as the
-    run's cost of one configuration (:attr:`RunBudget.run_s`, which the re-measurement sizes its
-    rounds from) and stops the study when one more trial would leave too little for the
-    re-measurement's first round of its finalists (``remeasure_top`` + the baseline and best constant)."""
+    """An Optuna callback for ``budget.minutes``: keeps the median trial's run seconds (on the budget's
+    clock, less a server's start-up, which the re-measurement does not pay again in a kept server) as
+    the cost of one configuration's run (:attr:`RunBudget.run_s`, which the re-measurement sizes its
+    rounds from), and stops the study when one more trial (start-up included) would leave too little
+    for one re-measurement round of its finalists (``remeasure_top`` + the baseline and best constant):
+    the re-measurement fits its further rounds to what is left itself."""
     finalists = cfg.budget.remeasure_top + 2
-    durations: list[float] = []
+    runs: list[float] = []
+    starts: list[float] = []
     last = [clock.clock()]
 
-    def stop(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:  # noqa: ARG001
+    def stop(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         now = clock.clock()
-        durations.append(now - last[0])
+        startup = float(trial.user_attrs.get("startup_s") or 0.0)
+        runs.append(max(now - last[0] - startup, 0.0))
+        starts.append(startup)
         last[0] = now
-        clock.run_s = statistics.median(durations)
+        clock.run_s = statistics.median(runs)
         if clock.seconds is None:
             return
-        reserve = clock.run_s * finalists * cfg.budget.repeats
-        if not clock.allows(clock.run_s + reserve):
+        next_trial = clock.run_s + statistics.median(starts)
+        reserve = clock.run_s * finalists
+        if not clock.allows(next_trial + reserve):
             say(
                 clock.cut(
-                    f"study stopped after {len(durations)} trials: one more ({minutes_text(clock.run_s)}) and "
-                    f"the re-measurement ({minutes_text(reserve)}) would pass budget.minutes"
+                    f"study stopped after {len(runs)} trials: one more ({minutes_text(next_trial)}) and "
+                    f"a re-measurement round ({minutes_text(reserve)}) would pass budget.minutes"
                 )
             )
             study.stop()

@@ -55,7 +55,7 @@ def test_without_a_budget_nothing_is_cut(tune_config, monkeypatch) -> None:
     assert profile["remeasure"]["repeats"] == 3
 
 
-@pytest.mark.parametrize("minutes", [3.0, 5.0])
+@pytest.mark.parametrize("minutes", [2.0, 3.0])
 def test_a_budget_cuts_the_study_and_rounds_and_the_run_ends_within_it(
     tune_config, monkeypatch, minutes
 ) -> None:
@@ -102,3 +102,34 @@ def test_the_re_measurement_runs_the_rounds_that_fit_and_says_what_it_cut(tune_c
     assert progress[-1] == "  re-measuring: 6/6 runs [ETA 0 s, 15 s left of 1.2 min]"
     late = RunBudget(5.0, clock=clock, run_s=10.0)  # nothing fits: one round still runs, a choice needs it
     assert remeasure(cfg, backend, configs, lines.append, "again", repeats=3, budget=late).repeats == 1
+
+
+def test_a_servers_start_up_counts_for_the_next_trial_not_for_the_re_measurement(
+    tune_config, monkeypatch
+) -> None:
+    """Each trial starts a server (20 s) and runs 10 s: the re-measurement's runs are sized at 10 s (a kept
+    server does not start again), the next trial at 30 s."""
+    import dataclasses
+
+    clock = Clock()
+    seen: list[float | None] = []
+
+    def run(cfg, knobs, seed):
+        clock.t += 30.0
+        return dataclasses.replace(synthetic_run(cfg, knobs, seed), startup_s=20.0)
+
+    real = RunBudget.rounds
+
+    def spy(self, wanted, configs, at_least):
+        seen.append(self.run_s)
+        return real(self, wanted, configs, at_least)
+
+    monkeypatch.setattr(RunBudget, "rounds", spy)
+    monkeypatch.setattr(
+        tune_mod.RunBudget, "of_minutes", classmethod(lambda cls, m: RunBudget(m * 60, clock=clock))
+    )
+    cfg = tune_config(budget={"n_trials": 30, "minutes": 5.0, "repeats": 2, "remeasure_top": 1})
+    profile = run_tune(cfg, say=lambda _: None, backend_for=lambda ctx: FakeBackend(ctx, run))
+    assert seen and seen[0] == 10.0
+    cut = profile["study"]["run_budget"]["cuts"][0]
+    assert cut.endswith("one more (30 s) and a re-measurement round (30 s) would pass budget.minutes")
