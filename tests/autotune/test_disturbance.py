@@ -29,7 +29,7 @@ BUSY = "other processes 48% of the CPU, load 1.96 on 2 CPUs"
 def quiet_before_and_after(monkeypatch):
     """The host checks before and after tuning read quiet: only the per-trial readings are scripted."""
     noise = {"cv": 0.02, "others_cpu_share": 0.0, "loadavg_1m": 1.0, "cpus": 2, "busy": False, "reasons": []}
-    monkeypatch.setattr(hostnoise, "measure", lambda: dict(noise))
+    monkeypatch.setattr(hostnoise, "measure", lambda gpus=None: dict(noise))
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def test_proc_is_read_over_a_window_of_many_clock_ticks() -> None:
 
 
 def test_busy_host_warns_and_is_recorded(tune_config, monkeypatch) -> None:
-    monkeypatch.setattr(hostnoise, "measure", lambda: fake_noise(True))
+    monkeypatch.setattr(hostnoise, "measure", lambda gpus=None: fake_noise(True))
     said: list[str] = []
     profile = run_tune(tune_config(), say=said.append, backend_for=SYNTHETIC)
     assert profile["host_noise"]["busy"] is True and profile["host_noise"]["before"]["cv"] == 0.3
@@ -97,14 +97,14 @@ def test_busy_host_warns_and_is_recorded(tune_config, monkeypatch) -> None:
 def test_strict_refuses_to_store_a_profile_from_a_busy_host(tune_config, monkeypatch) -> None:
     cfg = tune_config()
     calls = iter([fake_noise(False), fake_noise(True)])  # quiet at the start, busy by the end
-    monkeypatch.setattr(hostnoise, "measure", lambda: next(calls))
+    monkeypatch.setattr(hostnoise, "measure", lambda gpus=None: next(calls))
     with pytest.raises(BusyHostError, match="--strict: busy host after the study"):
         run_tune(cfg, say=lambda _: None, strict=True, backend_for=SYNTHETIC)
     assert Store(cfg.storage.url).list_profiles() == []
 
 
 def test_quiet_host_with_strict_stores(tune_config, monkeypatch) -> None:
-    monkeypatch.setattr(hostnoise, "measure", lambda: fake_noise(False))
+    monkeypatch.setattr(hostnoise, "measure", lambda gpus=None: fake_noise(False))
     profile = run_tune(tune_config(), say=lambda _: None, strict=True, backend_for=SYNTHETIC)
     assert profile["host_noise"]["busy"] is False and profile["id"]
 
@@ -239,7 +239,7 @@ def test_a_busy_host_runs_on_the_cores_left_and_records_it(tune_config, monkeypa
     """Other processes on 60% of 2 CPUs: the run takes 1 thread, says so, records it, restores torch after."""
     import torch
 
-    monkeypatch.setattr(hostnoise, "measure", lambda: fake_noise(True))
+    monkeypatch.setattr(hostnoise, "measure", lambda gpus=None: fake_noise(True))
     torch.set_num_threads(2)
     seen: list[int] = []
 
