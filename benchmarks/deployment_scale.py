@@ -33,6 +33,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _common import portable  # noqa: E402
+
 from autotune.cli.text import columns  # noqa: E402
 from autotune.device.hardware import fingerprint  # noqa: E402
 from engine.demo import DEMO_PROMPTS, DEMO_TARGET  # noqa: E402
@@ -260,7 +262,7 @@ def main() -> None:
     results["command"] = " ".join(sys.argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "deployment_scale.json"
-    out.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    out.write_text(portable(json.dumps(results, indent=1, default=str)) + "\n")
     print(f"wrote {out}")
     os._exit(0)
 
