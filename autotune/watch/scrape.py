@@ -112,6 +112,7 @@ class Scrape:
     counters: Mapping[str, float]  # COUNTERS' keys
     spec: SpecCounts | None  # the spec-decode counters (None: the server does not speculate)
     gauges: Mapping[str, float]  # GAUGES' keys
+    engines: int = 1  # data-parallel engines reporting (vLLM's distinct ``engine`` labels)
 
 
 def read_scrape(text: str, stack: str | None = None, at: float = 0.0) -> Scrape:
@@ -136,4 +137,21 @@ def read_scrape(text: str, stack: str | None = None, at: float = 0.0) -> Scrape:
         raise MetricsError(f"no {stack}: metrics in the response (is this a {stack} server?)")
     counters = {k: v for k, name in COUNTERS[stack].items() if (v := _value(samples, name)) is not None}
     gauges = {k: v for k, name in GAUGES[stack].items() if (v := _value(samples, name)) is not None}
-    return Scrape(stack, at, counters, prometheus.read_spec_counts(samples, stack), gauges)
+    return Scrape(stack, at, counters, prometheus.read_spec_counts(samples, stack), gauges, engines(samples))
+
+
+def engines(samples: Samples) -> int:
+    """How many data-parallel engines the server reports: the distinct values of the ``engine``
+    label on its ``vllm:`` series (vLLM labels every engine's series; 1 when there is no label).
+
+    Each engine schedules its own batch, so the load a by-batch-size table sees is one engine's:
+    the watch divides the summed running and waiting counts by this (the mean over engines).
+
+    Example:
+        >>> from autotune.backends.prometheus import parse_text
+        >>> engines(parse_text('vllm:num_requests_running{engine="0"} 3\\nvllm:num_requests_running{engine="1"} 5'))
+        2
+    """
+    found = {dict(labels).get("engine") for (name, labels) in samples if name.startswith("vllm:")}
+    found.discard(None)
+    return max(len(found), 1)

@@ -29,10 +29,12 @@ class Window:
     accepted: float | None = None
     accepted_per_pos: tuple[float, ...] = ()
     generated: float | None = None
-    # time-averaged requests running: vLLM's finished requests' running seconds per window second
-    # (else the mean of the two scrapes' gauge), llama-server's busy slots per decode
+    # time-averaged requests running per engine: vLLM's finished requests' running seconds per
+    # window second (else the mean of the two scrapes' gauge) over its data-parallel engines,
+    # llama-server's busy slots per decode
     running: float | None = None
-    waiting: float | None = None
+    waiting: float | None = None  # per engine, as running
+    engines: int = 1  # data-parallel engines the counts were summed over
 
     @property
     def idle(self) -> bool:
@@ -78,8 +80,10 @@ class Window:
 def window(before: Scrape, after: Scrape) -> Window:
     """The window between two scrapes of one server.
 
-    Raises CounterReset when a counter went down or the process start time changed (a restart):
-    the caller skips the window and takes ``after`` as the new baseline.
+    Raises CounterReset when a counter went down or the process start time changed (a restart);
+    also when the number of data-parallel engines changed. The caller skips the window and takes
+    ``after`` as the new baseline. Running and waiting are per engine (the summed counts over
+    :attr:`Scrape.engines`): each engine's scheduler looks up its own batch in the table.
 
     Example:
         >>> from autotune.watch.scrape import read_scrape
@@ -92,9 +96,13 @@ def window(before: Scrape, after: Scrape) -> Window:
     s0, s1 = before.gauges.get("started"), after.gauges.get("started")
     if s0 is not None and s1 is not None and s0 != s1:
         raise CounterReset("process_start_time_seconds changed")
+    if before.engines != after.engines:
+        raise CounterReset(f"the server's engines changed ({before.engines} -> {after.engines})")
     spec = _spec_difference(before, after)
     diff = _counter_differences(before, after)
     seconds = after.at - before.at
+    n = after.engines
+    running, waiting = _running(before, after, diff, seconds), _mean_gauge(before, after, "waiting")
     return Window(
         seconds=seconds,
         drafts=spec.drafts if spec is not None else None,
@@ -102,8 +110,9 @@ def window(before: Scrape, after: Scrape) -> Window:
         accepted=spec.accepted if spec is not None else None,
         accepted_per_pos=spec.accepted_per_pos if spec is not None else (),
         generated=diff.get("generated"),
-        running=_running(before, after, diff, seconds),
-        waiting=_mean_gauge(before, after, "waiting"),
+        running=running / n if running is not None else None,
+        waiting=waiting / n if waiting is not None else None,
+        engines=n,
     )
 
 

@@ -161,6 +161,33 @@ def test_vllm_requests_running_is_the_windows_time_average_not_two_point_samples
     assert windows.window(start, scraped(2.0, 980.0, 402.0, at=15.0)).running == 5.0
 
 
+def _two_engines(text: str) -> str:
+    """A ``--data-parallel-size 2`` server's text: every ``engine="0"`` sample repeated for ``engine="1"``."""
+    lines = text.splitlines()
+    return "\n".join(
+        lines + [line.replace('engine="0"', 'engine="1"') for line in lines if 'engine="0"' in line]
+    )
+
+
+def test_data_parallel_engines_are_counted_and_the_load_is_per_engine() -> None:
+    """Two engines each running 3 requests: totals double, the batch each engine's table lookup
+    sees stays 3; a server whose engine count changes between scrapes restarted."""
+    one_a, one_b = (
+        scrape.read_scrape(recorded("vllm_a"), at=0.0),
+        scrape.read_scrape(recorded("vllm_b"), at=15.0),
+    )
+    two_a = scrape.read_scrape(_two_engines(recorded("vllm_a")), at=0.0)
+    two_b = scrape.read_scrape(_two_engines(recorded("vllm_b")), at=15.0)
+    assert (one_a.engines, two_a.engines) == (1, 2)
+    assert two_a.gauges["running"] == 2 * one_a.gauges["running"]
+    one, two = windows.window(one_a, one_b), windows.window(two_a, two_b)
+    assert two.engines == 2 and two.generated == 2 * one.generated
+    assert two.running == pytest.approx(one.running) and two.waiting == pytest.approx(one.waiting)
+    assert two.per_position_acceptance == pytest.approx(one.per_position_acceptance)
+    with pytest.raises(windows.CounterReset, match="engines changed"):
+        windows.window(one_a, two_b)
+
+
 def test_llamacpp_recorded_texts_parse_and_difference_into_a_window() -> None:
     a = scrape.read_scrape(recorded("llamacpp_a"), at=0.0)
     b = scrape.read_scrape(recorded("llamacpp_b"), at=15.0)
