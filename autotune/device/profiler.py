@@ -360,22 +360,12 @@ def extend_for_trees(
 
 def curves_from_json(curves: dict) -> Curves:
     """Rebuild :class:`Curves` from stored JSON (whose mapping keys became strings)."""
-
-    def floats(key: str) -> dict[int, float]:
-        return {int(b): float(t) for b, t in curves.get(key, {}).items()}
-
-    return Curves(
-        {int(b): {int(k): float(t) for k, t in row.items()} for b, row in curves["t_verify"].items()},
-        floats("t_draft"),
-        floats("overhead"),
-        floats("t_prefill"),
-        floats("draft_overhead"),
-        int(curves.get("prompt_tokens") or 0),
-    )
+    return Curves.from_json(curves)
 
 
 def samples_from_json(acceptance: dict) -> list[StepSample]:
-    return [StepSample(int(n), tuple(conf)) for n, conf in acceptance["samples"]]
+    """The profiler's stored ``acceptance.samples`` as :class:`StepSample` records."""
+    return [StepSample.from_json(s) for s in acceptance["samples"]]
 
 
 def measure(
