@@ -13,7 +13,7 @@ from ``models.dtype`` as resolved, ``--tensor-parallel-size``, ``--max-model-len
 workload's longest prompt + output), ``--gpu-memory-utilization``, :data:`DEFAULT_ARGS` with
 ``backend.vllm.args`` appended, :data:`CPU_ENV` on a CPU server only), which the exporter turns
 into the same flags; only ``--host 127.0.0.1 --port <free>`` is added here. The server runs through
-:mod:`autotune.backends.vllm_launcher` in vLLM's own venv (``backend.vllm.python``), in its own
+:mod:`autotune.backends.vllm_launcher` in vLLM's own venv (``backend.vllm.command``), in its own
 process group, with ``VLLM_CACHE_ROOT`` on ``backend.vllm.cache_dir`` so compiled artifacts
 survive restarts. One server serves every load level of a trial; up to ``keep_servers`` stay
 alive so a configuration served again (the re-measured finalists) needs no new start; start-up
@@ -53,6 +53,7 @@ from profiles.profile import ExportInputs
 __all__ = [
     "LAUNCHER",
     "VllmBackend",
+    "python_of",
     "resolve_python",
     "serve_command",
     "spec_counts",
@@ -64,49 +65,58 @@ LAUNCHER = Path(__file__).with_name("vllm_launcher.py")
 FIXED_KNOBS: Mapping[str, Any] = {"confidence_threshold": 0.0, "gamma_schedule": "constant"}
 
 
-def resolve_python(configured: Path | None) -> Path:
-    """The python of vLLM's environment: ``backend.vllm.python``, $AUTOTUNE_VLLM_PYTHON, the user's own
-    vLLM (the python of a ``vllm`` executable on PATH, where it imports vllm), else the project's
-    install (tools/install_vllm_cpu.sh)."""
+def resolve_python(configured: str | None) -> Path:
+    """The python of vLLM's environment, from ``backend.vllm.command`` (a ``vllm`` executable or a
+    python, a path or a name on PATH), else $AUTOTUNE_VLLM_PYTHON, else the user's own vLLM (a
+    ``vllm`` on PATH whose python imports vllm), else the project's install
+    (tools/install_vllm_cpu.sh)."""
     env = os.environ.get("AUTOTUNE_VLLM_PYTHON")
     if configured is not None:
-        where, path = "backend.vllm.python", configured
-    elif env:
+        found = shutil.which(configured) if "/" not in configured else configured
+        python = python_of(Path(found)) if found else None
+        if python is None:
+            raise ConfigError(
+                f"backend.vllm.command: {configured} is neither a vllm executable nor a python that "
+                "imports vllm"
+            )
+        return python
+    if env:
         where, path = "AUTOTUNE_VLLM_PYTHON", Path(env)
-    elif (found := path_vllm_python()) is not None:
-        return found
+    elif (found_path := shutil.which("vllm")) is not None and (python := python_of(Path(found_path))):
+        return python
     else:
         where, path = "the default install", (DEFAULT_CACHE / "vllm-venv" / "bin" / "python").expanduser()
     if path.is_file() and os.access(path, os.X_OK):
         return path
     raise ConfigError(
-        f"backend.vllm.python: no vLLM python at {path} (from {where}); install vLLM into its own "
-        "venv with `bash tools/install_vllm_cpu.sh` or set backend.vllm.python"
+        f"backend.vllm.command: no vLLM python at {path} (from {where}); install vLLM into its own "
+        "venv with `bash tools/install_vllm_cpu.sh` or set backend.vllm.command"
     )
 
 
-def path_vllm_python() -> Path | None:
-    """The python behind a ``vllm`` executable on PATH (its shebang), if that python imports vllm."""
-    exe = shutil.which("vllm")
-    if exe is None:
+def python_of(exe: Path) -> Path | None:
+    """The python that runs ``exe`` where it imports vllm: ``exe`` itself when it is a python, the
+    interpreter of its shebang when it is a script (``vllm``'s console script), else None."""
+    if not (exe.is_file() and os.access(exe, os.X_OK)):
         return None
     try:
-        first = Path(exe).read_text(errors="replace").splitlines()[0]
-    except (OSError, IndexError):
+        with exe.open("rb") as f:
+            first = f.readline(512)
+    except OSError:
         return None
-    if not first.startswith("#!"):
-        return None
-    python = Path(first[2:].strip().split()[0])
-    if not (python.is_file() and os.access(python, os.X_OK)):
-        return None
+    python = exe
+    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
+    if words and Path(words[0]).name == "env" and len(words) > 1:
+        words = [shutil.which(words[1]) or words[1]]
+    if words and "python" in Path(words[0]).name:  # a script run by a python: vllm's console script
+        python = Path(words[0])
+        if not (python.is_file() and os.access(python, os.X_OK)):
+            return None
     try:
-        ok = (
-            subprocess.run([str(python), "-c", "import vllm"], capture_output=True, timeout=120).returncode
-            == 0
-        )
+        done = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return python if ok else None
+    return python if done.returncode == 0 else None
 
 
 DEFAULT_ARGS = ("--no-enable-prefix-caching",)
@@ -268,7 +278,7 @@ class VllmBackend(HttpBackend):
     def __init__(self, ctx: Context, python: Path | None = None) -> None:
         self.cache_dir = Path(ctx.cfg.backend.vllm.cache_dir).expanduser()
         super().__init__(ctx, self.cache_dir / "logs")
-        self.python = python or resolve_python(self.cfg.backend.vllm.python)
+        self.python = python or resolve_python(self.cfg.backend.vllm.command)
         models = self.cfg.models
         self.weights = weights_bytes([models.target, models.draft, models.eagle3])
         self.startup_timeout_s = startup_timeout(self.cfg.backend.vllm.startup_timeout_s, self.weights, None)

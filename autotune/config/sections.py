@@ -355,7 +355,9 @@ class ExportConfig:
 class VllmConfig:
     """``backend.vllm``: how to launch vLLM (its own venv; see tools/install_vllm_cpu.sh)."""
 
-    python: Path | None = None  # None: $AUTOTUNE_VLLM_PYTHON, then <cache>/vllm-venv/bin/python
+    # the vLLM to run: a `vllm` executable or a python that imports vllm, a path or a name on PATH;
+    # None: $AUTOTUNE_VLLM_PYTHON, a `vllm` on PATH that works, then <cache>/vllm-venv/bin/python
+    command: str | None = None
     tensor_parallel_size: int = 1  # --tensor-parallel-size: GPUs one server spans
     gpu_memory_utilization: float | None = None  # --gpu-memory-utilization (None: vLLM's own, 0.9)
     max_model_len: int | None = None  # --max-model-len; None: the workload's longest prompt + output
@@ -372,7 +374,18 @@ class VllmConfig:
     @classmethod
     def read(cls, v: Section, base: Path) -> VllmConfig:
         default = cls()
-        python = v.path_("python", base, allow_none=True)
+        if "python" in v.raw:
+            raise ConfigError(
+                f"{v.key('python')}: renamed to {v.key('command')} (a vllm executable or a python)"
+            )
+        command = v.get("command")
+        if command is not None and (not isinstance(command, str) or not command):
+            raise ConfigError(
+                f"{v.key('command')}: must be a vllm executable or a python, a path or a name on PATH"
+            )
+        if command is not None and ("/" in command or command.startswith("~")):
+            path = Path(command).expanduser()
+            command = str(path if path.is_absolute() else base / path)
         tp = v.int("tensor_parallel_size", 1, lo=1)
         gpu_mem = v.num("gpu_memory_utilization", None, lo=0.0, hi=1.0, open_lo=True, allow_none=True)
         max_len = v.int("max_model_len", None, lo=16, allow_none=True)
@@ -390,7 +403,7 @@ class VllmConfig:
         assert cache is not None
         assert tp is not None
         return cls(
-            python,
+            command,
             tp,
             gpu_mem,
             max_len,

@@ -25,6 +25,9 @@ from autotune.backends import vllm as vllm_backend
 from autotune.backends.openai_load import Endpoint, LoadError, parse_sse, run_http_load
 from autotune.backends.server import ServerError, ServerProcess
 from autotune.config import load_config
+from autotune.config.reader import Section
+from autotune.config.sections import VllmConfig
+from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from engine.scheduler import RequestRecord
 from engine.speculative import Request
@@ -170,7 +173,7 @@ def test_a_served_table_is_the_exported_table_byte_for_byte(tmp_path, tiny_pair_
 
 def test_missing_vllm_python_is_a_one_line_config_error(tmp_path, tiny_pair_dirs, monkeypatch) -> None:
     monkeypatch.setenv("AUTOTUNE_VLLM_PYTHON", str(tmp_path / "nope" / "python"))
-    with pytest.raises(Exception, match=r"backend.vllm.python: no vLLM python at .*nope/python"):
+    with pytest.raises(Exception, match=r"backend.vllm.command: no vLLM python at .*nope/python"):
         vllm_backend.resolve_python(None)
 
 
@@ -584,6 +587,43 @@ def test_the_users_own_vllm_on_path_comes_before_the_projects_install(tmp_path, 
     monkeypatch.delenv("AUTOTUNE_VLLM_PYTHON", raising=False)
     assert vllm_backend.resolve_python(None) == python
     monkeypatch.setenv("IMPORTS", "1")
-    assert vllm_backend.path_vllm_python() is None
+    assert vllm_backend.python_of(vllm) is None
     monkeypatch.setenv("AUTOTUNE_VLLM_PYTHON", str(python))
     assert vllm_backend.resolve_python(None) == python  # the variable wins over PATH
+
+
+def test_backend_vllm_command_takes_a_vllm_executable_or_a_python_by_path_or_name(
+    tmp_path, monkeypatch
+) -> None:
+    """``backend.vllm.command`` names the vLLM to run: its console script (the python of its shebang,
+    also through ``env``) or a python; a bare name is looked up on PATH; one that does not import
+    vllm is a one-line error naming the key."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python3.11"
+    python.write_text("#!/bin/sh\n[ \"$2\" = 'import vllm' ] && exit ${IMPORTS:-0}\nexit 1\n")
+    python.chmod(0o755)
+    direct = tmp_path / "vllm"
+    direct.write_text(f"#!{python}\nprint('vllm')\n")
+    direct.chmod(0o755)
+    via_env = bin_dir / "vllm"
+    via_env.write_text("#!/usr/bin/env python3.11\nprint('vllm')\n")
+    via_env.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("AUTOTUNE_VLLM_PYTHON", str(tmp_path / "not-used"))
+    assert vllm_backend.resolve_python(str(direct)) == python
+    assert vllm_backend.resolve_python("vllm") == python
+    assert vllm_backend.resolve_python(str(python)) == python
+    monkeypatch.setenv("IMPORTS", "1")
+    with pytest.raises(
+        ConfigError, match=r"^backend.vllm.command: .*vllm is neither a vllm executable nor a python"
+    ):
+        vllm_backend.resolve_python("vllm")
+
+
+def test_backend_vllm_python_is_refused_with_its_new_name(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"^backend.vllm.python: renamed to backend.vllm.command"):
+        VllmConfig.read(Section({"python": "/usr/bin/python3"}, "backend.vllm"), tmp_path)
+    cfg = VllmConfig.read(Section({"command": "venv/bin/vllm"}, "backend.vllm"), tmp_path)
+    assert cfg.command == str(tmp_path / "venv/bin/vllm")
+    assert VllmConfig.read(Section({"command": "vllm"}, "backend.vllm"), tmp_path).command == "vllm"
