@@ -150,10 +150,13 @@ def workload_identity(cfg: TuneConfig, items: Sequence[WorkloadItem]) -> dict:
 
 
 def _chat_identity(cfg: TuneConfig, items: Sequence[WorkloadItem]) -> dict:
-    """A chat-formatted workload is keyed by the target's chat template too (it makes the text
-    the drafter sees); a plain workload adds no key."""
+    """A chat-formatted workload says so (``format: chat``, which the profile and ``autotune tune``
+    show) and is keyed by the target's chat template too (it makes the text the drafter sees); a
+    plain workload adds no key."""
     template = read_chat_template(cfg.models.target) if any(i.messages for i in items) else None
-    return {"chat_template_sha256": hash_json(template.source)} if template is not None else {}
+    if template is None:
+        return {}
+    return {"format": "chat", "chat_template_sha256": hash_json(template.source)}
 
 
 def _with_dtype(cfg: TuneConfig, files: PairFiles, device: str) -> tuple[TuneConfig, str]:
@@ -393,8 +396,10 @@ def ensure_profile(
     Returns ``(measurement, reused)``. With a serving-stack backend the engine is loaded only to
     profile, and only when the pair fits in the device's free memory beside ``beside`` (what one of
     the stack's servers will hold: the engine is a prior worth having only where it could share the
-    host with the servers); it is released before returning, so no server ever runs beside it. Where it does not fit, the run goes on without the engine's prior
-    (:func:`no_engine_measurement`: no curves, nothing stored) and ``ctx.notes`` says so.
+    host with the servers); it is released before returning, so no server ever runs beside it. Where it
+    does not fit, or the engine refuses a model the stack loads (an EAGLE-3 head variant the engine
+    does not implement), the run goes on without the engine's prior (:func:`no_engine_measurement`:
+    no curves, nothing stored) and ``ctx.notes`` says so.
     """
     if not reprofile:
         found = ctx.store.latest_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler")
@@ -411,8 +416,16 @@ def ensure_profile(
         except ConfigError as exc:
             ctx.notes.append(f"engine prior: none, the pair does not fit in the engine here ({exc})")
             return no_engine_measurement(ctx), False
+        try:
+            load_engine(ctx, say)
+        except EngineInputError as exc:  # e.g. a published head the engine does not implement
+            release_engine(ctx)
+            ctx.notes.append(
+                f"engine prior: none, the engine does not load this pair ({exc}); "
+                f"the {ctx.cfg.backend.name} servers load it themselves"
+            )
+            return no_engine_measurement(ctx), False
         ctx.notes.append(f"engine prior: the pair is loaded to profile, then released ({line})")
-        load_engine(ctx, say)
         if not reprofile:  # a compiled engine is keyed apart: its stored measurement may exist
             found = ctx.store.latest_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler")
             if found is not None:

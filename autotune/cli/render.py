@@ -241,6 +241,22 @@ def _tune_header(p: Profile) -> list[str]:
         f"schedule={c.gamma_schedule} max_batch_size={c.max_batch_size}"
         + (f" tree_topk={c.tree_topk}" if isinstance(c.tree_topk, str) and c.tree_topk != "chain" else "")
         + f"  ({p.selection['reason']})",
+        *_workload_lines(p.workload),
+    ]
+
+
+def _workload_lines(workload: Mapping[str, Any]) -> list[str]:
+    """A chat-formatted workload says so (plain prompts, the default, print nothing).
+
+    Example:
+        >>> _workload_lines({"prompts": "chat.jsonl", "format": "chat", "chat_template_sha256": "ab" * 32})
+        ["workload    chat: chat.jsonl's messages in the target's chat template (sha256 abababababab)"]
+    """
+    if not isinstance(workload, Mapping) or workload.get("format") != "chat":
+        return []
+    sha = str(workload.get("chat_template_sha256", ""))[:12]
+    return [
+        f"workload    chat: {workload.get('prompts')}'s messages in the target's chat template (sha256 {sha})"
     ]
 
 

@@ -213,3 +213,50 @@ def test_a_stack_backend_loads_the_engine_only_to_profile_and_releases_it(
     fresh = context.build(cfg, reprofile=True)
     context.ensure_profile(fresh, reprofile=True)
     assert compiles == [1, 1] and fresh.loaded is None
+
+
+@pytest.mark.parametrize("layer_type", ["llama", "qwen3"])
+def test_a_stack_run_with_a_head_the_engine_refuses_goes_on_without_the_prior(
+    tmp_path, tiny_pair_dirs, monkeypatch, layer_type
+):
+    """A published head in the ``speculators`` layout with --backend vllm: building the run reads its
+    files only; the engine prior loads it where the engine implements it (a Llama layer) and, where
+    it does not (a Qwen3 layer, which vLLM serves), the run goes on without the prior instead of
+    stopping: nothing is held, nothing stored, a note says why."""
+    from tests.engine.test_eagle3 import head_config, random_head
+    from tests.engine.test_eagle3_formats import write_speculators_folder
+
+    target = load_pair(tiny_pair_dirs[0], None).target
+    c = target.config
+    raw = head_config(c, c.vocab_size, ids=[0, 1, c.num_hidden_layers])
+    head = random_head(target, raw, None, seed=0, std=0.05)
+    folder = write_speculators_folder(tmp_path / "head", raw, head, target)
+    config = json.loads((folder / "config.json").read_text())
+    config["transformer_layer_config"]["model_type"] = layer_type
+    (folder / "config.json").write_text(json.dumps(config))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
+    models = {"draft": None, "eagle3": str(folder)}
+    path = write_config(
+        tmp_path,
+        tiny_pair_dirs,
+        prompts,
+        tmp_path / "db.sqlite",
+        models=models,
+        search={"drafter": ["eagle3"]},
+        backend={"name": "vllm"},
+    )
+    measured = []
+    monkeypatch.setattr(context, "_measure", lambda ctx, progress: measured.append(ctx.pair) or {"x": 1})
+    ctx = context.build(load_config(path))
+    assert ctx.loaded is None and ctx.files.head is not None and ctx.pair_drafter == "eagle3"
+    data, reused = context.ensure_profile(ctx)
+    assert ctx.loaded is None and not reused
+    if layer_type == "llama":
+        assert data == {"x": 1} and measured[0].eagle3 is not None  # the prior profiled the head
+        return
+    assert measured == [] and data["engine"] == "not loaded" and data["curves"] == {}
+    assert ctx.store.latest_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler") is None
+    (note,) = [n for n in ctx.notes if n.startswith("engine prior:")]
+    assert "engine prior: none, the engine does not load this pair" in note and "qwen3" in note
+    assert note.endswith("the vllm servers load it themselves")
