@@ -4,14 +4,16 @@ The conversion runs llama.cpp's own ``convert_hf_to_gguf.py`` (from the source t
 ``tools/install_llamacpp.sh`` unpacks into ``<home>/llama.cpp``) with the converter python
 ``<home>/venv/bin/python``, through :mod:`autotune.backends.gguf_convert` (which maps an
 unrecognised BPE pre-tokenizer to ``backend.llamacpp.pre_tokenizer``). Files land in
-``<home>/gguf/<folder name>-<hash>.gguf``; the hash covers the folder's files and the
-pre-tokenizer mapping, so an edited model or mapping converts again. A failed conversion leaves
+``<home>/gguf/<folder name>-<hash>.gguf``; the hash covers the folder's weights, config and
+tokenizer files (:data:`TOKENIZER_FILES`) and the pre-tokenizer mapping, so an edited model,
+tokenizer or mapping converts again. A failed conversion leaves
 no file behind and raises a one-line ConfigError naming the folder. An EAGLE-3 head converts
 against its target (:func:`ensure_head`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import tempfile
@@ -41,9 +43,27 @@ def converter(lc: LlamacppConfig) -> tuple[Path, Path]:
     return python, source
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "tokenizer.model")
+"""The files besides the weights that the converter writes into the GGUF (vocabulary, BOS rule,
+chat template): part of the cache key, so an edited tokenizer converts again."""
+
+
+def _tokenizer_hash(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        file = Path(folder) / name
+        if file.is_file():
+            digest.update(name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
 def gguf_path(folder: Path, lc: LlamacppConfig, target: Path | None = None) -> Path:
     """Where the GGUF file of ``folder`` is cached (a head's key covers its target too)."""
-    parts = {"folder": hash_folder(folder), "pre_tokenizer": lc.pre_tokenizer}
+    parts = {
+        "folder": hash_folder(folder),
+        "tokenizer": _tokenizer_hash(folder),
+        "pre_tokenizer": lc.pre_tokenizer,
+    }
     if target is not None:
         parts["target"] = hash_folder(target)
     key = hash_json(parts)[:12]

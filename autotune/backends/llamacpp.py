@@ -22,15 +22,14 @@ Acceptance comes from ``/metrics`` (``llamacpp:spec_decode_*``, the same counter
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from autotune.backends import gguf
+from autotune.backends import llamacpp_tokens as tokens
 from autotune.backends.http_backend import HttpBackend, trial_inputs
 from autotune.backends.server import ServerProcess
 from autotune.config import LlamacppConfig, TuneConfig
@@ -38,6 +37,7 @@ from autotune.context import Context
 from autotune.device.hardware import parse_cpuinfo
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
+from autotune.workload.runner import chat_template_for
 from engine.config import ModelConfig
 from engine.eagle3 import Eagle3Config
 from engine.workload import load_workload
@@ -178,28 +178,23 @@ class LlamacppBackend(HttpBackend):
         return line.split(":", 1)[1].strip() if line else None
 
     def check_tokenizer(self) -> int:
-        """llama-server's token ids for every workload prompt must equal the HF tokenizer's; returns the count."""
+        """llama-server's token ids for every workload line must equal the engine's, special tokens
+        and chat template included (:func:`autotune.backends.llamacpp_tokens.check`); returns the count."""
         items = load_workload(self.cfg.workload.prompts)
-        hf = self.ctx.files.tokenizer
+        prompts = str(self.cfg.workload.prompts)
+        template = chat_template_for(items, self.cfg.models.target, prompts)
         command = self.command(Knobs("none", 0, max_batch_size=1))
         with ServerProcess(
             command, self.log_dir / "tokenizer-check.log", startup_timeout_s=self.startup_timeout_s
         ) as server:
-            for item in items:
-                body = json.dumps({"content": item.prompt, "add_special": False}).encode()
-                req = urllib.request.Request(
-                    server.base_url + "/tokenize", body, {"Content-Type": "application/json"}
-                )
-                with urllib.request.urlopen(req, timeout=60) as resp:
-                    ours = json.loads(resp.read())["tokens"]
-                want = hf.encode(item.prompt).ids
-                if ours != want:
-                    raise ConfigError(
-                        f"models.target: llama.cpp tokenizes {self.cfg.workload.prompts}:{item.line} differently from "
-                        f"tokenizer.json (first ids {ours[:8]} vs {want[:8]}); backend.llamacpp.pre_tokenizer "
-                        f"{self.cfg.backend.llamacpp.pre_tokenizer!r} does not match this tokenizer"
-                    )
-        return len(items)
+            return tokens.check(
+                server.base_url,
+                items,
+                self.ctx.files.tokenizer,
+                template,
+                prompts,
+                self.cfg.backend.llamacpp.pre_tokenizer,
+            )
 
     def describe(self) -> dict:
         command = self.command(Knobs("none", 0, max_batch_size=max(self.cfg.search.max_batch_size)))

@@ -14,6 +14,8 @@ Test flags:
 --metrics-prefix P     counter prefix (vllm, llamacpp)
 --tokenizer FILE       /tokenize answers with this tokenizer.json's ids (llama-server's endpoint)
 --bad-tokenize         ... plus one, so they differ from the tokenizer's
+--no-bos               /tokenize ignores add_special (a GGUF that adds no BOS where tokenizer.json does);
+                       /apply-template renders the tokenizer folder's chat template
 --served-model-name N  /v1/models names the model N (vLLM's flag; llama-server's is --alias)
 --alias N              the same, llama-server's spelling
 """
@@ -30,6 +32,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STATE = {"completions": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [0, 0]}
 LOCK = threading.Lock()
+
+
+def apply_template(args: argparse.Namespace, messages: list[dict]) -> str:
+    """llama-server's /apply-template: the tokenizer folder's chat template rendered with the
+    generation prompt, a leading BOS text dropped where tokenizing adds the BOS (as llama-server does)."""
+    import jinja2.sandbox
+    from tokenizers import Tokenizer
+
+    folder = os.path.dirname(args.tokenizer)
+    with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as fh:
+        config = json.load(fh)
+    tok = Tokenizer.from_file(args.tokenizer)
+    bos = config.get("bos_token") or ""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    text = env.from_string(config["chat_template"]).render(
+        messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=config.get("eos_token") or ""
+    )
+    adds_bos = bool(tok.encode("", add_special_tokens=True).ids) and not args.no_bos
+    return text[len(bos) :] if adds_bos and bos and text.startswith(bos) else text
 
 
 def tokens_for(prompt: list[int], n: int) -> list[int]:
@@ -95,8 +116,13 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/tokenize":
             from tokenizers import Tokenizer
 
-            ids = Tokenizer.from_file(self.args.tokenizer).encode(body["content"]).ids
+            add_special = body.get("add_special", False) and not self.args.no_bos
+            tok = Tokenizer.from_file(self.args.tokenizer)
+            ids = tok.encode(body["content"], add_special_tokens=add_special).ids
             self._send(200, json.dumps({"tokens": [i + int(self.args.bad_tokenize) for i in ids]}))
+            return
+        if self.path == "/apply-template":
+            self._send(200, json.dumps({"prompt": apply_template(self.args, body["messages"])}))
             return
         with LOCK:
             STATE["completions"] += 1
@@ -140,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics-prefix", default="vllm")
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--bad-tokenize", action="store_true")
+    parser.add_argument("--no-bos", action="store_true")
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--alias", default=None)
     args, _ = parser.parse_known_args(argv)

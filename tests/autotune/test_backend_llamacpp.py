@@ -200,3 +200,74 @@ def test_missing_llama_server_is_a_one_line_config_error(tmp_path, tiny_pair_dir
             LlamacppBackend(ctx)
     finally:
         ctx.store.close()
+
+
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n'"
+    " + m['content'] + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+
+def llama3_pair(tmp_path: Path, tiny_pair_dirs) -> tuple[Path, Path]:
+    """The tiny pair with a Llama-3-style tokenizer: a BOS post-processor and a template that
+    writes ``bos_token`` itself."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    out = []
+    for folder in tiny_pair_dirs:
+        copy = tmp_path / "llama3" / folder.name
+        copy.mkdir(parents=True)
+        for file in folder.iterdir():
+            (copy / file.name).write_bytes(file.read_bytes())
+        tok = Tokenizer.from_file(str(copy / "tokenizer.json"))
+        bos = tok.token_to_id("<|endoftext|>")
+        tok.post_processor = TemplateProcessing(
+            single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)]
+        )
+        tok.save(str(copy / "tokenizer.json"))
+        config = {
+            "bos_token": "<|endoftext|>",
+            "eos_token": "<|endoftext|>",
+            "chat_template": LLAMA3_TEMPLATE,
+        }
+        (copy / "tokenizer_config.json").write_text(json.dumps(config))
+        out.append(copy)
+    return out[0], out[1]
+
+
+def chat_prompts(tmp_path: Path) -> Path:
+    path = tmp_path / "chat.jsonl"
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def f(x):"}]
+    path.write_text(json.dumps({"prompt": "class A:\n"}) + "\n" + json.dumps({"messages": turns}) + "\n")
+    return path
+
+
+def test_a_bos_post_processor_passes_the_tokenization_check(tmp_path, tiny_pair_dirs) -> None:
+    """tokenizer.json adds a BOS and so does llama-server's completion tokenizing: equal ids, plain
+    and chat lines (the template's own bos_token dropped by /apply-template, added back by /tokenize)."""
+    pair = llama3_pair(tmp_path, tiny_pair_dirs)
+    cfg = make_cfg(tmp_path, pair, make_home(tmp_path, pair[0] / "tokenizer.json"))
+    cfg = cfg.with_overrides({"workload.prompts": str(chat_prompts(tmp_path))})
+    ctx = context.build(cfg)
+    try:
+        assert all(r.prompt_ids[0] == ctx.files.tokenizer.token_to_id("<|endoftext|>") for r in ctx.requests)
+        assert [r.prompt_ids.count(r.prompt_ids[0]) for r in ctx.requests] == [1, 1]  # one BOS each
+        backend = LlamacppBackend(ctx)
+        backend.close()
+        assert backend.tokens_checked == 2
+    finally:
+        ctx.store.close()
+
+
+def test_a_gguf_without_the_bos_is_refused_naming_the_bos(tmp_path, tiny_pair_dirs) -> None:
+    pair = llama3_pair(tmp_path, tiny_pair_dirs)
+    cfg = make_cfg(tmp_path, pair, make_home(tmp_path, pair[0] / "tokenizer.json", "--no-bos"))
+    ctx = context.build(cfg)
+    try:
+        with pytest.raises(ConfigError, match=r"p.jsonl:1 differently .*only a leading BOS differs") as err:
+            LlamacppBackend(ctx)
+        assert "\n" not in str(err.value)
+    finally:
+        ctx.store.close()

@@ -211,3 +211,43 @@ def test_the_exports_script_serves_the_trials_configuration(tmp_path: Path) -> N
     assert _logged_threads(text) == {int(flags["-t"])} == {backend.deployment.threads}
     assert "llamacpp:" in metrics  # --metrics, as the trials ran
     assert not _servers(), "the export's llama-server outlived its test"
+
+
+def test_a_llama3_style_bos_tokenizer_passes_the_check_in_llama_server(tmp_path: Path) -> None:
+    """The demo target with a Llama-3-style tokenizer.json (a BOS post-processor), converted: the
+    GGUF adds the BOS, llama-server's ids equal the engine's for a plain line and a chat line (its
+    template writes bos_token, which llama-server drops before adding the BOS again)."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    target = tmp_path / "target"
+    target.mkdir()
+    for file in DEMO_TARGET.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    tok = Tokenizer.from_file(str(target / "tokenizer.json"))
+    bos = tok.token_to_id("<|endoftext|>")
+    tok.post_processor = TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)]
+    )
+    tok.save(str(target / "tokenizer.json"))
+    prompts = tmp_path / "mixed.jsonl"
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):"}]
+    prompts.write_text(json.dumps({"prompt": "def f(x):\n"}) + "\n" + json.dumps({"messages": turns}) + "\n")
+    cfg = load_config(_config(tmp_path)).with_overrides(
+        {
+            "models.target": str(target),
+            "models.draft": None,
+            "search.drafter": ["none"],
+            "workload.prompts": str(prompts),
+        }
+    )
+    ctx = context.build(cfg)
+    try:
+        assert [r.prompt_ids[:1] for r in ctx.requests] == [[bos], [bos]]
+        assert ctx.requests[1].prompt_ids.count(bos) == 1  # the template's bos_token, not added again
+        backend = llamacpp.LlamacppBackend(ctx)
+        backend.close()
+    finally:
+        ctx.store.close()
+    assert backend.tokens_checked == 2
+    assert not _servers()
