@@ -129,12 +129,20 @@ def export_cmd(ref, fmt, output, target_model, draft_model, config_path, storage
 @click.command()
 @click.argument("ref")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report"), show_default=True)
+@click.option(
+    "--html", "page", is_flag=True, help="Also write report.html: one self-contained page, the PNGs embedded."
+)
 @CONFIG_OPTION
 @STORAGE_OPTION
-def report(ref, output, config_path, storage):
-    """PNG plots and a Markdown summary of profile REF (needs matplotlib: pip install '.[plot]')."""
+def report(ref, output, page, config_path, storage):
+    """PNG plots and a Markdown summary of profile REF (needs matplotlib: pip install '.[plot]').
+
+    The plots: the Pareto front; tokens/s over no speculation per load level with its 95% interval
+    and the re-measured finalists; a served gamma-by-level table against the best constant (stack
+    backends); acceptance per draft position; throughput per batch size and gamma; verify cost and knee.
+    """
     from autotune.cli.report import write_report
 
     prof = _resolve(_open_store(config_path, storage), ref, config_path)
-    md = write_report(prof, output)
-    click.echo(f"wrote {md}")
+    for path in write_report(prof, output, page=page):
+        click.echo(f"wrote {path}")
