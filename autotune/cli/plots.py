@@ -46,8 +46,26 @@ def _save(fig: Any, path: Path) -> None:
 
 def _interval(ratio: Mapping[str, Any]) -> tuple[float, float, float]:
     """A stored paired ratio -> (value, distance down to its low bound, distance up to its high bound)."""
-    low, high = ratio["ci95"]
+    low, high = ratio.get("ci95") or (ratio["value"], ratio["value"])  # no interval stored: a point
     return ratio["value"], ratio["value"] - low, high - ratio["value"]
+
+
+def _chosen_by_level(profile: Profile) -> tuple[dict[int, Mapping[str, Any]], str]:
+    """The chosen configuration's ratio over no speculation per load level, and how it was measured:
+    the paired ratios (``metrics.per_level_speedup``), else the schedule's (``schedule[].ratio``),
+    else the schedule's medians divided (a profile from before paired ratios were stored)."""
+    stored = (profile.metrics or {}).get("per_level_speedup")
+    if stored:
+        return {int(b): r for b, r in stored.items()}, "paired, 95% CI"
+    entries = profile.schedule.entries if profile.schedule is not MISSING else ()
+    if entries and all(e.ratio for e in entries):
+        return {e.batch_size: e.ratio for e in entries}, "paired, 95% CI"
+    medians: dict[int, Mapping[str, Any]] = {
+        e.batch_size: {"value": e.tokens_per_second / e.baseline_tokens_per_second}
+        for e in entries
+        if e.tokens_per_second and e.baseline_tokens_per_second
+    }
+    return medians, "medians, no interval stored"
 
 
 def _level_axis(ax: Any, levels: Sequence[int]) -> None:
@@ -153,7 +171,7 @@ def plot_verify_cost(profile: Profile, path: Path) -> None:
     if profile.knee_tokens:
         ax2.axvline(profile.knee_tokens, ls="--", c=CHOSEN, label=f"knee n* = {profile.knee_tokens}")
         ax2.legend(fontsize=8)
-    ax2.set_xscale("log", base=2)
+    _level_axis(ax2, [int(n) for n in ns])
     ax2.set_xlabel("tokens in the verify pass (n = B*k)")
     ax2.set_ylabel("T(n) ms")
     ax2.set_title("Knee: where extra tokens start to cost")
@@ -178,8 +196,7 @@ def plot_speedup_by_level(profile: Profile, path: Path) -> bool:
     over all levels with its interval (``remeasured``). False (nothing written) when the profile
     holds neither.
     """
-    metrics = profile.metrics or {}
-    chosen = {int(b): r for b, r in (metrics.get("per_level_speedup") or {}).items()}
+    chosen, how = _chosen_by_level(profile)
     decision = profile.table_decision
     table = {
         int(lv["batch_size"]): lv["ratio_over_off"]
@@ -193,7 +210,7 @@ def plot_speedup_by_level(profile: Profile, path: Path) -> bool:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.1, 1]})
     ax1.axhline(1.0, c=BASELINE, lw=1, ls="--", label="no speculation")
     for ratios, colour, label, shift in (
-        (chosen, CHOSEN, f"chosen (gamma={profile.chosen.gamma})", 0.97),
+        (chosen, CHOSEN, f"chosen (gamma={profile.chosen.gamma}), {how}", 0.97),
         (table, TABLE, "served table (gamma by level)", 1.03),
     ):
         if ratios:
@@ -203,7 +220,7 @@ def plot_speedup_by_level(profile: Profile, path: Path) -> bool:
             )
     _level_axis(ax1, [*chosen, *table] or [1])
     ax1.set_xlabel("load level (concurrent requests)")
-    ax1.set_ylabel("tokens/s / no speculation (paired, 95% CI)")
+    ax1.set_ylabel("tokens/s / no speculation")
     ax1.set_title("Speedup per load level")
     ax1.legend(fontsize=8)
     _finalists(ax2, finalists, profile)
@@ -223,10 +240,22 @@ def _finalists(ax: Any, rows: Sequence[Mapping[str, Any]], profile: Profile) -> 
         low, high = row.get("tokens_per_second_ci95") or (row["tokens_per_second"],) * 2
         tps = row["tokens_per_second"]
         gamma = int(row["params"].get("gamma", 0))
-        colour = CHOSEN if row["trial"] == chosen_trial else BASELINE if gamma == 0 else TABLE
+        colour = (
+            CHOSEN
+            if row["trial"] is not None and row["trial"] == chosen_trial
+            else BASELINE
+            if gamma == 0
+            else TABLE
+        )
         ax.errorbar([tps], [y], xerr=[[tps - low], [high - tps]], fmt="o", c=colour, capsize=4)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{_knobs(r['params'])}\n(trial {r['trial']})" for r in rows], fontsize=8)
+    ax.set_yticklabels(
+        [
+            f"{_knobs(r['params'])}\n" + ("(baseline)" if r["trial"] is None else f"(trial {r['trial']})")
+            for r in rows
+        ],
+        fontsize=8,
+    )
     ax.set_xlabel("tokens/s, all load levels (median, 95% CI)")
     repeats = (profile.remeasure or {}).get("repeats")
     ax.set_title("Finalists, re-measured" + (f" ({repeats} paired rounds)" if repeats else ""))
