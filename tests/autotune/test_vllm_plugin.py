@@ -1,0 +1,117 @@
+"""The vLLM plugin (autotune/vllm_plugin) without vLLM: its lag bookkeeping, its catch-up passes, its
+version refusal, that it is inert without its switch, that it imports only vLLM, torch and the
+standard library, that no module of the tool imports it, and the ``backend.vllm.k0_skip`` key.
+The real-vLLM tests are in test_vllm_plugin_real.py."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.backends import vllm as vllm_backend
+from autotune.config import load_config
+from autotune.errors import ConfigError
+from autotune.vllm_plugin import ENV, refusal, register
+from autotune.vllm_plugin._k0_skip import Lag, passes
+from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = ROOT / "autotune" / "vllm_plugin"
+
+
+def test_a_skipped_step_makes_its_rows_lag_and_the_next_k_step_catches_them_up() -> None:
+    lag = Lag()
+    assert lag.due(["a", "b"], [0, 0]) == []  # first K>0 step: prefills, nothing lags
+    lag.skipped(["a", "b"], [7, 9])  # K=0: the drafter saw nothing from here on
+    lag.skipped(["a", "b"], [8, 10])  # the lag keeps its first position
+    assert lag.due(["b", "a"], [12, 11]) == [(0, 9, 12), (1, 7, 11)]  # rows in this step's order
+    assert lag.due(["a", "b"], [12, 13]) == []  # caught up: the lag is cleared
+
+
+def test_a_prefix_hit_lags_from_position_zero_and_a_recomputed_request_needs_nothing() -> None:
+    lag = Lag()
+    assert lag.due(["hit"], [32]) == [(0, 0, 32)]  # first seen past 0: its cached draft KV is not trusted
+    lag.skipped(["new"], [16])  # a prefix hit in a skipped step lags from 0 too
+    assert lag.due(["new"], [17]) == [(0, 0, 17)]
+    lag.skipped(["p"], [0])
+    lag.skipped(["p"], [5])
+    assert lag.due(["p"], [0]) == []  # preempted and recomputed from 0 in a K>0 step: upstream writes it all
+
+
+def test_finished_requests_are_forgotten() -> None:
+    lag = Lag()
+    lag.skipped(["a"], [0])
+    lag.forget(["a"])
+    assert lag.start == {} and lag.seen == set()
+
+
+def test_catch_up_passes_hold_at_most_the_buffer_and_keep_a_rows_pieces_in_order() -> None:
+    assert passes([(0, 0, 3), (1, 5, 6)], 8) == [[(0, 0, 3), (1, 5, 6)]]
+    assert passes([(2, 0, 10)], 4) == [[(2, 0, 4)], [(2, 4, 8)], [(2, 8, 10)]]
+    assert passes([(0, 0, 3), (1, 0, 3)], 4) == [[(0, 0, 3)], [(1, 0, 3)]]
+
+
+def test_only_the_tested_vllm_line_is_accepted() -> None:
+    assert refusal("0.32.0") is None and refusal("0.32.3+cpu") is None
+    line = refusal("0.33.0")
+    assert line is not None and "\n" not in line and "0.33.0" in line and ENV in line
+    assert refusal("0.3.2") is not None
+
+
+def test_without_its_switch_the_plugin_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    register()  # vLLM is not in this venv: registering would fail on importing it
+    assert "vllm" not in sys.modules
+    monkeypatch.setenv(ENV, "0")
+    register()
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            out.add((node.module or "").split(".")[0])
+    return out
+
+
+def test_the_plugin_imports_only_vllm_torch_and_the_standard_library() -> None:
+    found = set().union(*(_imports(p) for p in PLUGIN.glob("*.py")))
+    foreign = {m for m in found if m not in sys.stdlib_module_names and m not in ("vllm", "torch")}
+    assert not foreign, f"autotune/vllm_plugin imports {sorted(foreign)}: it runs in vLLM's venv"
+
+
+def test_no_module_of_the_tool_imports_the_plugin() -> None:
+    for package in ("autotune", "engine", "profiles", "benchmarks"):
+        for path in (ROOT / package).rglob("*.py"):
+            if PLUGIN in path.parents:
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            names = [
+                n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0
+            ] + [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+            assert not any("vllm_plugin" in name for name in names), path
+
+
+def _config(tmp_path: Path, vllm: dict):
+    raw = {
+        "models": {"target": str(DEMO_TARGET), "draft": str(DEMO_DRAFT), "device": "cpu", "dtype": "float32"},
+        "workload": {"prompts": str(DEMO_PROMPTS), "max_new_tokens": 8},
+        "backend": {"name": "vllm", "vllm": vllm},
+    }
+    (tmp_path / "tune.yaml").write_text(yaml.safe_dump(raw))
+    return load_config(tmp_path / "tune.yaml")
+
+
+def test_the_k0_skip_key_puts_the_plugins_switch_in_the_servers_environment(tmp_path: Path) -> None:
+    on = vllm_backend.deployment(_config(tmp_path, {"k0_skip": True}), {"kind": "cpu"}, 64)
+    off = vllm_backend.deployment(_config(tmp_path, {}), {"kind": "cpu"}, 64)
+    assert dict(on.env)[vllm_backend.K0_SKIP_ENV] == "1" == dict(on.env).get(ENV)
+    assert ENV not in dict(off.env)
+    with pytest.raises(ConfigError, match=r"^backend\.vllm\.k0_skip: must be true or false \(got 'yes'\)$"):
+        _config(tmp_path, {"k0_skip": "yes"})
