@@ -74,6 +74,11 @@ def test_plots_without_their_data_are_left_out(tmp_path):
     del data["metrics"]["per_level_speedup"]
     for level in data["metrics"]["per_level"].values():
         level.pop("per_position_acceptance", None)
+    write_report(Profile.from_json(data), tmp_path / "schedule")  # the schedule's per-level ratios remain
+    assert (tmp_path / "schedule" / "speedup_by_level.png").is_file()
+    for entry in data["schedule"]:
+        for key in ("ratio", "tokens_per_second", "baseline_tokens_per_second"):
+            del entry[key]
     paths = write_report(Profile.from_json(data), tmp_path, page=True)
     written = {p.name for p in tmp_path.glob("*.png")}
     assert written == {"pareto.png", "throughput_by_batch.png", "verify_cost.png"}

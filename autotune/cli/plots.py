@@ -53,7 +53,7 @@ def _interval(ratio: Mapping[str, Any]) -> tuple[float, float, float]:
 def _chosen_by_level(profile: Profile) -> tuple[dict[int, Mapping[str, Any]], str]:
     """The chosen configuration's ratio over no speculation per load level, and how it was measured:
     the paired ratios (``metrics.per_level_speedup``), else the schedule's (``schedule[].ratio``),
-    else the schedule's medians divided (a profile from before paired ratios were stored)."""
+    else the schedule's medians divided (a profile that stores no paired ratio per level)."""
     stored = (profile.metrics or {}).get("per_level_speedup")
     if stored:
         return {int(b): r for b, r in stored.items()}, "paired, 95% CI"
@@ -171,7 +171,8 @@ def plot_verify_cost(profile: Profile, path: Path) -> None:
     if profile.knee_tokens:
         ax2.axvline(profile.knee_tokens, ls="--", c=CHOSEN, label=f"knee n* = {profile.knee_tokens}")
         ax2.legend(fontsize=8)
-    _level_axis(ax2, [int(n) for n in ns])
+    ax2.set_xscale("log", base=2)
+    ax2.xaxis.set_major_formatter(lambda value, _: f"{value:g}")
     ax2.set_xlabel("tokens in the verify pass (n = B*k)")
     ax2.set_ylabel("T(n) ms")
     ax2.set_title("Knee: where extra tokens start to cost")
