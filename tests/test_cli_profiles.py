@@ -18,7 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 from autotune.cli import main
-from autotune.cli.render import render_profile, render_tune
+from autotune.cli.render import render_profile, render_show, render_tune
 from autotune.records import LevelMetrics, Measurement, StepSample
 from profiles.schema import BatchSchedule, Chosen, Profile, ScheduleEntry
 from profiles.store import Store
@@ -335,6 +335,17 @@ def test_rendered_outputs_are_pinned(store_url, tmp_path, cpu_fingerprint):
     code, out = run("report", "1", "--storage", store_url, "-o", str(tmp_path / "report"))
     assert code == 0 and out == f"wrote {tmp_path / 'report' / 'report.md'}\n"
     assert_golden("report.md", (tmp_path / "report" / "report.md").read_text(encoding="utf-8"))
+
+
+def test_a_profile_without_the_engine_prior_renders_without_classes(cpu_fingerprint):
+    """A serving-stack run whose engine prior did not run stores no classification (its measurement
+    is ``context.no_engine_measurement``); `autotune tune` and `profiles show` say so instead of
+    failing on the missing batch sizes."""
+    prof = copy.deepcopy(sample_profile(cpu_fingerprint()))
+    prof["classification"] = {}
+    prof["backend"] = {"name": "vllm", "version": "0.32.0"}
+    for text in (render_tune(prof), render_show(prof), render_tune(Profile.from_json(prof))):
+        assert "classes     not measured: the engine did not profile this pair" in text
 
 
 def test_tune_and_profile_views_are_pinned(cpu_fingerprint):

@@ -330,9 +330,14 @@ def _speedup_line(p: Profile) -> str:
     return line
 
 
+NOT_PROFILED = "not measured: the engine did not profile this pair (a serving-stack run without the prior)"
+
+
 def _classes_line(p: Profile) -> str:
     """Each batch size's class and the knee."""
     cl = p.classification
+    if not cl.get("batch_sizes"):
+        return f"classes     {NOT_PROFILED}"
     return (
         "classes     "
         + ", ".join(_class_text(r) for r in cl["batch_sizes"])
@@ -390,9 +395,11 @@ def render_show(prof: Profile | Mapping[str, Any]) -> str:
                 ["batch", "verify cost", "label", "best gamma", "predicted speedup"],
                 [
                     (r["batch_size"], r["verify_cost"], r["label"], r["best_gamma"], r["predicted_speedup"])
-                    for r in cl["batch_sizes"]
+                    for r in cl.get("batch_sizes", ())
                 ],
-            ),
+            )
+            if cl.get("batch_sizes")
+            else NOT_PROFILED,
             "\npareto front",
             columns(
                 ["trial", "gamma", "threshold", "schedule", "tok/s", "latency ms"],
