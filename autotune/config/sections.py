@@ -75,8 +75,36 @@ PHASES = (
 
 
 @dataclass(frozen=True)
+class GgufModels:
+    """``models.gguf``: GGUF files llama.cpp serves as they are (``backend.name: llamacpp`` only): no
+    Hugging Face folder, the tokenizer is the file's and llama-server tokenizes the prompts."""
+
+    target: Path
+    draft: Path | None = None  # the draft model's GGUF, needed when search.drafter includes model
+
+    @classmethod
+    def read(cls, s: Section, base: Path) -> GgufModels:
+        target = s.path_("target", base)
+        draft = s.path_("draft", base, allow_none=True)
+        s.done()
+        assert target is not None
+        for name, path in (("target", target), ("draft", draft)):
+            if path is None:
+                continue
+            try:
+                with open(path, "rb") as fh:
+                    magic = fh.read(4)
+            except OSError as exc:
+                raise ConfigError(f"{s.key(name)}: {path} cannot be read ({exc.strerror})") from None
+            if magic != b"GGUF":
+                raise ConfigError(f"{s.key(name)}: {path} is not a GGUF file (no GGUF magic at its start)")
+        return cls(target, draft)
+
+
+@dataclass(frozen=True)
 class ModelsConfig:
-    """``models``: the pair and how the engine runs it."""
+    """``models``: the pair and how the engine runs it (or, with ``gguf``, the llama.cpp files:
+    ``target`` and ``draft`` are then those files)."""
 
     target: Path
     draft: Path | None = None  # needed when search.drafter includes model (or hybrid)
@@ -84,11 +112,23 @@ class ModelsConfig:
     dtype: str = "auto"  # auto: the checkpoint's torch_dtype where the device runs it (device.capacity)
     compile: str = "auto"  # auto | true | false: torch.compile the decode/verify forward
     eagle3: Path | None = None  # an EAGLE-3 head folder (engine.eagle3), needed by the eagle3 drafter
+    gguf: GgufModels | None = None  # llama.cpp's files as they are (target and draft are then these)
 
     @classmethod
     def read(cls, s: Section, base: Path) -> ModelsConfig:
-        target = s.path_("target", base, default=None, demo=DEMO_TARGET)
-        draft = s.path_("draft", base, allow_none=True, demo=DEMO_DRAFT)
+        gguf = GgufModels.read(s.sub("gguf"), base) if s.get("gguf") is not None else None
+        target: Path | None
+        draft: Path | None
+        if gguf is not None:
+            given = next((k for k in ("target", "draft") if s.get(k) is not None), None)
+            if given is not None:
+                raise ConfigError(
+                    f"models.{given}: not with models.gguf (its target and draft are the GGUF files; give one or the other)"
+                )
+            target, draft = gguf.target, gguf.draft
+        else:
+            target = s.path_("target", base, default=None, demo=DEMO_TARGET)
+            draft = s.path_("draft", base, allow_none=True, demo=DEMO_DRAFT)
         eagle3 = s.path_("eagle3", base, allow_none=True, demo=DEMO_EAGLE3)
         device = s.get("device", "auto")
         if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
@@ -106,6 +146,7 @@ class ModelsConfig:
             dtype,
             {True: "true", False: "false"}.get(compile_mode, compile_mode),
             eagle3,
+            gguf,
         )
 
 
@@ -422,6 +463,10 @@ class VllmConfig:
         )
 
 
+QUANTIZATIONS = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
+"""``backend.llamacpp.quantization``: the GGUF types a converted pair is served in (llama-quantize's names, lower case)."""
+
+
 @dataclass(frozen=True)
 class LlamacppConfig:
     """``backend.llamacpp``: where llama-server and the GGUF converter are (tools/install_llamacpp.sh)."""
@@ -433,6 +478,7 @@ class LlamacppConfig:
     args: tuple[str, ...] = ("--no-cache-prompt",)
     startup_timeout_s: float = 120.0
     pre_tokenizer: str | None = "gpt-2"  # for BPE pre-tokenizers the converter does not know (ids checked)
+    quantization: str | None = None  # a converted pair's GGUF type (QUANTIZATIONS); None: f32
 
     @classmethod
     def read(cls, v: Section, base: Path) -> LlamacppConfig:
@@ -448,9 +494,14 @@ class LlamacppConfig:
             raise ConfigError(
                 f"{v.key('pre_tokenizer')}: must be a llama.cpp pre-tokenizer name or null (got {pre!r})"
             )
+        quant = v.get("quantization")
+        if quant is not None and quant not in QUANTIZATIONS:
+            raise ConfigError(
+                f"{v.key('quantization')}: must be one of {', '.join(QUANTIZATIONS)} or null (got {quant!r})"
+            )
         v.done()
         assert home is not None and timeout is not None
-        return cls(home, threads, ngl, ngld, args, timeout, pre)
+        return cls(home, threads, ngl, ngld, args, timeout, pre, quant)
 
 
 @dataclass(frozen=True)
@@ -565,7 +616,10 @@ def _check_across_sections(cfg: TuneConfig) -> None:
     """The rules that join sections; ConfigError names the key to change."""
     search = cfg.search
     if "model" in search.drafter and cfg.models.draft is None:
-        raise ConfigError("models.draft: required when search.drafter includes 'model'")
+        key = "models.gguf.draft" if cfg.models.gguf is not None else "models.draft"
+        raise ConfigError(f"{key}: required when search.drafter includes 'model'")
+    if cfg.models.gguf is not None:
+        _check_gguf(cfg)
     if "eagle3" in search.drafter:
         if cfg.models.eagle3 is None:
             raise ConfigError(
@@ -595,6 +649,32 @@ def _check_across_sections(cfg: TuneConfig) -> None:
             "(the profiler's acceptance samples stop there)"
         )
     _check_backend(cfg)
+
+
+def _check_gguf(cfg: TuneConfig) -> None:
+    """``models.gguf`` files run in llama-server only, as they are, with llama-server's tokenizer."""
+    name = cfg.backend.name
+    if name != "llamacpp":
+        raise ConfigError(
+            f"models.gguf: GGUF files run in llama.cpp only (backend.name: llamacpp); the {name} backend "
+            "loads Hugging Face folders (models.target, models.draft)"
+        )
+    other = next((d for d in cfg.search.drafter if d not in ("model", "ngram", "none")), None)
+    if other is not None:
+        raise ConfigError(
+            f"search.drafter: {other!r} needs Hugging Face folders (models.target, models.eagle3); with "
+            "models.gguf search model, ngram or none"
+        )
+    if cfg.backend.llamacpp.quantization is not None:
+        raise ConfigError(
+            "backend.llamacpp.quantization: converts a Hugging Face pair; models.gguf files are served as "
+            "they are (remove one of the two)"
+        )
+    if cfg.workload.trace is not None:
+        raise ConfigError(
+            "workload.trace: needs the target's tokenizer.json; with models.gguf llama-server tokenizes "
+            "the prompts (remove workload.trace or give models.target)"
+        )
 
 
 def _check_backend(cfg: TuneConfig) -> None:
