@@ -195,11 +195,14 @@ def describe_difference(ratio: Estimate, what: str = "ratio") -> str:
         'significantly better (tokens/s 1.40, 95% CI 1.20-1.60)'
         >>> describe_difference(Estimate(0.7, 0.6, 0.8, 5))
         'significantly worse (ratio 0.70, 95% CI 0.60-0.80)'
+        >>> describe_difference(Estimate(1.9, 1.9, 1.9, 1))
+        'better on one round (ratio 1.90, no interval: the noise is not measured)'
     """
-    body = f"{what} {ratio.value:.2f}" + (
-        f", 95% CI {ratio.low:.2f}-{ratio.high:.2f}" if ratio.n >= 2 else ", 1 run, no interval"
-    )
-    worse = ratio.value < 1.0 if ratio.n < 2 else ratio.high < 1.0
+    if ratio.n < 2:  # one round: the point decides, and the text does not claim a test it did not run
+        verdict = "better" if ratio.value > 1.0 else "worse" if ratio.value < 1.0 else "no different"
+        return f"{verdict} on one round ({what} {ratio.value:.2f}, no interval: the noise is not measured)"
+    body = f"{what} {ratio.value:.2f}, 95% CI {ratio.low:.2f}-{ratio.high:.2f}"
+    worse = ratio.high < 1.0
     verdict = (
         "significantly better"
         if significant(ratio)
