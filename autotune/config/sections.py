@@ -79,7 +79,7 @@ class GgufModels:
     """``models.gguf``: GGUF files llama.cpp serves as they are (``backend.name: llamacpp`` only): no
     Hugging Face folder, the tokenizer is the file's and llama-server tokenizes the prompts."""
 
-    target: Path
+    target: Path  # the target model's GGUF file
     draft: Path | None = None  # the draft model's GGUF, needed when search.drafter includes model
 
     @classmethod
@@ -259,8 +259,8 @@ class SearchConfig:
     max_batch_size: tuple[int, ...] = (4,)
     gamma_cap: int | str = "auto"  # auto | off | an integer: the study's largest gamma
     tree_topk: tuple[Tree, ...] = ((),)
-    ngram_min: int = 2
-    ngram_max: int = 4
+    ngram_min: int = 2  # the smallest prompt-lookup n-gram matched (drafter ngram)
+    ngram_max: int = 4  # the largest prompt-lookup n-gram matched (drafter ngram), >= ngram_min
 
     @classmethod
     def read(cls, s: Section, concurrency: tuple[int, ...]) -> SearchConfig:
@@ -379,8 +379,8 @@ class StorageConfig:
 class ExportConfig:
     """``export``: the formats written after the profile is stored, and their folder."""
 
-    formats: tuple[str, ...] = ()
-    dir: Path = Path("exports")
+    formats: tuple[str, ...] = ()  # the exporters run on the chosen profile, their files written under dir
+    dir: Path = Path("exports")  # the folder the exported files are written to
 
     @classmethod
     def read(cls, s: Section, base: Path) -> ExportConfig:
@@ -476,7 +476,7 @@ class LlamacppConfig:
     gpu_layers: int | None = None  # -ngl: target layers on the GPU (None: llama-server's default)
     draft_gpu_layers: int | None = None  # -ngld: draft layers on the GPU
     args: tuple[str, ...] = ("--no-cache-prompt",)
-    startup_timeout_s: float = 120.0
+    startup_timeout_s: float = 120.0  # a llama-server not healthy by then fails its trial
     pre_tokenizer: str | None = "gpt-2"  # for BPE pre-tokenizers the converter does not know (ids checked)
     quantization: str | None = None  # a converted pair's GGUF type (QUANTIZATIONS); None: f32
 
