@@ -251,3 +251,41 @@ def test_a_llama3_style_bos_tokenizer_passes_the_check_in_llama_server(tmp_path:
         ctx.store.close()
     assert backend.tokens_checked == 2
     assert not _servers()
+
+
+def test_a_study_over_q4_k_m_gguf_files_exports_a_server_of_those_files(tmp_path: Path) -> None:
+    """The demo pair quantized to q4_k_m (converter + llama-quantize), given as models.gguf: autotune
+    tune finishes without any Hugging Face folder, and the export's script, run as written, loads
+    exactly those two files."""
+    from autotune.backends import gguf
+    from autotune.backends.server import ServerProcess
+
+    lc = LlamacppConfig(quantization="q4_k_m")
+    target, draft = (gguf.ensure(folder, lc, "models.target") for folder in (DEMO_TARGET, DEMO_DRAFT))
+    f32 = gguf.ensure(DEMO_TARGET, LlamacppConfig(), "models.target")
+    assert "q4_k_m" in target.name and target.stat().st_size < f32.stat().st_size / 4
+    cfg = load_config(_config(tmp_path)).with_overrides(
+        {
+            "models.target": None,
+            "models.draft": None,
+            "models.gguf": {"target": str(target), "draft": str(draft)},
+        }
+    )
+    profile = run_tune(cfg, say=print)
+    assert profile["backend"]["gguf"]["as_served"] and profile["backend"]["gguf"]["type"] == "q4_k_m"
+    assert profile["backend"]["gguf"]["prompts_tokenized_by_llama_server"] == 4
+    assert profile["deployment"]["dtype"] == "q4_k_m" and profile["study"]["failed_trials"] == 0
+    assert not _servers(), "a llama-server outlived autotune tune"
+    script = tmp_path / "exports" / "llamacpp-args.sh"
+    argv = shlex.split(script.read_text().split("\nexec ", 1)[1].replace("\\\n", " "))
+    assert argv[argv.index("-m") + 1] == str(target)
+    binary = llamacpp.server_binary(cfg.backend.llamacpp)
+    env = {"PATH": f"{binary.parent}:{os.environ['PATH']}"}
+    command = ["sh", str(script), "--host", "127.0.0.1", "--port", "{port}", "--no-webui"]
+    log = tmp_path / "export-server.log"
+    with ServerProcess(command, log, env=env, startup_timeout_s=120) as server:
+        props = json.loads(server.get("/props"))
+    assert props["model_path"] == str(target) and "Q4_K" in props["model_ftype"].upper()
+    if profile["chosen"]["drafter"] == "model" and profile["chosen"]["gamma"]:
+        assert f"loading draft model '{draft}'" in log.read_text(errors="replace")
+    assert not _servers(), "the export's llama-server outlived its test"
