@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,8 @@ from typing import Any
 import torch
 
 _PATCHED = "_spec_autotune_k0_skip"  # set on each wrapped function: a second install is a no-op
+INSTALLED = "spec-autotune k0 skip: on (a table's K=0 skips the drafter; caught up before the next K>0)"
+"""Logged through vLLM's logger in the worker once the patches are in."""
 _ALLOWED_METHOD = "draft_model"
 
 
@@ -282,6 +285,7 @@ def install() -> None:
     _patch(SpecDecodeBaseProposer, "propose", _wrap_propose)
     _patch(SpecDecodeBaseProposer, "initialize_attn_backend", _wrap_attn_backend)
     _patch(NgramProposer, "propose", _wrap_ngram)
+    logging.getLogger("vllm.spec_autotune").info(INSTALLED)
 
 
 def install_after_kernel_overrides() -> None:

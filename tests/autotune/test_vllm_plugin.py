@@ -115,3 +115,24 @@ def test_the_k0_skip_key_puts_the_plugins_switch_in_the_servers_environment(tmp_
     assert ENV not in dict(off.env)
     with pytest.raises(ConfigError, match=r"^backend\.vllm\.k0_skip: must be true or false \(got 'yes'\)$"):
         _config(tmp_path, {"k0_skip": "yes"})
+
+
+def test_the_launcher_refuses_the_switch_without_the_plugin_or_on_another_vllm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from importlib.metadata import EntryPoint
+
+    from autotune.backends import vllm_launcher
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert vllm_launcher._k0_skip_refusal() is None  # switch off: nothing checked
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setattr(vllm_launcher.metadata, "entry_points", lambda group: [])
+    line = vllm_launcher._k0_skip_refusal()
+    assert line is not None and "not installed" in line and "tools/install_vllm_cpu.sh" in line
+    plugin = EntryPoint("spec_autotune_k0_skip", "autotune.vllm_plugin:register", "vllm.general_plugins")
+    monkeypatch.setattr(vllm_launcher.metadata, "entry_points", lambda group: [plugin])
+    monkeypatch.setattr(vllm_launcher.metadata, "version", lambda name: "0.33.0")
+    assert vllm_launcher._k0_skip_refusal() == refusal("0.33.0")
+    monkeypatch.setattr(vllm_launcher.metadata, "version", lambda name: "0.32.0+cpu")
+    assert vllm_launcher._k0_skip_refusal() is None

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from autotune.backends import vllm as vllm_backend
+from autotune.vllm_plugin._k0_skip import INSTALLED
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 
 PYTHON = vllm_backend.vllm_found()
@@ -91,6 +92,7 @@ def _run(tmp_path: Path, spec: dict | None, plugin: bool) -> dict:
     done = _launch(tmp_path, spec, plugin)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
+    assert (INSTALLED in done.stdout + done.stderr) == plugin  # the worker patched vLLM, or did not
     return json.loads(lines[-1][len("RESULT ") :])
 
 
