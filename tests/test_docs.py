@@ -45,20 +45,77 @@ def test_docs_pages_exist() -> None:
         assert (DOCS / "stacks" / f"{stack}.md").is_file(), stack
 
 
-def test_docs_links_to_repo_files_resolve() -> None:
+def _prose(page: Path) -> list[tuple[int, str]]:
+    """(line number, line) of a Markdown page outside its fenced code blocks."""
+    out, fenced = [], False
+    for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced:
+            out.append((n, line))
+    return out
+
+
+def anchors(page: Path) -> set[str]:
+    """The #fragments a Markdown page answers to on GitHub: its explicit ``<a id|name="...">`` and
+    every heading's slug (lower case, punctuation but ``-`` and ``_`` dropped, spaces as ``-``, a
+    repeated slug numbered ``-1``, ``-2``, ...).
+
+    Example:
+        >>> p = Path(__import__("tempfile").mkdtemp()) / "p.md"
+        >>> _ = p.write_text('<a id="x"></a>\\n## The `knee` n*, [see](y.md)\\n## The knee n*, see\\n')
+        >>> sorted(anchors(p))
+        ['the-knee-n-see', 'the-knee-n-see-1', 'x']
+    """
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    for _, line in _prose(page):
+        found.update(re.findall(r"<a\s+(?:id|name)=\"([^\"]+)\"", line))
+        m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m is None:
+            continue
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1))  # a link in a heading: its text
+        slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def test_links_in_readme_and_docs_resolve() -> None:
+    """Every relative link in README.md and docs/**/*.md reaches a file in the repository, and its
+    #anchor (on a Markdown page, the same page's included) reaches a heading or an explicit anchor."""
     broken = []
-    pages = sorted(DOCS.rglob("*.md"))
-    assert pages
-    for page in pages:
-        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+    for page in _pages():
+        for n, line in _prose(page):
             for target in LINK.findall(line):
-                if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
-                    continue  # a URL (http:, mailto:) or an anchor on the same page
-                path = unquote(target.split("#", 1)[0])
-                resolved = (page.parent / path).resolve()
+                if re.match(r"[a-z][a-z0-9+.-]*:", target):
+                    continue  # a URL (http:, mailto:)
+                where = f"{page.relative_to(ROOT)}:{n}: {target}"
+                path, _, fragment = unquote(target).partition("#")
+                resolved = (page.parent / path).resolve() if path else page
                 if not resolved.exists() or ROOT not in (resolved, *resolved.parents):
-                    broken.append(f"{page.relative_to(ROOT)}:{n}: {target}")
-    assert not broken, "docs links to missing files:\n" + "\n".join(broken)
+                    broken.append(f"{where} (no such file)")
+                elif fragment and resolved.suffix == ".md" and fragment not in anchors(resolved):
+                    broken.append(f"{where} (no such anchor in {resolved.relative_to(ROOT)})")
+    assert not broken, "README/docs links that lead nowhere:\n" + "\n".join(broken)
+
+
+def test_every_docs_page_is_linked_from_the_docs_index() -> None:
+    """docs/README.md is the index: a page under docs/ it does not link is a page nobody finds."""
+    index = DOCS / "README.md"
+    linked = {
+        (index.parent / unquote(t).partition("#")[0]).resolve()
+        for _, line in _prose(index)
+        for t in LINK.findall(line)
+        if not re.match(r"[a-z][a-z0-9+.-]*:", t)
+    }
+    missing = [str(p.relative_to(ROOT)) for p in sorted(DOCS.rglob("*.md")) if p != index and p not in linked]
+    assert not missing, "docs pages docs/README.md does not link:\n" + "\n".join(missing)
 
 
 CODE_NAME = re.compile(
