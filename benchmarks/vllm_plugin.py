@@ -1,0 +1,225 @@
+"""Inside vLLM with the spec-autotune plugin (autotune/vllm_plugin): what a table's K=0 costs, with and
+without it.
+
+One vLLM server per configuration (the vllm backend's launcher and host flags), every load level
+run ``--repeats`` times, round r with the same seed everywhere, the rounds interleaved
+(``benchmarks/_schedule.py``'s Plan; later groups measure no speculation again, the bridge):
+
+1. vLLM without speculation;
+2. the table with K=0 at every batch size (``num_speculative_tokens`` 1,
+   ``num_speculative_tokens_per_batch_size [[1, max_num_seqs, 0]]``) as vLLM ships: its drafter
+   still runs at K=0 to keep its KV cache in sync (vLLM #49548);
+3. the same table with the plugin (``SPEC_AUTOTUNE_K0_SKIP=1``): the drafter never runs, so this is
+   the ceiling of serving "off" through a table;
+4. each ``--table RANGES`` with the plugin (e.g. ``1:3,2-16:0``: speculate alone, off from two
+   requests up): every crossing into a K>0 range catches the drafter up; its greedy output is
+   compared with no speculation's.
+
+The workload is ``--config``'s (default benchmarks/configs/schedule_sweep.yaml, the draft model of
+the demo pair) at the concurrency levels ``--levels``, ``--requests`` per level (at least two
+batches' worth), no trace. Printed: one table per level (tokens/s, TPOT p95, the paired ratio over
+no speculation with its 95% interval), the aggregate, and per level the K=0 table's ratio without
+and with the plugin against the goal (>= 0.98x no speculation). JSON and text:
+``benchmarks/results/vllm_plugin.{json,txt}``. Usage::
+
+    python benchmarks/vllm_plugin.py [--config sweep.yaml] [--levels 1,4,16] [--requests 8] \
+[--repeats 4] [--table 1:3,2-16:0 ...] [--out benchmarks/results/vllm_plugin.json] [--report JSON]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _schedule import (  # noqa: E402
+    Plan,
+    analyse,
+    identity,
+    k_at,
+    level_requests,
+    parse_table,
+    print_report,
+    ratio_text,
+    requests_text,
+    write_json,
+)
+from _transfer import open_stack  # noqa: E402
+
+from autotune.backends.vllm import K0_SKIP_ENV, VllmBackend  # noqa: E402
+from autotune.knobs import Knobs  # noqa: E402
+
+TABLE_KEY = "num_speculative_tokens_per_batch_size"
+GOAL = 0.98  # the K=0 table with the plugin against no speculation, at every level (issue 47)
+SLO_TPOT_MS = 50.0  # the goodput column's TPOT p95 SLO (benchmarks/_schedule.py)
+
+
+def arguments() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, default=ROOT / "benchmarks" / "configs" / "schedule_sweep.yaml")
+    p.add_argument("--levels", default="1,4,16", help="concurrency levels (comma-separated)")
+    p.add_argument("--requests", type=int, default=8, help="requests per level (at least two batches' worth)")
+    p.add_argument("--repeats", type=int, default=4, help="rounds per configuration")
+    p.add_argument(
+        "--interleave", type=int, default=None, help="servers alive at once (default: the backend's)"
+    )
+    p.add_argument("--table", dest="tables", action="append", default=[], metavar="RANGES")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "vllm_plugin.json")
+    p.add_argument(
+        "--report", type=Path, default=None, metavar="JSON", help="measure nothing: report this JSON"
+    )
+    args = p.parse_args()
+    for text in args.tables:
+        try:
+            parse_table(text)
+        except ValueError as e:
+            p.error(f"--table: {e}")
+    return args
+
+
+def sweep_config(path: Path, levels: list[int], requests: int, out_dir: Path) -> Path:
+    """``path`` with the workload at ``levels``, ``requests`` per level and no trace, its relative
+    paths resolved against ``path``'s folder, written in ``out_dir``."""
+    raw = yaml.safe_load(path.read_text())
+    workload = {**raw.get("workload", {}), "concurrency": levels, "num_requests": requests, "min_batches": 2}
+    workload.pop("trace", None)
+    raw["workload"] = workload
+    raw["search"] = {**raw.get("search", {}), "max_batch_size": [max(16, *levels)]}
+    raw["storage"] = {"url": f"sqlite:///{out_dir / 'autotune.db'}"}
+    for section, key in (("workload", "prompts"), ("models", "target"), ("models", "draft")):
+        value = raw.get(section, {}).get(key)
+        if isinstance(value, str) and value != "demo" and not Path(value).expanduser().is_absolute():
+            raw[section][key] = str((path.parent / value).resolve())
+    out = out_dir / "tune.yaml"
+    out.write_text(yaml.safe_dump(raw))
+    return out
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Serve every configuration and run its rounds; the result (rows of raw rounds), also written
+    to ``args.out`` after each group."""
+    levels_asked = [int(x) for x in args.levels.split(",")]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vllm_plugin_") as tmp:
+        args.config, source = sweep_config(args.config, levels_asked, args.requests, Path(tmp)), args.config
+        args.engine_profile = args.stack_profile = None
+        cfg, ctx, backend, _, _ = open_stack(args, "vllm", VllmBackend)
+        batch = max(cfg.search.max_batch_size)
+        levels = list(cfg.batch_sizes)
+        w = cfg.workload
+
+        def table(ranges: list[list[int]], plugin: bool) -> list[str]:
+            """The chain's server command with vLLM's table set to ``ranges``; with the plugin on."""
+            cmd = backend.command(Knobs("model", max(1, *(k for *_, k in ranges)), max_batch_size=batch))
+            at = cmd.index("--speculative-config") + 1
+            cmd[at] = json.dumps({**json.loads(cmd[at]), TABLE_KEY: ranges})
+            return ["env", f"{K0_SKIP_ENV}=1", *cmd] if plugin else cmd
+
+        result: dict = {
+            **identity(ctx, source),
+            "header": (
+                f"workload {w.prompts.name}, concurrency {list(w.concurrency)}, "
+                f"{requests_text(level_requests(w, batch))} x {w.max_new_tokens} tokens per level; "
+                f"{args.repeats} rounds per server; --max-num-seqs {batch}"
+            ),
+            "levels": levels,
+            "max_num_seqs": batch,
+            "repeats": args.repeats,
+            "slo_tpot_ms": SLO_TPOT_MS,
+            "complete": False,
+            "rows": [],
+        }
+
+        def checkpoint(rows: list[dict]) -> None:
+            result.update(rows=rows, wall_s=time.perf_counter() - t0, vllm_version=backend.version)
+            write_json(args.out, result)
+
+        plan = Plan(
+            backend,
+            batch,
+            levels,
+            args.repeats,
+            cfg.budget.seed,
+            w.temperature == 0,
+            checkpoint,
+            interleave=args.interleave or backend.keep_servers,
+        )
+        zero = [[1, batch, 0]]
+        try:
+            with plan.together():
+                off = Knobs("none", 0, max_batch_size=batch)
+                plan.run("no speculation", backend.command(off), "off", off)
+                for label, plugin in (("K=0 table, vLLM as shipped", False), ("K=0 table, plugin", True)):
+                    kind = "table-zero-plugin" if plugin else "table-zero"
+                    plan.run(label, table(zero, plugin), kind, k_per_level=dict.fromkeys(levels, 0))
+                for text in args.tables:
+                    schedule = parse_table(text)
+                    ranges, lo = [], 1
+                    for hi, k in schedule:
+                        ranges.append([lo, hi, k])
+                        lo = hi + 1
+                    ks = {b: k_at(schedule, b) for b in levels}
+                    plan.run(f"table {text}, plugin", table(ranges, True), "table-plugin", k_per_level=ks)
+        finally:
+            backend.close()
+    result.update(
+        vllm_version=backend.version, wall_s=time.perf_counter() - t0, complete=True, rows=plan.rows
+    )
+    return result
+
+
+def report(result: dict, out: Path) -> None:
+    """Analyse the rows, print the tables and the K=0 summary, write ``out`` (JSON) and its .txt."""
+    rows, levels = result["rows"], [int(b) for b in result["levels"]]
+    for row in rows:
+        row["per_level_rounds"] = {int(b): v for b, v in row.get("per_level_rounds", {}).items()}
+        row["k_per_level"] = {int(b): k for b, k in (row.get("k_per_level") or {}).items()}
+    analyse(rows, levels, result["slo_tpot_ms"])
+    summary: dict = {"goal": f"K=0 table with the plugin >= {GOAL}x no speculation at every level"}
+    extra = ["K=0 everywhere, x no speculation per level (paired rounds, 95% interval):"]
+    for kind in ("table-zero", "table-zero-plugin"):
+        row = next((r for r in rows if r["kind"] == kind and "levels" in r), None)
+        if row is None:
+            continue
+        per = {b: row["levels"][b]["over_no_speculation"] for b in levels}
+        summary[kind] = {str(b): per[b] for b in levels}
+        extra.append(f"  {row['config']}: " + ", ".join(f"{b}: {ratio_text(per[b])}" for b in levels))
+        if kind == "table-zero-plugin":
+            met = all(per[b] and per[b]["value"] >= GOAL for b in levels)
+            summary["goal_met_on_point_ratios"] = met
+            extra.append(f"  goal (>= {GOAL}x at every level, point ratios): {'met' if met else 'not met'}")
+    greedy = {r["config"]: r.get("greedy_identical") for r in rows if r["kind"] != "off" and "error" not in r}
+    summary["greedy_identical_to_no_speculation"] = greedy
+    extra.append(
+        "greedy output identical to no speculation: " + ", ".join(f"{k}: {v}" for k, v in greedy.items())
+    )
+    result["summary"] = summary
+    write_json(out, result)
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        header = f"vLLM {result['vllm_version']} on {result['device']}; {result['header']}"
+        print_report(header, result, levels, True, extra)
+    print(text.getvalue())
+    out.with_suffix(".txt").write_text(text.getvalue())
+    print(f"wrote {out} and {out.with_suffix('.txt')}")
+
+
+def main() -> None:
+    args = arguments()
+    result = json.loads(args.report.read_text()) if args.report else measure(args)
+    report(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
