@@ -126,9 +126,8 @@ def _forward(proposer: Any, chunk: Sequence[tuple[int, int, int]], token_ids: An
     n = sum(lens)
     ids = torch.cat([torch.from_numpy(token_ids[row, lo:hi]) for row, lo, hi in chunk]).to(device)  # (n,)
     positions = torch.cat([torch.arange(lo, hi, dtype=torch.int64) for _, lo, hi in chunk]).to(device)
-    which = torch.repeat_interleave(torch.arange(len(chunk)), torch.tensor(lens)).to(
-        device
-    )  # (n,) row of each token
+    # (n,) the index in chunk of each token's row
+    which = torch.repeat_interleave(torch.arange(len(chunk)), torch.tensor(lens)).to(device)
     blocks = cad.block_table_tensor[rows]  # (len(chunk), max_blocks)
     slots = blocks[which, positions // block_size].to(torch.int64) * block_size + positions % block_size
     qsl_cpu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
