@@ -1,0 +1,48 @@
+"""The claims registry behind ``python -m benchmarks``: every step names a script that exists, a
+results page that exists, and only flags its script (or the shared parser it uses) defines."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.claims import CLAIMS, GROUPS
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ("_common.py", "_transfer.py", "_schedule.py")
+
+
+def _flags(script: Path) -> set[str]:
+    texts = [script.read_text()]
+    texts += [(script.parent / s).read_text() for s in SHARED]
+    return set(re.findall(r'"(--[a-z][a-z0-9-]*)"', "\n".join(texts)))
+
+
+def test_every_step_has_its_script_page_and_known_flags() -> None:
+    names = [s.name for s in CLAIMS]
+    assert len(names) == len(set(names)), "step names are console file names: unique"
+    assert {s.group for s in CLAIMS} == set(GROUPS)
+    for step in CLAIMS:
+        script = ROOT / "benchmarks" / step.script
+        assert script.is_file(), step
+        assert (ROOT / "docs" / "results" / step.page).is_file(), step
+        known = _flags(script)
+        for arg in (*step.full, *step.quick):
+            if arg.startswith("--"):
+                assert arg in known, f"{step.name}: {arg} is not a flag of {step.script}"
+
+
+def test_the_entry_point_lists_every_claim_and_refuses_an_unknown_step() -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "list"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert len(listed) == len(CLAIMS)
+    bad = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "run", "engine", "--only", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "no step nope in engine" in bad.stderr
