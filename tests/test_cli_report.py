@@ -66,6 +66,23 @@ def test_markdown_links_the_per_level_acceptance_and_table_plots(tmp_path):
         assert f"]({name})" in md and (folder / name).is_file()
 
 
+def test_a_profile_file_is_reported_without_a_store(tmp_path):
+    """REF may be a profile file: the JSON `profiles show --json` prints or the yaml export."""
+    import yaml
+
+    exported = tmp_path / "profile.yaml"
+    exported.write_text("# profile.yaml: a header comment\n" + yaml.safe_dump(stored(), sort_keys=False))
+    folder = tmp_path / "from_yaml"
+    result = CliRunner().invoke(main, ["report", str(exported), "-o", str(folder), "--html"])
+    assert result.exit_code == 0, result.output
+    assert (folder / "table_vs_constant.png").is_file() and (folder / "report.html").is_file()
+    not_a_profile = tmp_path / "notes.yaml"
+    not_a_profile.write_text("- just\n- a list\n")
+    result = CliRunner().invoke(main, ["report", str(not_a_profile), "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "not a profile" in result.output and not (tmp_path / "x").exists()
+
+
 def test_plots_without_their_data_are_left_out(tmp_path):
     data = stored()
     for key in ("table_decision", "remeasured", "stack_cost", "acceptance"):

@@ -32,6 +32,19 @@ def _open_store(config_path: Path, storage: str | None):
     return Store(url)
 
 
+def _read_profile_file(path: Path) -> Profile:
+    """A profile from a file (JSON, or the `yaml` export: JSON is YAML), read typed; one line when it is not one."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ProfileError(f"{path}: not a readable profile file ({type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: not a profile (a mapping of its sections), got {type(data).__name__}")
+    return Profile.from_json(data)
+
+
 def _resolve(store, ref: str, config_path: Path) -> Profile:
     if ref != "current":
         if not ref.isdigit():
@@ -137,12 +150,17 @@ def export_cmd(ref, fmt, output, target_model, draft_model, config_path, storage
 def report(ref, output, page, config_path, storage):
     """PNG plots and a Markdown summary of profile REF (needs matplotlib: pip install '.[plot]').
 
-    The plots: the Pareto front; tokens/s over no speculation per load level with its 95% interval
-    and the re-measured finalists; a served gamma-by-level table against the best constant (stack
-    backends); acceptance per draft position; throughput per batch size and gamma; verify cost and knee.
+    REF is a stored profile's id, `current`, or a profile file: the JSON of `profiles show --json`
+    or the `yaml` export's profile.yaml. The plots: the Pareto front; tokens/s over no speculation
+    per load level with its 95% interval and the re-measured finalists; a served gamma-by-level
+    table against the best constant (stack backends); acceptance per draft position; throughput
+    per batch size and gamma; verify cost and knee.
     """
     from autotune.cli.report import write_report
 
-    prof = _resolve(_open_store(config_path, storage), ref, config_path)
+    if Path(ref).is_file():
+        prof = _read_profile_file(Path(ref))
+    else:
+        prof = _resolve(_open_store(config_path, storage), ref, config_path)
     for path in write_report(prof, output, page=page):
         click.echo(f"wrote {path}")
