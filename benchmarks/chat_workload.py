@@ -25,7 +25,7 @@ speculation at each level (``_schedule.analyse``), the tool's per-level K (``Pla
 grid's largest K. JSON and the printed text: ``benchmarks/results/chat_workload.{json,txt}``. Usage::
 
     python benchmarks/chat_workload.py [--config tune.yaml] [--chat engine/demo/chat.jsonl] \
-[--levels 1,4] [--requests 6] [--max-new-tokens 32] [--grid 2,5] [--repeats 3] [--gamma-max 8]
+[--levels 1,4] [--requests 16] [--max-new-tokens 32] [--grid 2,5] [--repeats 5] [--gamma-max 8]
 """
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--chat", type=Path, default=DEMO_DIR / "chat.jsonl", help="the chat workload")
     p.add_argument("--levels", type=int_list, default=[1, 4], help="concurrency levels")
     p.add_argument("--prompts", type=int, default=16, help="prompts of each workload (evenly spread)")
-    p.add_argument("--requests", type=int, default=6, help="requests per level per round")
+    p.add_argument("--requests", type=int, default=16, help="requests per level per round")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--grid", type=int_list, default=[2, 5], help="K of the draft model in vLLM")
-    p.add_argument("--repeats", type=int, default=3, help="rounds per configuration in vLLM")
+    p.add_argument("--repeats", type=int, default=5, help="rounds per configuration in vLLM")
     p.add_argument("--gamma-max", type=int, default=8, help="positions the engine profiles")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "chat_workload.json")
     return p.parse_args()
