@@ -55,6 +55,7 @@ def test_html_page_holds_every_plot_as_the_png_written(tmp_path):
         r'src="data:image/png;base64,[^"]+"', "", page
     )  # nothing fetched from outside
     assert "<strong>5</strong>" in page and "Table contest: table 1-4:5 5-16:2 vs the best constant" in page
+    assert "over autoregressive decoding on the same vllm server and load" in page
 
 
 def test_markdown_links_the_per_level_acceptance_and_table_plots(tmp_path):

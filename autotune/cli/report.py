@@ -68,12 +68,14 @@ def summary_lines(profile: Profile) -> list[str]:
     c, m = profile.chosen, profile.metrics
     sched = ", ".join(f"B={e.batch_size}: {e.gamma}" for e in profile.schedule.entries)
     crossover = profile.schedule.crossover_batch_size
+    stack = (profile.backend or {}).get("name", "engine")
+    where = "engine" if stack == "engine" else f"{stack} server"
     lines = [
         f"Chosen: drafter `{c.drafter}`, gamma **{c.gamma}**, confidence threshold "
         f"{c.confidence_threshold:.2f}, schedule `{c.gamma_schedule}`, max batch size {c.max_batch_size}"
         f" ({profile.selection['reason']}).",
         f"Throughput {m['tokens_per_second']:.1f} tokens/s, {m['latency_metric']} {m['latency_ms']:.1f} ms; "
-        f"speedup {m['speedup']:.2f}x over autoregressive decoding on the same engine and load.",
+        f"speedup {m['speedup']:.2f}x over autoregressive decoding on the same {where} and load.",
         f"Gamma by batch size: {sched}"
         + (f"; speculation off from batch size {crossover}." if crossover else "."),
         f"Knee n* = {None if profile.knee_tokens is MISSING else profile.knee_tokens} tokens per verify pass.",
