@@ -43,6 +43,9 @@ from engine.model import Transformer
 from engine.speculative import Request, SpecConfig
 
 Progress = Callable[[str], None]
+"""Called between the profiler's steps with the step just done, never after the last one: a callback
+that raises (a run over its budget share) stops before more work and never discards a finished
+measurement."""
 
 
 ACCEPTANCE_PROMPTS = 24  # prompts of the acceptance pass, spread evenly over the workload file
@@ -393,11 +396,9 @@ def measure(
     batches = powers_of_two(max_batch_size)
     curves = measure_curves(pair, batches, gamma_max, context, progress=progress, prompt_tokens=prompt)
     measure_overhead(pair, requests, curves, seed)
-    if progress:
-        progress("engine step overhead")
+    if progress:  # the last call: a caller that stops here stops before the acceptance pass, never after it
+        progress("engine step overhead; next: the acceptance pass")
     acceptance = measure_acceptance(pair, spread(requests, ACCEPTANCE_PROMPTS), drafter, gamma_max, seed)
-    if progress:
-        progress("acceptance")
     cv = curves_from_json(curves)
     samples = samples_from_json(acceptance)
     table = classify(

@@ -249,3 +249,28 @@ def test_a_stack_runs_engine_prior_stops_at_its_share_of_the_budget(tmp_path, ti
         "cost model's prior"
     )
     assert ctx.store.latest_measurement(ctx.device_key, ctx.pair_id, ctx.workload_hash, "profiler") is None
+
+
+def test_the_budget_check_never_comes_after_the_last_profiling_step(
+    tmp_path, tiny_pair_dirs, monkeypatch
+) -> None:
+    """Profiling reports progress between its steps only: the last call comes before the acceptance
+    pass, so a run over its budget share stops before that pass and never throws away a finished
+    measurement (a 1B pair's acceptance pass ran minutes and was then discarded)."""
+    from autotune.device import profiler
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n")
+    cfg = load_config(
+        write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "store.db", backend={"name": "vllm"})
+    )
+    ctx = context.build(cfg)
+    events = []
+    real = profiler.measure_acceptance
+    monkeypatch.setattr(
+        profiler, "measure_acceptance", lambda *a, **k: (events.append("acceptance pass"), real(*a, **k))[1]
+    )
+    measurement, reused = context.ensure_profile(ctx, progress=lambda step: events.append(step))
+    assert not reused and measurement.get("engine") != "not loaded" and "curves" in measurement
+    assert events[-1] == "acceptance pass", events
+    assert events[-2].startswith("engine step overhead"), events
