@@ -86,7 +86,7 @@ CLAIMS: tuple[Step, ...] = (
         ("--repeats", "1", "--grid", "3"),
     ),
     Step("stacks", "quantized_llamacpp", "quantized_llamacpp.py", "llamacpp.md", (), ("--rounds", "1")),
-    Step("stacks", "chat_workload", "chat_workload.py", "vllm.md", (), ("--repeats", "1"), console=False),
+    Step("stacks", "chat_workload", "chat_workload.py", "chat.md", (), ("--repeats", "1"), console=False),
     Step("stacks", "drafters", "drafters.py", "drafters.md", ("--vllm",), ("--rounds", "1")),
     Step(
         "stacks",
