@@ -1,13 +1,16 @@
 """The patches: a K=0 step skips the drafter; a request's first K>0 step after it catches the drafter up.
 
-Four functions of vLLM 0.32 are wrapped (each once per process, whatever imports the plugin):
+Five functions of vLLM 0.32 are wrapped (each once per process, whatever imports the plugin):
 
 - ``GPUModelRunner.propose_draft_token_ids`` (``vllm/v1/worker/gpu_model_runner.py``; the CPU
-  runner inherits it): hands the step's request ids, the runner's token table and the finished
-  requests to the drafter, which otherwise sees only tensors.
-- ``SpecDecodeBaseProposer.propose`` (``vllm/v1/spec_decode/llm_base_proposer.py``, the draft-model
-  proposer's): at K=0 returns the empty drafts upstream returns there, without the forward; at K>0
-  first runs :func:`catch_up` for the requests that lag, then the upstream pass.
+  runner inherits it), for the draft-model proposer: at K=0 the step's rows lag and it returns the
+  ``(batch, 0)`` drafts upstream's proposer returns at K=0, before upstream prepares the drafter's
+  inputs or runs its forward; at K>0 it hands the proposer the step's request ids and the runner's
+  token table, which the catch-up needs.
+- ``GPUModelRunner._sample`` (same file): a step with no draft token samples with the plain sampler
+  instead of the rejection sampler with zero drafts (the same token).
+- ``SpecDecodeBaseProposer.propose`` (``vllm/v1/spec_decode/llm_base_proposer.py``): at K>0 first
+  runs :func:`catch_up` for the requests that lag, then the upstream pass.
 - ``SpecDecodeBaseProposer.initialize_attn_backend`` (same file; at start-up): refuses, one line, a
   drafter whose KV the catch-up cannot rebuild exactly (:func:`refuse_unsupported`).
 - ``NgramProposer.propose`` (``vllm/v1/spec_decode/ngram_proposer.py``): at K=0 returns empty drafts
@@ -39,12 +42,11 @@ _ALLOWED_METHOD = "draft_model"
 
 @dataclass
 class Step:
-    """What the runner knows of one step that the drafter needs: rows' request ids, in batch order,
-    the runner's committed token ids per row (``InputBatch.token_ids_cpu``), the finished ids."""
+    """What the runner knows of a K>0 step that the drafter's catch-up needs: the rows' request
+    ids, in batch order, and the runner's committed token ids per row (``InputBatch.token_ids_cpu``)."""
 
     req_ids: list[str]
     token_ids: Any  # numpy (max_num_reqs, max_model_len)
-    finished: frozenset[str]
 
 
 @dataclass
@@ -52,9 +54,8 @@ class Lag:
     """Per request: the first position the drafter's KV cache lacks, for the requests that lag."""
 
     start: dict[str, int] = field(default_factory=dict)
-    seen: set[str] = field(
-        default_factory=set
-    )  # requests scheduled before (a first sight at s > 0 is a prefix hit)
+    # requests scheduled before: a request first seen past position 0 is a prefix-cache hit
+    seen: set[str] = field(default_factory=set)
 
     def forget(self, finished: Iterable[str]) -> None:
         for rid in finished:
@@ -190,10 +191,16 @@ def refuse_unsupported(proposer: Any) -> None:
         )
 
 
-def _row_starts(positions: torch.Tensor, cad: Any) -> list[int]:
-    """Each row's first position this step: the position of its first query token."""
-    first = cad.query_start_loc_cpu[: cad.num_reqs].to(torch.int64)
-    return [int(p) for p in positions.cpu()[first]]
+def _row_starts(cad: Any) -> list[int]:
+    """Each row's first position this step: its sequence length less its query length."""
+    qsl = cad.query_start_loc_cpu[: cad.num_reqs + 1].to(torch.int64)
+    seq_lens = cad.seq_lens[: cad.num_reqs].cpu().to(torch.int64)
+    return (seq_lens - (qsl[1:] - qsl[:-1])).tolist()
+
+
+def _lag(drafter: Any) -> Lag:
+    lag: Lag = drafter.__dict__.setdefault("_spec_autotune_lag", Lag())
+    return lag
 
 
 def _wrap_propose(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -202,22 +209,11 @@ def _wrap_propose(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def propose(self: Any, *args: Any, **kwargs: Any) -> Any:
         step: Step | None = getattr(self, "_spec_autotune_step", None)
-        if step is None:  # not called from the runner's step (nothing to track)
-            return original(self, *args, **kwargs)
-        lag: Lag = self.__dict__.setdefault("_spec_autotune_lag", Lag())
-        bound = signature.bind(self, *args, **kwargs).arguments
-        cad = bound["common_attn_metadata"]
-        lag.forget(step.finished)
-        req_ids = step.req_ids[: cad.num_reqs]
-        starts = _row_starts(bound["target_positions"], cad)
-        if bound["num_speculative_tokens"] == 0:
-            lag.skipped(req_ids, starts)
-            self.num_speculative_tokens = 0
-            self._last_draft_probs = None
-            return torch.empty(cad.batch_size(), 0, device=self.device, dtype=torch.int64)
-        due = lag.due(req_ids, starts)
-        if due:
-            catch_up(self, due, step.token_ids, cad)
+        if step is not None:  # a K>0 step of the runner: first the rows that lag
+            cad = signature.bind(self, *args, **kwargs).arguments["common_attn_metadata"]
+            due = _lag(self).due(step.req_ids, _row_starts(cad))
+            if due:
+                catch_up(self, due, step.token_ids, cad)
         return original(self, *args, **kwargs)
 
     setattr(propose, _PATCHED, True)
@@ -235,24 +231,48 @@ def _wrap_attn_backend(original: Callable[..., Any]) -> Callable[..., Any]:
     return initialize_attn_backend
 
 
-def _wrap_runner(original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_runner(original: Callable[..., Any], model_drafter: Any) -> Callable[..., Any]:
+    """The runner's draft step for a ``model_drafter`` (the draft-model proposer): at K=0 the rows
+    lag and the step returns the empty drafts upstream's proposer returns, before upstream prepares
+    the drafter's inputs; at K>0 the proposer gets what its catch-up needs."""
+    signature = inspect.signature(original)
+
     @functools.wraps(original)
-    def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        drafter = getattr(self, "drafter", None)
-        if drafter is None:
-            return original(self, scheduler_output, *args, **kwargs)
-        drafter._spec_autotune_step = Step(
-            list(self.input_batch.req_ids),
-            self.input_batch.token_ids_cpu,
-            frozenset(scheduler_output.finished_req_ids),
-        )
+    def propose_draft_token_ids(self: Any, *args: Any, **kwargs: Any) -> Any:
+        drafter: Any = getattr(self, "drafter", None)
+        if not isinstance(drafter, model_drafter):
+            return original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs).arguments
+        scheduler_output, cad = bound["scheduler_output"], bound["common_attn_metadata"]
+        lag = _lag(drafter)
+        lag.forget(scheduler_output.finished_req_ids)
+        req_ids = list(self.input_batch.req_ids)[: cad.num_reqs]
+        if scheduler_output.num_spec_tokens_to_schedule == 0:
+            lag.skipped(req_ids, _row_starts(cad))
+            self._draft_probs = self._draft_prob_req_ids = None
+            return torch.empty(cad.num_reqs, 0, device=self.device, dtype=torch.int64)
+        drafter._spec_autotune_step = Step(req_ids, self.input_batch.token_ids_cpu)
         try:
-            return original(self, scheduler_output, *args, **kwargs)
+            return original(self, *args, **kwargs)
         finally:
             drafter._spec_autotune_step = None
 
     setattr(propose_draft_token_ids, _PATCHED, True)
     return propose_draft_token_ids
+
+
+def _wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A step with no draft token samples as without speculation: upstream sends it through the
+    rejection sampler with zero drafts, whose bonus token is the plain sampler's token anyway."""
+
+    @functools.wraps(original)
+    def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
+        if spec_decode_metadata is not None and not any(spec_decode_metadata.num_draft_tokens):
+            spec_decode_metadata = None
+        return original(self, logits, spec_decode_metadata)
+
+    setattr(_sample, _PATCHED, True)
+    return _sample
 
 
 def _wrap_ngram(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -275,12 +295,18 @@ def _patch(cls: type, name: str, wrap: Callable[[Callable[..., Any]], Callable[.
 
 
 def install() -> None:
-    """Wrap the three functions (module docstring); a second call changes nothing."""
+    """Wrap the functions the module docstring lists; a second call changes nothing."""
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.spec_decode.ngram_proposer import NgramProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    _patch(GPUModelRunner, "propose_draft_token_ids", _wrap_runner)
+    _patch(
+        GPUModelRunner,
+        "propose_draft_token_ids",
+        functools.partial(_wrap_runner, model_drafter=DraftModelProposer),
+    )
+    _patch(GPUModelRunner, "_sample", _wrap_sample)
     _patch(SpecDecodeBaseProposer, "propose", _wrap_propose)
     _patch(SpecDecodeBaseProposer, "initialize_attn_backend", _wrap_attn_backend)
     _patch(NgramProposer, "propose", _wrap_ngram)
