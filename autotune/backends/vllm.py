@@ -73,11 +73,11 @@ def resolve_python(configured: str | None) -> Path:
     env = os.environ.get("AUTOTUNE_VLLM_PYTHON")
     if configured is not None:
         found = shutil.which(configured) if "/" not in configured else configured
-        python = python_of(Path(found)) if found else None
+        python = python_of(Path(found), check_import=False) if found else None
         if python is None:
             raise ConfigError(
-                f"backend.vllm.command: {configured} is neither a vllm executable nor a python that "
-                "imports vllm"
+                f"backend.vllm.command: {configured} is neither a vllm executable nor a python "
+                "(not found, or not executable)"
             )
         return python
     if env:
@@ -94,9 +94,10 @@ def resolve_python(configured: str | None) -> Path:
     )
 
 
-def python_of(exe: Path) -> Path | None:
-    """The python that runs ``exe`` where it imports vllm: ``exe`` itself when it is a python, the
-    interpreter of its shebang when it is a script (``vllm``'s console script), else None."""
+def python_of(exe: Path, check_import: bool = True) -> Path | None:
+    """The python that runs ``exe``: ``exe`` itself when it is a python, the interpreter of its shebang
+    when it is a script (``vllm``'s console script); None where that is not executable or, with
+    ``check_import`` (a ``vllm`` found on PATH, not one the user named), does not import vllm."""
     if not (exe.is_file() and os.access(exe, os.X_OK)):
         return None
     try:
@@ -112,6 +113,8 @@ def python_of(exe: Path) -> Path | None:
         python = Path(words[0])
         if not (python.is_file() and os.access(python, os.X_OK)):
             return None
+    if not check_import:
+        return python
     try:
         done = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):

@@ -101,7 +101,7 @@ def _cfg(tmp_path: Path, tiny_pair_dirs, **backend) -> object:
 
 
 def test_trial_flags_are_the_exporters_flags(tmp_path, tiny_pair_dirs) -> None:
-    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable, "max_model_len": 512})
+    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"command": sys.executable, "max_model_len": 512})
     cfg = cfg.with_overrides({"models.dtype": "float32"})  # as autotune.context.build resolves auto here
     fp = {"label": "CPU", "key": "k"}
     deployment = vllm_backend.deployment(cfg, fp, 100)
@@ -147,7 +147,7 @@ def test_trial_flags_are_the_exporters_flags(tmp_path, tiny_pair_dirs) -> None:
 
 def test_a_served_table_is_the_exported_table_byte_for_byte(tmp_path, tiny_pair_dirs) -> None:
     """The per-level table served live and the profile's schedule that wins: one JSON, vLLM's ranges."""
-    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"python": sys.executable})
+    cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={"command": sys.executable})
     fp = {"label": "CPU", "key": "k"}
     knobs = Knobs.for_table("model", ((1, 5), (2, 0)), 2)
     cmd = vllm_backend.serve_command(Path(sys.executable), vllm_backend.trial_inputs(cfg, fp, knobs))
@@ -327,7 +327,7 @@ def test_a_server_that_dies_mid_run_fails_the_trial_with_its_log(tmp_path, tiny_
         tmp_path,
         tiny_pair_dirs,
         vllm={
-            "python": sys.executable,
+            "command": sys.executable,
             "env": fake_vllm,
             "args": ["--die-after", "3"],
             "cache_dir": str(tmp_path / "c"),
@@ -348,7 +348,7 @@ def test_a_server_that_dies_mid_run_fails_the_trial_with_its_log(tmp_path, tiny_
 
 def _fake_vllm_backend(tmp_path, tiny_pair_dirs, fake_vllm, keep_servers: int) -> vllm_backend.VllmBackend:
     """A vllm backend on the fake vLLM, two requests, ``keep_servers`` servers kept alive."""
-    vllm = {"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")}
+    vllm = {"command": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")}
     cfg = _cfg(tmp_path, tiny_pair_dirs, vllm={**vllm, "keep_servers": keep_servers})
     ctx = SimpleNamespace(
         cfg=cfg, fingerprint={"label": "CPU", "key": "k"}, requests=_requests(2), longest_sequence=128
@@ -490,7 +490,7 @@ def test_no_server_outlives_autotune(sig, tmp_path, tiny_pair_dirs, fake_vllm) -
     _cfg(
         tmp_path,
         tiny_pair_dirs,
-        vllm={"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")},
+        vllm={"command": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")},
     )
     pid_file = tmp_path / "pids"
     command = [
@@ -532,7 +532,7 @@ def test_tune_on_a_server_backend_end_to_end(tune_config, fake_vllm, tmp_path) -
         backend={
             "name": "vllm",
             "n_trials": 2,
-            "vllm": {"python": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")},
+            "vllm": {"command": sys.executable, "env": fake_vllm, "cache_dir": str(tmp_path / "c")},
         }
     )
     said: list[str] = []
@@ -562,7 +562,7 @@ def test_vllm_servers_on_a_cpu_host_start_without_aot_compile_unless_the_config_
     )
     assert "VLLM_USE_AOT_COMPILE" not in gpu.env()
     vllm = {
-        "python": sys.executable,
+        "command": sys.executable,
         "env": {**fake_vllm, "VLLM_USE_AOT_COMPILE": "1"},
         "cache_dir": str(tmp_path),
     }
@@ -596,8 +596,9 @@ def test_backend_vllm_command_takes_a_vllm_executable_or_a_python_by_path_or_nam
     tmp_path, monkeypatch
 ) -> None:
     """``backend.vllm.command`` names the vLLM to run: its console script (the python of its shebang,
-    also through ``env``) or a python; a bare name is looked up on PATH; one that does not import
-    vllm is a one-line error naming the key."""
+    also through ``env``) or a python; a bare name is looked up on PATH; a name found nowhere is a
+    one-line error naming the key (a command the user names is not test-imported: that takes seconds,
+    and the server's start says why it fails)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     python = bin_dir / "python3.11"
@@ -614,11 +615,8 @@ def test_backend_vllm_command_takes_a_vllm_executable_or_a_python_by_path_or_nam
     assert vllm_backend.resolve_python(str(direct)) == python
     assert vllm_backend.resolve_python("vllm") == python
     assert vllm_backend.resolve_python(str(python)) == python
-    monkeypatch.setenv("IMPORTS", "1")
-    with pytest.raises(
-        ConfigError, match=r"^backend.vllm.command: .*vllm is neither a vllm executable nor a python"
-    ):
-        vllm_backend.resolve_python("vllm")
+    with pytest.raises(ConfigError, match=r"^backend.vllm.command: nope-vllm is neither a vllm executable"):
+        vllm_backend.resolve_python("nope-vllm")
 
 
 def test_backend_vllm_python_is_refused_with_its_new_name(tmp_path) -> None:

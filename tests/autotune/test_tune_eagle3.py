@@ -184,7 +184,7 @@ def test_the_vllm_backend_serves_the_head_as_the_vllm_export_says(
         tiny_pair_dirs,
         prompts,
         head_dir,
-        backend={"name": "vllm", "vllm": {"python": sys.executable}},
+        backend={"name": "vllm", "vllm": {"command": sys.executable}},
     )
     fp = {"label": "CPU", "key": "k"}
     knobs = Knobs("eagle3", 3, max_batch_size=2)
