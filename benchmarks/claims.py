@@ -75,7 +75,7 @@ CLAIMS: tuple[Step, ...] = (
     Step("stacks", "transfer_vllm", "transfer_vllm.py", "vllm.md", (), ("--repeats", "1")),
     Step("stacks", "schedule_vllm", "schedule_vllm.py", "vllm.md", (), ("--repeats", "1", "--grid", "3")),
     Step("stacks", "stack_cost_vllm", "stack_cost.py", "vllm.md", (), ("--repeats", "1")),
-    Step("stacks", "vllm_plugin", "vllm_plugin.py", "vllm.md", (), ("--repeats", "1"), console=False),
+    Step("stacks", "vllm_plugin", "vllm_plugin.py", "vllm-plugin.md", (), ("--repeats", "1"), console=False),
     Step("stacks", "transfer_llamacpp", "transfer_llamacpp.py", "llamacpp.md", (), ("--repeats", "1")),
     Step(
         "stacks",
