@@ -212,6 +212,28 @@ def engine_needs(cfg: TuneConfig, files: PairFiles, requests: Sequence[Request])
     return files.needs(cfg.models.dtype, max(cfg.batch_sizes), longest)
 
 
+def _needs(cfg: TuneConfig) -> tuple[bool, bool]:
+    """Whether the search needs the draft model (``model``, ``hybrid``) and the EAGLE-3 head."""
+    return "model" in cfg.search.drafter or "hybrid" in cfg.search.drafter, "eagle3" in cfg.search.drafter
+
+
+def host_fingerprint(cfg: TuneConfig, device: str) -> dict:
+    """The fingerprint a profile of ``cfg`` (``models.dtype`` resolved) is stored under: ``device``
+    and, for vLLM, the GPUs its servers span (``backend.vllm.tensor_parallel_size``)."""
+    tp = cfg.backend.vllm.tensor_parallel_size if cfg.backend.name == "vllm" else 1
+    return fingerprint(device, cfg.models.dtype, tensor_parallel_size=tp)
+
+
+def profile_keys(cfg: TuneConfig) -> tuple[dict, str, str | None]:
+    """What :func:`build` stores a profile of ``cfg`` under (the host's fingerprint, the target's and
+    the draft's hashes), from the files' headers: for ``profiles show current`` and ``export current``."""
+    device = check_device(cfg)
+    device = "cuda:0" if device == "cuda" else device
+    cfg, _ = _with_dtype(cfg, read_pair(cfg, *_needs(cfg)), device)
+    draft = cfg.draft_folder
+    return host_fingerprint(cfg, device), model_hash(cfg.models.target), model_hash(draft) if draft else None
+
+
 def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: bool = False) -> Context:
     """Read the pair's files and the workload, open the store, compute the identity hashes; with the
     engine backend, check that the pair fits and load (and compile) it.
@@ -220,8 +242,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
     trace, the storage URL, memory) is checked before anything loads or compiles; ``say`` hears
     that the compile starts. A serving-stack backend loads no weights here (:func:`ensure_profile`).
     """
-    needs_draft = "model" in cfg.search.drafter or "hybrid" in cfg.search.drafter  # hybrid: the draft model
-    needs_head = "eagle3" in cfg.search.drafter
+    needs_draft, needs_head = _needs(cfg)
     device = check_device(cfg)
     device = "cuda:0" if device == "cuda" else device
     files = read_pair(cfg, needs_draft, needs_head)
@@ -231,8 +252,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
     if cfg.backend.name == "engine":
         notes.append(check_fits(engine_needs(cfg, files, requests), free_bytes(device), device, FIT_KNOBS))
     store = Store(cfg.storage.url)
-    tp = cfg.backend.vllm.tensor_parallel_size if cfg.backend.name == "vllm" else 1
-    fp = fingerprint(device, cfg.models.dtype, tensor_parallel_size=tp)  # the GPUs the servers span
+    fp = host_fingerprint(cfg, device)
     workload = workload_identity(cfg, items)
     drafter = "model" if needs_draft else "eagle3" if needs_head else cfg.search.drafter[0]
     pair_id = _register(store, cfg, fp, drafter)

@@ -50,15 +50,11 @@ def _resolve(store, ref: str, config_path: Path) -> Profile:
         if not ref.isdigit():
             raise ProfileError(f"profile id must be an integer or 'current' (got {ref!r})")
         return store.load_profile(int(ref))
-    from autotune.config import check_device, load_config
-    from autotune.device.hardware import fingerprint
-    from profiles.hashing import hash_folder
+    from autotune.config import load_config
+    from autotune.context import profile_keys
 
-    cfg = load_config(config_path)
-    check_device(cfg)  # a device this host lacks is one line, not fingerprint's RuntimeError
-    fp = fingerprint(cfg.models.device, cfg.models.dtype)
-    draft_hash = hash_folder(cfg.draft_folder) if cfg.draft_folder is not None else None
-    found = store.current_profile(fp["key"], hash_folder(cfg.models.target), draft_hash)
+    fp, target_hash, draft_hash = profile_keys(load_config(config_path))
+    found = store.current_profile(fp["key"], target_hash, draft_hash)
     if found is None:
         raise ProfileError(
             f"no profile yet for this host ({fp['label']}) and the pair in {config_path}; run `autotune tune`"

@@ -228,3 +228,30 @@ def test_a_quantized_pair_is_made_from_the_cached_f32_file(tmp_path, tiny_pair_d
     ):
         gguf.ensure(cfg.models.draft, lc, "models.draft")
     assert not gguf.gguf_path(cfg.models.draft, lc).exists()
+
+
+def test_the_current_profile_of_gguf_files_is_looked_up_by_their_bytes(tmp_path, tiny_pair_dirs) -> None:
+    """`autotune profiles show current` / `export current` on a models.gguf config: the store's keys
+    are the files' hashes and the host's fingerprint as `autotune tune` computed them, so the profile
+    it stored is found (a folder hash of a file was an error)."""
+    from autotune.cli.profiles import _resolve
+    from tests.test_cli_profiles import sample_profile
+
+    tokenizer = tiny_pair_dirs[0] / "tokenizer.json"
+    vocab = Tokenizer.from_file(str(tokenizer)).get_vocab_size()
+    write_gguf(tmp_path / "t.gguf", vocab), write_gguf(tmp_path / "d.gguf", vocab)
+    backend_cfg = {
+        "name": "llamacpp",
+        "llamacpp": {"home": str(make_home(tmp_path, tokenizer)), "threads": 1},
+    }
+    path = write_cfg(tmp_path, {"gguf": {"target": "t.gguf", "draft": "d.gguf"}}, backend_cfg)
+    ctx = context.build(load_config(path))
+    try:
+        with pytest.raises(Exception, match=r"^no profile yet for this host"):
+            _resolve(ctx.store, "current", path)
+        profile = sample_profile(ctx.fingerprint)
+        profile["pair"].update(target_hash=ctx.target_hash, draft_hash=ctx.draft_hash)
+        saved = ctx.store.save_profile(profile)
+        assert _resolve(ctx.store, "current", path).to_json()["id"] == saved
+    finally:
+        ctx.store.close()
