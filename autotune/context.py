@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from autotune.config import TuneConfig, check_device
 from autotune.device import hostnoise, profiler
 from autotune.device.capacity import Checkpoint, Need, check_fits, free_bytes, read_checkpoint, resolve_dtype
-from autotune.device.gguf_header import read_gguf
+from autotune.device.gguf_header import read_gguf, read_metadata
 from autotune.device.hardware import fingerprint
 from autotune.errors import ConfigError
 from autotune.workload.runner import CONTEXT_MARGIN, Sampling, build_requests
@@ -191,8 +191,15 @@ def workload_identity(cfg: TuneConfig, items: Sequence[WorkloadItem]) -> dict:
 def _chat_identity(cfg: TuneConfig, items: Sequence[WorkloadItem]) -> dict:
     """A chat-formatted workload says so (``format: chat``, which the profile and ``autotune tune``
     show) and is keyed by the target's chat template too (it makes the text the drafter sees); a
-    plain workload adds no key."""
-    template = read_chat_template(cfg.models.target) if any(i.messages for i in items) else None
+    plain workload adds no key. With ``models.gguf`` the template is the target file's
+    ``tokenizer.chat_template`` (llama-server applies it; without one, llama-server's default)."""
+    if not any(i.messages for i in items):
+        return {}
+    if cfg.models.gguf is not None:
+        source = read_metadata(cfg.models.target, "models.gguf.target").get("tokenizer.chat_template")
+        default = {"chat_template": "llama-server's default"}
+        return {"format": "chat", **({"chat_template_sha256": hash_json(source)} if source else default)}
+    template = read_chat_template(cfg.models.target)
     if template is None:
         return {}
     return {"format": "chat", "chat_template_sha256": hash_json(template.source)}

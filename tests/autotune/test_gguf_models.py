@@ -31,9 +31,11 @@ def _s(text: str) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
-def write_gguf(path: Path, vocab: int = 300, layers: int = 2, ftype: int = 15, truncate: int = 0) -> Path:
+def write_gguf(
+    path: Path, vocab: int = 300, layers: int = 2, ftype: int = 15, truncate: int = 0, chat_template: str = ""
+) -> Path:
     """A GGUF header llama.cpp would write for a tiny llama (no tensors): architecture, shape,
-    context length, file type and the token list."""
+    context length, file type, the token list and, when given, the chat template."""
     u32 = lambda v: struct.pack("<I", v)  # noqa: E731
     kvs = [
         ("general.architecture", 8, _s("llama")),
@@ -49,6 +51,8 @@ def write_gguf(path: Path, vocab: int = 300, layers: int = 2, ftype: int = 15, t
             u32(8) + struct.pack("<Q", vocab) + b"".join(_s(f"t{i}") for i in range(vocab)),
         ),
     ]
+    if chat_template:
+        kvs.append(("tokenizer.chat_template", 8, _s(chat_template)))
     body = b"GGUF" + u32(3) + struct.pack("<QQ", 0, len(kvs))
     body += b"".join(_s(key) + u32(kind) + value for key, kind, value in kvs)
     path.write_bytes(body[: len(body) - truncate] if truncate else body)
@@ -255,3 +259,22 @@ def test_the_current_profile_of_gguf_files_is_looked_up_by_their_bytes(tmp_path,
         assert _resolve(ctx.store, "current", path).to_json()["id"] == saved
     finally:
         ctx.store.close()
+
+
+def test_a_chat_workload_over_gguf_files_is_keyed_by_the_files_template(tmp_path) -> None:
+    """A messages workload with models.gguf says `format: chat` and is keyed by the target file's
+    tokenizer.chat_template (llama-server applies it); a file without one says llama-server's default."""
+    from engine.workload import load_workload
+
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    items = load_workload(chat)
+    ids = {}
+    for template in ("{{ messages[0].content }}", "{{ bos_token }}{{ messages[0].content }}", ""):
+        write_gguf(tmp_path / "t.gguf", chat_template=template), write_gguf(tmp_path / "d.gguf")
+        cfg = load_config(write_cfg(tmp_path, {"gguf": {"target": "t.gguf", "draft": "d.gguf"}}))
+        ids[template] = context.workload_identity(cfg, items)
+        assert ids[template]["format"] == "chat"
+    assert ids[""]["chat_template"] == "llama-server's default" and "chat_template_sha256" not in ids[""]
+    keys = [ids[t]["chat_template_sha256"] for t in list(ids)[:2]]
+    assert keys[0] != keys[1]
