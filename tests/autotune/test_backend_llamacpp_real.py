@@ -254,24 +254,29 @@ def test_a_llama3_style_bos_tokenizer_passes_the_check_in_llama_server(tmp_path:
 
 
 def test_a_study_over_q4_k_m_gguf_files_exports_a_server_of_those_files(tmp_path: Path) -> None:
-    """The demo pair quantized to q4_k_m (converter + llama-quantize), given as models.gguf: autotune
-    tune finishes without any Hugging Face folder, and the export's script, run as written, loads
-    exactly those two files."""
+    """The demo pair quantized to q4_k_m (converter + llama-quantize), given as models.gguf, on chat
+    conversations: autotune tune finishes without any Hugging Face folder (llama-server renders the
+    template the converter copied into the file and tokenizes), the profile says the workload is
+    chat-formatted, and the export's script, run as written, loads exactly those two files."""
     from autotune.backends import gguf
     from autotune.backends.server import ServerProcess
 
     lc = LlamacppConfig(quantization="q4_k_m")
     target, draft = (gguf.ensure(folder, lc, "models.target") for folder in (DEMO_TARGET, DEMO_DRAFT))
     f32 = gguf.ensure(DEMO_TARGET, LlamacppConfig(), "models.target")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("\n".join((DEMO_TARGET.parents[1] / "chat.jsonl").read_text().splitlines()[:4]) + "\n")
     assert "q4_k_m" in target.name and target.stat().st_size < f32.stat().st_size / 4
     cfg = load_config(_config(tmp_path)).with_overrides(
         {
             "models.target": None,
             "models.draft": None,
             "models.gguf": {"target": str(target), "draft": str(draft)},
+            "workload.prompts": str(chat),
         }
     )
     profile = run_tune(cfg, say=print)
+    assert profile["workload"]["format"] == "chat" and profile["workload"]["chat_template_sha256"]
     assert profile["backend"]["gguf"]["as_served"] and profile["backend"]["gguf"]["type"] == "q4_k_m"
     assert profile["backend"]["gguf"]["prompts_tokenized_by_llama_server"] == 4
     assert profile["deployment"]["dtype"] == "q4_k_m" and profile["study"]["failed_trials"] == 0
