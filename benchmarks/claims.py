@@ -18,29 +18,52 @@ GROUPS = ("engine", "tuner", "stacks", "watch")
 class Step:
     group: str
     name: str  # its console goes to benchmarks/results/<name>.txt
-    script: str  # under benchmarks/
+    script: str  # the module run as ``python -m <script>``
     page: str  # under docs/results/
     full: tuple[str, ...] = ()
     quick: tuple[str, ...] = ()
     console: bool = True  # False: the script writes its own .txt
 
+    @property
+    def path(self) -> str:
+        """The script's file, relative to the repository root."""
+        return self.script.replace(".", "/") + ".py"
+
+    def command(self, quick: bool = False) -> tuple[str, ...]:
+        """The command line that reruns this step (``full`` or ``quick`` arguments)."""
+        return ("python", "-m", self.script, *(self.quick if quick else self.full))
+
 
 CLAIMS: tuple[Step, ...] = (
-    Step("engine", "demo_pair_quality", "demo_pair_quality.py", "engine-cpu.md", (), ("--num-prompts", "24")),
-    Step("engine", "vs_transformers", "vs_transformers.py", "engine-cpu.md", (), ("--num-prompts", "4")),
+    Step(
+        "engine",
+        "demo_pair_quality",
+        "benchmarks.engine.demo_pair_quality",
+        "engine-cpu.md",
+        (),
+        ("--num-prompts", "24"),
+    ),
+    Step(
+        "engine",
+        "vs_transformers",
+        "benchmarks.engine.vs_transformers",
+        "engine-cpu.md",
+        (),
+        ("--num-prompts", "4"),
+    ),
     Step(
         "engine",
         "engine_speedup",
-        "engine_speedup.py",
+        "benchmarks.engine.engine_speedup",
         "engine-cpu.md",
         ("--gammas", "2,4,6,8"),
         ("--gammas", "2,4", "--batch-sizes", "1,4", "--num-prompts", "4"),
     ),
-    Step("engine", "load_sweep", "load_sweep.py", "engine-cpu.md", (), ("--num-prompts", "4")),
+    Step("engine", "load_sweep", "benchmarks.engine.load_sweep", "engine-cpu.md", (), ("--num-prompts", "4")),
     Step(
         "engine",
         "costmodel_accuracy",
-        "costmodel_accuracy.py",
+        "benchmarks.engine.costmodel_accuracy",
         "engine-cpu.md",
         (),
         ("--gammas", "0,4", "--batch-sizes", "1,4", "--num-prompts", "4"),
@@ -48,18 +71,27 @@ CLAIMS: tuple[Step, ...] = (
     Step(
         "engine",
         "trees",
-        "trees.py",
+        "benchmarks.engine.trees",
         "engine-cpu.md",
         ("--num-prompts", "6", "--max-new-tokens", "40", "--repeats", "3", "--threads", "1"),
         ("--num-prompts", "2", "--max-new-tokens", "24", "--repeats", "1", "--threads", "1"),
     ),
-    Step("engine", "draft_after_verify", "draft_after_verify.py", "engine-cpu.md", (), ("--repeats", "2")),
-    Step("tuner", "tuner_vs_grid", "tuner_vs_grid.py", "engine-cpu.md", (), ("--fraction", "0.1")),
-    Step("tuner", "acceptance_tail", "acceptance_tail.py", "engine-cpu.md"),
+    Step(
+        "engine",
+        "draft_after_verify",
+        "benchmarks.engine.draft_after_verify",
+        "engine-cpu.md",
+        (),
+        ("--repeats", "2"),
+    ),
+    Step(
+        "tuner", "tuner_vs_grid", "benchmarks.tuner.tuner_vs_grid", "engine-cpu.md", (), ("--fraction", "0.1")
+    ),
+    Step("tuner", "acceptance_tail", "benchmarks.tuner.acceptance_tail", "engine-cpu.md"),
     Step(
         "tuner",
         "noise_robustness",
-        "noise_robustness.py",
+        "benchmarks.tuner.noise_robustness",
         "busy-host.md",
         ("--k", "3", "--trials", "8"),
         ("--k", "1", "--trials", "4"),
@@ -67,31 +99,68 @@ CLAIMS: tuple[Step, ...] = (
     Step(
         "tuner",
         "budget",
-        "budget.py",
+        "benchmarks.tuner.budget",
         "budget.md",
         ("--runs", "engine:20,vllm:15"),
         ("--runs", "engine:8,vllm:6"),
     ),
-    Step("stacks", "transfer_vllm", "transfer_vllm.py", "vllm.md", (), ("--repeats", "1")),
-    Step("stacks", "schedule_vllm", "schedule_vllm.py", "vllm.md", (), ("--repeats", "1", "--grid", "3")),
-    Step("stacks", "stack_cost_vllm", "stack_cost.py", "vllm.md", (), ("--repeats", "1")),
-    Step("stacks", "vllm_plugin", "vllm_plugin.py", "vllm-plugin.md", (), ("--repeats", "1"), console=False),
-    Step("stacks", "transfer_llamacpp", "transfer_llamacpp.py", "llamacpp.md", (), ("--repeats", "1")),
+    Step("stacks", "transfer_vllm", "benchmarks.stacks.transfer_vllm", "vllm.md", (), ("--repeats", "1")),
+    Step(
+        "stacks",
+        "schedule_vllm",
+        "benchmarks.stacks.schedule_vllm",
+        "vllm.md",
+        (),
+        ("--repeats", "1", "--grid", "3"),
+    ),
+    Step("stacks", "stack_cost_vllm", "benchmarks.stacks.stack_cost", "vllm.md", (), ("--repeats", "1")),
+    Step(
+        "stacks",
+        "vllm_plugin",
+        "benchmarks.stacks.vllm_plugin",
+        "vllm-plugin.md",
+        (),
+        ("--repeats", "1"),
+        console=False,
+    ),
+    Step(
+        "stacks",
+        "transfer_llamacpp",
+        "benchmarks.stacks.transfer_llamacpp",
+        "llamacpp.md",
+        (),
+        ("--repeats", "1"),
+    ),
     Step(
         "stacks",
         "schedule_llamacpp",
-        "schedule_llamacpp.py",
+        "benchmarks.stacks.schedule_llamacpp",
         "llamacpp.md",
         (),
         ("--repeats", "1", "--grid", "3"),
     ),
-    Step("stacks", "quantized_llamacpp", "quantized_llamacpp.py", "llamacpp.md", (), ("--rounds", "1")),
-    Step("stacks", "chat_workload", "chat_workload.py", "chat.md", (), ("--repeats", "1"), console=False),
-    Step("stacks", "drafters", "drafters.py", "drafters.md", ("--vllm",), ("--rounds", "1")),
+    Step(
+        "stacks",
+        "quantized_llamacpp",
+        "benchmarks.stacks.quantized_llamacpp",
+        "llamacpp.md",
+        (),
+        ("--rounds", "1"),
+    ),
+    Step(
+        "stacks",
+        "chat_workload",
+        "benchmarks.stacks.chat_workload",
+        "chat.md",
+        (),
+        ("--repeats", "1"),
+        console=False,
+    ),
+    Step("stacks", "drafters", "benchmarks.stacks.drafters", "drafters.md", ("--vllm",), ("--rounds", "1")),
     Step(
         "stacks",
         "deployment_scale",
-        "deployment_scale.py",
+        "benchmarks.stacks.deployment_scale",
         "deployment-scale.md",
         ("--budget", "25"),
         ("--budget", "10"),
@@ -99,7 +168,7 @@ CLAIMS: tuple[Step, ...] = (
     Step(
         "watch",
         "watch_drift_vllm",
-        "watch_drift.py",
+        "benchmarks.watch.watch_drift",
         "watch-drift.md",
         ("--stack", "vllm"),
         ("--stack", "vllm", "--steady-min", "2", "--switch-min", "1"),
@@ -107,7 +176,7 @@ CLAIMS: tuple[Step, ...] = (
     Step(
         "watch",
         "watch_drift_llamacpp",
-        "watch_drift.py",
+        "benchmarks.watch.watch_drift",
         "watch-drift.md",
         ("--stack", "llamacpp"),
         ("--stack", "llamacpp", "--steady-min", "2", "--switch-min", "1"),

@@ -16,7 +16,7 @@ SHARED = ("_common.py", "_transfer.py", "_schedule.py")
 
 def _flags(script: Path) -> set[str]:
     texts = [script.read_text()]
-    texts += [(script.parent / s).read_text() for s in SHARED]
+    texts += [(ROOT / "benchmarks" / s).read_text() for s in SHARED]
     return set(re.findall(r'"(--[a-z][a-z0-9-]*)"', "\n".join(texts)))
 
 
@@ -25,8 +25,11 @@ def test_every_step_has_its_script_page_and_known_flags() -> None:
     assert len(names) == len(set(names)), "step names are console file names: unique"
     assert {s.group for s in CLAIMS} == set(GROUPS)
     for step in CLAIMS:
-        script = ROOT / "benchmarks" / step.script
+        script = ROOT / step.path
         assert script.is_file(), step
+        assert step.script == f"benchmarks.{step.group}.{script.stem}", (
+            f"{step.name}: the script sits in its group"
+        )
         assert (ROOT / "docs" / "results" / step.page).is_file(), step
         known = _flags(script)
         for arg in (*step.full, *step.quick):

@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import _common
 
-import _common  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_portable_rewrites_repo_and_home_only_at_path_boundaries() -> None:

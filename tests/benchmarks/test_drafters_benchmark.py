@@ -1,18 +1,11 @@
-"""benchmarks/drafters.py: every drafter through the engine part, exact outputs, the goal arithmetic."""
+"""benchmarks/stacks/drafters.py: every drafter through the engine part, exact outputs, the goal arithmetic."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+from benchmarks.stacks import drafters
 from engine.loader import load_pair
 from engine.speculative import Request
 from tests.engine.test_eagle3 import head_config, random_head
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import drafters  # noqa: E402
 
 
 def test_engine_part_runs_every_drafter_exactly_and_picks_each_ones_best_gamma(tiny_pair_dirs) -> None:

@@ -1,21 +1,16 @@
-"""benchmarks/noise_robustness.py: the agreement summary, and one tiny run per condition end to end."""
+"""benchmarks/tuner/noise_robustness.py: the agreement summary, and one tiny run per condition end to end."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import noise_robustness  # noqa: E402
+from benchmarks.tuner import noise_robustness
 
 
 def run(

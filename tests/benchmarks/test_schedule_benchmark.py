@@ -3,13 +3,7 @@ synthetic rows shaped as Plan writes them."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import _schedule  # noqa: E402
+from benchmarks import _schedule
 
 LEVELS = (1, 4, 16)
 

@@ -1,15 +1,12 @@
-"""benchmarks/stack_cost.py --from: predicted vs measured and the planner's replay on a synthetic grid run."""
+"""benchmarks/stacks/stack_cost.py --from: predicted vs measured and the planner's replay on a synthetic grid run."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.autotune.test_stackcost import ACCEPT, COSTS, true_tps
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def grid_row(k: int) -> dict:
@@ -31,7 +28,7 @@ def test_the_replay_lands_on_each_levels_best_with_few_starts(tmp_path) -> None:
     src, out = tmp_path / "grid.json", tmp_path / "out.json"
     src.write_text(json.dumps(run))
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "stack_cost.py"), "--from", str(src), "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.stacks.stack_cost", "--from", str(src), "--out", str(out)],
         capture_output=True,
         text=True,
         check=False,

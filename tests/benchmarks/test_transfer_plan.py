@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from _transfer import measure_plan  # noqa: E402
-
-from autotune.backends.server import ServerError  # noqa: E402
+from autotune.backends.server import ServerError
+from benchmarks._transfer import measure_plan
 
 
 class StackStub:

@@ -1,22 +1,15 @@
-"""benchmarks/trees.py: the configuration list, the shape flag and the min-of-k step costs."""
+"""benchmarks/engine/trees.py: the configuration list, the shape flag and the min-of-k step costs."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.engine import trees
 from engine.config import ModelConfig
 from engine.errors import EngineInputError
 from engine.loader import ModelPair
 from engine.model import Transformer
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import trees  # noqa: E402
 
 
 def tiny(seed: int) -> Transformer:

@@ -1,17 +1,10 @@
-"""benchmarks/watch_drift.py: how the watch's windows are assigned to phases and judged, and the
+"""benchmarks/watch/watch_drift.py: how the watch's windows are assigned to phases and judged, and the
 bundled prose prompts."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import watch_drift  # noqa: E402
-
-from engine.workload import load_workload  # noqa: E402
+from benchmarks.watch import watch_drift
+from engine.workload import load_workload
 
 
 def window(

@@ -55,30 +55,27 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from autotune import context
+from autotune.backends.openai_load import Endpoint, run_http_load
+from autotune.cli.text import columns
+from autotune.config import load_config
+from autotune.errors import USER_ERRORS
+from autotune.knobs import Knobs
+from autotune.stats import paired_ratio
+from autotune.watch.output import verdict_json
+from autotune.watch.predict import assess
+from autotune.watch.profile_model import ProfileModel
+from autotune.watch.staleness import Staleness
+from autotune.watch.windows import Window
+from autotune.workload.runner import Sampling, build_requests
+from benchmarks._schedule import identity, write_json
+from benchmarks._transfer import newest_profile
+from engine.workload import load_workload
+from profiles.profile import export_inputs
+from profiles.schema import Profile
+from profiles.store import Store
 
-from _schedule import identity, write_json  # noqa: E402
-from _transfer import newest_profile  # noqa: E402
-
-from autotune import context  # noqa: E402
-from autotune.backends.openai_load import Endpoint, run_http_load  # noqa: E402
-from autotune.cli.text import columns  # noqa: E402
-from autotune.config import load_config  # noqa: E402
-from autotune.errors import USER_ERRORS  # noqa: E402
-from autotune.knobs import Knobs  # noqa: E402
-from autotune.stats import paired_ratio  # noqa: E402
-from autotune.watch.output import verdict_json  # noqa: E402
-from autotune.watch.predict import assess  # noqa: E402
-from autotune.watch.profile_model import ProfileModel  # noqa: E402
-from autotune.watch.staleness import Staleness  # noqa: E402
-from autotune.watch.windows import Window  # noqa: E402
-from autotune.workload.runner import Sampling, build_requests  # noqa: E402
-from engine.workload import load_workload  # noqa: E402
-from profiles.profile import export_inputs  # noqa: E402
-from profiles.schema import Profile  # noqa: E402
-from profiles.store import Store  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 PROSE = ROOT / "benchmarks" / "configs" / "prose_prompts.jsonl"
 

@@ -22,8 +22,8 @@ bootstrap the prompts (per-prompt times of both methods resampled together). Ide
 counts compare the token lists per prompt.
 
 Example:
-    python benchmarks/vs_transformers.py                             # the demo pair, ~1-2 min on 2 cores
-    python benchmarks/vs_transformers.py --gamma 2 --num-prompts 2 --max-new-tokens 16
+    python -m benchmarks.engine.vs_transformers                      # the demo pair, ~1-2 min on 2 cores
+    python -m benchmarks.engine.vs_transformers --gamma 2 --num-prompts 2 --max-new-tokens 16
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ import statistics
 import time
 from collections.abc import Callable
 
-import _common
 import torch
 
 from autotune.stats import bootstrap_interval
+from benchmarks import _common
 from engine.generate import generate
 from engine.speculative import Request, SpecConfig
 

@@ -30,14 +30,12 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from autotune.cli.text import columns
+from autotune.device.hardware import fingerprint
+from benchmarks._common import portable
+from engine.demo import DEMO_PROMPTS, DEMO_TARGET
 
-from _common import portable  # noqa: E402
-
-from autotune.cli.text import columns  # noqa: E402
-from autotune.device.hardware import fingerprint  # noqa: E402
-from engine.demo import DEMO_PROMPTS, DEMO_TARGET  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 LLAMA_1B = {
     "num_hidden_layers": 16,

@@ -36,15 +36,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from autotune.cli.text import columns
+from autotune.cost.acceptance import expected_tokens, extend
+from benchmarks._common import portable
+from benchmarks._schedule import write_json
 
-from _common import portable  # noqa: E402
-from _schedule import write_json  # noqa: E402
-
-from autotune.cli.text import columns  # noqa: E402
-from autotune.cost.acceptance import expected_tokens, extend  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 GRID_K = re.compile(r"grid (?:K=|n-max )(\d+)$")
 

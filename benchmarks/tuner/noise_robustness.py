@@ -48,17 +48,14 @@ from pathlib import Path
 
 import optuna
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from autotune.cli.text import columns
+from autotune.config import load_config
+from autotune.device import hostnoise
+from autotune.errors import USER_ERRORS
+from autotune.jobs.tune import run_tune
+from benchmarks._common import portable
 
-from _common import portable  # noqa: E402
-
-from autotune.cli.text import columns  # noqa: E402
-from autotune.config import load_config  # noqa: E402
-from autotune.device import hostnoise  # noqa: E402
-from autotune.errors import USER_ERRORS  # noqa: E402
-from autotune.jobs.tune import run_tune  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 NO_DIFFERENCE = "no significant difference"
 CONDITIONS = ("quiet", "busy", "midstudy")

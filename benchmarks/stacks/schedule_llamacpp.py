@@ -45,11 +45,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from _schedule import (  # noqa: E402
+from autotune.backends.llamacpp import LlamacppBackend
+from autotune.knobs import Knobs
+from benchmarks._schedule import (
     Plan,
     analyse,
     arguments,
@@ -66,12 +64,11 @@ from _schedule import (  # noqa: E402
     requests_text,
     write_json,
 )
-from _transfer import open_stack  # noqa: E402
+from benchmarks._transfer import open_stack
+from profiles.profile import export_inputs
+from profiles.schema import Profile
 
-from autotune.backends.llamacpp import LlamacppBackend  # noqa: E402
-from autotune.knobs import Knobs  # noqa: E402
-from profiles.profile import export_inputs  # noqa: E402
-from profiles.schema import Profile  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ stays in ``--dtype``). The gap is the engine's ``draft_overhead`` that no Python
 on a CPU, the target's weights pass through the caches between two draft forwards.
 
 Example:
-    python benchmarks/draft_after_verify.py                          # the demo pair, ~20 s
+    python -m benchmarks.engine.draft_after_verify                   # the demo pair, ~20 s
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from __future__ import annotations
 import statistics
 import time
 
-import _common
 import torch
 
+from benchmarks import _common
 from engine.loader import load_model
 
 NAME = "draft_after_verify"

@@ -36,8 +36,8 @@ through the compiled forward, warmed before any timing.
 demo head) instead of the draft model (the least-disturbed cost table then is not measured).
 
 Example:
-    python benchmarks/trees.py                                         # ~10 min on 2 cores
-    python benchmarks/trees.py --num-prompts 4 --max-new-tokens 32 --repeats 1 --trees "2,2,1;3,1,1"
+    python -m benchmarks.engine.trees                                  # ~10 min on 2 cores
+    python -m benchmarks.engine.trees --num-prompts 4 --max-new-tokens 32 --repeats 1 --trees "2,2,1;3,1,1"
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ import statistics
 import time
 from pathlib import Path
 
-import _common
 import torch
 
 from autotune.device import classify
 from autotune.workload.runner import LoadSpec, run_load
+from benchmarks import _common
 from engine.demo import DEMO_EAGLE3
 from engine.errors import EngineInputError
 from engine.speculative import SpecConfig

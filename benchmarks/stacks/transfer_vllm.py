@@ -27,16 +27,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from autotune.backends.vllm import VllmBackend, serve_command
+from autotune.knobs import Knobs
+from benchmarks._transfer import arguments, measure_plan, open_stack, report, summarize
+from profiles.profile import export_inputs
+from profiles.schema import Profile
 
-from _transfer import arguments, measure_plan, open_stack, report, summarize  # noqa: E402
-
-from autotune.backends.vllm import VllmBackend, serve_command  # noqa: E402
-from autotune.knobs import Knobs  # noqa: E402
-from profiles.profile import export_inputs  # noqa: E402
-from profiles.schema import Profile  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

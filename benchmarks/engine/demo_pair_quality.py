@@ -15,8 +15,8 @@ per-position acceptance, and the target's greedy continuations of two held-out p
 Python?). Each request generates up to ``--max-new-tokens`` tokens; end-of-sequence ends it early.
 
 Example:
-    python benchmarks/demo_pair_quality.py                            # all 237 prompts, ~10 min on 2 cores
-    python benchmarks/demo_pair_quality.py --num-prompts 24 --modes greedy
+    python -m benchmarks.engine.demo_pair_quality                     # all 237 prompts, ~10 min on 2 cores
+    python -m benchmarks.engine.demo_pair_quality --num-prompts 24 --modes greedy
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import _common
-
 from autotune.workload.runner import LoadSpec, compare
+from benchmarks import _common
 from engine.demo import DEMO_EAGLE3
 from engine.generate import generate
 from engine.speculative import SpecConfig

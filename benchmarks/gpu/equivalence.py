@@ -12,17 +12,16 @@ differently, so near-tied argmaxes may flip and the outputs part ways; those row
 (matches, first divergence), not failed. Speedup is AR wall / speculative wall of the same pair of runs.
 
 Example:
-    python benchmarks/gpu_equivalence.py --device cuda               # fp32 and bf16, B = 1 and 8
-    python benchmarks/gpu_equivalence.py --device cpu --dtypes float32 --num-prompts 2 --max-new-tokens 8
+    python -m benchmarks.gpu.equivalence --device cuda               # fp32 and bf16, B = 1 and 8
+    python -m benchmarks.gpu.equivalence --device cpu --dtypes float32 --num-prompts 2 --max-new-tokens 8
 """
 
 from __future__ import annotations
 
 import sys
 
-import _common
-
 from autotune.workload.runner import LoadSpec, run_load
+from benchmarks import _common
 from engine.metrics import speedup
 from engine.speculative import SpecConfig
 

@@ -35,18 +35,17 @@ leaves out (prefill, the scheduler's work between steps, ragged retirement at B 
 decode/predicted in the JSON takes prefill out of that gap.
 
 Example:
-    python benchmarks/engine_speedup.py                               # the demo pair, ~3 min on 2 cores
-    python benchmarks/engine_speedup.py --batch-sizes 1 --gammas 2,4 --num-prompts 4
+    python -m benchmarks.engine.engine_speedup                        # the demo pair, ~3 min on 2 cores
+    python -m benchmarks.engine.engine_speedup --batch-sizes 1 --gammas 2,4 --num-prompts 4
 """
 
 from __future__ import annotations
 
 import statistics
 
-import _common
-
 from autotune.cost.costmodel import predict
 from autotune.workload.runner import LoadSpec, run_load
+from benchmarks import _common
 from engine.loader import ModelPair
 from engine.metrics import speedup
 from engine.speculative import SpecConfig

@@ -3,17 +3,17 @@
 #
 #   0. environment: missing Python packages from ./wheels (pip --no-index) if that folder exists,
 #      then `pip install -e . --no-deps`; nvidia-smi and torch's view of the GPU;
-#   1. the output contract on the GPU (benchmarks/gpu_equivalence.py: greedy speculative ==
+#   1. the output contract on the GPU (benchmarks/gpu/equivalence.py: greedy speculative ==
 #      greedy autoregressive on the demo pair, fp32 and bf16, gamma 4, B = 1 and 8). The engine
 #      tests build their models on the CPU and take no device, so this check stands in for them;
 #   2. `autotune profile --json` with a copy of the bundled tune.yaml set to $DEVICE and $DTYPE
 #      (concurrency levels $PROFILE_CONCURRENCY, so the profile classifies B up to 32), then a
 #      short table: GPU label, theoretical and measured bandwidth, matmul TFLOP/s, ridge, knee n*,
 #      per-batch label and best gamma;
-#   3. benchmarks/load_sweep.py --device $DEVICE --dtype $DTYPE;
-#   4. benchmarks/gpu_compiled.py: eager vs compiled vs CUDA-graph decode for the demo pair and a
+#   3. benchmarks/engine/load_sweep.py --device $DEVICE --dtype $DTYPE;
+#   4. benchmarks/gpu/compiled.py: eager vs compiled vs CUDA-graph decode for the demo pair and a
 #      ~1B Llama-shaped random target with a ~100M draft, against the HBM roofline;
-#   5. benchmarks/trees.py (eager engine, greedy, B = 1 and 8): chains vs static vs dynamic (EAGLE-2)
+#   5. benchmarks/engine/trees.py (eager engine, greedy, B = 1 and 8): chains vs static vs dynamic (EAGLE-2)
 #      token trees where verify width is nearly free, and the min-of-k verify cost per width;
 #   6. the identity of the lent GPU with the real NVML: the fingerprint (GPU count, tensor parallel
 #      size, MIG slice or whole GPU, interconnect, key; the key of "the GPU the run uses" equals
@@ -33,14 +33,14 @@
 # exit code is 1 when any step failed. Step timeouts (120 + 200 + 150 + 240 + 150 + 60 + 90 s): ~17
 # minutes at most for all seven; e.g. STEPS="1 2 6 7" fits a 10-minute call.
 #
-# Usage: bash benchmarks/gpu_check.sh
+# Usage: bash benchmarks/gpu/check.sh
 # Environment (all optional): PYTHON (python3), DTYPE (bfloat16), DEVICE (cuda), WHEELS (./wheels),
 #   TARGET / DRAFT / PROMPTS (the demo pair and prompts), PROFILE_CONCURRENCY (1,8,32),
 #   BENCH_FLAGS (extra flags for both benchmark scripts, e.g. "--num-prompts 4"), SWEEP_FLAGS (extra
 #   flags for load_sweep.py only, e.g. "--concurrency 1,8"), INSTALL (1; 0 skips the pip steps).
 set -uo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT" || exit 1
 PY="${PYTHON:-$(command -v python3 || command -v python)}"
 DTYPE="${DTYPE:-bfloat16}"
@@ -268,7 +268,7 @@ main() {
   # ---------------------------------------------------------------- 1. output contract on the device
   if want 1; then
   log "1/6 greedy equivalence (fp32 and bf16, gamma 4, B = 1 and 8)"
-  timeout -k 10 200 "$PY" benchmarks/gpu_equivalence.py "${PAIR_FLAGS[@]}" --dtypes float32,bfloat16 \
+  timeout -k 10 200 "$PY" -m benchmarks.gpu.equivalence "${PAIR_FLAGS[@]}" --dtypes float32,bfloat16 \
     --batch-sizes 1,8 --gamma 4 ${EXTRA[@]+"${EXTRA[@]}"} || step_failed "gpu_equivalence (rc $?)"
   fi
 
@@ -288,7 +288,7 @@ main() {
   # ---------------------------------------------------------------- 3. load sweep
   if want 3; then
   log "3/6 load sweep ($DTYPE)"
-  timeout -k 10 150 "$PY" benchmarks/load_sweep.py "${PAIR_FLAGS[@]}" --dtype "$DTYPE" ${EXTRA[@]+"${EXTRA[@]}"} \
+  timeout -k 10 150 "$PY" -m benchmarks.engine.load_sweep "${PAIR_FLAGS[@]}" --dtype "$DTYPE" ${EXTRA[@]+"${EXTRA[@]}"} \
     ${SWEEP[@]+"${SWEEP[@]}"} \
     || step_failed "load_sweep (rc $?)"
   fi
@@ -296,14 +296,14 @@ main() {
   # ---------------------------------------------------------------- 4. compiled decode vs roofline
   if want 4; then
   log "4/6 eager vs compiled vs graphs decode ($DTYPE)"
-  timeout -k 10 240 "$PY" benchmarks/gpu_compiled.py --device "$DEVICE" --dtype "$DTYPE" --out-dir "$RES" \
+  timeout -k 10 240 "$PY" -m benchmarks.gpu.compiled --device "$DEVICE" --dtype "$DTYPE" --out-dir "$RES" \
     || step_failed "gpu_compiled (rc $?)"
   fi
 
   # ---------------------------------------------------------------- 5. token trees where width is cheap
   if want 5; then
   log "5/6 chains vs static vs dynamic trees ($DTYPE, eager engine, greedy, B = 1 and 8)"
-  timeout -k 10 150 "$PY" benchmarks/trees.py "${PAIR_FLAGS[@]}" --dtype "$DTYPE" --engine eager --modes greedy \
+  timeout -k 10 150 "$PY" -m benchmarks.engine.trees "${PAIR_FLAGS[@]}" --dtype "$DTYPE" --engine eager --modes greedy \
     --batch-sizes 1,8 --repeats 2 --num-prompts 6 --max-new-tokens 40 --gammas 4,6 --trees "2,1,1,1;2,2,1,1" \
     --dynamic "2x6/10;4x6/24;8x6/48" --hybrid-gammas 4 --cost-repeats 5 ${EXTRA[@]+"${EXTRA[@]}"} \
     || step_failed "trees (rc $?)"

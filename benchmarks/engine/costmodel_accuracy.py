@@ -24,18 +24,17 @@ tokens the steps emitted (generated - one per request, which prefill emits) over
 inside steps, and its error.
 
 Example:
-    python benchmarks/costmodel_accuracy.py                          # the demo pair, ~2 min on 2 cores
-    python benchmarks/costmodel_accuracy.py --gammas 0,2 --batch-sizes 1,2 --num-prompts 4 --repeats 3
+    python -m benchmarks.engine.costmodel_accuracy                   # the demo pair, ~2 min on 2 cores
+    python -m benchmarks.engine.costmodel_accuracy --gammas 0,2 --batch-sizes 1,2 --num-prompts 4 --repeats 3
 """
 
 from __future__ import annotations
 
 import statistics
 
-import _common
-
 from autotune.cost.costmodel import predict
 from autotune.workload.runner import LoadSpec, run_load
+from benchmarks import _common
 from engine.speculative import SpecConfig
 
 NAME = "costmodel_accuracy"

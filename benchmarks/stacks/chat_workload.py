@@ -41,24 +41,21 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from autotune import context
+from autotune.backends.vllm import VllmBackend
+from autotune.cli.text import columns
+from autotune.config import load_config
+from autotune.cost.acceptance import expected_tokens
+from autotune.cost.costmodel import best_gamma
+from autotune.device.profiler import spread
+from autotune.knobs import Knobs
+from autotune.records import PER_POSITION
+from benchmarks._common import int_list, portable, profile_pair
+from benchmarks._schedule import Plan, analyse, choices_json, level_choice_text, ratio_text, write_json
+from engine.demo import DEMO_DIR
+from engine.loader import load_pair
 
-from _common import int_list, portable, profile_pair  # noqa: E402
-from _schedule import Plan, analyse, choices_json, level_choice_text, ratio_text, write_json  # noqa: E402
-
-from autotune import context  # noqa: E402
-from autotune.backends.vllm import VllmBackend  # noqa: E402
-from autotune.cli.text import columns  # noqa: E402
-from autotune.config import load_config  # noqa: E402
-from autotune.cost.acceptance import expected_tokens  # noqa: E402
-from autotune.cost.costmodel import best_gamma  # noqa: E402
-from autotune.device.profiler import spread  # noqa: E402
-from autotune.knobs import Knobs  # noqa: E402
-from autotune.records import PER_POSITION  # noqa: E402
-from engine.demo import DEMO_DIR  # noqa: E402
-from engine.loader import load_pair  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 WORKLOADS = ("plain", "chat")
 

@@ -26,16 +26,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from autotune.backends.llamacpp import LlamacppBackend
+from autotune.knobs import Knobs
+from benchmarks._transfer import arguments, measure_plan, open_stack, report, summarize
+from profiles.profile import export_inputs
+from profiles.schema import Profile
 
-from _transfer import arguments, measure_plan, open_stack, report, summarize  # noqa: E402
-
-from autotune.backends.llamacpp import LlamacppBackend  # noqa: E402
-from autotune.knobs import Knobs  # noqa: E402
-from profiles.profile import export_inputs  # noqa: E402
-from profiles.schema import Profile  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

@@ -56,11 +56,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from _schedule import (  # noqa: E402
+from autotune.backends.vllm import VllmBackend, serve_command
+from autotune.decide.selection import table_verdict
+from autotune.knobs import Knobs, table_text
+from benchmarks._schedule import (
     Plan,
     analyse,
     arguments,
@@ -82,14 +81,12 @@ from _schedule import (  # noqa: E402
     table_cost,
     write_json,
 )
-from _transfer import open_stack  # noqa: E402
+from benchmarks._transfer import open_stack
+from profiles.exporters._common import batch_ranges
+from profiles.profile import export_inputs
+from profiles.schema import Profile
 
-from autotune.backends.vllm import VllmBackend, serve_command  # noqa: E402
-from autotune.decide.selection import table_verdict  # noqa: E402
-from autotune.knobs import Knobs, table_text  # noqa: E402
-from profiles.exporters._common import batch_ranges  # noqa: E402
-from profiles.profile import export_inputs  # noqa: E402
-from profiles.schema import Profile  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 TABLE_KEY = "num_speculative_tokens_per_batch_size"
 

@@ -22,10 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks._common import Bench, portable, print_table, write_json
 
-from _common import Bench, portable, print_table, write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 BACKENDS = ("engine", "vllm", "llamacpp")
 

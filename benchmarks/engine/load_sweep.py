@@ -13,15 +13,14 @@ Writes ``load_sweep.json`` and ``load_sweep.png`` (tokens/s vs concurrency, log2
 per gamma) into ``--out-dir``.
 
 Example:
-    python benchmarks/load_sweep.py                                  # the demo pair, ~4 min on 2 cores
-    python benchmarks/load_sweep.py --concurrency 1,4 --gammas 0,4 --num-requests 4 --max-new-tokens 16
+    python -m benchmarks.engine.load_sweep                           # the demo pair, ~4 min on 2 cores
+    python -m benchmarks.engine.load_sweep --concurrency 1,4 --gammas 0,4 --num-requests 4 --max-new-tokens 16
 """
 
 from __future__ import annotations
 
-import _common
-
 from autotune.workload.runner import LoadSpec, run_load
+from benchmarks import _common
 from engine.metrics import speedup
 from engine.speculative import SpecConfig
 

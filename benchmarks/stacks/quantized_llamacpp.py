@@ -23,22 +23,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from autotune import context
+from autotune.backends.llamacpp import LlamacppBackend
+from autotune.config import load_config
+from autotune.errors import USER_ERRORS
+from autotune.knobs import Knobs
+from autotune.stats import Estimate, paired_ratio
+from benchmarks._common import RESULTS, Bench, fail, int_list, print_table, write_json
+from benchmarks._transfer import measure_plan
 
-from _common import RESULTS, Bench, fail, int_list, print_table, write_json  # noqa: E402
-from _transfer import measure_plan  # noqa: E402
-
-from autotune import context  # noqa: E402
-from autotune.backends.llamacpp import LlamacppBackend  # noqa: E402
-from autotune.config import load_config  # noqa: E402
-from autotune.errors import USER_ERRORS  # noqa: E402
-from autotune.knobs import Knobs  # noqa: E402
-from autotune.stats import Estimate, paired_ratio  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 BASE, SERVED = "f32", "q4_k_m"
 

@@ -32,18 +32,15 @@ import argparse
 import contextlib
 import io
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from _schedule import (  # noqa: E402
+from autotune.backends.vllm import K0_SKIP_ENV, VllmBackend
+from autotune.knobs import Knobs
+from benchmarks._schedule import (
     Plan,
     analyse,
     identity,
@@ -55,10 +52,9 @@ from _schedule import (  # noqa: E402
     requests_text,
     write_json,
 )
-from _transfer import open_stack  # noqa: E402
+from benchmarks._transfer import open_stack
 
-from autotune.backends.vllm import K0_SKIP_ENV, VllmBackend  # noqa: E402
-from autotune.knobs import Knobs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 TABLE_KEY = "num_speculative_tokens_per_batch_size"
 GOAL = 0.98  # the K=0 table with the plugin against no speculation, at every level (issue 47)

@@ -42,15 +42,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from autotune.cli.text import columns, fmt
+from autotune.cost import stackcost
+from autotune.records import LevelMetrics
+from benchmarks._schedule import Plan, grid_values, identity, write_json
 
-from _schedule import Plan, grid_values, identity, write_json  # noqa: E402
-
-from autotune.cli.text import columns, fmt  # noqa: E402
-from autotune.cost import stackcost  # noqa: E402
-from autotune.records import LevelMetrics  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def arguments() -> argparse.Namespace:

@@ -18,8 +18,8 @@ is the verify cost of k tokens in decodes: flat (~1) where the device is memory-
 Prints one table per model and writes benchmarks/results/gpu/gpu_compiled.json (``--out-dir``).
 
 Example:
-    python benchmarks/gpu_compiled.py                                    # on a CUDA host, ~3-5 min
-    python benchmarks/gpu_compiled.py --device cpu --models demo --modes eager,compiled \
+    python -m benchmarks.gpu.compiled                                    # on a CUDA host, ~3-5 min
+    python -m benchmarks.gpu.compiled --device cpu --models demo --modes eager,compiled \
         --batch-sizes 1 --ks 1,5
 """
 
@@ -40,7 +40,7 @@ from engine.config import ModelConfig
 from engine.loader import load_model, parse_dtype, resolve_device
 from engine.model import Transformer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "engine" / "demo" / "pair"
 # ~1.1B and ~0.1B Llama shapes (TinyLlama-like target, a small draft with the same vocabulary).
 SYNTHETIC = {

@@ -27,7 +27,7 @@ levels (constant chains, no threshold, gamma up to the grid's largest); its choi
 the rows measured here and set against the best (drafter, gamma) at each level (the issue's goal:
 within 5%). Usage::
 
-    python benchmarks/drafters.py [--drafters model,eagle3,ngram,hybrid] [--grid 1,2,3,4,6]
+    python -m benchmarks.stacks.drafters [--drafters model,eagle3,ngram,hybrid] [--grid 1,2,3,4,6]
         [--concurrency 1,4] [--rounds 2] [--num-prompts 12] [--max-new-tokens 48]
         [--vllm --vllm-plan model:4,eagle3:1,eagle3:2,ngram:3 --repeats 3] [--tune [--tune-trials 16]]
 
@@ -42,10 +42,9 @@ import sys
 import time
 from pathlib import Path
 
-import _common
-
 from autotune.stats import paired_ratio
 from autotune.workload.runner import LoadSpec, compare
+from benchmarks import _common
 from engine.demo import DEMO_EAGLE3
 from engine.speculative import SpecConfig
 

@@ -26,16 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from autotune import context
+from autotune.backends.engine import EngineBackend
+from autotune.cli.text import columns
+from autotune.config import load_config
+from autotune.jobs.tune import run_tune
+from autotune.knobs import Knobs
+from autotune.search import study as study_mod
 
-from autotune import context  # noqa: E402
-from autotune.backends.engine import EngineBackend  # noqa: E402
-from autotune.cli.text import columns  # noqa: E402
-from autotune.config import load_config  # noqa: E402
-from autotune.jobs.tune import run_tune  # noqa: E402
-from autotune.knobs import Knobs  # noqa: E402
-from autotune.search import study as study_mod  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 DEFAULTS = {
     "transformers (20 tokens, confidence 0.4)": {"gamma": 20, "confidence_threshold": 0.4},

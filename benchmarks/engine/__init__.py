@@ -1,0 +1,1 @@
+"""The engine on this host: speed, quality and cost-model claims of docs/results/engine-cpu.md."""

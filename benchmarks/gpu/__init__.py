@@ -1,0 +1,1 @@
+"""Checks on a lent GPU (``bash benchmarks/gpu/check.sh``): equivalence and the compiled step."""

@@ -1,0 +1,1 @@
+"""Inside the serving stacks (vLLM, llama-server): transfer, per-load schedules, drafters, scale."""

@@ -1,0 +1,1 @@
+"""``autotune watch`` against live servers whose load drifts."""
