@@ -45,8 +45,11 @@ def _launcher_processes() -> list[str]:
 
 
 def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
+    """`autotune tune --backend vllm` end to end on three demo chat conversations (vLLM applies the
+    target's template on /v1/chat/completions): two trials, the profile, a clean exit, an export
+    vLLM's own parser accepts."""
     prompts = tmp_path / "prompts.jsonl"
-    lines = DEMO_PROMPTS.read_text().splitlines()[:3]
+    lines = (DEMO_TARGET.parents[1] / "chat.jsonl").read_text().splitlines()[:3]
     prompts.write_text("\n".join(lines) + "\n")
     raw = {
         "models": {
@@ -78,6 +81,7 @@ def test_two_trial_study_in_real_vllm_servers(tmp_path: Path) -> None:
     profile = run_tune(cfg, say=print)
 
     assert profile["backend"]["name"] == "vllm" and profile["backend"]["version"].startswith("0.")
+    assert profile["workload"]["format"] == "chat" and profile["workload"]["chat_template_sha256"]
     assert profile["study"]["n_trials"] == 2 and profile["study"]["failed_trials"] == 0
     assert all(s > 0 for s in profile["backend"]["startup_s"])
     assert (
