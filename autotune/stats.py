@@ -7,6 +7,8 @@ Pure functions over lists of repeated measurements (no numpy, no scipy):
   hits both): one ratio per round, then the geometric mean of the ratios with the t interval of
   their logarithms (exponentiated), which keeps the interval of A/B the reciprocal of B/A's;
 - :func:`bridged_ratio`: A/B measured in two groups, each beside one bridge configuration;
+- :func:`pairable`: whether series can be paired round by round at all;
+- :func:`paired_half_width`: the interval a paired ratio will have, from the noise and the rounds;
 - :func:`significant`: whether an interval of a ratio excludes 1 in A's favour;
 - :func:`bootstrap_interval`: a seeded percentile bootstrap of any statistic, for quantities
   that are not means (the profiler's verify cost and knee).
@@ -20,8 +22,9 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 CONFIDENCE = 0.95
 
@@ -84,6 +87,28 @@ class Estimate:
     def as_dict(self) -> dict:
         return {"value": self.value, "ci95": [self.low, self.high], "n": self.n}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Estimate:
+        """The estimate :meth:`as_dict` stored (extra keys, such as a benchmark's ``across``, ignored).
+
+        Example:
+            >>> Estimate.from_dict({"value": 1.2, "ci95": [1.1, 1.3], "n": 3, "across": "bridge"})
+            Estimate(value=1.2, low=1.1, high=1.3, n=3)
+        """
+        low, high = d["ci95"]
+        return cls(float(d["value"]), float(low), float(high), int(d["n"]))
+
+    def cell(self, fmt: str = ".2f") -> str:
+        """A table cell: ``1.23 (1.10-1.35)``; a single repeat, which has no interval, just ``1.23``.
+
+        Example:
+            >>> Estimate(1.234, 1.1, 1.35, 4).cell(), Estimate(1.234, 1.234, 1.234, 1).cell()
+            ('1.23 (1.10-1.35)', '1.23')
+        """
+        if self.n < 2:
+            return f"{self.value:{fmt}}"
+        return f"{self.value:{fmt}} ({self.low:{fmt}}-{self.high:{fmt}})"
+
     def text(self, fmt: str = ".2f", unit: str = "") -> str:
         """``1.62x (95% CI 1.51-1.70)``; a single repeat says ``(1 run, no interval)``.
 
@@ -125,6 +150,19 @@ def _log_ratios(a: Sequence[float], b: Sequence[float], who: str) -> list[float]
     if any(x <= 0 for x in (*a, *b)):
         raise ValueError(f"{who}: values must be positive")
     return [math.log(x / y) for x, y in zip(a, b, strict=True)]
+
+
+def pairable(*series: Sequence[float | None]) -> bool:
+    """True when the series can be paired round by round (:func:`paired_ratio`,
+    :func:`bridged_ratio`): equally many rounds, at least one, every value a positive number (a
+    round that measured nothing is None in a stored record).
+
+    Example:
+        >>> pairable([1.0, 2.0], [3.0, 4.0]), pairable([1.0], [3.0, 4.0]), pairable([1.0, None], [3.0, 4.0])
+        (True, False, False)
+    """
+    n = len(series[0]) if series else 0
+    return n > 0 and all(len(s) == n and all(x is not None and x > 0 for x in s) for s in series)
 
 
 def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Estimate:
@@ -171,6 +209,22 @@ def bridged_ratio(
     df = sum(var) ** 2 / sum(v * v / (len(logs) - 1) for v, logs in zip(var, parts, strict=True))
     half = t975(max(1, math.floor(df))) * se
     return Estimate(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
+
+
+def paired_half_width(cv: float, rounds: int) -> float:
+    """The half-width of the 95% interval (relative) that a :func:`paired_ratio` of two
+    configurations, each with round-to-round coefficient of variation ``cv``, is expected to have
+    over ``rounds`` rounds: the log ratio's spread is about cv x sqrt 2 (two independent noises),
+    its interval Student's t. For sizing a measurement: how many rounds (or requests per round) a
+    wanted interval needs.
+
+    Example:
+        >>> round(paired_half_width(0.05, 4), 3), round(paired_half_width(0.05, 16), 3)
+        (0.113, 0.038)
+    """
+    if rounds < 2:
+        raise ValueError(f"paired_half_width: need rounds >= 2, got {rounds}")
+    return t975(rounds - 1) * cv * math.sqrt(2.0) / math.sqrt(rounds)
 
 
 def significant(ratio: Estimate) -> bool:

@@ -46,10 +46,11 @@ from typing import Any
 from autotune.backends.server import ServerError
 from autotune.cli.text import columns, fmt
 from autotune.config import WorkloadConfig
+from autotune.decide.decision import round_order
 from autotune.decide.selection import LevelChoice, TablePlan, choose_with_margin, plan_table
 from autotune.knobs import Knobs
 from autotune.records import LEVEL_KEYS, PER_POSITION, Point
-from autotune.stats import Estimate, bridged_ratio, paired_ratio, t975
+from autotune.stats import Estimate, bridged_ratio, pairable, paired_half_width, paired_ratio
 from benchmarks._common import portable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -413,22 +414,22 @@ class Plan:
         for row, _ in group:
             row["group"] = self._groups
         self._groups += 1
-        for r in range(self.repeats):
-            for row, command in group:
-                label = row["config"]
-                if "error" in row:
-                    continue
-                keep_records = records[label] if r == 0 else None
-                try:
-                    res = self.backend.run_command(
-                        command, self.batch, self.seed + r, keep_records, with_trace=True
-                    )
-                except ServerError as exc:
-                    print(f"{label}: failed: {exc}", file=sys.stderr)
-                    row["error"] = str(exc)[:2000]
-                    continue
-                runs[label].append(res)
-                startup.setdefault(label, self.backend.server.startup_s if self.backend.server else None)
+        for i, r in round_order(len(group), self.repeats, interleaved=True):
+            row, command = group[i]
+            label = row["config"]
+            if "error" in row:
+                continue
+            keep_records = records[label] if r == 0 else None
+            try:
+                res = self.backend.run_command(
+                    command, self.batch, self.seed + r, keep_records, with_trace=True
+                )
+            except ServerError as exc:
+                print(f"{label}: failed: {exc}", file=sys.stderr)
+                row["error"] = str(exc)[:2000]
+                continue
+            runs[label].append(res)
+            startup.setdefault(label, self.backend.server.startup_s if self.backend.server else None)
         for row, _ in group:
             if "error" not in row:
                 self._fill(row, runs[row["config"]], records[row["config"]], startup.get(row["config"]))
@@ -547,14 +548,8 @@ class Plan:
 
 
 def _ratio(a: Sequence[float], b: Sequence[float]) -> Estimate | None:
-    if len(a) != len(b) or not a or any(x is None or x <= 0 for x in (*a, *b)):
-        return None
-    return paired_ratio(a, b)
-
-
-def _usable(*series: Sequence[float]) -> bool:
-    n = len(series[0])
-    return n > 0 and all(len(s) == n and all(x is not None and x > 0 for x in s) for s in series)
+    """:func:`autotune.stats.paired_ratio`, None where the rounds cannot be paired."""
+    return paired_ratio(a, b) if pairable(a, b) else None
 
 
 class Pairing:
@@ -590,18 +585,15 @@ class Pairing:
         if a is ba and b is bb:
             est = _ratio(x, y)
             return est and {**est.as_dict(), "across": "drift"}
-        if ba is not None and bb is not None and _usable(x, series(ba)) and _usable(y, series(bb)):
+        if ba is not None and bb is not None and pairable(x, series(ba)) and pairable(y, series(bb)):
             return {**bridged_ratio(x, series(ba), series(bb), y).as_dict(), "across": "bridge"}
         est = _ratio(x, y)
         return est and {**est.as_dict(), "across": "groups"}
 
 
 def ratio_text(r: dict | None) -> str | None:
-    """``1.23 (1.10-1.35)`` from an :meth:`Estimate.as_dict`; one round: ``1.23``."""
-    if r is None:
-        return None
-    low, high = r["ci95"]
-    return f"{r['value']:.2f}" if r["n"] < 2 else f"{r['value']:.2f} ({low:.2f}-{high:.2f})"
+    """``1.23 (1.10-1.35)`` from an :meth:`Estimate.as_dict` (:meth:`Estimate.cell`); one round: ``1.23``."""
+    return None if r is None else Estimate.from_dict(r).cell()
 
 
 def _goodput(levels: dict, slo: float) -> list[float]:
@@ -952,8 +944,8 @@ def noise_by_level(
     """How many requests per level the measured noise asks for.
 
     Per level: the round-to-round coefficient of variation of tokens/s (median over the measured
-    configurations), the 95% half-width of a paired ratio it gives with this run's rounds (two
-    independent configurations: CV x sqrt 2, t interval over the rounds), and the requests per
+    configurations), the 95% half-width of a paired ratio it gives with this run's rounds
+    (:func:`autotune.stats.paired_half_width`), and the requests per
     level that would bring that half-width to ``target`` with as many rounds (the CV taken to fall
     as 1/sqrt(requests): a level's tokens/s is a mean over its requests), or the rounds that would
     with as many requests (None past 60).
@@ -966,12 +958,11 @@ def noise_by_level(
     """
     out = {}
     for b in levels:
-        cvs, counts = [], []
+        cvs = []
         for r in rows:
             x = r.get("per_level_rounds", {}).get(b, {}).get("tokens_per_second") or []
             if len(x) >= 2 and statistics.mean(x) > 0:
                 cvs.append(statistics.stdev(x) / statistics.mean(x))
-                counts.append(len(x))
         if not cvs:
             continue
         n = min(
@@ -980,16 +971,14 @@ def noise_by_level(
             if b in r.get("per_level_rounds", {})
         )
         cv = statistics.median(cvs)
-        half = t975(n - 1) * cv * math.sqrt(2.0) / math.sqrt(n)
+        half = paired_half_width(cv, n)
         out[b] = {
             "cv": cv,
             "rounds": n,
             "ratio_half_width_95": half,
             "requests": (n_req := requests[b] if isinstance(requests, Mapping) else requests),
             "requests_for_target": math.ceil(n_req * (half / target) ** 2),
-            "rounds_for_target": next(
-                (m for m in range(2, 61) if t975(m - 1) * cv * math.sqrt(2.0 / m) <= target), None
-            ),
+            "rounds_for_target": next((m for m in range(2, 61) if paired_half_width(cv, m) <= target), None),
             "target_half_width": target,
         }
     return out

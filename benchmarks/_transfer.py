@@ -2,13 +2,17 @@
 
 ``transfer_vllm.py`` and ``transfer_llamacpp.py`` each build a plan of ``(label, launch command)``
 and call :func:`measure_plan`: every configuration gets a fresh server (the backend's launcher,
-the same host flags), the workload's load levels run ``repeats`` times after a warm-up, and the
-rows carry median tokens/s with min-max over repeats, the ratio to no speculation and to the
-grid's best, acceptance, and whether greedy outputs equal the no-speculation server's token for
-token (where the stack streams token ids: vLLM does, llama-server's OpenAI stream does not, and
-the column stays empty; tests/autotune/test_backend_llamacpp_real.py checks its ids instead).
-Commands already measured are not run twice (their row says ``same_as``), except the
-no-speculation baseline, which runs first and again last (the drift check).
+the same host flags), the workload's load levels run ``repeats`` times after a warm-up, round r of
+every configuration with seed + r (the tuner's :func:`autotune.decide.decision.round_order`), so
+rounds pair across configurations. :func:`summarize` gives each row the paired ratio to no
+speculation and to the grid's best (:func:`autotune.stats.paired_ratio`: geometric mean of the
+per-round ratios, 95% interval, as the tuner compares configurations) beside its median tokens/s
+with min-max over repeats, its acceptance, and whether its greedy outputs equal the
+no-speculation server's token for token (where the stack streams token ids: vLLM does,
+llama-server's OpenAI stream does not, and the column stays empty;
+tests/autotune/test_backend_llamacpp_real.py checks its ids instead). Commands already measured
+are not run twice (their row says ``same_as``), except the no-speculation baseline, which runs
+first and again last (the drift check).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from pathlib import Path
 
 from autotune import context
 from autotune.backends.server import ServerError
-from autotune.cli.text import columns
+from autotune.cli.text import columns, fmt
 from autotune.config import load_config
+from autotune.decide.decision import round_order
 from autotune.errors import USER_ERRORS
-from benchmarks._common import portable
+from autotune.stats import Estimate, describe_difference, pairable, paired_ratio, significant
+from benchmarks._schedule import ratio_text, summary_text, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,10 +109,11 @@ def measure_plan(
     """Every configuration of ``plan`` in a fresh server; one row per entry (see the module docstring).
 
     ``interleaved``: the servers stay up together and round r runs every configuration before round
-    r+1 (a host's drift then hits each round's pairs alike); where the backend keeps fewer servers
-    than the plan has configurations (``keep_servers``, sized by memory), back to back instead."""
+    r+1 (a host's drift then hits each round's pairs alike); where the backend would not interleave
+    them (its ``remeasure_order``, as in the tuner's re-measurement: it keeps fewer servers than the
+    plan has configurations, ``keep_servers``, sized by memory), back to back instead."""
     distinct = {json.dumps(c) for _, c in plan}
-    if interleaved and getattr(backend, "keep_servers", 1) < len(distinct):
+    if interleaved and backend.remeasure_order(len(distinct)) != "interleaved":
         print(
             f"interleaving {len(distinct)} servers needs keep_servers >= {len(distinct)} "
             f"(this host keeps {backend.keep_servers}): back to back per server",
@@ -137,16 +144,10 @@ def measure_plan(
         startup.setdefault(label, backend.server.startup_s)
         runs[label].append(res)
 
-    if interleaved:
-        backend.close()
-        for r in range(repeats):
-            for label, command in order:
-                one(label, command, r)
-    else:
-        for label, command in order:
-            backend.close()  # a fresh server for every configuration
-            for r in range(repeats):
-                one(label, command, r)
+    for i, r in round_order(len(order), repeats, interleaved):
+        if r == 0 and (i == 0 or not interleaved):
+            backend.close()  # fresh servers: all of them interleaved, one per configuration back to back
+        one(*order[i], r)
     backend.close()
     rows, measured = [], {}
     for label, command in plan:
@@ -188,16 +189,43 @@ def measure_plan(
     return rows
 
 
+def _over(row: dict, ref: dict | None) -> Estimate | None:
+    """``row``'s tokens/s over ``ref``'s, paired round by round; None where they cannot be paired."""
+    if ref is None:
+        return None
+    a, b = row["tokens_per_second_runs"], ref["tokens_per_second_runs"]
+    return paired_ratio(a, b) if pairable(a, b) else None
+
+
 def summarize(rows: list[dict], greedy: bool, chosen_prefix: str) -> dict:
-    """Ratios per row (in place) and the summary figures of a transfer benchmark."""
+    """Ratios per row (in place) and the summary figures of a transfer benchmark.
+
+    Each measured row gets its paired ratio (:meth:`Estimate.as_dict`) over no speculation (the
+    first) and over the grid's best (its highest median tokens/s). The summary gives them for the
+    engine's export and the stack's choice, the tuner's verdict on each against the grid's best
+    (:func:`autotune.stats.describe_difference`), the grid rows the best is not significantly
+    faster than (:func:`autotune.stats.significant`: what this run cannot tell from the best), and
+    the drift (no speculation last over first).
+
+    Example:
+        >>> def row(name, *tps):
+        ...     return {"config": name, "tokens_per_second_runs": list(tps),
+        ...             "tokens_per_second": sorted(tps)[1], "outputs": [[1, 2]]}
+        >>> rows = [row("no speculation", 100, 104, 96), row("grid K=2", 150, 158, 142),
+        ...         row("grid K=3", 148, 160, 152), row("grid K=5", 120, 126, 118)]
+        >>> s = summarize(rows, True, "choice")
+        >>> s["grid_best"], s["grid_within_noise_of_best"], round(rows[3]["over_grid_best"]["value"], 2)
+        ('grid K=3', ['grid K=2'], 0.79)
+    """
     base = next((r for r in rows if r["config"] == "no speculation" and "error" not in r), None)
     grid = [r for r in rows if "error" not in r and r["config"].startswith("grid")]
     best = max(grid, key=lambda r: r["tokens_per_second"], default=None)
     for r in rows:
         if "error" in r:
             continue
-        r["over_no_speculation"] = r["tokens_per_second"] / base["tokens_per_second"] if base else None
-        r["over_grid_best"] = r["tokens_per_second"] / best["tokens_per_second"] if best else None
+        for key, ref in (("over_no_speculation", base), ("over_grid_best", best)):
+            est = _over(r, ref)
+            r[key] = est and est.as_dict()
         ids = all(-1 not in out for out in r["outputs"])  # llama-server's OpenAI stream carries no ids
         if base and greedy and ids:
             r["greedy_identical"] = r["outputs"] == base["outputs"]
@@ -205,39 +233,50 @@ def summarize(rows: list[dict], greedy: bool, chosen_prefix: str) -> dict:
     def first(prefix: str, key: str):
         return next((r[key] for r in rows if r["config"].startswith(prefix) and "error" not in r), None)
 
+    def verdict(prefix: str) -> str | None:
+        row = next((r for r in rows if r["config"].startswith(prefix) and "error" not in r), None)
+        if row is None or best is None or row["over_grid_best"] is None:
+            return None
+        if row["tokens_per_second_runs"] == best["tokens_per_second_runs"]:
+            return f"the grid's best ({best['config']})"
+        return describe_difference(Estimate.from_dict(row["over_grid_best"]))
+
     last = rows[-1] if rows and rows[-1]["config"].startswith("no speculation (again") else None
+    drift = _over(last, base) if last and "error" not in last else None
     return {
         "grid_best": best["config"] if best else None,
         "grid_best_tokens_per_second": best["tokens_per_second"] if best else None,
+        "grid_within_noise_of_best": [
+            r["config"]
+            for r in grid
+            if r["tokens_per_second_runs"] != best["tokens_per_second_runs"]
+            and (over := _over(best, r)) is not None
+            and not significant(over)
+        ]
+        if best
+        else [],
         "engine_export_over_grid_best": first("engine-backend export", "over_grid_best"),
+        "engine_export_vs_grid_best": verdict("engine-backend export"),
         "engine_export_over_no_speculation": first("engine-backend export", "over_no_speculation"),
         "choice_over_grid_best": first(chosen_prefix, "over_grid_best"),
+        "choice_vs_grid_best": verdict(chosen_prefix),
         "choice_over_no_speculation": first(chosen_prefix, "over_no_speculation"),
-        "drift_no_speculation_last_over_first": (
-            last["tokens_per_second"] / base["tokens_per_second"]
-            if base and last and "error" not in last
-            else None
-        ),
+        "drift_no_speculation_last_over_first": drift and drift.as_dict(),
     }
 
 
 def report(out: Path, header: str, result: dict) -> None:
-    """Write the JSON atomically and print the table and summary."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(portable(json.dumps(result, indent=2)) + "\n")  # <repo>/..., ~/...: no machine paths
-    tmp.replace(out)
-    rows = result["rows"]
+    """Write the JSON atomically (machine paths made portable) and print the table and summary."""
+    write_json(out, result)
     print(f"\n{header}\n")
     print(
         columns(
             [
                 "configuration",
                 "tok/s (median)",
-                "min",
-                "max",
-                "x no-spec",
-                "x grid best",
+                "min-max",
+                "x no-spec (95% CI)",
+                "x grid best (95% CI)",
                 "acceptance",
                 "greedy = no-spec",
                 "start-up s",
@@ -246,22 +285,16 @@ def report(out: Path, header: str, result: dict) -> None:
                 (
                     r["config"],
                     r.get("tokens_per_second"),
-                    r.get("min"),
-                    r.get("max"),
-                    r.get("over_no_speculation"),
-                    r.get("over_grid_best"),
+                    f"{fmt(r['min'])}-{fmt(r['max'])}" if "min" in r else None,
+                    ratio_text(r.get("over_no_speculation")),
+                    ratio_text(r.get("over_grid_best")),
                     r.get("acceptance_rate"),
                     r.get("greedy_identical"),
                     r.get("startup_s"),
                 )
-                for r in rows
+                for r in result["rows"]
             ],
         )
     )
-    print(
-        "\n"
-        + "\n".join(
-            f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}" for k, v in result["summary"].items()
-        )
-    )
+    print("\n" + "\n".join(summary_text(k, v) for k, v in result["summary"].items()))
     print(f"\nwrote {out}")

@@ -166,6 +166,21 @@ def _remeasured_point(
     return point, result
 
 
+def round_order(configs: int, rounds: int, interleaved: bool, start: int = 0) -> list[tuple[int, int]]:
+    """The runs of a paired re-measurement in the order they are made: ``(configuration, round)``
+    for rounds ``start`` to ``rounds - 1``. Interleaved, round r of every configuration runs before
+    round r + 1 of any (A B C A B C), so drift hits each round's configurations alike; else each
+    configuration's rounds run back to back (A A B B C C), as in one server kept for them. The
+    caller gives round r of every configuration the same seed, which is what pairs the rounds.
+
+    Example:
+        >>> round_order(2, 2, True), round_order(2, 2, False), round_order(2, 3, True, start=2)
+        ([(0, 0), (1, 0), (0, 1), (1, 1)], [(0, 0), (0, 1), (1, 0), (1, 1)], [(0, 2), (1, 2)])
+    """
+    runs = [(i, r) for r in range(start, rounds) for i in range(configs)]
+    return runs if interleaved else sorted(runs)
+
+
 def remeasure(
     cfg: TuneConfig,
     backend: Backend,
@@ -206,9 +221,7 @@ def remeasure(
     )
     kw: dict[str, Any] = {"levels": levels} if levels is not None else {"with_trace": True}
     clock = budget if budget is not None else RunBudget(None)
-    plan = [(i, r) for r in range(done, repeats) for i in range(len(configs))]  # A B C A B C ...
-    if order != "interleaved":  # A A B B C C: each configuration's rounds in its one server
-        plan.sort()
+    plan = round_order(len(configs), repeats, order == "interleaved", start=done)
     started = clock.clock()
     for ran, (i, r) in enumerate(plan, start=1):
         rounds[i].append(backend.run(configs[i][0], cfg.budget.seed + 1 + r, **kw))

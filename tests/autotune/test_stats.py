@@ -12,6 +12,8 @@ from autotune.stats import (
     bootstrap_interval,
     describe_difference,
     estimate,
+    pairable,
+    paired_half_width,
     paired_ratio,
     significant,
     t975,
@@ -89,3 +91,34 @@ def test_bootstrap_is_seeded_and_covers_the_statistic() -> None:
     first = bootstrap_interval([xs], lambda s: sorted(s)[len(s) // 2], seed=3)
     assert first == bootstrap_interval([xs], lambda s: sorted(s)[len(s) // 2], seed=3)
     assert min(xs) <= first[0] <= first[1] <= max(xs)
+
+
+def test_an_estimate_comes_back_from_its_stored_dict_and_prints_as_a_cell() -> None:
+    r = paired_ratio([150.0, 160.0, 155.0], [100.0, 104.0, 98.0])
+    assert Estimate.from_dict({**r.as_dict(), "across": "bridge"}) == r
+    assert r.cell() == f"{r.value:.2f} ({r.low:.2f}-{r.high:.2f})" and r.low < r.value < r.high
+    assert paired_ratio([2.0], [1.0]).cell() == "2.00"  # one round: no interval to print
+
+
+def test_pairable_wants_equally_many_positive_rounds() -> None:
+    assert pairable([1.0, 2.0], [3.0, 4.0], [5.0, 6.0])
+    assert not pairable([1.0, 2.0], [3.0])
+    assert not pairable([], [])
+    assert not pairable([1.0, None], [3.0, 4.0])  # a round that measured nothing
+    assert not pairable([1.0, 0.0], [3.0, 4.0])
+
+
+def test_the_half_width_a_noise_predicts_is_the_one_paired_ratios_get() -> None:
+    rng = random.Random(1)
+    cv, rounds = 0.05, 8
+    widths = []
+    for _ in range(400):
+        a = [100 * rng.gauss(1, cv) for _ in range(rounds)]
+        b = [100 * rng.gauss(1, cv) for _ in range(rounds)]
+        r = paired_ratio(a, b)
+        widths.append((math.log(r.high) - math.log(r.low)) / 2)
+    typical = sorted(widths)[len(widths) // 2]
+    assert typical == pytest.approx(paired_half_width(cv, rounds), rel=0.15)
+    assert paired_half_width(cv, 16) < paired_half_width(cv, 4)
+    with pytest.raises(ValueError):
+        paired_half_width(cv, 1)

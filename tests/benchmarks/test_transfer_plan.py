@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from autotune.backends.http_backend import HttpBackend
 from autotune.backends.server import ServerError
 from benchmarks._transfer import measure_plan
 
@@ -16,6 +17,8 @@ class StackStub:
         self.calls: list[tuple[str, int]] = []
         self.closes = 0
         self.server = SimpleNamespace(startup_s=1.5)
+
+    remeasure_order = HttpBackend.remeasure_order  # interleaved while keep_servers holds them all
 
     def close(self) -> None:
         self.closes += 1
