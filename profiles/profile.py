@@ -25,7 +25,7 @@ from profiles.reading import (
     check_schema_version,
     get,
 )
-from profiles.schema import MISSING, Profile
+from profiles.schema import MISSING, PluginNeed, Profile
 
 __all__ = [
     "DRAFTERS",
@@ -74,6 +74,9 @@ class ExportInputs:
     schedule_note: str = ""
     # the server flags the trials ran with (None: a profile without them, or measured on the engine)
     deployment: Deployment | None = None
+    # the schedule's K=0 range is speculation off only with the spec-autotune vLLM plugin, and what a
+    # server without it serves (table_decision.needs_plugin; None: the schedule needs no plugin)
+    needs_plugin: PluginNeed | None = None
 
     @property
     def schedule_max(self) -> int:
@@ -167,7 +170,17 @@ def export_inputs(
         tree_nodes=chosen.tree_nodes,
         schedule_note=_schedule_note(profile),
         deployment=None if profile.deployment is MISSING else profile.deployment,
+        needs_plugin=_needs_plugin(profile),
     )
+
+
+def _needs_plugin(profile: Profile) -> PluginNeed | None:
+    """``table_decision.needs_plugin`` where the profile has it, else None."""
+    decision = profile.table_decision
+    if decision is MISSING or decision.needs_plugin is MISSING:
+        return None
+    need: PluginNeed = decision.needs_plugin
+    return need
 
 
 def _schedule_note(profile: Profile) -> str:

@@ -42,6 +42,7 @@ __all__ = [
     "BatchSchedule",
     "Chosen",
     "LevelDecision",
+    "PluginNeed",
     "Profile",
     "Ratio",
     "ScheduleEntry",
@@ -404,6 +405,62 @@ class LevelDecision:
 
 
 @dataclass(frozen=True)
+class PluginNeed:
+    """What a served table with a K=0 range needs (profile key ``table_decision.needs_plugin``).
+
+    The table was measured in a vLLM whose K=0 skips the drafter: the spec-autotune vLLM plugin
+    (``plugin``, the distribution's name; docs/stacks/vllm.md#the-k0-skip-plugin), switched on by
+    ``env`` = 1 in the server's environment, tested on the vLLM release line ``vllm_version`` (as
+    the tuned server reported it; None where it did not). Without the plugin a K=0 range still runs
+    the drafter, so a server without it serves ``fallback`` instead: ``(batch_size, K)`` pairs
+    measured live beside the table (a table of K >= 1, or the best constant's K at every batch
+    size, 0 being no speculation), and ``fallback_reason`` says which and why.
+
+    Example:
+        >>> need = PluginNeed.from_json({"plugin": "spec-autotune-vllm-plugin",
+        ...     "env": "SPEC_AUTOTUNE_K0_SKIP", "vllm_version": "0.32.0", "fallback": [[1, 3], [16, 3]]})
+        >>> need.fallback, PluginNeed.from_json(need.to_json()) == need
+        (((1, 3), (16, 3)), True)
+    """
+
+    plugin: str
+    env: str
+    fallback: tuple[tuple[int, int], ...]
+    vllm_version: str | None = MISSING
+    fallback_reason: str = MISSING
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    KEYS = ("plugin", "env", "vllm_version", "fallback", "fallback_reason")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str = "table_decision.needs_plugin") -> PluginNeed:
+        """Validate ``needs_plugin``; ProfileError names the key (``<where>.<key>``)."""
+        known, extra = _split(data, cls.KEYS, where)
+        for key in ("plugin", "env", "fallback"):
+            if key not in known:
+                raise ProfileError(f"profile: missing key '{where}.{key}'")
+        for key in ("plugin", "env", "fallback_reason"):
+            if key in known:
+                check_kind(known[key], str, f"{where}.{key}")
+        if known.get("vllm_version") is not None:
+            check_kind(known["vllm_version"], str, f"{where}.vllm_version")
+        fallback = _pairs(known["fallback"], f"{where}.fallback")
+        if not fallback or any(b < 1 or k < 0 for b, k in fallback):
+            raise ProfileError(
+                f"profile: '{where}.fallback' must be [batch_size >= 1, K >= 0] pairs, "
+                f"got {known['fallback']!r}"
+            )
+        known["fallback"] = fallback
+        return cls(**{k: known.get(k, MISSING) for k in cls.KEYS}, extra=extra, key_order=tuple(data))
+
+    def to_json(self) -> dict[str, Any]:
+        values = {k: getattr(self, k) for k in self.KEYS if getattr(self, k) is not MISSING}
+        values["fallback"] = [list(p) for p in self.fallback]
+        return _ordered({**values, **self.extra}, self.key_order)
+
+
+@dataclass(frozen=True)
 class TableDecision:
     """Why the schedule is a by-batch-size table or one K (profile key ``table_decision``).
 
@@ -411,8 +468,9 @@ class TableDecision:
     table they make (``(batch_size, K)`` pairs), whether it was served live beside the best
     constant and no speculation and won there, the verdict's per-level ratios (``per_level``, as
     ``autotune.decide.selection.TableVerdict`` holds them), the arrival trace's tokens/s of each
-    served configuration, and the reason in one sentence. Absent keys stay absent (profiles from
-    before a key).
+    served configuration, and the reason in one sentence; ``needs_plugin`` (:class:`PluginNeed`)
+    where the served table holds a K=0 range that only the spec-autotune vLLM plugin serves as
+    speculation off. Absent keys stay absent (a profile written without a key reads without it).
     """
 
     levels: tuple[LevelDecision, ...] = MISSING
@@ -422,10 +480,20 @@ class TableDecision:
     per_level: Sequence[Mapping[str, Any]] = MISSING
     trace_tokens_per_second: Mapping[str, float | None] = MISSING
     reason: str = MISSING
+    needs_plugin: PluginNeed = MISSING
     extra: Mapping[str, Any] = field(default_factory=dict)
     key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
-    KEYS = ("levels", "table", "served", "won", "per_level", "trace_tokens_per_second", "reason")
+    KEYS = (
+        "levels",
+        "table",
+        "served",
+        "won",
+        "per_level",
+        "trace_tokens_per_second",
+        "reason",
+        "needs_plugin",
+    )
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TableDecision:
@@ -447,6 +515,8 @@ class TableDecision:
         for key in ("served", "won"):
             if key in known:
                 check_kind(known[key], bool, f"table_decision.{key}")
+        if "needs_plugin" in known:
+            known["needs_plugin"] = PluginNeed.from_json(known["needs_plugin"])
         return cls(**{k: known.get(k, MISSING) for k in cls.KEYS}, extra=extra, key_order=tuple(data))
 
     def to_json(self) -> dict[str, Any]:
@@ -455,6 +525,8 @@ class TableDecision:
             values["levels"] = [lv.to_json() for lv in self.levels]
         if self.table is not MISSING:
             values["table"] = [list(p) for p in self.table]
+        if self.needs_plugin is not MISSING:
+            values["needs_plugin"] = self.needs_plugin.to_json()
         return _ordered({**values, **self.extra}, self.key_order)
 
 

@@ -62,6 +62,10 @@ class Backend(Protocol):
     name: str
     fixed_knobs: Mapping[str, Any]  # knobs the backend cannot express, and the value they are fixed at
     serves_table: bool  # runs a by-batch-size K table (Knobs.table) as one configuration
+    # a table's K=0 range runs no drafter there: it is speculation off, so a table may hold "off"
+    # at a load level (autotune.decide.selection.plan_table); False where K=0 still feeds the drafter.
+    # Where True, describe()["k0_skip"] names what makes it so: {"plugin": distribution, "env": switch}
+    skips_drafter_at_k0: bool
     # after the warm starts, serve only the K its fitted step costs predict best at some level, then
     # stop (autotune.cost.stackcost; for a stack whose every trial is a minutes-long server start)
     plans_by_cost: bool

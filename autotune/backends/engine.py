@@ -33,6 +33,7 @@ class EngineBackend:
     name = "engine"
     fixed_knobs: Mapping[str, Any] = {}
     serves_table = True  # SpecConfig.batch_gammas: K follows the running rows at every step
+    skips_drafter_at_k0 = False  # a K=0 step still feeds the drafter (Drafter.catch_up, engine.speculative)
     plans_by_cost = False  # trials take seconds: the study searches every knob
     deployment: Deployment | None = None  # in process: no server flags
 

@@ -85,6 +85,7 @@ class HttpBackend:
 
     keep_servers = 1  # servers kept alive between runs (the current one and idle ones, newest kept)
     serves_table = False  # a stack that takes a by-batch-size K table says so (vLLM)
+    skips_drafter_at_k0 = False  # a stack whose table K=0 runs no drafter says so (vLLM with the plugin)
     plans_by_cost = False  # a stack whose server starts take minutes says so (vLLM)
     deployment: Deployment | None = None  # the stack's server flags (set by the stack's backend)
 

@@ -131,6 +131,9 @@ CPU_ENV = (("VLLM_CPU_KVCACHE_SPACE", "2"),)
 K0_SKIP_ENV = "SPEC_AUTOTUNE_K0_SKIP"
 """Set to 1 in the server's environment by ``backend.vllm.k0_skip: true``: the vLLM plugin's switch
 (its own copy, ``autotune.vllm_plugin.ENV``, which the tool never imports)."""
+K0_SKIP_PLUGIN = "spec-autotune-vllm-plugin"
+"""The plugin's distribution (``autotune/vllm_plugin/pyproject.toml``): what a profile whose table
+serves K=0 as off names as required (``describe()["k0_skip"]``, ``table_decision.needs_plugin``)."""
 
 
 def merged_args(defaults: Sequence[str], user: Sequence[str]) -> tuple[str, ...]:
@@ -297,6 +300,8 @@ class VllmBackend(HttpBackend):
             available_memory_bytes(),
         )
         self.version: str | None = None
+        # with the plugin (backend.vllm.k0_skip, autotune/vllm_plugin) a table's K=0 runs no drafter
+        self.skips_drafter_at_k0 = self.cfg.backend.vllm.k0_skip
 
     def server_need(self) -> Need | None:
         """One server: on a CPU host its KV cache, weights and base (:func:`server_bytes`); on a GPU the
@@ -337,6 +342,7 @@ class VllmBackend(HttpBackend):
 
     def describe(self) -> dict:
         command = self.command(Knobs("none", 0, max_batch_size=max(self.cfg.search.max_batch_size)))
+        k0_skip = {"plugin": K0_SKIP_PLUGIN, "env": K0_SKIP_ENV}  # what serves a table's K=0 as off
         return {
             "name": self.name,
             "version": self.version,
@@ -345,6 +351,7 @@ class VllmBackend(HttpBackend):
             "env": dict(self.deployment.env),
             "startup_s": [round(s, 1) for s in self.startups],
             "fixed_knobs": dict(self.fixed_knobs),
+            **({"k0_skip": k0_skip} if self.skips_drafter_at_k0 else {}),
         }
 
 

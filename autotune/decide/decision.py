@@ -43,17 +43,19 @@ from autotune.cost.costmodel import predict, predict_tree, tree_rank_samples
 from autotune.decide.selection import (
     Choice,
     LevelChoice,
+    TablePlan,
     TableVerdict,
     at_level,
     choose,
     choose_with_margin,
+    fallback_schedule,
     level_pool,
     pareto_front,
     plan_table,
     score_ratio,
     table_verdict,
 )
-from autotune.knobs import Knobs
+from autotune.knobs import Knobs, table_text
 from autotune.records import LevelMetrics, Measurement, Point, TrialResult
 from autotune.search.budget import RunBudget
 from autotune.search.study import Space, slo_violations
@@ -64,6 +66,7 @@ from profiles.schema import (
     BatchSchedule,
     Chosen,
     LevelDecision,
+    PluginNeed,
     Profile,
     Ratio,
     ScheduleEntry,
@@ -299,6 +302,7 @@ class TableContest:
     note: str
     trace: dict[str, float | None] = dataclasses.field(default_factory=dict)  # workload.trace tokens/s
     over_chosen: dict[int, Estimate] = dataclasses.field(default_factory=dict)
+    needs_plugin: PluginNeed | None = None  # the won table's "off" range needs the K=0 skip plugin
 
     def table_decision(self) -> TableDecision:
         """The profile's ``table_decision``; a level's ``over_chosen`` is absent where
@@ -323,6 +327,7 @@ class TableContest:
             per_level=self.verdict.per_level if self.verdict else [],
             trace_tokens_per_second=self.trace if self.trace else MISSING,
             reason=self.note,
+            needs_plugin=self.needs_plugin if self.needs_plugin is not None else MISSING,
         )
 
 
@@ -472,13 +477,22 @@ def serve_table(
     say: Say,
     budget: RunBudget | None = None,
 ) -> TableContest:
-    """The per-level choices and the table they make (:func:`autotune.decide.selection.plan_table`); where
-    its K differ by level and the constants do not already rule it out, the table served live
-    beside the best constant and no speculation (:func:`remeasure`), and its
-    :func:`autotune.decide.selection.table_verdict`.
+    """The per-level choices and the table they make (:func:`autotune.decide.selection.plan_table`,
+    told whether ``backend`` skips the drafter at a table's K=0); where its K differ by level and
+    the constants do not already rule it out, the table served live beside the best constant and
+    no speculation (:func:`remeasure`), and its :func:`autotune.decide.selection.table_verdict`.
+
+    A table with an "off" range (``backend.skips_drafter_at_k0``: vLLM with the plugin) is served
+    with its K >= 1 plan's table beside it, where that one is worth serving and the budget holds it
+    (:func:`_k_positive_table`); where the table wins, the fallback for a server without the skip
+    is chosen from what was served (:func:`_plugin_need`).
+
+    Long because: the contest in its order (the plan, why it is not served, what is served within
+    the budget, the verdict, the plugin's need, the record), each step a few lines.
     """
     constant = _constant(chosen, best_static)
-    plan = plan_table(remeasured.points, cfg.batch_sizes, constant, best_static, chosen.knobs.drafter)
+    skips = backend.skips_drafter_at_k0
+    plan = plan_table(remeasured.points, cfg.batch_sizes, constant, best_static, chosen.knobs.drafter, skips)
     levels, table = plan.levels, plan.table
     per_level = ", ".join(f"{c.batch_size}: {c.gamma}" for c in levels)
 
@@ -501,6 +515,9 @@ def serve_table(
     if budget is not None and budget.rounds(cfg.budget.repeats, len(configs), 0) < cfg.budget.repeats:
         say(budget.cut(f"the per-level {knobs.label} not served live (its rounds would pass budget.minutes)"))
         return unserved(f"not served live within budget.minutes; per-level K {per_level}")
+    k_positive, why_not = _k_positive_table(cfg, plan, chosen, len(configs), say, budget)
+    if k_positive is not None:
+        configs.append((k_positive, None))
     served = remeasure(
         cfg, backend, configs, say, f"serving the per-level {knobs.label} live beside the best constant"
     )
@@ -508,6 +525,9 @@ def serve_table(
         served.find(knobs)[0], served.find(constant.knobs)[0], served.find(off.knobs)[0], cfg.batch_sizes
     )
     say(("table chosen: " if verdict.won else "table not chosen: ") + verdict.reason)
+    need = None
+    if verdict.won and plan.fallback is not None:  # its "off" range is off only where K=0 skips the drafter
+        need = _plugin_need(backend, served, k_positive, constant, off, cfg.batch_sizes, why_not, say)
     trace = {
         name: result.trace.tokens_per_second
         for name, k in (("off", off.knobs), ("constant", constant.knobs), ("table", knobs))
@@ -519,7 +539,51 @@ def serve_table(
         if verdict.won
         else level_ratios(levels, remeasured.points, chosen)
     )
-    return TableContest(levels, table, knobs, served, verdict, verdict.reason, trace, over)
+    return TableContest(levels, table, knobs, served, verdict, verdict.reason, trace, over, need)
+
+
+def _k_positive_table(
+    cfg: TuneConfig, plan: TablePlan, chosen: Point, n_configs: int, say: Say, budget: RunBudget | None
+) -> tuple[Knobs | None, str]:
+    """The K >= 1 table served beside a table with an "off" range (``plan.fallback``'s), or None and
+    why not: no such range, that plan not worth serving, or its rounds would pass budget.minutes."""
+    k_positive = plan.fallback
+    if k_positive is None:
+        return None, ""
+    if k_positive.unserved:
+        return None, f"no K >= 1 table served: {k_positive.unserved}"
+    knobs = Knobs.for_table(k_positive.drafter, k_positive.table, chosen.knobs.max_batch_size)
+    if budget is not None and budget.rounds(cfg.budget.repeats, n_configs + 1, 0) < cfg.budget.repeats:
+        say(budget.cut(f"the K >= 1 {knobs.label} not served beside the table (its rounds would pass it)"))
+        return None, "the K >= 1 table was not served live within budget.minutes"
+    return knobs, ""
+
+
+def _plugin_need(
+    backend: Backend,
+    served: Remeasured,
+    k_positive: Knobs | None,
+    constant: Point,
+    off: Point,
+    batch_sizes: tuple[int, ...],
+    why_not: str,
+    say: Say,
+) -> PluginNeed:
+    """What the served table with an "off" range needs: the plugin ``backend`` names
+    (``describe()["k0_skip"]``), the stack's version, and the fallback for a server without it
+    (:func:`autotune.decide.selection.fallback_schedule`, from the points served beside the table)."""
+    described = backend.describe()
+    names = described["k0_skip"]
+    point = served.find(k_positive)[0] if k_positive is not None else None
+    pairs, why = fallback_schedule(
+        point, served.find(constant.knobs)[0], served.find(off.knobs)[0], batch_sizes, why_not
+    )
+    need = PluginNeed(names["plugin"], names["env"], pairs, described.get("version"), why)
+    say(
+        f"the table's K=0 range is speculation off only with the {need.plugin} ({need.env}=1, vLLM "
+        f"{need.vllm_version}); without it serve {table_text(need.fallback)}: {need.fallback_reason}"
+    )
+    return need
 
 
 def level_ratios(levels: list[LevelChoice], pool: list[Point], chosen: Point) -> dict[int, Estimate]:

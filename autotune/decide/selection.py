@@ -277,10 +277,13 @@ class TablePlan:
     """What the per-level choices say and the table they make.
 
     ``levels``: the best K at each load level, speculation off included (the measurement's word,
-    stored); ``holds``: the K a table holds there, chosen with ``with_off=False`` and anchored on
-    the best constant K (a table's K=0 range still runs the drafter, so it is not "off");
+    stored); ``holds``: the K a table holds there: where the stack runs the drafter at a table's K=0,
+    chosen with ``with_off=False`` and anchored on the best constant K (such a K=0 range is not
+    "off"), where it skips the drafter there, the ``levels`` themselves;
     ``table``: ``table_of(holds)``; ``unserved``: why serving it would tell nothing (one K at every
-    level, or a level where the constants already show it would lose), "" when it is worth serving.
+    level, or a level where the constants already show it would lose), "" when it is worth serving;
+    ``fallback``: where the table holds a K=0 range only a stack that skips the drafter serves as
+    off, the K >= 1 plan, for a stack without the skip (None otherwise).
     """
 
     levels: list[LevelChoice]
@@ -288,6 +291,7 @@ class TablePlan:
     table: tuple[tuple[int, int], ...]
     drafter: str
     unserved: str
+    fallback: TablePlan | None = None
 
 
 def plan_table(
@@ -296,9 +300,49 @@ def plan_table(
     constant: Point,
     best_static: Point | None,
     drafter: str,
+    skips_drafter_at_k0: bool = False,
 ) -> TablePlan:
     """The per-level choices anchored on ``constant`` (the best constant over the workload: one K, or
-    none), and the table to serve: K >= 1 at every level, anchored on ``constant`` where it is a K,
+    none), and the table to serve.
+
+    Where a table's K=0 range still runs the drafter (``skips_drafter_at_k0`` False: the engine,
+    vLLM as shipped), the table holds K >= 1 at every level (:func:`k_positive_plan`). Where the
+    stack skips the drafter at K=0 (vLLM with the spec-autotune plugin), a K=0 range is speculation
+    off, so a table whose per-level choices say "off" somewhere holds those choices themselves: they
+    depart from the constant only where significantly faster than it, so whenever they differ by
+    level the table is worth serving; its ``fallback`` is the K >= 1 plan, what a stack without the
+    skip serves instead. Per-level choices without "off" make the same table either way.
+
+    Example:
+        >>> def pt(g, r1, r8):
+        ...     return Point(Knobs("model", g), 0, 0, per_batch={1: r1[0], 8: r8[0]},
+        ...                  per_batch_rounds={1: r1, 8: r8})
+        >>> off = pt(0, (50, 52, 51), (200, 204, 198))
+        >>> k2, k5 = pt(2, (80, 82, 79), (190, 196, 191)), pt(5, (99, 103, 100), (170, 172, 171))
+        >>> plan_table([off, k2, k5], [1, 8], k5, k5, "model").table
+        ((1, 5), (8, 2))
+        >>> plan = plan_table([off, k2, k5], [1, 8], k5, k5, "model", skips_drafter_at_k0=True)
+        >>> plan.table, plan.unserved, plan.fallback.table
+        (((1, 5), (8, 0)), '', ((1, 5), (8, 2)))
+    """
+    plan = k_positive_plan(points, batch_sizes, constant, best_static, drafter)
+    choices = [c.gamma for c in plan.levels]
+    off_somewhere = len(choices) == len(batch_sizes) and 0 in choices and len(set(choices)) > 1
+    if not (skips_drafter_at_k0 and off_somewhere):
+        return plan
+    return TablePlan(plan.levels, plan.levels, table_of(plan.levels), plan.drafter, "", fallback=plan)
+
+
+def k_positive_plan(
+    points: Sequence[Point],
+    batch_sizes: Sequence[int],
+    constant: Point,
+    best_static: Point | None,
+    drafter: str,
+) -> TablePlan:
+    """The per-level choices anchored on ``constant`` (the best constant over the workload: one K, or
+    none), and the table to serve where a table's K=0 range still runs the drafter: K >= 1 at every
+    level, anchored on ``constant`` where it is a K,
     else on ``best_static``; ``drafter`` is the chosen configuration's, used where neither is a K.
 
     The table is not worth serving when it holds one K at every level (it is that constant), when
@@ -313,10 +357,10 @@ def plan_table(
         ...                  per_batch_rounds={1: r1, 8: r8})
         >>> off = pt(0, (50, 52, 51), (200, 204, 198))
         >>> k2, k5 = pt(2, (80, 82, 79), (190, 196, 191)), pt(5, (99, 103, 100), (170, 172, 171))
-        >>> plan = plan_table([off, k2, k5], [1, 8], k5, k5, "model")
+        >>> plan = k_positive_plan([off, k2, k5], [1, 8], k5, k5, "model")
         >>> [c.gamma for c in plan.levels], plan.table, plan.unserved
         ([5, 0], ((1, 5), (8, 2)), '')
-        >>> plan_table([off, k2, k5], [1, 8], off, k5, "model").unserved[-47:]
+        >>> k_positive_plan([off, k2, k5], [1, 8], off, k5, "model").unserved[-47:]
         'the table cannot win there, so it is not served'
 
     Long because: one rule and its cases, kept together so it reads as docs/architecture.md states it.
@@ -440,3 +484,35 @@ def table_verdict(table: Point, constant: Point, off: Point, batch_sizes: Sequen
             False, rows, f"{name}: not significantly better at any load level, so the constant stays"
         )
     return TableVerdict(True, rows, f"{name}: better at {where(better)}, not worse anywhere")
+
+
+def fallback_schedule(
+    k_positive: Point | None, constant: Point, off: Point, batch_sizes: Sequence[int], why_not: str
+) -> tuple[tuple[tuple[int, int], ...], str]:
+    """What a stack without the K=0 skip serves in place of a table with an "off" range, as
+    ``(batch_size, K)`` pairs, and why: the K >= 1 table (``k_positive``, served live beside the
+    table, the constant and off) where it wins :func:`table_verdict` there, else the best constant's
+    K at every batch size (0: no speculation); ``why_not`` says why no K >= 1 table was served.
+
+    Both were measured in the same re-measurement as the table, so the fallback is never a
+    configuration the tool did not serve.
+
+    Example:
+        >>> def pt(k, r1, r8):
+        ...     return Point(k, 0, 0, per_batch={1: r1[0], 8: r8[0]}, per_batch_rounds={1: r1, 8: r8})
+        >>> off = pt(Knobs("model", 0), (50, 52, 51), (200, 204, 198))
+        >>> k5 = pt(Knobs("model", 5), (99, 103, 100), (170, 172, 171))
+        >>> k_pos = pt(Knobs.for_table("model", ((1, 5), (8, 2)), 8), (98, 104, 100), (190, 195, 191))
+        >>> fallback_schedule(k_pos, k5, off, [1, 8], "")[0]
+        ((1, 5), (8, 2))
+        >>> pairs, why = fallback_schedule(None, k5, off, [1, 8], "one K at every level")
+        >>> pairs, why[:36]
+        (((1, 5), (8, 5)), 'the best constant gamma=5 thr=0.00 c')
+    """
+    if k_positive is not None:
+        verdict = table_verdict(k_positive, constant, off, batch_sizes)
+        if verdict.won:
+            return tuple((b, k_positive.knobs.gamma_at(b)) for b in batch_sizes), verdict.reason
+        why_not = verdict.reason
+    pairs = tuple((b, constant.knobs.gamma) for b in batch_sizes)
+    return pairs, f"the best constant {constant.knobs.label}, served live beside the table ({why_not})"

@@ -20,10 +20,18 @@ docs/stacks/vllm.md), so the file reads back as the trials' own arguments. Flags
 carry (a short option, a repeated flag, a value that starts with ``-``) stay on the command line after
 ``--config``, in their order. The ready command, with the deployment's environment, is in the
 sidecar (``config_command``) and the file's header.
+
+A table whose k 0 ranges were measured with the spec-autotune vLLM plugin (the profile's
+``table_decision.needs_plugin``: a k 0 range is speculation off only with it) says so in a note
+(what to install, the vLLM it was tuned with; the command sets the plugin's switch), and beside it
+``vllm-speculative-config.no-plugin.json`` holds the fallback measured live beside the table, for a
+server without the plugin, with its own ready command in the sidecar (``fallback_command``). Without
+the plugin a k 0 range still runs the drafter, and the note says that instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -50,10 +58,12 @@ from profiles.exporters._common import (
     substitution_notes,
 )
 from profiles.profile import ExportInputs
+from profiles.schema import MISSING, PluginNeed
 
 STACK = StackTarget("vLLM", "--speculative-config JSON", "vllm-project/vllm@002e77c1f0ef")
 FILENAME = "vllm-speculative-config.json"
 CONFIG_FILENAME = "vllm-serve.yaml"
+FALLBACK_FILENAME = "vllm-speculative-config.no-plugin.json"  # for a server without the K=0 skip plugin
 CONFIG_SOURCE = "vllm-project/vllm@00da11e37d1f"  # vllm/utils/argparse_utils.py, load_config_file
 
 # SpeculativeConfig fields at 002e77c1 (docs/stacks/vllm.md); anything else is rejected by pydantic.
@@ -304,8 +314,49 @@ def serve_command(inputs: ExportInputs) -> str:
 
 
 def _env_words(inputs: ExportInputs) -> list[str]:
-    env = inputs.deployment.env if inputs.deployment is not None else ()
-    return [shlex.quote(f"{k}={v}") for k, v in env]
+    """The deployment's environment as ``KEY=value`` words; with a plugin need, its switch set to 1."""
+    env = dict(inputs.deployment.env if inputs.deployment is not None else ())
+    if inputs.needs_plugin is not None:
+        env[inputs.needs_plugin.env] = "1"
+    return [shlex.quote(f"{k}={v}") for k, v in env.items()]
+
+
+PLUGIN_INSTALL = (
+    "install it with the pip of vLLM's environment, from a spec-autotune checkout: pip install "
+    "autotune/vllm_plugin (tools/install_vllm_cpu.sh does so), or pip install 'spec-autotune[vllm-plugin]' "
+    "(docs/stacks/vllm.md#the-k0-skip-plugin)"
+)
+"""How the spec-autotune vLLM plugin is installed (docs/stacks/vllm.md#the-k0-skip-plugin)."""
+
+
+def fallback_inputs(inputs: ExportInputs, need: PluginNeed) -> ExportInputs:
+    """``inputs`` as a server without the plugin serves them: the need's fallback schedule, and the
+    plugin's switch dropped from the deployment's environment."""
+    deployment = inputs.deployment
+    if deployment is not None:
+        env = tuple((k, v) for k, v in deployment.env if k != need.env)
+        deployment = dataclasses.replace(deployment, env=env)
+    return dataclasses.replace(inputs, schedule=need.fallback, deployment=deployment, needs_plugin=None)
+
+
+def plugin_note(inputs: ExportInputs, need: PluginNeed, ranges: Sequence[Sequence[int]]) -> str:
+    """The note of a table whose K=0 ranges are speculation off only with the spec-autotune plugin:
+    what to install, the switch the command sets, and the file and command for a server without it."""
+    off = ", ".join(f"{lo}-{hi}" if lo != hi else str(lo) for lo, hi, k in ranges if k == 0)
+    tuned = f"tuned with vLLM {need.vllm_version}" if need.vllm_version else "the tuned vLLM version unknown"
+    fallback = fallback_inputs(inputs, need)
+    ks = {k for _, k in need.fallback}
+    what = f"gamma {min(ks)} at every batch size" if len(ks) == 1 else schedule_text(need.fallback)
+    if speculative_config(fallback) is None:
+        what = "no speculation"
+    why = f" ({need.fallback_reason})" if need.fallback_reason is not MISSING else ""
+    return (
+        f"The k 0 range (batch sizes {off}) is speculation off only with the spec-autotune vLLM plugin "
+        f"({need.plugin}; {tuned}; the plugin refuses other vLLM release lines): {PLUGIN_INSTALL}. "
+        f"{need.env}=1 switches it on (the command sets it). Without the plugin a k 0 range still runs "
+        f"the drafter's forward every step, so a server without it serves {FALLBACK_FILENAME} instead: "
+        f"{what}{why}; its command is the sidecar's fallback_command."
+    )
 
 
 CONFIG_STACK = StackTarget("vLLM", "vllm serve --config YAML", CONFIG_SOURCE)
@@ -422,6 +473,8 @@ def export(inputs: ExportInputs) -> Exported:
     Long because: the export's notes, one per case of the profile, in the order the file states them.
     """
     config = speculative_config(inputs)
+    table = (config or {}).get("num_speculative_tokens_per_batch_size") or []
+    need = inputs.needs_plugin if any(k == 0 for *_, k in table) else None  # off ranges by the plugin
     notes = []
     if config is None:
         why = off_reason(inputs, per_batch_size=True)
@@ -439,7 +492,9 @@ def export(inputs: ExportInputs) -> Exported:
                 f"({config['num_speculative_tokens_per_batch_size'][-1][2]})."
             )
             ranges = config["num_speculative_tokens_per_batch_size"]
-            if inputs.drafter != "ngram" and any(k == 0 for *_, k in ranges):
+            if need is not None:
+                notes.append(plugin_note(inputs, need, ranges))
+            elif inputs.drafter != "ngram" and any(k == 0 for *_, k in ranges):
                 notes.append(
                     "A range at k 0 drafts no token but still runs the drafter's forward every step (vLLM "
                     "keeps its KV cache in sync: llm_base_proposer.py, propose), so it costs more than no "
@@ -472,8 +527,23 @@ def export(inputs: ExportInputs) -> Exported:
     command = serve_command(inputs)
     serve_yaml, ready = config_yaml(inputs, notes[-1:] if inputs.max_batch_size is not None else ())
     text = "null\n" if config is None else json_lines(config)
+    extra_files = [(CONFIG_FILENAME, serve_yaml)]
+    plugin: dict[str, Any] = {}
+    if need is not None:
+        fallback = fallback_inputs(inputs, need)
+        fallback_config = speculative_config(fallback)
+        validate(fallback_config)
+        fallback_text = "null\n" if fallback_config is None else json_lines(fallback_config)
+        extra_files.append((FALLBACK_FILENAME, fallback_text))
+        plugin = {"needs_plugin": need.to_json(), "fallback_command": serve_command(fallback)}
     sidecar = sidecar_json(
-        inputs, STACK, speculation=config is not None, notes=notes, command=command, config_command=ready
+        inputs,
+        STACK,
+        speculation=config is not None,
+        notes=notes,
+        command=command,
+        config_command=ready,
+        **plugin,
     )
     return Exported(
         "vllm",
@@ -483,5 +553,5 @@ def export(inputs: ExportInputs) -> Exported:
         command=command,
         speculation=config is not None,
         notes=tuple(notes),
-        extra_files=((CONFIG_FILENAME, serve_yaml),),
+        extra_files=tuple(extra_files),
     )

@@ -27,6 +27,7 @@ class FakeBackend:
     fixed_knobs: dict[str, Any] = {}
     order = "interleaved"  # what remeasure_order says
     serves_table = True
+    skips_drafter_at_k0 = False  # as the engine: a table's K=0 still feeds the drafter
     plans_by_cost = False
     deployment = None  # an in-process stand-in: no server flags
 

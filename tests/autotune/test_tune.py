@@ -469,7 +469,7 @@ def test_each_level_records_the_measured_ratio_of_its_choice_over_the_chosen_con
     k3 = pt(3, (150.0, 160.0, 155.0), (190.0, 196.0, 191.0))
     remeasured = Remeasured([(off, None), (k3, None)], 3, "interleaved")
     cfg = SimpleNamespace(batch_sizes=[1, 4])
-    backend = SimpleNamespace(name="llamacpp", serves_table=False)
+    backend = SimpleNamespace(name="llamacpp", serves_table=False, skips_drafter_at_k0=False)
     contest = serve_table(cfg, backend, remeasured, off, off, k3, lambda _: None)
     levels = contest.table_decision().to_json()["levels"]
     assert [(lv["batch_size"], lv["gamma"]) for lv in levels] == [(1, 3), (4, 0)] and contest.served is None
