@@ -10,6 +10,7 @@ Pure functions over lists of repeated measurements (no numpy, no scipy):
 - :func:`pairable`: whether series can be paired round by round at all;
 - :func:`paired_half_width`: the interval a paired ratio will have, from the noise and the rounds;
 - :func:`significant`: whether an interval of a ratio excludes 1 in A's favour;
+- :func:`significantly_below`: whether it lies wholly below a bar (1: A is worse);
 - :func:`bootstrap_interval`: a seeded percentile bootstrap of any statistic, for quantities
   that are not means (the profiler's verify cost and knee).
 
@@ -239,6 +240,19 @@ def significant(ratio: Estimate) -> bool:
     return ratio.value > 1.0 if ratio.n < 2 else ratio.low > 1.0
 
 
+def significantly_below(ratio: Estimate, bar: float = 1.0) -> bool:
+    """True when the ratio's interval lies wholly below ``bar``: A is significantly worse than
+    ``bar`` x B (with the default bar, worse than B). One round: the point decides (< ``bar``).
+
+    Example:
+        >>> significantly_below(Estimate(0.9, 0.85, 0.96, 5)), significantly_below(Estimate(0.9, 0.85, 0.96, 5), 0.8)
+        (True, False)
+        >>> significantly_below(Estimate(0.96, 0.9, 1.02, 5), 0.97)
+        False
+    """
+    return ratio.value < bar if ratio.n < 2 else ratio.high < bar
+
+
 def describe_difference(ratio: Estimate, what: str = "ratio") -> str:
     """The one-phrase verdict on a ratio A/B: significantly better / worse, or no significant difference.
 
@@ -256,12 +270,11 @@ def describe_difference(ratio: Estimate, what: str = "ratio") -> str:
         verdict = "better" if ratio.value > 1.0 else "worse" if ratio.value < 1.0 else "no different"
         return f"{verdict} on one round ({what} {ratio.value:.2f}, no interval: the noise is not measured)"
     body = f"{what} {ratio.value:.2f}, 95% CI {ratio.low:.2f}-{ratio.high:.2f}"
-    worse = ratio.high < 1.0
     verdict = (
         "significantly better"
         if significant(ratio)
         else "significantly worse"
-        if worse
+        if significantly_below(ratio)
         else "no significant difference"
     )
     return f"{verdict} ({body})"

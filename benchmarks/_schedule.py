@@ -50,7 +50,14 @@ from autotune.decide.decision import round_order
 from autotune.decide.selection import LevelChoice, TablePlan, choose_with_margin, plan_table
 from autotune.knobs import Knobs
 from autotune.records import LEVEL_KEYS, PER_POSITION, Point
-from autotune.stats import Estimate, bridged_ratio, pairable, paired_half_width, paired_ratio
+from autotune.stats import (
+    Estimate,
+    bridged_ratio,
+    pairable,
+    paired_half_width,
+    paired_ratio,
+    significantly_below,
+)
 from benchmarks._common import portable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -679,7 +686,8 @@ def analyse(rows: list[dict], levels: Sequence[int], slo: float) -> dict:
 def goals(row: dict | None) -> dict | None:
     """The issue's per-level goals for one row: >= 0.97x the best constant at every level and >= 0.98x
     no speculation. ``met``: on the point ratio of each level's paired rounds (the worst level);
-    ``not_refuted``: no level's 95% interval lies wholly below the bar (what the noise can show)."""
+    ``not_refuted``: no level's 95% interval lies wholly below the bar
+    (:func:`autotune.stats.significantly_below`: what the noise can show)."""
     if row is None or "aggregate" not in row:
         return None
     agg = row["aggregate"]
@@ -687,7 +695,9 @@ def goals(row: dict | None) -> dict | None:
     levels = row.get("levels", {}).values()
 
     def below(key: str, bar: float) -> bool:
-        return any(lv[key] is not None and lv[key]["ci95"][1] < bar for lv in levels)
+        return any(
+            lv[key] is not None and significantly_below(Estimate.from_dict(lv[key]), bar) for lv in levels
+        )
 
     return {
         "config": row["config"],

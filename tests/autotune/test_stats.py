@@ -16,6 +16,7 @@ from autotune.stats import (
     paired_half_width,
     paired_ratio,
     significant,
+    significantly_below,
     t975,
 )
 
@@ -122,3 +123,14 @@ def test_the_half_width_a_noise_predicts_is_the_one_paired_ratios_get() -> None:
     assert paired_half_width(cv, 16) < paired_half_width(cv, 4)
     with pytest.raises(ValueError):
         paired_half_width(cv, 1)
+
+
+def test_below_a_bar_needs_the_whole_interval_under_it_and_is_the_worse_verdict() -> None:
+    slower = paired_ratio([96.0, 97.0, 95.5], [100.0, 101.0, 99.5])  # 0.96 in every round
+    assert significantly_below(slower) and significantly_below(slower, 0.98)
+    assert not significantly_below(slower, 0.9)
+    noisy = paired_ratio([90.0, 104.0, 96.0], [100.0, 99.0, 101.0])
+    assert noisy.value < 0.98 and not significantly_below(noisy, 0.98)  # the point, not the interval
+    assert significantly_below(Estimate(0.97, 0.97, 0.97, 1), 0.98)  # one round: the point decides
+    assert describe_difference(slower).startswith("significantly worse")
+    assert not describe_difference(noisy).startswith("significantly worse")
