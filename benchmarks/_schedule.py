@@ -238,6 +238,7 @@ class Plan:
         if backend is not None and getattr(backend, "keep_servers", 1) < interleave:
             backend.keep_servers = interleave  # a group's servers stay up across its rounds
         self.bridge = bridge  # measure the first no speculation again in every later group (see together)
+        self.keep_outputs = False  # a row also keeps its first level's output tokens (``outputs``)
         self._bridge: tuple[dict, list[str]] | None = None  # (row, command) of that configuration
         self._groups = 0  # groups measured so far: a row's ``group``
         self._queue: list[tuple[dict, list[str]]] | None = None  # inside together(): to measure
@@ -464,6 +465,8 @@ class Plan:
             self._base_outputs = outputs
         elif self._base_outputs is not None and self.greedy and has_ids:
             row["greedy_identical"] = outputs == self._base_outputs
+        if self.keep_outputs:
+            row["outputs"] = outputs[min(outputs)] if outputs else []
         trace = row.get("trace_rounds")
         print(
             f"{label}: {_median(tps):.1f} tok/s over the sweep ({min(tps):.1f}-{max(tps):.1f})"

@@ -3,8 +3,9 @@
 ``transfer_vllm.py`` and ``transfer_llamacpp.py`` each build a plan of ``(label, launch command)``
 and call :func:`measure_plan`: every configuration gets a fresh server (the backend's launcher,
 the same host flags), the workload's load levels run ``repeats`` times after a warm-up, round r of
-every configuration with seed + r (the tuner's :func:`autotune.decide.decision.round_order`), so
-rounds pair across configurations. :func:`summarize` gives each row the paired ratio to no
+every configuration with seed + r, so rounds pair across configurations (measured by the schedule
+benchmarks' :class:`benchmarks._schedule.Plan`, in the tuner's
+:func:`autotune.decide.decision.round_order`). :func:`summarize` gives each row the paired ratio to no
 speculation and to the grid's best (:func:`autotune.stats.paired_ratio`: geometric mean of the
 per-round ratios, 95% interval, as the tuner compares configurations) beside its median tokens/s
 with min-max over repeats, its acceptance, and whether its greedy outputs equal the
@@ -19,19 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
 
 from autotune import context
-from autotune.backends.server import ServerError
 from autotune.cli.text import columns, fmt
 from autotune.config import load_config
-from autotune.decide.decision import round_order
 from autotune.errors import USER_ERRORS
 from autotune.stats import Estimate, describe_difference, pairable, paired_ratio, significant
-from benchmarks._schedule import ratio_text, summary_text, write_json
+from benchmarks._schedule import Plan, ratio_text, summary_text, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,12 +104,15 @@ def measure_plan(
     host_flag: str = "--host",
     interleaved: bool = False,
 ) -> list[dict]:
-    """Every configuration of ``plan`` in a fresh server; one row per entry (see the module docstring).
+    """Every configuration of ``plan`` in a fresh server; one row per entry (see the module docstring),
+    measured by the schedule benchmarks' :class:`benchmarks._schedule.Plan` (no bridge).
 
     ``interleaved``: the servers stay up together and round r runs every configuration before round
     r+1 (a host's drift then hits each round's pairs alike); where the backend would not interleave
     them (its ``remeasure_order``, as in the tuner's re-measurement: it keeps fewer servers than the
-    plan has configurations, ``keep_servers``, sized by memory), back to back instead."""
+    plan has configurations, ``keep_servers``, sized by memory), back to back instead. A command
+    already measured is the earlier row's (``same_as``), except a label starting with "no
+    speculation", measured again each time (the drift check)."""
     distinct = {json.dumps(c) for _, c in plan}
     if interleaved and backend.remeasure_order(len(distinct)) != "interleaved":
         print(
@@ -120,73 +121,41 @@ def measure_plan(
             file=sys.stderr,
         )
         interleaved = False
-    order: list[tuple[str, list[str]]] = []
-    labels: dict[str, str] = {}  # command key -> the label of its first (measured) entry
-    for label, command in plan:
-        key = json.dumps(command)
-        if key not in labels or label.startswith("no speculation"):
-            labels.setdefault(key, label)
-            order.append((label, command))
-    runs: dict[str, list[dict]] = {label: [] for label, _ in order}
-    records: dict[str, dict] = {label: {} for label, _ in order}
-    startup: dict[str, float] = {}
-    failed: dict[str, str] = {}
+    together = len(plan) if interleaved else 1
+    runner = Plan(
+        backend, batch, (), repeats, seed, False, host_flag=host_flag, interleave=together, bridge=False
+    )
+    runner.keep_outputs = True
+    with runner.together():  # one group of every server interleaved, else one group per server
+        for label, command in plan:
+            spec = not label.startswith("no speculation")
+            again = not spec and any(r["kind"] == "off" for r in runner.rows)
+            runner.run(label, command, "config" if spec else "off-again" if again else "off")
+    return [_row(r, "interleaved" if interleaved else "back to back") for r in runner.rows]
 
-    def one(label: str, command: list[str], r: int) -> None:
-        if label in failed:
-            return
-        try:
-            res = backend.run_command(command, batch, seed + r, records[label] if r == 0 else None).to_json()
-        except ServerError as exc:
-            print(f"{label}: failed: {exc}", file=sys.stderr)
-            failed[label] = str(exc)[:2000]
-            return
-        startup.setdefault(label, backend.server.startup_s)
-        runs[label].append(res)
 
-    for i, r in round_order(len(order), repeats, interleaved):
-        if r == 0 and (i == 0 or not interleaved):
-            backend.close()  # fresh servers: all of them interleaved, one per configuration back to back
-        one(*order[i], r)
-    backend.close()
-    rows, measured = [], {}
-    for label, command in plan:
-        key = json.dumps(command)
-        own = label if label in runs else labels[key]
-        if own in failed:
-            rows.append({"config": label, "error": failed[own], "args": shlex.join(command)})
-            continue
-        if own != label:
-            rows.append({**measured[own], "config": label, "same_as": own})
-            continue
-        mine = runs[label]
-        tps = [run["tokens_per_second"] for run in mine]
-        first_level = min(records[label])
-        entry = {
-            "config": label,
-            "args": shlex.join(command[1 : command.index(host_flag)]),
-            "startup_s": startup[label],
-            "order": "interleaved" if interleaved else "back to back",
-            "tokens_per_second_runs": tps,
-            "tokens_per_second": statistics.median(tps),
-            "min": min(tps),
-            "max": max(tps),
-            "acceptance_rate": mine[-1]["per_level"][first_level]["acceptance_rate"],
-            "per_level": mine[-1]["per_level"],
-            "per_level_runs": {  # tokens/s of every round at each level (paired ratios per level)
-                str(b): [run["per_level"][b]["tokens_per_second"] for run in mine]
-                for b in mine[-1]["per_level"]
-            },
-            "outputs": [rec.output_tokens for rec in records[label][first_level]],
-        }
-        measured[label] = entry
-        rows.append(entry)
-        print(
-            f"{label}: {entry['tokens_per_second']:.1f} tok/s ({entry['min']:.1f}-{entry['max']:.1f}), "
-            f"start-up {entry['startup_s']:.1f} s",
-            file=sys.stderr,
-        )
-    return rows
+def _row(row: dict, order: str) -> dict:
+    """A :class:`Plan` row as the transfer benchmarks store it: median tokens/s with min-max over
+    the rounds, the last round's per-level metrics and acceptance at the first level, every
+    round's tokens/s at each level (for paired ratios per level), the first level's outputs."""
+    kept = {k: row[k] for k in ("config", "same_as", "error", "args") if k in row}
+    if "error" in row:
+        return kept
+    tps, levels = row["tokens_per_second_runs"], row["per_level_rounds"]
+    last = {b: {k: v[-1] for k, v in lv.items()} for b, lv in levels.items()}
+    return {
+        **kept,
+        "startup_s": row["startup_s"],
+        "order": order,
+        "tokens_per_second_runs": tps,
+        "tokens_per_second": statistics.median(tps),
+        "min": min(tps),
+        "max": max(tps),
+        "acceptance_rate": last[min(last)]["acceptance_rate"],
+        "per_level": last,
+        "per_level_runs": {str(b): lv["tokens_per_second"] for b, lv in levels.items()},
+        "outputs": row["outputs"],
+    }
 
 
 def _over(row: dict, ref: dict | None) -> Estimate | None:

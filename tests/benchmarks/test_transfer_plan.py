@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from autotune.backends.http_backend import HttpBackend
 from autotune.backends.server import ServerError
+from autotune.records import LevelMetrics
 from benchmarks._transfer import measure_plan
 
 
@@ -23,16 +24,16 @@ class StackStub:
     def close(self) -> None:
         self.closes += 1
 
-    def run_command(self, command, batch, seed, records=None):  # noqa: ARG002
+    def run_command(self, command, batch, seed, records=None, with_trace=False):  # noqa: ARG002
         name = command[1]
         if name == self.broken:
             raise ServerError(f"{name} died")
         self.calls.append((name, seed))
         tps = 100.0 * int(name[1:]) + seed
         if records is not None:
-            records[1] = [SimpleNamespace(output_tokens=[1, 2, 3])]
-        level = {"tokens_per_second": tps, "acceptance_rate": 0.5}
-        return SimpleNamespace(to_json=lambda: {"tokens_per_second": tps, "per_level": {1: level}})
+            records[1] = [SimpleNamespace(output_tokens=[1, 2, int(name[1:])])]
+        level = LevelMetrics(tokens_per_second=tps, acceptance_rate=0.5)
+        return SimpleNamespace(tokens_per_second=tps, latency_ms=1.0, per_level={1: level}, trace=None)
 
 
 def plan() -> list[tuple[str, list[str]]]:
@@ -58,12 +59,17 @@ def test_interleaved_rounds_run_every_configuration_before_the_next_round() -> N
         by["b again"]["same_as"] == "b" and by["b again"]["tokens_per_second"] == by["b"]["tokens_per_second"]
     )
     assert by["no speculation (last)"]["tokens_per_second_runs"] == [110.0, 111.0]
+    a = by["a"]  # the row the transfer summaries and the drafters benchmark read
+    assert (a["tokens_per_second"], a["min"], a["max"], a["acceptance_rate"]) == (210.5, 210.0, 211.0, 0.5)
+    assert a["per_level"][1]["tokens_per_second"] == 211.0 and a["outputs"] == [[1, 2, 2]]
+    assert stub.closes == 2  # fresh servers once, then closed at the end
 
 
 def test_back_to_back_where_the_host_keeps_too_few_servers_and_a_failed_server_is_a_row() -> None:
     stub = StackStub(keep_servers=2, broken="c2")
     rows = measure_plan(stub, plan(), batch=4, repeats=2, seed=0, interleaved=True)
     assert stub.calls == [("c1", 0), ("c1", 1), ("c3", 0), ("c3", 1), ("c1", 0), ("c1", 1)]
+    assert stub.closes == 5  # a fresh server for each of the four measured entries, closed at the end
     by = {r["config"]: r for r in rows}
     assert "c2 died" in by["a"]["error"] and by["b"]["order"] == "back to back"
     assert [r["config"] for r in rows] == [name for name, _ in plan()]
