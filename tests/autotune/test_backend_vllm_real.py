@@ -459,8 +459,22 @@ def _speculators_demo_head(folder: Path) -> Path:
     return folder
 
 
-def test_vllm_serves_a_speculators_head_with_greedy_output_equal_to_no_speculation(tmp_path: Path) -> None:
-    """A head as the ``speculators`` library writes it, given as ``models.eagle3``: the tool reads its
+def _library_demo_head(folder: Path) -> Path:
+    """The demo EAGLE-3 head written by the ``speculators`` library itself, in its own venv
+    (tests/engine/test_eagle3_speculators_written.py; skipped there and here without that venv)."""
+    from tests.engine.test_eagle3_speculators_written import write_library_head
+
+    return write_library_head(folder)
+
+
+@pytest.mark.parametrize(
+    "write_head", [_speculators_demo_head, _library_demo_head], ids=["project-writer", "speculators-library"]
+)
+def test_vllm_serves_a_speculators_head_with_greedy_output_equal_to_no_speculation(
+    tmp_path: Path, write_head
+) -> None:
+    """A head in the ``speculators`` layout (written by the project's writer, and by the library
+    itself), given as ``models.eagle3``: the tool reads its
     files but loads no weights; vLLM, handed the folder as ``method: eagle3``, reads it as a
     speculators config (``get_config``: model_type "speculators", ``update_eagle3``) and drafts with it; on the demo chat
     workload the greedy output equals the no-speculation server's and the engine's autoregressive
@@ -469,7 +483,7 @@ def test_vllm_serves_a_speculators_head_with_greedy_output_equal_to_no_speculati
 
     from autotune import context
 
-    head = _speculators_demo_head(tmp_path / "speculators-head")
+    head = write_head(tmp_path / "speculators-head")
     ctx = context.build(_chat_config(tmp_path, {"draft": None, "eagle3": str(head)}, ["eagle3"], 6))
     assert ctx.loaded is None and ctx.pair_drafter == "eagle3"  # the stack loads the head
     requests = [replace(r, max_new_tokens=32) for r in ctx.requests[:6]]
