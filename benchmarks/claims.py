@@ -17,12 +17,11 @@ GROUPS = ("engine", "tuner", "stacks", "watch")
 @dataclass(frozen=True)
 class Step:
     group: str
-    name: str  # its console goes to benchmarks/results/<name>.txt
+    name: str  # the claim: its results go to benchmarks/results/<name>/
     script: str  # the module run as ``python -m <script>``
     page: str  # under docs/results/
     full: tuple[str, ...] = ()
     quick: tuple[str, ...] = ()
-    console: bool = True  # False: the script writes its own .txt
 
     @property
     def path(self) -> str:
@@ -32,6 +31,11 @@ class Step:
     def command(self, quick: bool = False) -> tuple[str, ...]:
         """The command line that reruns this step (``full`` or ``quick`` arguments)."""
         return ("python", "-m", self.script, *(self.quick if quick else self.full))
+
+
+def _out(name: str) -> tuple[str, str]:
+    """``--out`` into the claim's folder, for the scripts whose shared parser defaults elsewhere."""
+    return ("--out", f"benchmarks/results/{name}/{name}.json")
 
 
 CLAIMS: tuple[Step, ...] = (
@@ -73,7 +77,10 @@ CLAIMS: tuple[Step, ...] = (
         "trees",
         "benchmarks.engine.trees",
         "engine-cpu.md",
-        ("--num-prompts", "6", "--max-new-tokens", "40", "--repeats", "3", "--threads", "1"),
+        (
+            *("--num-prompts", "6", "--max-new-tokens", "40", "--repeats", "3", "--threads", "1"),
+            *("--gammas", "3,4,5,6,7,8", "--trees", "2,1,1,1;2,1,1,1,1;2,1,1,1,1,1;2,2,1,1,1"),
+        ),
         ("--num-prompts", "2", "--max-new-tokens", "24", "--repeats", "1", "--threads", "1"),
     ),
     Step(
@@ -93,8 +100,8 @@ CLAIMS: tuple[Step, ...] = (
         "noise_robustness",
         "benchmarks.tuner.noise_robustness",
         "busy-host.md",
-        ("--k", "3", "--trials", "8"),
-        ("--k", "1", "--trials", "4"),
+        ("--k", "3", "--trials", "8", "--hog-procs", "1"),
+        ("--k", "1", "--trials", "4", "--hog-procs", "1"),
     ),
     Step(
         "tuner",
@@ -104,40 +111,56 @@ CLAIMS: tuple[Step, ...] = (
         ("--runs", "engine:20,vllm:15"),
         ("--runs", "engine:8,vllm:6"),
     ),
-    Step("stacks", "transfer_vllm", "benchmarks.stacks.transfer_vllm", "vllm.md", (), ("--repeats", "1")),
+    Step(
+        "stacks",
+        "transfer_vllm",
+        "benchmarks.stacks.transfer_vllm",
+        "vllm.md",
+        _out("transfer_vllm"),
+        ("--repeats", "1", *_out("transfer_vllm")),
+    ),
     Step(
         "stacks",
         "schedule_vllm",
         "benchmarks.stacks.schedule_vllm",
         "vllm.md",
-        (),
-        ("--repeats", "1", "--grid", "3"),
+        (
+            *("--config", "benchmarks/configs/schedule_sweep.yaml", "--repeats", "4", "--grid", "2,5,7"),
+            *_out("schedule_vllm"),
+        ),
+        ("--repeats", "1", "--grid", "3", *_out("schedule_vllm")),
     ),
-    Step("stacks", "stack_cost_vllm", "benchmarks.stacks.stack_cost", "vllm.md", (), ("--repeats", "1")),
+    Step(
+        "stacks",
+        "stack_cost_vllm",
+        "benchmarks.stacks.stack_cost",
+        "vllm.md",
+        ("--config", "tune.yaml", "--grid", "1,2,3,4,5,6,7,8", "--repeats", "1"),
+        ("--repeats", "1"),
+    ),
     Step(
         "stacks",
         "vllm_plugin",
         "benchmarks.stacks.vllm_plugin",
         "vllm-plugin.md",
-        (),
+        ("--repeats", "4"),
         ("--repeats", "1"),
-        console=False,
     ),
     Step(
         "stacks",
         "transfer_llamacpp",
         "benchmarks.stacks.transfer_llamacpp",
         "llamacpp.md",
-        (),
-        ("--repeats", "1"),
+        _out("transfer_llamacpp"),
+        ("--repeats", "1", *_out("transfer_llamacpp")),
     ),
     Step(
         "stacks",
         "schedule_llamacpp",
         "benchmarks.stacks.schedule_llamacpp",
         "llamacpp.md",
-        (),
-        ("--repeats", "1", "--grid", "3"),
+        _out("schedule_llamacpp"),
+        ("--repeats", "1", "--grid", "3", *_out("schedule_llamacpp")),
     ),
     Step(
         "stacks",
@@ -154,9 +177,18 @@ CLAIMS: tuple[Step, ...] = (
         "chat.md",
         (),
         ("--repeats", "1"),
-        console=False,
     ),
-    Step("stacks", "drafters", "benchmarks.stacks.drafters", "drafters.md", ("--vllm",), ("--rounds", "1")),
+    Step(
+        "stacks",
+        "drafters",
+        "benchmarks.stacks.drafters",
+        "drafters.md",
+        (
+            *("--drafters", "model,eagle3", "--grid", "2,3,4,5", "--concurrency", "1,4", "--rounds", "2"),
+            *("--vllm", "--vllm-plan", "model:3,model:4,eagle3:3,eagle3:4,eagle3:5", "--repeats", "3"),
+        ),
+        ("--drafters", "model,eagle3", "--grid", "3,4", "--rounds", "1"),
+    ),
     Step(
         "stacks",
         "deployment_scale",
@@ -178,7 +210,7 @@ CLAIMS: tuple[Step, ...] = (
         "watch_drift_llamacpp",
         "benchmarks.watch.watch_drift",
         "watch-drift.md",
-        ("--stack", "llamacpp"),
+        ("--stack", "llamacpp", "--phases", "steady,prose,sampled,code-again,saturation", "--retune"),
         ("--stack", "llamacpp", "--steady-min", "2", "--switch-min", "1"),
     ),
 )

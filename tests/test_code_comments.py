@@ -145,7 +145,8 @@ def texts(source: str) -> list[tuple[int, str]]:
 
 
 def _result_names(results: Path = RESULTS) -> re.Pattern[str] | None:
-    names = sorted({p.name for p in results.iterdir() if p.is_file()}) if results.is_dir() else []
+    # one folder per claim (benchmarks/results/<claim>/): the JSON and console files in any of them
+    names = sorted({p.name for p in results.rglob("*") if p.is_file() and p.suffix in (".json", ".txt")})
     return re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")\b") if names else None
 
 
@@ -186,7 +187,7 @@ Example:
 
 RATE = 2.0  # 125 tok/s at B=1 in the last session, 4.05 GiB held
 WAIT_S = 300  # the 300 s default: see docs/decisions.md#wait
-"""Profiles from before it lack the field (benchmarks/results/load_sweep.txt)."""
+"""Profiles from before it lack the field (benchmarks/results/load_sweep/load_sweep.json)."""
 
 
 def f():
@@ -212,7 +213,7 @@ def test_detector_flags_each_kind_on_synthetic_source() -> None:
         (11, "measured figure", "300 s"),
         (12, "run diary", "from before"),
         (12, "result file", "benchmarks/results"),
-        (12, "result file", "load_sweep.txt"),
+        (12, "result file", "load_sweep.json"),
         (18, "date", "Dec 2026"),
         (18, "run diary", "measured on vLLM"),
         (18, "measured figure", "13.7 ms"),

@@ -172,7 +172,7 @@ def main() -> None:
         if stop is not None
         else "speculation pays at every measured concurrency"
     )
-    png = args.out_dir / f"{NAME}.png"
+    png = (args.out_dir or _common.claim_dir(NAME)) / f"{NAME}.png"
     title = f"load sweep: {args.target.parent.name}/{args.target.name} on {bench.device} ({args.dtype})"
     plotted = plot(cells, png, title)
     print(f"wrote {png}" if plotted else "matplotlib not installed: no plot")

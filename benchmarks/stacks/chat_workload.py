@@ -24,7 +24,7 @@ speculation at each level (``_schedule.analyse``), the tool's per-level K (``Pla
 ``autotune.decide.selection.plan_table``) and the per-position acceptance the server counted at the
 grid's largest K. JSON and the printed text: ``benchmarks/results/chat_workload.{json,txt}``. Usage::
 
-    python benchmarks/chat_workload.py [--config tune.yaml] [--chat engine/demo/chat.jsonl] \
+    python -m benchmarks.stacks.chat_workload [--config tune.yaml] [--chat engine/demo/chat.jsonl] \
 [--levels 1,4] [--requests 16] [--max-new-tokens 32] [--grid 2,5] [--repeats 5] [--gamma-max 8]
 """
 
@@ -50,7 +50,7 @@ from autotune.cost.costmodel import best_gamma
 from autotune.device.profiler import spread
 from autotune.knobs import Knobs
 from autotune.records import PER_POSITION
-from benchmarks._common import int_list, portable, profile_pair
+from benchmarks._common import claim_dir, int_list, portable, profile_pair, stamp
 from benchmarks._schedule import Plan, analyse, choices_json, level_choice_text, ratio_text, write_json
 from engine.demo import DEMO_DIR
 from engine.loader import load_pair
@@ -71,7 +71,7 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--grid", type=int_list, default=[2, 5], help="K of the draft model in vLLM")
     p.add_argument("--repeats", type=int, default=5, help="rounds per configuration in vLLM")
     p.add_argument("--gamma-max", type=int, default=8, help="positions the engine profiles")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "chat_workload.json")
+    p.add_argument("--out", type=Path, default=claim_dir("chat_workload") / "chat_workload.json")
     return p.parse_args()
 
 
@@ -241,6 +241,7 @@ def main() -> None:
             ctx.store.close()
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        **stamp(ctxs["plain"].fingerprint["label"]),
         "device": ctxs["plain"].fingerprint["label"],
         "dtype": ctxs["plain"].cfg.models.dtype,
         "vllm_version": version,

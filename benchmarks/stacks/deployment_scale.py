@@ -12,7 +12,7 @@
 
 Prints a table and writes ``<out-dir>/deployment_scale.json``. Usage::
 
-    python benchmarks/deployment_scale.py [--budget 25] [--models ~/.cache/spec-autotune/scale-models]
+    python -m benchmarks.stacks.deployment_scale [--budget 25] [--models ~/.cache/spec-autotune/scale-models]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import yaml
 
 from autotune.cli.text import columns
 from autotune.device.hardware import fingerprint
-from benchmarks._common import portable
+from benchmarks._common import claim_dir, portable, stamp
 from engine.demo import DEMO_PROMPTS, DEMO_TARGET
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,7 +239,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--out-dir", type=Path, default=claim_dir("deployment_scale"))
     ap.add_argument("--skip-tune", action="store_true", help="run the refusals only")
     args = ap.parse_args()
     work = args.models / "run"
@@ -258,6 +258,7 @@ def main() -> None:
         print(columns(["1B-class tune (vLLM-CPU)", "value"], summary(results["tune"])))
     results["fingerprint"] = fingerprint("cpu", "float32")
     results["command"] = " ".join(sys.argv)
+    results.update(stamp(results["fingerprint"]["label"]))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "deployment_scale.json"
     out.write_text(portable(json.dumps(results, indent=1, default=str)) + "\n")

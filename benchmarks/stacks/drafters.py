@@ -31,7 +31,7 @@ within 5%). Usage::
         [--concurrency 1,4] [--rounds 2] [--num-prompts 12] [--max-new-tokens 48]
         [--vllm --vllm-plan model:4,eagle3:1,eagle3:2,ngram:3 --repeats 3] [--tune [--tune-trials 16]]
 
-It prints the tables and writes ``benchmarks/results/drafters.json``.
+It prints the tables and writes ``benchmarks/results/drafters/drafters.json``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ within about ten minutes on two cores. Reported: each type's best configuration 
 that type's no speculation; the f32 best n-max served at q4_k_m against the q4_k_m best (the
 transfer ratio of an f32-tuned choice); the q4_k_m best against the f32 best. Usage::
 
-    python benchmarks/quantized_llamacpp.py [--rounds 3] [--n-max 1,2,3,4] [--concurrency 1,4,16]
+    python -m benchmarks.stacks.quantized_llamacpp [--rounds 3] [--n-max 1,2,3,4] [--concurrency 1,4,16]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from autotune.config import load_config
 from autotune.errors import USER_ERRORS
 from autotune.knobs import Knobs
 from autotune.stats import Estimate, paired_ratio
-from benchmarks._common import RESULTS, Bench, fail, int_list, print_table, write_json
+from benchmarks._common import Bench, fail, int_list, print_table, write_json
 from benchmarks._transfer import measure_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=8, help="requests per level")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--out-dir", type=Path, default=None)
     args = p.parse_args()
     types = args.quantizations.split(",")
     if BASE not in types or SERVED not in types or args.rounds < 2:

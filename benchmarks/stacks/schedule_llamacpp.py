@@ -32,7 +32,7 @@ Goals of the issue: at every level the tool's served choice >= 0.97x the best co
 level and >= 0.98x no speculation (where the per-level best n-max differ, one n-max cannot reach
 every level's best: the table goal of 1.05x is vLLM's). Usage::
 
-    python benchmarks/schedule_llamacpp.py [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
+    python -m benchmarks.stacks.schedule_llamacpp [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
 [--slo-tpot-ms 50] [--out benchmarks/results/schedule_llamacpp.json] [--resume JSON [--measured-only]]
 """
 
@@ -47,6 +47,7 @@ from pathlib import Path
 
 from autotune.backends.llamacpp import LlamacppBackend
 from autotune.knobs import Knobs
+from benchmarks._common import stamp
 from benchmarks._schedule import (
     Plan,
     analyse,
@@ -85,6 +86,7 @@ def main() -> None:
 
     result: dict = {
         "command": shlex.join([sys.executable, *sys.argv]),
+        **stamp(ctx.fingerprint["label"]),
         "device": ctx.fingerprint["label"],
         "config": str(args.config),
         "llama_server_version": backend.version,

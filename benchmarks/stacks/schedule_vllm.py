@@ -43,7 +43,7 @@ Goals of the issue: at every level the tool's served choice >= 0.97x the best co
 level and >= 0.98x no speculation; where the per-level best K differ, the tuned table's aggregate
 >= 1.05x the best single constant's. Usage::
 
-    python benchmarks/schedule_vllm.py [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
+    python -m benchmarks.stacks.schedule_vllm [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
 [--interleave N] [--no-bridge] [--slo-tpot-ms 50] [--table 1-16:2 ...] \
 [--out benchmarks/results/schedule_vllm.json] [--resume JSON [--measured-only]]
 """
@@ -59,6 +59,7 @@ from pathlib import Path
 from autotune.backends.vllm import VllmBackend, serve_command
 from autotune.decide.selection import table_verdict
 from autotune.knobs import Knobs, table_text
+from benchmarks._common import stamp
 from benchmarks._schedule import (
     Plan,
     analyse,
@@ -115,6 +116,7 @@ def main() -> None:
 
     result: dict = {
         **identity(ctx, args.config),
+        **stamp(ctx.fingerprint["label"]),
         "vllm_version": None,
         "trace": None if w.trace is None else str(w.trace),
         "levels": levels,

@@ -25,10 +25,10 @@ Then, with :mod:`autotune.cost.stackcost`:
    before it). Reported: mean starts, the share within a third of the grid's, and the landing on
    the grid's per-level medians.
 
-JSON: ``benchmarks/results/stack_cost_vllm.json`` (rows rewritten after each server). Usage::
+JSON: ``benchmarks/results/stack_cost_vllm/stack_cost_vllm.json`` (rows rewritten after each server). Usage::
 
-    python benchmarks/stack_cost.py [--config tune.yaml] [--grid 1,2,3,4,5,6,7,8] [--repeats 1] \
-[--calibrate 1,8] [--start 3,6] [--draws 300] [--from JSON] [--out benchmarks/results/stack_cost_vllm.json]
+    python -m benchmarks.stacks.stack_cost [--config tune.yaml] [--grid 1,2,3,4,5,6,7,8] [--repeats 1] \
+[--calibrate 1,8] [--start 3,6] [--draws 300] [--from JSON] [--out JSON]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from pathlib import Path
 from autotune.cli.text import columns, fmt
 from autotune.cost import stackcost
 from autotune.records import LevelMetrics
+from benchmarks._common import claim_dir, stamp
 from benchmarks._schedule import Plan, grid_values, identity, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +71,7 @@ def arguments() -> argparse.Namespace:
     )
     p.add_argument("--draws", type=int, default=300, help="seeded one-round replays (grids of 2+ rounds)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stack_cost_vllm.json")
+    p.add_argument("--out", type=Path, default=claim_dir("stack_cost_vllm") / "stack_cost_vllm.json")
     return p.parse_args()
 
 
@@ -356,6 +357,7 @@ def measure(args: argparse.Namespace, t0: float) -> dict:
     levels = list(cfg.batch_sizes)
     result: dict = {
         **identity(ctx, args.config),
+        **stamp(ctx.fingerprint["label"]),
         "vllm_version": None,
         "levels": levels,
         "max_num_seqs": batch,

@@ -15,7 +15,7 @@ Rows and summary as in ``benchmarks/_transfer.py``. Goals of the llama.cpp issue
 llamacpp-backend choice within 5% of the grid's best and never below no speculation; the
 engine-backend export's ratio to the grid's best is the transfer error. Usage::
 
-    python benchmarks/transfer_llamacpp.py [--config tune.yaml] [--repeats 3] [--n-max 1,2,3,4,6,8] \
+    python -m benchmarks.stacks.transfer_llamacpp [--config tune.yaml] [--repeats 3] [--n-max 1,2,3,4,6,8] \
 [--p-min 0,0.3,0.6]
 """
 
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from autotune.backends.llamacpp import LlamacppBackend
 from autotune.knobs import Knobs
+from benchmarks._common import stamp
 from benchmarks._transfer import arguments, measure_plan, open_stack, report, summarize
 from profiles.profile import export_inputs
 from profiles.schema import Profile
@@ -84,6 +85,7 @@ def main() -> None:
     summary = summarize(rows, cfg.workload.temperature == 0, "llamacpp-backend choice")
     result = {
         "command": shlex.join([sys.executable, *sys.argv]),
+        **stamp(ctx.fingerprint["label"]),
         "device": ctx.fingerprint["label"],
         "config": str(args.config),
         "llama_server_version": backend.version,

@@ -16,7 +16,7 @@ summary as in ``benchmarks/_transfer.py``. Goals of the vLLM issue: the vllm-bac
 within 5% of the grid's best and >= 1.2x over no speculation; the engine-backend export's ratio
 to the grid's best is the tool's transfer error. Usage::
 
-    python benchmarks/transfer_vllm.py [--config tune.yaml] [--repeats 3] [--grid 1,2,3,4,5,6,7,8]
+    python -m benchmarks.stacks.transfer_vllm [--config tune.yaml] [--repeats 3] [--grid 1,2,3,4,5,6,7,8]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from autotune.backends.vllm import VllmBackend, serve_command
 from autotune.knobs import Knobs
+from benchmarks._common import stamp
 from benchmarks._transfer import arguments, measure_plan, open_stack, report, summarize
 from profiles.profile import export_inputs
 from profiles.schema import Profile
@@ -76,6 +77,7 @@ def main() -> None:
     summary = summarize(rows, cfg.workload.temperature == 0, "vllm-backend choice")
     result = {
         "command": shlex.join([sys.executable, *sys.argv]),
+        **stamp(ctx.fingerprint["label"]),
         "device": ctx.fingerprint["label"],
         "config": str(args.config),
         "vllm_version": backend.version,

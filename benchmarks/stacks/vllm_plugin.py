@@ -20,10 +20,10 @@ the demo pair) at the concurrency levels ``--levels``, ``--requests`` per level 
 batches' worth), no trace. Printed: one table per level (tokens/s, TPOT p95, the paired ratio over
 no speculation with its 95% interval), the aggregate, and per level the K=0 table's ratio without
 and with the plugin against the goal (>= 0.98x no speculation). JSON and text:
-``benchmarks/results/vllm_plugin.{json,txt}``. Usage::
+``benchmarks/results/vllm_plugin/vllm_plugin.{json,txt}``. Usage::
 
-    python benchmarks/vllm_plugin.py [--config sweep.yaml] [--levels 1,4,16] [--requests 8] \
-[--repeats 4] [--table 1:3,2-16:0 ...] [--out benchmarks/results/vllm_plugin.json] [--report JSON]
+    python -m benchmarks.stacks.vllm_plugin [--config sweep.yaml] [--levels 1,4,16] [--requests 8] \
+[--repeats 4] [--table 1:3,2-16:0 ...] [--out JSON] [--report JSON]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import yaml
 
 from autotune.backends.vllm import K0_SKIP_ENV, VllmBackend
 from autotune.knobs import Knobs
+from benchmarks._common import claim_dir, stamp
 from benchmarks._schedule import (
     Plan,
     analyse,
@@ -71,7 +72,7 @@ def arguments() -> argparse.Namespace:
         "--interleave", type=int, default=None, help="servers alive at once (default: the backend's)"
     )
     p.add_argument("--table", dest="tables", action="append", default=[], metavar="RANGES")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "vllm_plugin.json")
+    p.add_argument("--out", type=Path, default=claim_dir("vllm_plugin") / "vllm_plugin.json")
     p.add_argument(
         "--report", type=Path, default=None, metavar="JSON", help="measure nothing: report this JSON"
     )
@@ -124,6 +125,7 @@ def measure(args: argparse.Namespace) -> dict:
 
         result: dict = {
             **identity(ctx, source),
+            **stamp(ctx.fingerprint["label"]),
             "header": (
                 f"workload {w.prompts.name}, concurrency {list(w.concurrency)}, "
                 f"{requests_text(level_requests(w, batch))} x {w.max_new_tokens} tokens per level; "

@@ -20,10 +20,10 @@ per-position vectors of those rounds (the tuner's counters, before any clamp) wh
 rises from one position to the next (:func:`autotune.cost.acceptance.from_counts` holds them
 non-increasing).
 
-JSON: ``benchmarks/results/acceptance_tail.json``. Usage::
+JSON: ``benchmarks/results/acceptance_tail/acceptance_tail.json``. Usage::
 
-    python benchmarks/acceptance_tail.py [--results benchmarks/results] \
-[--out benchmarks/results/acceptance_tail.json]
+    python -m benchmarks.tuner.acceptance_tail [--results benchmarks/results] \
+[--out JSON]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from autotune.cli.text import columns
 from autotune.cost.acceptance import expected_tokens, extend
-from benchmarks._common import portable
+from benchmarks._common import claim_dir, portable, stamp
 from benchmarks._schedule import write_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,11 +74,15 @@ def grid_rounds(result: dict) -> Iterator[tuple[int, dict[int, list[float]]]]:
             yield level, by_k
 
 
+def grid_files(results: Path) -> list[Path]:
+    """The stored grids under ``results`` (its claim folders searched too): schedule and stack-cost runs."""
+    return sorted(results.rglob("schedule_*.json")) + sorted(results.rglob("stack_cost_vllm.json"))
+
+
 def cases(results: Path) -> list[dict]:
     """Every (file, level, round, measured m >= 2, predicted n > m) with both rules' relative errors."""
     out = []
-    files = sorted(results.glob("schedule_*.json")) + [results / "stack_cost_vllm.json"]
-    for path in files:
+    for path in grid_files(results):
         if path.stem.endswith("_reanalysed") or not path.is_file():
             continue  # a re-analysis holds the same rows as its run
         stack = "llamacpp" if "llamacpp" in path.stem else "vllm"
@@ -105,8 +109,8 @@ def out_of_order(results: Path) -> dict:
     """The grids' per-position vectors (every round, level and K) and those that rise somewhere."""
     vectors = [
         acc
-        for path in sorted(results.glob("schedule_*.json")) + [results / "stack_cost_vllm.json"]
-        if path.is_file() and not path.stem.endswith("_reanalysed")
+        for path in grid_files(results)
+        if not path.stem.endswith("_reanalysed")
         for _, by_k in grid_rounds(json.loads(path.read_text()))
         for acc in by_k.values()
     ]
@@ -146,7 +150,7 @@ def report(groups: dict[str, dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "acceptance_tail.json")
+    p.add_argument("--out", type=Path, default=claim_dir("acceptance_tail") / "acceptance_tail.json")
     args = p.parse_args()
     rows = cases(args.results)
     if not rows:
@@ -162,7 +166,8 @@ def main() -> None:
     print(f"\nper-position vectors counted: {order['vectors']}, rising somewhere: {order['rising']}")
     names = sorted({r["file"] for r in rows})
     files = {name: summary([r for r in rows if r["file"] == name]) for name in names}
-    write_json(args.out, {"command": " ".join(sys.argv), "groups": groups, "files": files, "order": order})
+    result = {"command": " ".join(sys.argv), **stamp(), "groups": groups, "files": files, "order": order}
+    write_json(args.out, result)
     print(f"\nwrote {portable(str(args.out))}")
 
 

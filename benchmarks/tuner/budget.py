@@ -7,7 +7,7 @@ wall time of the whole command against M (the goal: at most 1.1 x M), its exit c
 ``<out-dir>/budget.json`` (the console of each run beside it as ``budget_<backend>_<M>.txt``).
 Usage::
 
-    python benchmarks/budget.py --runs engine:20,vllm:15
+    python -m benchmarks.tuner.budget --runs engine:20,vllm:15
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._common import Bench, portable, print_table, write_json
+from benchmarks._common import Bench, claim_dir, portable, print_table, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,7 +90,7 @@ def run_one(backend: str, minutes: float, out_dir: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=runs_arg, default=runs_arg("engine:20,vllm:15"), help="BACKEND:MINUTES,...")
-    p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--out-dir", type=Path, default=claim_dir("budget"))
     args = p.parse_args()
     bench = Bench("budget", args)
     args.out_dir.mkdir(parents=True, exist_ok=True)

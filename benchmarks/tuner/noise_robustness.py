@@ -24,10 +24,10 @@ then come from the quiet re-run) or, the failure, an overlapping trial not marke
 decision agrees in >= 90% of the runs, wall time <= 1.5x the quiet median, every overlapping trial
 marked. Usage::
 
-    python benchmarks/noise_robustness.py [--config tune.yaml] [--k 5] [--trials 8] [--repeats 3]
+    python -m benchmarks.tuner.noise_robustness [--config tune.yaml] [--k 5] [--trials 8] [--repeats 3]
         [--conditions quiet,busy,midstudy]
 
-It prints a table and writes ``benchmarks/results/noise_robustness.json``.
+It prints a table and writes ``benchmarks/results/noise_robustness/noise_robustness.json``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from autotune.config import load_config
 from autotune.device import hostnoise
 from autotune.errors import USER_ERRORS
 from autotune.jobs.tune import run_tune
-from benchmarks._common import portable
+from benchmarks._common import claim_dir, portable, stamp
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--resume", type=Path, default=None, metavar="DIR", help="the runs folder of an earlier invocation"
     )
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "noise_robustness.json")
+    ap.add_argument("--out", type=Path, default=claim_dir("noise_robustness") / "noise_robustness.json")
     args = ap.parse_args(argv)
     if args.k < 1 or args.trials < 1 or (args.repeats is not None and args.repeats < 1) or args.hog_procs < 1:
         print("error: --k, --trials, --repeats and --hog-procs must be >= 1", file=sys.stderr)
@@ -487,6 +487,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     result = {
         "command": shlex.join([sys.executable, *sys.argv[:1], *(argv if argv is not None else sys.argv[1:])]),
+        **stamp(),
         "args": {k: str(v) for k, v in vars(args).items()},
         "elapsed_s": time.perf_counter() - started,
         "runs": runs,

@@ -14,7 +14,7 @@ Reported: the best feasible tokens/s found by the study / the grid's best, evalu
 and tokens/s of the study's choice against each default. Every number is a measurement taken
 in this run. Usage::
 
-    python benchmarks/tuner_vs_grid.py [--config tune.yaml] [--fraction 0.2]
+    python -m benchmarks.tuner.tuner_vs_grid [--config tune.yaml] [--fraction 0.2]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from autotune.config import load_config
 from autotune.jobs.tune import run_tune
 from autotune.knobs import Knobs
 from autotune.search import study as study_mod
+from benchmarks._common import claim_dir, stamp
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, default=ROOT / "tune.yaml")
     ap.add_argument("--fraction", type=float, default=0.2, help="study budget as a fraction of the grid")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tuner_vs_grid.json")
+    ap.add_argument("--out", type=Path, default=claim_dir("tuner_vs_grid") / "tuner_vs_grid.json")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="tuner_vs_grid_"))
@@ -116,6 +117,7 @@ def main() -> None:
 
     result = {
         "command": " ".join(sys.argv),
+        **stamp(ctx.fingerprint["label"]),
         "device": ctx.fingerprint["label"],
         "config": str(args.config),
         "grid_evaluations": len(grid),

@@ -30,7 +30,7 @@ alternative with predicted and measured gain), and the watch's lines as they cam
 ``benchmarks/results/watch_drift_<stack>.json`` (every window the watch printed, with the phase it
 fell in; rewritten after each phase, ``complete`` false until the end). Usage::
 
-    python benchmarks/watch_drift.py --stack vllm [--config tune.yaml] [--profile ID] \
+    python -m benchmarks.watch.watch_drift --stack vllm [--config tune.yaml] [--profile ID] \
 [--steady-min 10] [--switch-min 3] [--interval 15] [--windows-to-stale 3] [--confirm-rounds 3]
 
 With ``--retune``, the first phase that turned stale is then re-tuned for real, exactly as
@@ -68,6 +68,7 @@ from autotune.watch.profile_model import ProfileModel
 from autotune.watch.staleness import Staleness
 from autotune.watch.windows import Window
 from autotune.workload.runner import Sampling, build_requests
+from benchmarks._common import claim_dir, stamp
 from benchmarks._schedule import identity, write_json
 from benchmarks._transfer import newest_profile
 from engine.workload import load_workload
@@ -464,10 +465,11 @@ def main() -> None:
     def command_for_k(k: int) -> list[str]:
         return backend.command(Knobs(drafter if k else "none", k, 0.0, max_batch_size=batch))
 
-    out = args.out or ROOT / "benchmarks" / "results" / f"watch_drift_{args.stack}.json"
+    out = args.out or claim_dir(f"watch_drift_{args.stack}") / f"watch_drift_{args.stack}.json"
     log_dir = Path(tempfile.mkdtemp(prefix="watch_drift_"))  # the watch's stderr, copied into the JSON
     result: dict = {
         **identity(ctx, args.config),
+        **stamp(ctx.fingerprint["label"]),
         "stack": args.stack,
         "profile": {k: prof.get(k) for k in ("id", "chosen", "schedule", "table_decision")},
         "profile_json": prof,  # the whole profile: --replay judges with it, no store needed

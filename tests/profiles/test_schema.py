@@ -25,7 +25,7 @@ from profiles.schema import (
 from profiles.store import Store
 
 # A profile `autotune tune --backend vllm` stored at schema version 1, as its store row held it (the
-# profile the watch was held against in benchmarks/results/watch_drift_vllm_amx_saturation.json).
+# profile the watch was held against in 87704fb:benchmarks/results/watch_drift_vllm_amx_saturation.json).
 STORED_V1 = Path(__file__).parent / "data" / "stored_v1_vllm.json"
 
 
