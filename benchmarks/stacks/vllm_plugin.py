@@ -13,7 +13,9 @@ run ``--repeats`` times, round r with the same seed everywhere, the rounds inter
    the ceiling of serving "off" through a table;
 4. each ``--table RANGES`` with the plugin (e.g. ``1:3,2-16:0``: speculate alone, off from two
    requests up): every crossing into a K>0 range catches the drafter up; its greedy output is
-   compared with no speculation's.
+   compared with no speculation's;
+5. each ``--constant K``: the chain at K with no table, the best constant such a table competes
+   with (the tuner's table contest serves the table beside it and no speculation).
 
 The workload is ``--config``'s (default benchmarks/configs/schedule_sweep.yaml, the draft model of
 the demo pair) at the concurrency levels ``--levels``, ``--requests`` per level (at least two
@@ -23,7 +25,8 @@ and with the plugin against the goal (>= 0.98x no speculation). JSON and text:
 ``benchmarks/results/vllm_plugin/vllm_plugin.{json,txt}``. Usage::
 
     python -m benchmarks.stacks.vllm_plugin [--config sweep.yaml] [--levels 1,4,16] [--requests 8] \
-[--repeats 4] [--table 1:3,2-16:0 ...] [--out JSON] [--report JSON]
+[--repeats 4] [--table 1:3,2-16:0 ...] [--constant 5 ...] [--out JSON] \
+[--report JSON]
 """
 
 from __future__ import annotations
@@ -72,6 +75,15 @@ def arguments() -> argparse.Namespace:
         "--interleave", type=int, default=None, help="servers alive at once (default: the backend's)"
     )
     p.add_argument("--table", dest="tables", action="append", default=[], metavar="RANGES")
+    p.add_argument(
+        "--constant",
+        dest="constants",
+        action="append",
+        default=[],
+        type=int,
+        metavar="K",
+        help="also serve the chain at constant K (no table), the best constant a table is compared with",
+    )
     p.add_argument("--out", type=Path, default=claim_dir("vllm_plugin") / "vllm_plugin.json")
     p.add_argument(
         "--report", type=Path, default=None, metavar="JSON", help="measure nothing: report this JSON"
@@ -161,6 +173,9 @@ def measure(args: argparse.Namespace) -> dict:
                 for label, plugin in (("K=0 table, vLLM as shipped", False), ("K=0 table, plugin", True)):
                     kind = "table-zero-plugin" if plugin else "table-zero"
                     plan.run(label, table(zero, plugin), kind, k_per_level=dict.fromkeys(levels, 0))
+                for k in args.constants:
+                    chain = Knobs("model", k, max_batch_size=batch)
+                    plan.run(f"constant K={k}", backend.command(chain), "constant", chain)
                 for text in args.tables:
                     schedule = parse_table(text)
                     ranges, lo = [], 1
