@@ -18,12 +18,14 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from autotune.workload.runner import LoadSpec, run_load
 from benchmarks import _common
+from engine.loader import ModelPair
 from engine.metrics import speedup
-from engine.speculative import SpecConfig
+from engine.speculative import Request, SpecConfig
 
 NAME = "gpu_equivalence"
 HEADERS = ["dtype", "B", "gamma", "identical", "first divergence (min)", "acceptance", "speedup", "contract"]
@@ -34,6 +36,30 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     if a == b:
         return None
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def measure_cell(
+    pair: ModelPair, requests: list[Request], dtype: str, b: int, args: argparse.Namespace
+) -> dict:
+    """Speculative and autoregressive runs of ``requests`` at batch size ``b``: outputs compared."""
+    load = LoadSpec(max_batch_size=b, concurrency=b, num_requests=len(requests))
+    spec = run_load(pair, requests, SpecConfig(gamma=args.gamma), "model", load, args.seed)
+    base = run_load(pair, requests, SpecConfig(gamma=0), "none", load, args.seed)
+    div = [first_divergence(s, a) for s, a in zip(_common.outputs(spec), _common.outputs(base), strict=True)]
+    same = sum(d is None for d in div)
+    return {
+        "dtype": dtype,
+        "batch_size": b,
+        "gamma": args.gamma,
+        "num_requests": len(requests),
+        "identical": same,
+        "first_divergence": div,
+        "acceptance_rate": spec.metrics["acceptance_rate"],
+        "speedup": speedup(base.metrics["wall_s"], spec.metrics["wall_s"]),
+        "spec_tokens_per_second": spec.metrics["tokens_per_second"],
+        "ar_tokens_per_second": base.metrics["tokens_per_second"],
+        "contract": "pass" if same == len(div) else ("FAIL" if dtype == "float32" else "informational"),
+    }
 
 
 def main() -> None:
@@ -50,32 +76,8 @@ def main() -> None:
     for dtype in dtypes:
         pair, requests = _common.load(bench, dtype=dtype)
         for b in args.batch_sizes:
-            load = LoadSpec(max_batch_size=b, concurrency=b, num_requests=len(requests))
-            spec = run_load(pair, requests, SpecConfig(gamma=args.gamma), "model", load, args.seed)
-            base = run_load(pair, requests, SpecConfig(gamma=0), "none", load, args.seed)
-            div = [
-                first_divergence(s, a)
-                for s, a in zip(_common.outputs(spec), _common.outputs(base), strict=True)
-            ]
-            same = sum(d is None for d in div)
-            cells.append(
-                {
-                    "dtype": dtype,
-                    "batch_size": b,
-                    "gamma": args.gamma,
-                    "num_requests": len(requests),
-                    "identical": same,
-                    "first_divergence": div,
-                    "acceptance_rate": spec.metrics["acceptance_rate"],
-                    "speedup": speedup(base.metrics["wall_s"], spec.metrics["wall_s"]),
-                    "spec_tokens_per_second": spec.metrics["tokens_per_second"],
-                    "ar_tokens_per_second": base.metrics["tokens_per_second"],
-                    "contract": "pass"
-                    if same == len(div)
-                    else ("FAIL" if dtype == "float32" else "informational"),
-                }
-            )
-            print(f"  {dtype} B={b}: {same}/{len(div)} identical", flush=True)
+            cells.append(measure_cell(pair, requests, dtype, b, args))
+            print(f"  {dtype} B={b}: {cells[-1]['identical']}/{len(requests)} identical", flush=True)
         del pair
     rows = [
         (

@@ -21,6 +21,7 @@ engine-backend export's ratio to the grid's best is the transfer error. Usage::
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 import time
@@ -36,17 +37,15 @@ from profiles.schema import Profile
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def main() -> None:
-    args = arguments(
-        __doc__,
-        "llamacpp",
-        [
-            ("--n-max", "1,2,3,4,6,8", "--spec-draft-n-max values of the grid"),
-            ("--p-min", "0,0.3,0.6", "--spec-draft-p-min values of the grid"),
-        ],
-    )
-    cfg, ctx, backend, engine_prof, chosen_prof = open_stack(args, "llamacpp", LlamacppBackend)
-    batch = max(cfg.search.max_batch_size)
+def build_plan(
+    args: argparse.Namespace,
+    backend: LlamacppBackend,
+    batch: int,
+    engine_prof: dict | None,
+    chosen_prof: dict | None,
+) -> list[tuple[str, list[str]]]:
+    """The servers to measure, in order: no speculation, llama.cpp's defaults, both profiles' exports
+    (where stored), the n-max x p-min grid, and no speculation again (the drift check)."""
 
     def grid_command(n_max: int, p_min: float) -> list[str]:
         return backend.command(Knobs("model" if n_max else "none", n_max, p_min, max_batch_size=batch))
@@ -79,6 +78,21 @@ def main() -> None:
         for pm in (float(x) for x in args.p_min.split(","))
     ]
     plan.append(("no speculation (again, last)", grid_command(0, 0.0)))
+    return plan
+
+
+def main() -> None:
+    args = arguments(
+        __doc__,
+        "llamacpp",
+        [
+            ("--n-max", "1,2,3,4,6,8", "--spec-draft-n-max values of the grid"),
+            ("--p-min", "0,0.3,0.6", "--spec-draft-p-min values of the grid"),
+        ],
+    )
+    cfg, ctx, backend, engine_prof, chosen_prof = open_stack(args, "llamacpp", LlamacppBackend)
+    batch = max(cfg.search.max_batch_size)
+    plan = build_plan(args, backend, batch, engine_prof, chosen_prof)
 
     t0 = time.perf_counter()
     rows = measure_plan(backend, plan, batch, args.repeats, cfg.budget.seed)

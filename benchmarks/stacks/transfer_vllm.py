@@ -21,6 +21,7 @@ to the grid's best is the tool's transfer error. Usage::
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 import time
@@ -37,10 +38,15 @@ from profiles.schema import Profile
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def main() -> None:
-    args = arguments(__doc__, "vllm", [("--grid", "1,2,3,4,5,6,7,8", "K values of the grid")])
-    cfg, ctx, backend, engine_prof, vllm_prof = open_stack(args, "vllm", VllmBackend)
-    batch = max(cfg.search.max_batch_size)
+def build_plan(
+    args: argparse.Namespace,
+    backend: VllmBackend,
+    batch: int,
+    engine_prof: dict | None,
+    vllm_prof: dict | None,
+) -> list[tuple[str, list[str]]]:
+    """The servers to measure, in order: no speculation, vLLM's usual K=3 and K=5, both profiles'
+    exports (where stored), the K grid, and no speculation again (the drift check)."""
 
     def grid_command(k: int) -> list[str]:
         knobs = Knobs("model" if k else "none", k, max_batch_size=batch)
@@ -71,6 +77,14 @@ def main() -> None:
             )
     plan += [(f"grid K={k}", grid_command(int(k))) for k in args.grid.split(",")]
     plan.append(("no speculation (again, last)", grid_command(0)))
+    return plan
+
+
+def main() -> None:
+    args = arguments(__doc__, "vllm", [("--grid", "1,2,3,4,5,6,7,8", "K values of the grid")])
+    cfg, ctx, backend, engine_prof, vllm_prof = open_stack(args, "vllm", VllmBackend)
+    batch = max(cfg.search.max_batch_size)
+    plan = build_plan(args, backend, batch, engine_prof, vllm_prof)
 
     t0 = time.perf_counter()
     rows = measure_plan(backend, plan, batch, args.repeats, cfg.budget.seed)
