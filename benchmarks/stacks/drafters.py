@@ -256,13 +256,12 @@ def tune_part(args, drafters: list[str], levels: list[int], rows: list[dict], pa
 
 def vllm_part(args, levels) -> dict:
     """No speculation and each DRAFTER:K of ``--vllm-plan`` in fresh vLLM servers (see the docstring)."""
-    from _transfer import measure_plan
-
     from autotune import context
     from autotune.backends.vllm import VllmBackend
     from autotune.config import load_config
     from autotune.errors import USER_ERRORS
     from autotune.knobs import Knobs
+    from benchmarks._transfer import measure_plan
 
     try:
         plan_items = [(d, int(k)) for d, k in (item.split(":") for item in args.vllm_plan.split(","))]

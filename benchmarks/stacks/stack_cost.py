@@ -346,10 +346,9 @@ def main() -> None:
 
 def measure(args: argparse.Namespace, t0: float) -> dict:
     """Run no speculation and every K of the grid in fresh vLLM servers (the rows of the JSON)."""
-    from _transfer import open_stack
-
     from autotune.backends.vllm import VllmBackend
     from autotune.knobs import Knobs
+    from benchmarks._transfer import open_stack
 
     ns = argparse.Namespace(config=args.config, engine_profile=None, stack_profile=None)
     cfg, ctx, backend, _, _ = open_stack(ns, "vllm", VllmBackend)
