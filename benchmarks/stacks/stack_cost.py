@@ -169,31 +169,20 @@ def resampled(rows: dict[int, dict], ks: Sequence[int], draws: int, seed: int, n
     }
 
 
-def main() -> None:
-    args = arguments()
-    t0 = time.perf_counter()
-    if args.source is not None:
-        result = json.loads(args.source.read_text())
-        result["analysed_from"] = str(args.source)
-        for row in result["rows"]:
-            if "per_level_rounds" in row:
-                row["per_level_rounds"] = {int(b): v for b, v in row["per_level_rounds"].items()}
-    else:
-        result = measure(args, t0)
-    rows = {k: r for r in result["rows"] if "per_level_rounds" in r and (k := row_k(r)) is not None}
-    obs = {k: observation(r, k) for k, r in rows.items()}
-    spec = sorted(k for k in obs if k > 0)
-    if 0 not in obs or len(spec) < 2:
-        sys.exit("stack_cost: needs no speculation and two constant K measured")
-    cal = grid_values(args.calibrate) if args.calibrate else [0, spec[0], spec[-1]]
-    if 0 not in cal:
-        cal = [0, *cal]
-    missing = [k for k in cal if k not in obs]
-    if missing:
-        sys.exit(f"--calibrate: K {missing} not measured in this run")
-    levels = sorted(obs[0].per_level)
-    cost = stackcost.calibrate([obs[k] for k in cal], "model")
-    assert cost is not None
+def load_result(args: argparse.Namespace, t0: float) -> dict:
+    """The grid run to analyse: ``--from`` a stored JSON (its level keys made ints again) or measured now."""
+    if args.source is None:
+        return measure(args, t0)
+    result = json.loads(args.source.read_text())
+    result["analysed_from"] = str(args.source)
+    for row in result["rows"]:
+        if "per_level_rounds" in row:
+            row["per_level_rounds"] = {int(b): v for b, v in row["per_level_rounds"].items()}
+    return result
+
+
+def print_costs(result: dict, cal: list[int], cost: stackcost.StackCost) -> None:
+    """The calibration servers and the fitted per-level costs."""
     print(f"device: {result['device']}; vLLM {result.get('vllm_version')}; workload {result['config']}")
     print(
         f"calibration servers K={cal} ({cost.fit} fit); acceptance (counters of K={max(cal)}): "
@@ -217,6 +206,53 @@ def main() -> None:
         )
     )
     print()
+
+
+def main() -> None:
+    args = arguments()
+    result = load_result(args, time.perf_counter())
+    rows = {k: r for r in result["rows"] if "per_level_rounds" in r and (k := row_k(r)) is not None}
+    obs = {k: observation(r, k) for k, r in rows.items()}
+    spec = sorted(k for k in obs if k > 0)
+    if 0 not in obs or len(spec) < 2:
+        sys.exit("stack_cost: needs no speculation and two constant K measured")
+    cal = grid_values(args.calibrate) if args.calibrate else [0, spec[0], spec[-1]]
+    if 0 not in cal:
+        cal = [0, *cal]
+    missing = [k for k in cal if k not in obs]
+    if missing:
+        sys.exit(f"--calibrate: K {missing} not measured in this run")
+    levels = sorted(obs[0].per_level)
+    cost = stackcost.calibrate([obs[k] for k in cal], "model")
+    assert cost is not None
+    print_costs(result, cal, cost)
+    pvm = predicted_vs_measured(obs, rows, cost, cal, levels)
+    ks = sorted(obs)
+    start = sorted({0, *grid_values(args.start)}) if args.start else [0, spec[-1]]
+    if any(k not in obs for k in start):
+        sys.exit(f"--start: K {[k for k in start if k not in obs]} not measured in this run")
+    planner = plan_against_grid(obs, rows, start, levels)
+    resamples = resample_report(args, rows, ks, levels)
+    result["analysis"] = {
+        "resampled": resamples,
+        "calibration": cal,
+        "start": start,
+        "cost": cost.to_json(),
+        "predicted_vs_measured": pvm,
+        "planner": planner,
+    }
+    write_json(args.out, result)
+    print(f"\nJSON: {args.out}")
+
+
+def predicted_vs_measured(
+    obs: dict[int, stackcost.Observation],
+    rows: dict[int, dict],
+    cost: stackcost.StackCost,
+    cal: list[int],
+    levels: list[int],
+) -> list[dict]:
+    """The fit's tokens/s against every measured (K, level), printed, with the held-out error."""
     pvm = []
     body = []
     for k in sorted(obs):
@@ -249,10 +285,15 @@ def main() -> None:
             f"{statistics.median(r['round_spread'] for r in held):.1%}"
         )
     print()
+    return pvm
+
+
+def plan_against_grid(
+    obs: dict[int, stackcost.Observation], rows: dict[int, dict], start: list[int], levels: list[int]
+) -> dict:
+    """The planner replayed from ``start`` on the measured grid: its K per level against the grid's
+    best, its server starts, and the two goals (printed; the JSON's ``analysis.planner``)."""
     ks = sorted(obs)
-    start = sorted({0, *grid_values(args.start)}) if args.start else [0, spec[-1]]
-    if any(k not in obs for k in start):
-        sys.exit(f"--start: K {[k for k in start if k not in obs]} not measured in this run")
     plan = replay(obs, start, ks)
     grid_best = {b: max(ks, key=lambda k: obs[k].per_level[b].tokens_per_second or 0.0) for b in levels}
     served = plan["served"]
@@ -305,6 +346,21 @@ def main() -> None:
         f"(worst {worst:.3f}); at most a third of the grid's starts: "
         f"{'met' if starts_ok else 'NOT met'} ({len(served)} of {len(ks)})"
     )
+    return {
+        **plan,
+        "picks": picks,
+        "starts": len(served),
+        "grid_starts": len(ks),
+        "worst_ratio": worst,
+        "within_3pct": worst >= 0.97,
+        "third_of_starts": starts_ok,
+    }
+
+
+def resample_report(
+    args: argparse.Namespace, rows: dict[int, dict], ks: list[int], levels: list[int]
+) -> list:
+    """The planner on one round per server, without and with the noise term (where rounds allow)."""
     resamples = []
     if min(len(r["per_level_rounds"][levels[0]]["tokens_per_second"]) for r in rows.values()) >= 2:
         resamples = [resampled(rows, ks, args.draws, args.seed, noise) for noise in (False, True)]
@@ -324,24 +380,7 @@ def main() -> None:
                 ],
             )
         )
-    result["analysis"] = {
-        "resampled": resamples,
-        "calibration": cal,
-        "start": start,
-        "cost": cost.to_json(),
-        "predicted_vs_measured": pvm,
-        "planner": {
-            **plan,
-            "picks": picks,
-            "starts": len(served),
-            "grid_starts": len(ks),
-            "worst_ratio": worst,
-            "within_3pct": worst >= 0.97,
-            "third_of_starts": starts_ok,
-        },
-    }
-    write_json(args.out, result)
-    print(f"\nJSON: {args.out}")
+    return resamples
 
 
 def measure(args: argparse.Namespace, t0: float) -> dict:
