@@ -91,6 +91,7 @@ def test_the_vllm_export_says_the_plugin_is_required_and_writes_the_fallback(pro
     for said in ("spec-autotune-vllm-plugin", "tuned with vLLM 0.32.0", "pip install autotune/vllm_plugin"):
         assert said in note, note
     assert FALLBACK_FILENAME in note and "(batch sizes 5-8)" in note
+    assert f"serves {FALLBACK_FILENAME} instead: gamma 5 at every batch size (the best constant" in note
     assert "only a table measured in vLLM" not in " ".join(exported.notes)  # the no-plugin note is not there
     words = shlex.split(exported.command or "")
     assert "SPEC_AUTOTUNE_K0_SKIP=1" in words[: words.index("vllm")]
