@@ -182,10 +182,18 @@ def _table_lines(decision: TableDecision) -> list[str]:
         return []
     levels = ", ".join(f"B={lv.batch_size}: {lv.gamma}" for lv in decision.levels or ())
     verdict = "served live and chosen" if decision.won else "served live, not chosen"
-    return [
+    lines = [
         f"per level   K chosen per load level: {levels or 'none'}",
         f"table       {verdict if decision.served else 'not served'}: {decision.reason or ''}",
     ]
+    need = decision.needs_plugin
+    if need is not MISSING:  # its K=0 range is off only with the plugin (profiles.schema.PluginNeed)
+        fallback = ", ".join(f"B={b}: {k}" for b, k in need.fallback)
+        lines.append(
+            f"needs       the {need.plugin} ({need.env}=1, vLLM {need.vllm_version or 'unknown'}); "
+            f"without it: {fallback}"
+        )
+    return lines
 
 
 def _profile(p: Profile | Mapping[str, Any]) -> Profile:

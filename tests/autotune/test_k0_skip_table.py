@@ -18,6 +18,7 @@ import torch
 
 from autotune.backends import vllm as vllm_backend
 from autotune.backends.engine import EngineBackend
+from autotune.cli.render import render_tune
 from autotune.decide.selection import fallback_schedule, plan_table
 from autotune.jobs.tune import run_tune
 from autotune.knobs import Knobs
@@ -172,6 +173,9 @@ def test_tune_with_the_skip_serves_off_at_high_load_and_records_the_plugin_and_f
     assert "the best constant" in need["fallback_reason"] and "one K, no table" in need["fallback_reason"]
     assert any("only with the spec-autotune-vllm-plugin" in line for line in lines)
     assert Profile.from_json(profile).to_json() == profile
+    summary = render_tune(profile)
+    assert "needs       the spec-autotune-vllm-plugin (SPEC_AUTOTUNE_K0_SKIP=1, vLLM 0.32.0)" in summary
+    assert "without it: B=1: 1, B=2: 1" in summary
 
     exports = cfg.export.dir
     config = json.loads((exports / "vllm-speculative-config.json").read_text())
