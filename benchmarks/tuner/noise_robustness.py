@@ -49,7 +49,7 @@ from pathlib import Path
 import optuna
 
 from autotune.cli.text import columns
-from autotune.config import load_config
+from autotune.config import TuneConfig, load_config
 from autotune.device import hostnoise
 from autotune.errors import USER_ERRORS
 from autotune.jobs.tune import run_tune
@@ -324,7 +324,8 @@ def summarize(quiet: list[dict], busy: list[dict]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
+def arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The flags, checked (exit 2 with one line on a bad value), and the conditions in run order."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--config", type=Path, default=ROOT / "tune.yaml", help="tune.yaml (default: the bundled one)"
@@ -366,6 +367,11 @@ def main(argv: list[str] | None = None) -> dict:
             file=sys.stderr,
         )
         sys.exit(2)
+    return args, conditions
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, conditions = arguments(argv)
     try:
         cfg = load_config(args.config)
     except USER_ERRORS as exc:
@@ -382,6 +388,32 @@ def main(argv: list[str] | None = None) -> dict:
     tmp = args.resume or Path(tempfile.mkdtemp(prefix="noise_robustness_"))
     print(f"runs in {tmp} (--resume {tmp} keeps the finished ones)", flush=True)
     started = time.perf_counter()
+    runs = run_conditions(cfg, args, conditions, tmp)
+    summary = summarize(runs["quiet"], runs.get("busy", []))
+    if "midstudy" in runs:
+        summary["midstudy"] = summarize_midstudy(runs["quiet"], runs["midstudy"])
+    print_report(runs, summary)
+    result = {
+        "command": shlex.join([sys.executable, *sys.argv[:1], *(argv if argv is not None else sys.argv[1:])]),
+        **stamp(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "elapsed_s": time.perf_counter() - started,
+        "runs": runs,
+        "summary": summary,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = args.out.with_name(f".{args.out.name}.tmp")
+    tmp_out.write_text(portable(json.dumps(result, indent=2, default=str)) + "\n")
+    tmp_out.replace(args.out)
+    print(f"\nwrote {args.out}")
+    return result
+
+
+def run_conditions(
+    cfg: TuneConfig, args: argparse.Namespace, conditions: list[str], tmp: Path
+) -> dict[str, list[dict]]:
+    """``--k`` runs per condition in order, each read back from ``tmp`` where an earlier invocation
+    finished it; busy runs beside ``--hog-procs`` processes, mid-study runs beside one."""
     runs: dict[str, list[dict]] = {c: [] for c in conditions}
     for condition in conditions:
         for i in range(args.k):
@@ -411,9 +443,11 @@ def main(argv: list[str] | None = None) -> dict:
                 + (f", {_overlap_text(run['hog'])}" if "hog" in run else ""),
                 flush=True,
             )
-    summary = summarize(runs["quiet"], runs.get("busy", []))
-    if "midstudy" in runs:
-        summary["midstudy"] = summarize_midstudy(runs["quiet"], runs["midstudy"])
+    return runs
+
+
+def print_report(runs: dict[str, list[dict]], summary: dict) -> None:
+    """Every run's row, the quiet majority, and the busy and mid-study agreement against the goals."""
     rows = []
     for condition, rs in runs.items():
         for i, r in enumerate(rs):
@@ -461,44 +495,34 @@ def main(argv: list[str] | None = None) -> dict:
             f"goal {'met' if summary['goal_met'] else 'NOT met'}"
         )
     if "midstudy" in summary:
-        ms = summary["midstudy"]
-        print("\nmid-study busy process (one process from the study's start for half the quiet study time):")
-        print(
-            columns(
-                ["run", "gamma", "wall s", "x quiet", "hog s", "overlapping trials (d: marked disturbed)"],
-                [
-                    (
-                        i + 1,
-                        r["chosen_gamma"],
-                        f"{r['wall_s']:.0f}",
-                        f"{ratio:.2f}",
-                        f"{r['hog']['seconds']:.0f}",
-                        _overlap_text(r["hog"]),
-                    )
-                    for i, (r, ratio) in enumerate(zip(runs["midstudy"], ms["wall_over_quiet"], strict=True))
-                ],
-            )
+        print_midstudy(runs["midstudy"], summary["midstudy"])
+
+
+def print_midstudy(midstudy: list[dict], ms: dict) -> None:
+    """The mid-study runs' rows (wall time against the quiet runs, the trials the process overlapped)."""
+    print("\nmid-study busy process (one process from the study's start for half the quiet study time):")
+    print(
+        columns(
+            ["run", "gamma", "wall s", "x quiet", "hog s", "overlapping trials (d: marked disturbed)"],
+            [
+                (
+                    i + 1,
+                    r["chosen_gamma"],
+                    f"{r['wall_s']:.0f}",
+                    f"{ratio:.2f}",
+                    f"{r['hog']['seconds']:.0f}",
+                    _overlap_text(r["hog"]),
+                )
+                for i, (r, ratio) in enumerate(zip(midstudy, ms["wall_over_quiet"], strict=True))
+            ],
         )
-        print(
-            f"mid-study runs agreeing: {ms['decision_agreement']:.0%}; wall time "
-            f"{max(ms['wall_over_quiet']):.2f}x the quiet median at most; every overlapping trial marked: "
-            f"{ms['all_overlapping_marked']}; unmarked overlapping trials on a front: "
-            f"{ms['unmarked_overlapping_on_front']}; goal {'met' if ms['goal_met'] else 'NOT met'}"
-        )
-    result = {
-        "command": shlex.join([sys.executable, *sys.argv[:1], *(argv if argv is not None else sys.argv[1:])]),
-        **stamp(),
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "elapsed_s": time.perf_counter() - started,
-        "runs": runs,
-        "summary": summary,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_name(f".{args.out.name}.tmp")
-    tmp_out.write_text(portable(json.dumps(result, indent=2, default=str)) + "\n")
-    tmp_out.replace(args.out)
-    print(f"\nwrote {args.out}")
-    return result
+    )
+    print(
+        f"mid-study runs agreeing: {ms['decision_agreement']:.0%}; wall time "
+        f"{max(ms['wall_over_quiet']):.2f}x the quiet median at most; every overlapping trial marked: "
+        f"{ms['all_overlapping_marked']}; unmarked overlapping trials on a front: "
+        f"{ms['unmarked_overlapping_on_front']}; goal {'met' if ms['goal_met'] else 'NOT met'}"
+    )
 
 
 def _overlap_text(hog: dict) -> str:
