@@ -313,7 +313,23 @@ def plan_against_grid(
                 "grid_round_spread": spread(rows[grid_best[b]], b),
             }
         )
-    print(f"planner: served K={served} ({len(served)} server starts; the grid: {len(ks)})")
+    starts_ok = len(served) <= len(ks) / 3
+    print_plan(plan, picks, len(ks), worst, starts_ok)
+    return {
+        **plan,
+        "picks": picks,
+        "starts": len(served),
+        "grid_starts": len(ks),
+        "worst_ratio": worst,
+        "within_3pct": worst >= 0.97,
+        "third_of_starts": starts_ok,
+    }
+
+
+def print_plan(plan: dict, picks: list[dict], grid_starts: int, worst: float, starts_ok: bool) -> None:
+    """The planner's steps, its K per level against the grid's best, and the two goals."""
+    served = plan["served"]
+    print(f"planner: served K={served} ({len(served)} server starts; the grid: {grid_starts})")
     for s in plan["steps"]:
         print(
             f"  fit on K={s['measured_k']} ({s['fit']}): predicted best "
@@ -339,22 +355,12 @@ def plan_against_grid(
             ],
         )
     )
-    starts_ok = len(served) <= len(ks) / 3
     print(
         "goal: within 3% of the grid's per-level best at every level: "
         f"{'met' if worst >= 0.97 else 'NOT met'} "
         f"(worst {worst:.3f}); at most a third of the grid's starts: "
-        f"{'met' if starts_ok else 'NOT met'} ({len(served)} of {len(ks)})"
+        f"{'met' if starts_ok else 'NOT met'} ({len(served)} of {grid_starts})"
     )
-    return {
-        **plan,
-        "picks": picks,
-        "starts": len(served),
-        "grid_starts": len(ks),
-        "worst_ratio": worst,
-        "within_3pct": worst >= 0.97,
-        "third_of_starts": starts_ok,
-    }
 
 
 def resample_report(
