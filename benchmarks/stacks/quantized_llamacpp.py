@@ -153,6 +153,25 @@ def print_summary(summary: dict, types: list[str]) -> None:
     )
 
 
+def print_rows(header: str, rows: list[dict]) -> None:
+    """One line per server: tokens/s over the rounds, the ratio to its type's no speculation, acceptance."""
+    print_table(
+        header,
+        ["configuration", "tok/s (median)", "min", "max", "x no-spec (95% CI)", "acceptance"],
+        [
+            (
+                r["config"],
+                r.get("tokens_per_second"),
+                r.get("min"),
+                r.get("max"),
+                text(r["over_no_speculation"]) if "over_no_speculation" in r else r.get("error", "")[:60],
+                r.get("acceptance_rate"),
+            )
+            for r in rows
+        ],
+    )
+
+
 def main() -> None:
     args = arguments()
     bench = Bench("quantized_llamacpp", args)
@@ -190,21 +209,7 @@ def main() -> None:
         f"-np {batch}; demo pair; {w.prompts.name}, concurrency {list(w.concurrency)}, {w.num_requests} "
         f"requests x {w.max_new_tokens} tokens per level; {args.rounds} interleaved rounds"
     )
-    print_table(
-        header,
-        ["configuration", "tok/s (median)", "min", "max", "x no-spec (95% CI)", "acceptance"],
-        [
-            (
-                r["config"],
-                r.get("tokens_per_second"),
-                r.get("min"),
-                r.get("max"),
-                text(r["over_no_speculation"]) if "over_no_speculation" in r else r.get("error", "")[:60],
-                r.get("acceptance_rate"),
-            )
-            for r in rows
-        ],
-    )
+    print_rows(header, rows)
     print_summary(summary, types)
     gguf = {q: {"target": str(b.target_gguf), "draft": str(b.draft_gguf)} for q, b in by_type.items()}
     write_json(

@@ -22,7 +22,6 @@ NOT_SPLIT_YET = {
     ("benchmarks/stacks/drafters.py", "tune_part"),
     ("benchmarks/stacks/drafters.py", "vllm_part"),
     ("benchmarks/stacks/drafters.py", "main"),
-    ("benchmarks/stacks/quantized_llamacpp.py", "main"),
     ("benchmarks/stacks/schedule_llamacpp.py", "main"),
     ("benchmarks/stacks/schedule_vllm.py", "main"),
     ("benchmarks/stacks/vllm_plugin.py", "measure"),
