@@ -29,7 +29,7 @@ from pathlib import Path
 from autotune import context
 from autotune.backends.engine import EngineBackend
 from autotune.cli.text import columns
-from autotune.config import load_config
+from autotune.config import TuneConfig, load_config
 from autotune.jobs.tune import run_tune
 from autotune.knobs import Knobs
 from autotune.search import study as study_mod
@@ -58,34 +58,11 @@ def main() -> None:
     )
     ctx = context.build(cfg)
     measurement, _ = context.ensure_profile(ctx)
-    lo, hi = cfg.search.confidence_threshold.low, cfg.search.confidence_threshold.high
-    thresholds = sorted({lo, (lo + hi) / 2, hi})
-    drafter = next((d for d in cfg.search.drafter if d != "none"), "none")
-    mbs = max(cfg.search.max_batch_size)
-    grid = [
-        Knobs(drafter, g, t, s, mbs)
-        for g in range(int(cfg.search.gamma.low), int(cfg.search.gamma.high) + 1)
-        for t in (thresholds if g else [lo])
-        for s in (cfg.search.gamma_schedule if g else cfg.search.gamma_schedule[:1])
-    ]
+    drafter, grid = exhaustive_grid(cfg)
     print(f"grid: {len(grid)} configurations x {len(cfg.workload.load_levels)} load levels", file=sys.stderr)
     engine = EngineBackend(ctx)
     t0 = time.perf_counter()
-    grid_results = []
-    for i, knobs in enumerate(grid):
-        res = engine.run(knobs, cfg.budget.seed)
-        viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, res).values())
-        grid_results.append(
-            {
-                "params": knobs.to_params(with_tree=False),
-                "tokens_per_second": res.tokens_per_second,
-                "latency_ms": res.latency_ms,
-                "feasible": viol <= 0,
-            }
-        )
-        print(
-            f"  grid {i + 1}/{len(grid)}: {knobs.label}: {res.tokens_per_second:.1f} tok/s", file=sys.stderr
-        )
+    grid_results = measure_grid(engine, grid, cfg)
     grid_s = time.perf_counter() - t0
     grid_best = max((r for r in grid_results if r["feasible"]), key=lambda r: r["tokens_per_second"])
 
@@ -100,20 +77,7 @@ def main() -> None:
     study_best = max((t for t in trials if t["feasible"]), key=lambda t: t["tokens_per_second"])
 
     chosen = prof["chosen"]
-    chosen_res = engine.run(Knobs.from_params(chosen), cfg.budget.seed + 2).to_json()
-    rows_defaults = []
-    for name, knobs in DEFAULTS.items():
-        params = {**chosen, "drafter": drafter, "gamma_schedule": "constant", **knobs}
-        res = engine.run(Knobs.from_params(params), cfg.budget.seed + 2).to_json()
-        rows_defaults.append(
-            {
-                "config": name,
-                "params": params,
-                "tokens_per_second": res["tokens_per_second"],
-                "latency_ms": res["latency_ms"],
-                "tuned_over_default": chosen_res["tokens_per_second"] / res["tokens_per_second"],
-            }
-        )
+    chosen_res, rows_defaults = measure_defaults(engine, chosen, drafter, cfg.budget.seed + 2)
 
     result = {
         "command": " ".join(sys.argv),
@@ -135,13 +99,76 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
+    print_report(result, chosen_res)
+    print(f"\nwrote {args.out}")
+
+
+def exhaustive_grid(cfg: TuneConfig) -> tuple[str, list[Knobs]]:
+    """The config's drafter and every (gamma, threshold, schedule) of its search space: three
+    thresholds (low, middle, high), gamma 0 once."""
+    lo, hi = cfg.search.confidence_threshold.low, cfg.search.confidence_threshold.high
+    thresholds = sorted({lo, (lo + hi) / 2, hi})
+    drafter = next((d for d in cfg.search.drafter if d != "none"), "none")
+    mbs = max(cfg.search.max_batch_size)
+    grid = [
+        Knobs(drafter, g, t, s, mbs)
+        for g in range(int(cfg.search.gamma.low), int(cfg.search.gamma.high) + 1)
+        for t in (thresholds if g else [lo])
+        for s in (cfg.search.gamma_schedule if g else cfg.search.gamma_schedule[:1])
+    ]
+    return drafter, grid
+
+
+def measure_grid(engine: EngineBackend, grid: list[Knobs], cfg: TuneConfig) -> list[dict]:
+    """Every grid configuration run once at the config's load levels, with its SLO feasibility."""
+    grid_results = []
+    for i, knobs in enumerate(grid):
+        res = engine.run(knobs, cfg.budget.seed)
+        viol = sum(max(v, 0.0) for v in study_mod.slo_violations(cfg, res).values())
+        grid_results.append(
+            {
+                "params": knobs.to_params(with_tree=False),
+                "tokens_per_second": res.tokens_per_second,
+                "latency_ms": res.latency_ms,
+                "feasible": viol <= 0,
+            }
+        )
+        print(
+            f"  grid {i + 1}/{len(grid)}: {knobs.label}: {res.tokens_per_second:.1f} tok/s", file=sys.stderr
+        )
+    return grid_results
+
+
+def measure_defaults(engine: EngineBackend, chosen: dict, drafter: str, seed: int) -> tuple[dict, list[dict]]:
+    """The tuned configuration and each stack's default (:data:`DEFAULTS`) at the same load and seed."""
+    chosen_res = engine.run(Knobs.from_params(chosen), seed).to_json()
+    rows_defaults = []
+    for name, knobs in DEFAULTS.items():
+        params = {**chosen, "drafter": drafter, "gamma_schedule": "constant", **knobs}
+        res = engine.run(Knobs.from_params(params), seed).to_json()
+        rows_defaults.append(
+            {
+                "config": name,
+                "params": params,
+                "tokens_per_second": res["tokens_per_second"],
+                "latency_ms": res["latency_ms"],
+                "tuned_over_default": chosen_res["tokens_per_second"] / res["tokens_per_second"],
+            }
+        )
+    return chosen_res, rows_defaults
+
+
+def print_report(result: dict, chosen_res: dict) -> None:
+    """The grid's best against the study's, and the tuned configuration against the defaults."""
+    grid_best, study_best, budget = result["grid_best"], result["study_best"], result["study_trials"]
+    evaluations, rows_defaults = result["grid_evaluations"], result["defaults"]
     print(
         columns(
             ["", "evaluations", "best tok/s", "gamma", "threshold", "schedule"],
             [
                 (
                     "grid",
-                    len(grid),
+                    evaluations,
                     grid_best["tokens_per_second"],
                     grid_best["params"]["gamma"],
                     grid_best["params"]["confidence_threshold"],
@@ -160,7 +187,7 @@ def main() -> None:
     )
     print(
         f"\nstudy best / grid best = {result['study_best_over_grid_best']:.3f} with "
-        f"{budget}/{len(grid)} = {budget / len(grid):.0%} of the evaluations\n"
+        f"{budget}/{evaluations} = {budget / evaluations:.0%} of the evaluations\n"
     )
     print(
         columns(
@@ -172,7 +199,6 @@ def main() -> None:
             ],
         )
     )
-    print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":

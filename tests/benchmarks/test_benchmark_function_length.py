@@ -26,7 +26,6 @@ NOT_SPLIT_YET = {
     ("benchmarks/stacks/schedule_vllm.py", "main"),
     ("benchmarks/stacks/vllm_plugin.py", "measure"),
     ("benchmarks/tuner/noise_robustness.py", "run_once"),
-    ("benchmarks/tuner/tuner_vs_grid.py", "main"),
     ("benchmarks/watch/watch_drift.py", "main"),
 }
 
