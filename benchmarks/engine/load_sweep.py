@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from autotune.workload.runner import LoadSpec, run_load
 from benchmarks import _common
+from engine.loader import ModelPair
 from engine.metrics import speedup
-from engine.speculative import SpecConfig
+from engine.speculative import Request, SpecConfig
 
 NAME = "load_sweep"
 HEADERS = [
@@ -80,6 +81,76 @@ def plot(cells: list[dict], path, title: str) -> bool:
     return True
 
 
+def measure_level(
+    pair: ModelPair, requests: list[Request], c: int, n: int, gammas: list[int], seed: int
+) -> list[dict]:
+    """Every gamma at concurrency ``c`` (``n`` requests, closed loop), gamma 0 first: its baseline."""
+    cells = []
+    load = LoadSpec(max_batch_size=c, concurrency=c, num_requests=n)
+    for g in gammas:
+        run = run_load(pair, requests, SpecConfig(gamma=g), "model" if g else "none", load, seed)
+        m = run.metrics
+        if g == 0:
+            base = run
+        cells.append(
+            {
+                "concurrency": c,
+                "gamma": g,
+                "num_requests": n,
+                "tokens_per_second": m["tokens_per_second"],
+                "tpot_ms_p50": m["tpot_ms_p50"],
+                "tpot_ms_p95": m["tpot_ms_p95"],
+                "ttft_ms_p95": m["ttft_ms_p95"],
+                "e2e_ms_p95": m["e2e_ms_p95"],
+                "wall_s": m["wall_s"],
+                "generated_tokens": m["generated_tokens"],
+                "speedup": speedup(base.metrics["wall_s"], m["wall_s"]),
+                "acceptance_rate": m["acceptance_rate"],
+                "mean_acceptance_length": m["mean_acceptance_length"],
+                "mean_batch_size": m["mean_batch_size"],
+                "verify_step_ms": m["verify_step_ms"],
+                "draft_forward_ms": m["draft_forward_ms"],
+                "greedy_match": _common.outputs(run) == _common.outputs(base),
+            }
+        )
+        print(f"  C={c} gamma={g}: {m['tokens_per_second']:.1f} tok/s", flush=True)
+    return cells
+
+
+def print_cells(cells: list[dict], title: str) -> None:
+    """One row per (concurrency, gamma): throughput, TPOT, speedup, acceptance, batch, greedy match."""
+    rows = [
+        (
+            c["concurrency"],
+            c["gamma"],
+            c["num_requests"],
+            c["tokens_per_second"],
+            c["tpot_ms_p95"],
+            c["speedup"],
+            c["acceptance_rate"],
+            c["mean_batch_size"],
+            c["greedy_match"],
+        )
+        for c in cells
+    ]
+    _common.print_table(title, HEADERS, rows)
+
+
+def best_per_concurrency(cells: list[dict], concurrency: list[int]) -> dict[str, dict]:
+    """The fastest gamma at each level (ties to the smaller gamma), its tokens/s and speedup."""
+    best = {}
+    for c in concurrency:
+        top = max(
+            (x for x in cells if x["concurrency"] == c), key=lambda x: (x["tokens_per_second"], -x["gamma"])
+        )
+        best[str(c)] = {
+            "gamma": top["gamma"],
+            "tokens_per_second": top["tokens_per_second"],
+            "speedup": top["speedup"],
+        }
+    return best
+
+
 def main() -> None:
     p = _common.parser(__doc__.split("\n\n")[0])
     p.add_argument(
@@ -103,66 +174,14 @@ def main() -> None:
     pair, requests = _common.load(bench)
     cells = []
     for c in args.concurrency:
-        n = args.num_requests or max(2 * c, 8)
-        load = LoadSpec(max_batch_size=c, concurrency=c, num_requests=n)
-        for g in gammas:  # gamma 0 first: the baseline of this level
-            run = run_load(pair, requests, SpecConfig(gamma=g), "model" if g else "none", load, args.seed)
-            m = run.metrics
-            if g == 0:
-                base = run
-            cells.append(
-                {
-                    "concurrency": c,
-                    "gamma": g,
-                    "num_requests": n,
-                    "tokens_per_second": m["tokens_per_second"],
-                    "tpot_ms_p50": m["tpot_ms_p50"],
-                    "tpot_ms_p95": m["tpot_ms_p95"],
-                    "ttft_ms_p95": m["ttft_ms_p95"],
-                    "e2e_ms_p95": m["e2e_ms_p95"],
-                    "wall_s": m["wall_s"],
-                    "generated_tokens": m["generated_tokens"],
-                    "speedup": speedup(base.metrics["wall_s"], m["wall_s"]),
-                    "acceptance_rate": m["acceptance_rate"],
-                    "mean_acceptance_length": m["mean_acceptance_length"],
-                    "mean_batch_size": m["mean_batch_size"],
-                    "verify_step_ms": m["verify_step_ms"],
-                    "draft_forward_ms": m["draft_forward_ms"],
-                    "greedy_match": _common.outputs(run) == _common.outputs(base),
-                }
-            )
-            print(f"  C={c} gamma={g}: {m['tokens_per_second']:.1f} tok/s", flush=True)
-    rows = [
-        (
-            c["concurrency"],
-            c["gamma"],
-            c["num_requests"],
-            c["tokens_per_second"],
-            c["tpot_ms_p95"],
-            c["speedup"],
-            c["acceptance_rate"],
-            c["mean_batch_size"],
-            c["greedy_match"],
-        )
-        for c in cells
-    ]
-    _common.print_table(
+        cells += measure_level(pair, requests, c, args.num_requests or max(2 * c, 8), gammas, args.seed)
+    print_cells(
+        cells,
         f"closed-loop load on {bench.device} ({len(requests)} prompts, {args.max_new_tokens} new "
         f"tokens, greedy; speedup = AR wall / speculative wall)",
-        HEADERS,
-        rows,
     )
     stop = stops_paying(cells, args.margin)
-    best = {}
-    for c in args.concurrency:
-        top = max(
-            (x for x in cells if x["concurrency"] == c), key=lambda x: (x["tokens_per_second"], -x["gamma"])
-        )
-        best[str(c)] = {
-            "gamma": top["gamma"],
-            "tokens_per_second": top["tokens_per_second"],
-            "speedup": top["speedup"],
-        }
+    best = best_per_concurrency(cells, args.concurrency)
     print(
         "best gamma per concurrency: "
         + ", ".join(f"C={c}: {b['gamma']} ({b['speedup']:.2f}x)" for c, b in best.items())

@@ -14,7 +14,6 @@ NOT_SPLIT_YET = {
     ("benchmarks/engine/demo_pair_quality.py", "main"),
     ("benchmarks/engine/engine_speedup.py", "measure_cell"),
     ("benchmarks/engine/engine_speedup.py", "main"),
-    ("benchmarks/engine/load_sweep.py", "main"),
     ("benchmarks/engine/trees.py", "min_costs"),
     ("benchmarks/engine/trees.py", "main"),
     ("benchmarks/engine/vs_transformers.py", "main"),
