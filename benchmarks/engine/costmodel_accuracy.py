@@ -30,9 +30,10 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import statistics
 
-from autotune.cost.costmodel import predict
+from autotune.cost.costmodel import Prediction, predict
 from autotune.workload.runner import LoadSpec, run_load
 from benchmarks import _common
 from engine.speculative import SpecConfig
@@ -61,7 +62,51 @@ def step_phase_tps(metrics: dict, gamma: int) -> float:
     return (metrics["generated_tokens"] - metrics["num_requests"]) / seconds
 
 
-def main() -> None:
+def cell(pred: Prediction, m: dict, b: int, g: int, num_requests: int) -> dict:
+    """One (batch size, gamma) cell: the cost model's prediction beside the run's metrics ``m``."""
+    step_tps = step_phase_tps(m, g)
+    return {
+        "batch_size": b,
+        "gamma": g,
+        "num_requests": num_requests,
+        "predicted_tokens_per_second": pred.tokens_per_second,
+        "measured_tokens_per_second": m["tokens_per_second"],
+        "abs_rel_error": abs(pred.tokens_per_second - m["tokens_per_second"]) / m["tokens_per_second"],
+        "step_phase_tokens_per_second": step_tps,
+        "step_phase_abs_rel_error": abs(pred.tokens_per_second - step_tps) / step_tps,
+        "predicted_tokens_per_step": pred.tokens_per_step,
+        "measured_tokens_per_step": m["mean_acceptance_length"],
+        "predicted_step_ms": 1e3 * pred.step_time_s,
+        "measured_step_ms": m["verify_step_ms"] + g * (m["draft_forward_ms"] or 0.0),
+        "predicted_tpot_ms": pred.tpot_ms,
+        "measured_tpot_ms_p50": m["tpot_ms_p50"],
+        "mean_batch_size": m["mean_batch_size"],
+        "wall_s": m["wall_s"],
+    }
+
+
+def print_cells(cells: list[dict], title: str) -> None:
+    """One row per cell: predicted and measured tokens/s with the error, end to end and in steps."""
+    rows = [
+        (
+            c["batch_size"],
+            c["gamma"],
+            c["predicted_tokens_per_second"],
+            c["measured_tokens_per_second"],
+            f"{100 * c['abs_rel_error']:.1f}%",
+            c["step_phase_tokens_per_second"],
+            f"{100 * c['step_phase_abs_rel_error']:.1f}%",
+            c["predicted_tokens_per_step"],
+            c["measured_tokens_per_step"],
+            c["mean_batch_size"],
+        )
+        for c in cells
+    ]
+    _common.print_table(title, HEADERS, rows)
+
+
+def arguments() -> argparse.Namespace:
+    """The shared benchmark flags plus the grid (gammas x batch sizes) and the profile's size."""
     p = _common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--gammas", type=_common.int_list, default=[0, 1, 2, 4, 6, 8], help="default 0,1,2,4,6,8")
     p.add_argument("--batch-sizes", type=_common.int_list, default=[1, 2, 4, 8], help="default 1,2,4,8")
@@ -75,6 +120,11 @@ def main() -> None:
     args = p.parse_args()
     if max(args.gammas) > args.gamma_max or 0 in args.batch_sizes:
         _common.fail("--gammas must be <= --gamma-max and --batch-sizes >= 1")
+    return args
+
+
+def main() -> None:
+    args = arguments()
     bench = _common.start(NAME, args)
     pair, requests = _common.load(bench)
     batch_sizes = sorted(set(args.batch_sizes))
@@ -97,53 +147,16 @@ def main() -> None:
             m = run_load(
                 pair, requests, SpecConfig(gamma=g), "model" if g else "none", load, args.seed
             ).metrics
-            step_tps = step_phase_tps(m, g)
-            cells.append(
-                {
-                    "batch_size": b,
-                    "gamma": g,
-                    "num_requests": load.num_requests,
-                    "predicted_tokens_per_second": pred.tokens_per_second,
-                    "measured_tokens_per_second": m["tokens_per_second"],
-                    "abs_rel_error": abs(pred.tokens_per_second - m["tokens_per_second"])
-                    / m["tokens_per_second"],
-                    "step_phase_tokens_per_second": step_tps,
-                    "step_phase_abs_rel_error": abs(pred.tokens_per_second - step_tps) / step_tps,
-                    "predicted_tokens_per_step": pred.tokens_per_step,
-                    "measured_tokens_per_step": m["mean_acceptance_length"],
-                    "predicted_step_ms": 1e3 * pred.step_time_s,
-                    "measured_step_ms": m["verify_step_ms"] + g * (m["draft_forward_ms"] or 0.0),
-                    "predicted_tpot_ms": pred.tpot_ms,
-                    "measured_tpot_ms_p50": m["tpot_ms_p50"],
-                    "mean_batch_size": m["mean_batch_size"],
-                    "wall_s": m["wall_s"],
-                }
-            )
+            cells.append(cell(pred, m, b, g, load.num_requests))
             print(
                 f"  B={b} gamma={g}: predicted {pred.tokens_per_second:.1f}, measured "
                 f"{m['tokens_per_second']:.1f} tok/s",
                 flush=True,
             )
-    rows = [
-        (
-            c["batch_size"],
-            c["gamma"],
-            c["predicted_tokens_per_second"],
-            c["measured_tokens_per_second"],
-            f"{100 * c['abs_rel_error']:.1f}%",
-            c["step_phase_tokens_per_second"],
-            f"{100 * c['step_phase_abs_rel_error']:.1f}%",
-            c["predicted_tokens_per_step"],
-            c["measured_tokens_per_step"],
-            c["mean_batch_size"],
-        )
-        for c in cells
-    ]
-    _common.print_table(
+    print_cells(
+        cells,
         f"cost model vs measured on {bench.device} ({len(requests)} prompts, {args.max_new_tokens} "
         f"new tokens, greedy, context {context})",
-        HEADERS,
-        rows,
     )
     median_err = statistics.median(c["abs_rel_error"] for c in cells)
     median_step = statistics.median(c["step_phase_abs_rel_error"] for c in cells)
