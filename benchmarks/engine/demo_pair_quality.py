@@ -34,6 +34,59 @@ NAME = "demo_pair_quality"
 BARS = {"greedy": {"acceptance_rate": 0.60, "speedup": 1.3}, "t1": {"acceptance_rate": 0.50}}
 TEMPERATURE = {"greedy": 0.0, "t1": 1.0}
 SAMPLES = 2
+KEEP = (
+    "acceptance_rate",
+    "per_position_acceptance",
+    "mean_acceptance_length",
+    "speedup",
+    "draft_cost_ratio",
+    "tokens_per_second",
+    "baseline_tokens_per_second",
+    "generated_tokens",
+    "draft_forward_ms",
+    "verify_step_ms",
+    "baseline_verify_step_ms",
+    "greedy_match",
+)
+COLUMNS = [
+    "drafter",
+    "mode",
+    "acceptance",
+    "per position",
+    "mean accepted length",
+    "speedup",
+    "draft cost ratio",
+    "spec tok/s",
+    "AR tok/s",
+    "greedy match",
+]
+
+
+def judged(m: dict, drafter: str, mode: str) -> dict:
+    """The JSON entry of one (drafter, mode) comparison: its metrics and each bar met or missed."""
+    entry = {k: m.get(k) for k in KEEP} | {
+        "drafter": drafter,
+        "bars": {k: {"bar": v, "met": bool(m[k] >= v)} for k, v in BARS[mode].items()},
+    }
+    ratio = m.get("draft_cost_ratio")
+    entry["bars"]["draft_cost_ratio"] = {"bar": 0.2, "met": ratio is not None and ratio <= 0.2}
+    return entry
+
+
+def row(m: dict, drafter: str, mode: str) -> tuple:
+    """The table row of one (drafter, mode) comparison."""
+    return (
+        drafter,
+        mode,
+        m["acceptance_rate"],
+        ", ".join("-" if a is None else f"{a:.2f}" for a in m["per_position_acceptance"]),
+        m["mean_acceptance_length"],
+        m["speedup"],
+        m.get("draft_cost_ratio"),
+        m["tokens_per_second"],
+        m["baseline_tokens_per_second"],
+        m.get("greedy_match", "-"),
+    )
 
 
 def main() -> None:
@@ -58,56 +111,13 @@ def main() -> None:
         reqs = [dataclasses.replace(r, temperature=TEMPERATURE[mode]) for r in requests]
         print(f"{drafter}, {mode}: {len(reqs)} prompts, gamma {args.gamma}, B=1 ...", flush=True)
         m = compare(pair, reqs, SpecConfig(gamma=args.gamma), drafter, load, args.seed)
-        keep = (
-            "acceptance_rate",
-            "per_position_acceptance",
-            "mean_acceptance_length",
-            "speedup",
-            "draft_cost_ratio",
-            "tokens_per_second",
-            "baseline_tokens_per_second",
-            "generated_tokens",
-            "draft_forward_ms",
-            "verify_step_ms",
-            "baseline_verify_step_ms",
-            "greedy_match",
-        )
         key = mode if drafter == "model" else f"{drafter}_{mode}"  # the draft model's keys as before
-        results[key] = {k: m.get(k) for k in keep} | {
-            "drafter": drafter,
-            "bars": {k: {"bar": v, "met": bool(m[k] >= v)} for k, v in BARS[mode].items()},
-        }
-        ratio = m.get("draft_cost_ratio")
-        results[key]["bars"]["draft_cost_ratio"] = {"bar": 0.2, "met": ratio is not None and ratio <= 0.2}
-        rows.append(
-            (
-                drafter,
-                mode,
-                m["acceptance_rate"],
-                ", ".join("-" if a is None else f"{a:.2f}" for a in m["per_position_acceptance"]),
-                m["mean_acceptance_length"],
-                m["speedup"],
-                ratio,
-                m["tokens_per_second"],
-                m["baseline_tokens_per_second"],
-                m.get("greedy_match", "-"),
-            )
-        )
+        results[key] = judged(m, drafter, mode)
+        rows.append(row(m, drafter, mode))
     _common.print_table(
         f"demo pair, gamma {args.gamma}, B=1, {len(requests)} held-out prompts, "
         f"up to {args.max_new_tokens} new tokens",
-        [
-            "drafter",
-            "mode",
-            "acceptance",
-            "per position",
-            "mean accepted length",
-            "speedup",
-            "draft cost ratio",
-            "spec tok/s",
-            "AR tok/s",
-            "greedy match",
-        ],
+        COLUMNS,
         rows,
     )
     for key, res in list(results.items()):

@@ -10,7 +10,6 @@ NOT_SPLIT_YET = {
     ("benchmarks/_schedule.py", "arguments"),
     ("benchmarks/_schedule.py", "run"),
     ("benchmarks/_transfer.py", "summarize"),
-    ("benchmarks/engine/demo_pair_quality.py", "main"),
     ("benchmarks/engine/engine_speedup.py", "measure_cell"),
     ("benchmarks/engine/engine_speedup.py", "main"),
     ("benchmarks/engine/trees.py", "min_costs"),
