@@ -38,6 +38,7 @@ import torch
 from autotune.stats import bootstrap_interval
 from benchmarks import _common
 from engine.generate import generate
+from engine.loader import ModelPair
 from engine.speculative import Request, SpecConfig
 
 NAME = "vs_transformers"
@@ -77,6 +78,107 @@ def ratio_interval(rows: list[dict], a: str, b: str, seed: int) -> tuple[float, 
     return ratio(rows), lo, hi
 
 
+def as_assistant(draft, gamma: int) -> None:
+    """transformers' assisted generation set to our engine's chain: ``gamma`` tokens a step, always."""
+    draft.generation_config.num_assistant_tokens = gamma
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+
+
+def ours(models: ModelPair, gamma: int, n_new: int, seed: int) -> Callable[[list[int]], list[int]]:
+    """Our engine on one prompt at B=1: speculative at ``gamma``, autoregressive at 0."""
+    cfg = SpecConfig(gamma=gamma, confidence_threshold=0.0)
+    drafter = "model" if gamma else "none"
+    return lambda ids: generate(
+        models, [Request(ids, n_new)], cfg, drafter, max_batch_size=1, seed=seed, eos_ids=()
+    ).tokens[0]
+
+
+def hf(target, assistant, n_new: int) -> Callable[[list[int]], list[int]]:
+    """transformers' greedy generate on one prompt, assisted by ``assistant`` when it is given."""
+    device = target.device
+
+    def run(ids: list[int]) -> list[int]:
+        x = torch.tensor([ids], device=device)
+        kw = {"assistant_model": assistant} if assistant is not None else {}
+        out = target.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            do_sample=False,
+            max_new_tokens=n_new,
+            eos_token_id=None,
+            **kw,
+        )
+        return out[0, len(ids) :].tolist()
+
+    return run
+
+
+def measure_prompts(
+    fns: dict[str, Callable[[list[int]], list[int]]],
+    requests: list[Request],
+    timed: Callable[[Callable[[list[int]], list[int]], list[int]], tuple[list[int], float]],
+) -> list[dict]:
+    """Every method on every prompt (after one untimed warm-up each), the order rotated per prompt:
+    each row holds every method's seconds and tokens and, per pair, whether the outputs agree."""
+    for name in METHODS:  # untimed warm-up: allocator, kernels, lazy init
+        timed(fns[name], requests[0].prompt_ids)
+    per_prompt = []
+    for i, req in enumerate(requests):
+        k = i % len(METHODS)
+        order = METHODS[k:] + METHODS[:k]
+        row: dict = {"prompt_tokens": len(req.prompt_ids)}
+        toks = {}
+        for name in order:
+            toks[name], row[f"{name}_s"] = timed(fns[name], req.prompt_ids)
+            row[f"{name}_tokens"] = len(toks[name])
+        for a, b in PAIRS:
+            row[f"{a}=={b}"] = toks[a] == toks[b]
+            row[f"{a}~{b}_common_prefix"] = common_prefix(toks[a], toks[b])
+        per_prompt.append(row)
+        print(
+            f"  prompt {i + 1}/{len(requests)}: " + ", ".join(f"{m} {row[f'{m}_s']:.2f}s" for m in METHODS),
+            flush=True,
+        )
+    return per_prompt
+
+
+def summarize(per_prompt: list[dict], seed: int, title: str) -> dict:
+    """Tokens/s per method, the pairs' ratios with bootstrap intervals and per-prompt medians, and
+    how many outputs agree (printed; the JSON's summary keys)."""
+    tps = {
+        m: sum(r[f"{m}_tokens"] for r in per_prompt) / sum(r[f"{m}_s"] for r in per_prompt) for m in METHODS
+    }
+    identical = {f"{a}=={b}": sum(r[f"{a}=={b}"] for r in per_prompt) for a, b in PAIRS}
+    ratio = tps["ours_spec"] / tps["hf_assisted"]
+    _common.print_table(title, ["", *METHODS], [("tokens/s", *(tps[m] for m in METHODS))])
+    intervals = {f"{a}/{b}": ratio_interval(per_prompt, a, b, seed) for a, b in PAIRS}
+    medians = {f"{a}/{b}": statistics.median(r[f"{b}_s"] / r[f"{a}_s"] for r in per_prompt) for a, b in PAIRS}
+    _common.print_table(
+        "ratios of tokens/s (95% interval: bootstrap over prompts; the median of per-prompt "
+        "ratios resists one disturbed prompt)",
+        ["ratio", "value", "95% CI", "per-prompt median"],
+        [(k, v[0], f"{v[1]:.2f}-{v[2]:.2f}", medians[k]) for k, v in intervals.items()],
+    )
+    print(
+        f"ours spec / HF assisted: {ratio:.2f}x, per-prompt median {medians['ours_spec/hf_assisted']:.2f}x "
+        f"(goal >= 2x); compiled / eager: spec "
+        f"{tps['ours_spec'] / tps['ours_spec_eager']:.2f}x, AR {tps['ours_ar'] / tps['ours_ar_eager']:.2f}x"
+    )
+    print(
+        "identical greedy outputs: " + ", ".join(f"{k} {v}/{len(per_prompt)}" for k, v in identical.items())
+    )
+    return {
+        "tokens_per_second": tps,
+        "ours_spec_over_hf_assisted": ratio,
+        "ratio_intervals": {
+            k: {"ratio": v[0], "ci95": [v[1], v[2]], "per_prompt_median": medians[k]}
+            for k, v in intervals.items()
+        },
+        "identical_outputs": identical,
+    }
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
@@ -95,41 +197,15 @@ def main() -> None:
     )
     device = pair.target.lm_head.weight.device
     target, draft = load_hf(args.target, args.dtype, device), load_hf(args.draft, args.dtype, device)
-    draft.generation_config.num_assistant_tokens = args.gamma
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0.0
+    as_assistant(draft, args.gamma)
     n_new = args.max_new_tokens
-
-    def ours(gamma: int, models=pair) -> Callable[[list[int]], list[int]]:
-        cfg = SpecConfig(gamma=gamma, confidence_threshold=0.0)
-        drafter = "model" if gamma else "none"
-        return lambda ids: generate(
-            models, [Request(ids, n_new)], cfg, drafter, max_batch_size=1, seed=args.seed, eos_ids=()
-        ).tokens[0]
-
-    def hf(assistant) -> Callable[[list[int]], list[int]]:
-        def run(ids: list[int]) -> list[int]:
-            x = torch.tensor([ids], device=device)
-            kw = {"assistant_model": assistant} if assistant is not None else {}
-            out = target.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                do_sample=False,
-                max_new_tokens=n_new,
-                eos_token_id=None,
-                **kw,
-            )
-            return out[0, len(ids) :].tolist()
-
-        return run
-
     fns = {
-        "ours_spec": ours(args.gamma),
-        "ours_ar": ours(0),
-        "ours_spec_eager": ours(args.gamma, eager),
-        "ours_ar_eager": ours(0, eager),
-        "hf_assisted": hf(draft),
-        "hf_plain": hf(None),
+        "ours_spec": ours(pair, args.gamma, n_new, args.seed),
+        "ours_ar": ours(pair, 0, n_new, args.seed),
+        "ours_spec_eager": ours(eager, args.gamma, n_new, args.seed),
+        "ours_ar_eager": ours(eager, 0, n_new, args.seed),
+        "hf_assisted": hf(target, draft, n_new),
+        "hf_plain": hf(target, None, n_new),
     }
 
     def timed(fn: Callable[[list[int]], list[int]], ids: list[int]) -> tuple[list[int], float]:
@@ -142,65 +218,23 @@ def main() -> None:
             torch.cuda.synchronize(device)
         return toks, time.perf_counter() - t0
 
-    for name in METHODS:  # untimed warm-up: allocator, kernels, lazy init
-        timed(fns[name], requests[0].prompt_ids)
-    per_prompt = []
-    for i, req in enumerate(requests):
-        k = i % len(METHODS)
-        order = METHODS[k:] + METHODS[:k]
-        row = {"prompt_tokens": len(req.prompt_ids)}
-        toks = {}
-        for name in order:
-            toks[name], row[f"{name}_s"] = timed(fns[name], req.prompt_ids)
-            row[f"{name}_tokens"] = len(toks[name])
-        for a, b in PAIRS:
-            row[f"{a}=={b}"] = toks[a] == toks[b]
-            row[f"{a}~{b}_common_prefix"] = common_prefix(toks[a], toks[b])
-        per_prompt.append(row)
-        print(
-            f"  prompt {i + 1}/{len(requests)}: " + ", ".join(f"{m} {row[f'{m}_s']:.2f}s" for m in METHODS),
-            flush=True,
-        )
-    tps = {
-        m: sum(r[f"{m}_tokens"] for r in per_prompt) / sum(r[f"{m}_s"] for r in per_prompt) for m in METHODS
-    }
-    identical = {f"{a}=={b}": sum(r[f"{a}=={b}"] for r in per_prompt) for a, b in PAIRS}
-    ratio = tps["ours_spec"] / tps["hf_assisted"]
-    _common.print_table(
+    per_prompt = measure_prompts(fns, requests, timed)
+    summary = summarize(
+        per_prompt,
+        args.seed,
         f"B=1, gamma {args.gamma}, {len(requests)} prompts x {n_new} new tokens, greedy, "
         f"{args.dtype} on {bench.device}, {torch.get_num_threads()} torch threads",
-        ["", *METHODS],
-        [("tokens/s", *(tps[m] for m in METHODS))],
     )
-    intervals = {f"{a}/{b}": ratio_interval(per_prompt, a, b, args.seed) for a, b in PAIRS}
-    medians = {f"{a}/{b}": statistics.median(r[f"{b}_s"] / r[f"{a}_s"] for r in per_prompt) for a, b in PAIRS}
-    _common.print_table(
-        "ratios of tokens/s (95% interval: bootstrap over prompts; the median of per-prompt "
-        "ratios resists one disturbed prompt)",
-        ["ratio", "value", "95% CI", "per-prompt median"],
-        [(k, v[0], f"{v[1]:.2f}-{v[2]:.2f}", medians[k]) for k, v in intervals.items()],
-    )
-    print(
-        f"ours spec / HF assisted: {ratio:.2f}x, per-prompt median {medians['ours_spec/hf_assisted']:.2f}x "
-        f"(goal >= 2x); compiled / eager: spec "
-        f"{tps['ours_spec'] / tps['ours_spec_eager']:.2f}x, AR {tps['ours_ar'] / tps['ours_ar_eager']:.2f}x"
-    )
-    print("identical greedy outputs: " + ", ".join(f"{k} {v}/{len(requests)}" for k, v in identical.items()))
+    tps = summary["tokens_per_second"]
     import transformers
 
     _common.write_json(
         bench,
         {
             "gamma": args.gamma,
-            "tokens_per_second": tps,
-            "ours_spec_over_hf_assisted": ratio,
-            "ratio_intervals": {
-                k: {"ratio": v[0], "ci95": [v[1], v[2]], "per_prompt_median": medians[k]}
-                for k, v in intervals.items()
-            },
+            **summary,
             "compile_s": pair.compile_s,
             "ours_ar_over_hf_plain": tps["ours_ar"] / tps["hf_plain"],
-            "identical_outputs": identical,
             "num_prompts": len(requests),
             "transformers": transformers.__version__,
             "hf_class": type(target).__name__,
