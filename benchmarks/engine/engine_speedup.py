@@ -41,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import statistics
 
 from autotune.cost.costmodel import predict
@@ -48,7 +49,7 @@ from autotune.workload.runner import LoadSpec, run_load
 from benchmarks import _common
 from engine.loader import ModelPair
 from engine.metrics import speedup
-from engine.speculative import SpecConfig
+from engine.speculative import Request, SpecConfig
 
 NAME = "engine_speedup"
 HEADERS = [
@@ -173,54 +174,8 @@ def per_forward(cells: list[dict], batch_sizes: list[int]) -> list[dict]:
     return out
 
 
-def main() -> None:
-    p = _common.parser(__doc__.split("\n\n")[0], num_prompts=12)
-    p.add_argument("--batch-sizes", type=_common.int_list, default=[1, 8], help="default 1,8")
-    p.add_argument("--gammas", type=_common.int_list, default=list(range(1, 9)), help="default 1..8")
-    p.add_argument(
-        "--engine",
-        choices=("both", "compiled", "eager"),
-        default="both",
-        help="decode/verify compiled, eager, or both interleaved per cell (default both)",
-    )
-    p.add_argument(
-        "--num-requests",
-        type=int,
-        default=None,
-        help="requests per run (default: max(number of prompts, 2*B))",
-    )
-    args = p.parse_args()
-    if 0 in args.gammas or 0 in args.batch_sizes:
-        _common.fail("--gammas and --batch-sizes must be >= 1")
-    bench = _common.start(NAME, args)
-    eager, requests = _common.load(bench)
-    engines: dict[str, ModelPair] = {}
-    if args.engine in ("both", "compiled"):
-        engines["compiled"] = _common.compiled_twin(eager)
-        print(f"compiled decode/verify in {engines['compiled'].compile_s:.1f} s (excluded from every timing)")
-    if args.engine in ("both", "eager"):
-        engines["eager"] = eager
-    profiles = {}
-    for name, pair in engines.items():
-        print(
-            f"profiling the {name} engine: B in {args.batch_sizes}, k = 1..{max(args.gammas) + 1}", flush=True
-        )
-        profiles[name] = _common.profile_pair(
-            pair, requests, args.batch_sizes, max(args.gammas), args.max_new_tokens, seed=args.seed
-        )
-    cells = []
-    for b in args.batch_sizes:
-        n = args.num_requests or max(len(requests), 2 * b)
-        for g in args.gammas:
-            for name, pair in engines.items():
-                cell = measure_cell(pair, requests, b, g, n, args.seed, profiles[name], args.max_new_tokens)
-                cells.append(cell)
-                print(
-                    f"  {name} B={b} gamma={g}: measured {cell['measured_speedup']:.2f}x, "
-                    f"profile-predicted {cell['profile_predicted_speedup']:.2f}x, "
-                    f"step formula {cell['predicted_speedup']:.2f}x",
-                    flush=True,
-                )
+def print_cells(cells: list[dict], title: str) -> None:
+    """One row per (engine, B, gamma): acceptance, forward times, predicted and measured speedups."""
     rows = [
         (
             c["engine"],
@@ -240,25 +195,14 @@ def main() -> None:
         )
         for c in cells
     ]
-    _common.print_table(
-        f"speculative vs autoregressive on {bench.device} ({len(requests)} prompts, "
-        f"{args.max_new_tokens} new tokens, greedy)",
-        HEADERS,
-        rows,
-    )
-    forwards = per_forward(cells, args.batch_sizes)
-    if len(engines) == 2:
-        _common.print_table(
-            "per-forward times, compiled vs eager (medians over the gammas; draft_cost_ratio = "
-            "T_draft / T_decode)",
-            ["B", "forward", "eager ms", "compiled ms", "compiled/eager"],
-            [
-                (r["batch_size"], r["forward"], r["eager_ms"], r["compiled_ms"], r["compiled_over_eager"])
-                for r in forwards
-            ],
-        )
+    _common.print_table(title, HEADERS, rows)
+
+
+def summarize(cells: list[dict], engines: list[str], batch_sizes: list[int]) -> dict[str, dict]:
+    """Per engine and batch size: the median measured/predicted ratios, the best gamma, greedy match
+    (printed against the goals)."""
     summary = {}
-    for name, b in [(name, b) for name in engines for b in args.batch_sizes]:
+    for name, b in [(name, b) for name in engines for b in batch_sizes]:
         mine = [c for c in cells if c["batch_size"] == b and c["engine"] == name]
         best = max(mine, key=lambda c: c["measured_speedup"])
         summary[f"{name}/{b}"] = {
@@ -281,6 +225,89 @@ def main() -> None:
             f"({s['best_measured_speedup']:.2f}x); "
             f"greedy match {'all' if s['all_greedy_match'] else 'NOT all'}"
         )
+    return summary
+
+
+def arguments() -> argparse.Namespace:
+    """The shared benchmark flags plus the grid (batch sizes x gammas) and which engines run."""
+    p = _common.parser(__doc__.split("\n\n")[0], num_prompts=12)
+    p.add_argument("--batch-sizes", type=_common.int_list, default=[1, 8], help="default 1,8")
+    p.add_argument("--gammas", type=_common.int_list, default=list(range(1, 9)), help="default 1..8")
+    p.add_argument(
+        "--engine",
+        choices=("both", "compiled", "eager"),
+        default="both",
+        help="decode/verify compiled, eager, or both interleaved per cell (default both)",
+    )
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests per run (default: max(number of prompts, 2*B))",
+    )
+    args = p.parse_args()
+    if 0 in args.gammas or 0 in args.batch_sizes:
+        _common.fail("--gammas and --batch-sizes must be >= 1")
+    return args
+
+
+def profiled_engines(
+    eager: ModelPair, requests: list[Request], args: argparse.Namespace
+) -> tuple[dict[str, ModelPair], dict]:
+    """The engines ``--engine`` asks for (the compiled twin compiled once, outside every timing),
+    each profiled on the requests as ``autotune profile`` would."""
+    engines: dict[str, ModelPair] = {}
+    if args.engine in ("both", "compiled"):
+        engines["compiled"] = _common.compiled_twin(eager)
+        print(f"compiled decode/verify in {engines['compiled'].compile_s:.1f} s (excluded from every timing)")
+    if args.engine in ("both", "eager"):
+        engines["eager"] = eager
+    profiles = {}
+    for name, pair in engines.items():
+        print(
+            f"profiling the {name} engine: B in {args.batch_sizes}, k = 1..{max(args.gammas) + 1}", flush=True
+        )
+        profiles[name] = _common.profile_pair(
+            pair, requests, args.batch_sizes, max(args.gammas), args.max_new_tokens, seed=args.seed
+        )
+    return engines, profiles
+
+
+def main() -> None:
+    args = arguments()
+    bench = _common.start(NAME, args)
+    eager, requests = _common.load(bench)
+    engines, profiles = profiled_engines(eager, requests, args)
+    cells = []
+    for b in args.batch_sizes:
+        n = args.num_requests or max(len(requests), 2 * b)
+        for g in args.gammas:
+            for name, pair in engines.items():
+                cell = measure_cell(pair, requests, b, g, n, args.seed, profiles[name], args.max_new_tokens)
+                cells.append(cell)
+                print(
+                    f"  {name} B={b} gamma={g}: measured {cell['measured_speedup']:.2f}x, "
+                    f"profile-predicted {cell['profile_predicted_speedup']:.2f}x, "
+                    f"step formula {cell['predicted_speedup']:.2f}x",
+                    flush=True,
+                )
+    print_cells(
+        cells,
+        f"speculative vs autoregressive on {bench.device} ({len(requests)} prompts, "
+        f"{args.max_new_tokens} new tokens, greedy)",
+    )
+    forwards = per_forward(cells, args.batch_sizes)
+    if len(engines) == 2:
+        _common.print_table(
+            "per-forward times, compiled vs eager (medians over the gammas; draft_cost_ratio = "
+            "T_draft / T_decode)",
+            ["B", "forward", "eager ms", "compiled ms", "compiled/eager"],
+            [
+                (r["batch_size"], r["forward"], r["eager_ms"], r["compiled_ms"], r["compiled_over_eager"])
+                for r in forwards
+            ],
+        )
+    summary = summarize(cells, list(engines), args.batch_sizes)
     _common.write_json(
         bench,
         {

@@ -11,7 +11,6 @@ NOT_SPLIT_YET = {
     ("benchmarks/_schedule.py", "run"),
     ("benchmarks/_transfer.py", "summarize"),
     ("benchmarks/engine/engine_speedup.py", "measure_cell"),
-    ("benchmarks/engine/engine_speedup.py", "main"),
     ("benchmarks/engine/trees.py", "min_costs"),
     ("benchmarks/engine/trees.py", "main"),
     ("benchmarks/gpu/compiled.py", "main"),
