@@ -36,6 +36,8 @@ import torch
 
 from autotune.cli.text import columns
 from autotune.device.ceilings import measure_copy_bandwidth
+from autotune.device.hardware import fingerprint
+from benchmarks._common import stamp
 from engine.config import ModelConfig
 from engine.loader import load_model, parse_dtype, resolve_device
 from engine.model import Transformer
@@ -114,6 +116,61 @@ def time_forward(
     return statistics.median(times)
 
 
+def models(name: str, dtype: torch.dtype, device: torch.device) -> dict[str, Callable[[], Transformer]]:
+    """Builders of the ``demo`` pair (its checkpoints, fused) or the synthetic ``llama-1b`` pair."""
+    if name == "demo":
+        return {
+            "demo-target": lambda: load_model(DEMO / "target", dtype, str(device)).fuse(),
+            "demo-draft": lambda: load_model(DEMO / "draft", dtype, str(device)).fuse(),
+        }
+    return {
+        "llama-1b": lambda: synthetic("llama-1b", dtype, device),
+        "draft-100m": lambda: synthetic("draft-100m", dtype, device),
+    }
+
+
+def time_mode(
+    label: str,
+    build: Callable[[], Transformer],
+    mode: str,
+    roofline: float,
+    batch_sizes: list[int],
+    ks: list[int],
+    args: argparse.Namespace,
+    device: torch.device,
+) -> list[dict]:
+    """One model in one mode (eager, compiled or CUDA graphs): a forward of k tokens per batch size,
+    against the roofline and the one-token forward of the same batch size."""
+    results = []
+    model = build()
+    compile_s = None
+    if mode != "eager":
+        compile_s = model.compile_decode("reduce-overhead" if mode == "graphs" else None)
+    for b in batch_sizes:
+        t1 = None
+        for k in ks:
+            t = time_forward(model, b, k, args.context, args.repeats, device)
+            t1 = t if k == 1 else t1
+            results.append(
+                {
+                    "model": label,
+                    "mode": mode,
+                    "batch_size": b,
+                    "k": k,
+                    "ms": t * 1e3,
+                    "roofline_ms": roofline * 1e3,
+                    "fraction_of_roofline": roofline / t,
+                    "t_over_t1": t / t1 if t1 else None,
+                    "compile_s": compile_s,
+                }
+            )
+    print(f"  {label} {mode}: done" + (f" (compile {compile_s:.1f} s)" if compile_s else ""), flush=True)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -138,53 +195,17 @@ def main() -> None:
         f"measured copy bandwidth {bandwidth / 1e9:.0f} GB/s"
     )
 
-    def models(name: str) -> dict[str, Callable[[], Transformer]]:
-        if name == "demo":
-            return {
-                "demo-target": lambda: load_model(DEMO / "target", dtype, str(device)).fuse(),
-                "demo-draft": lambda: load_model(DEMO / "draft", dtype, str(device)).fuse(),
-            }
-        return {
-            "llama-1b": lambda: synthetic("llama-1b", dtype, device),
-            "draft-100m": lambda: synthetic("draft-100m", dtype, device),
-        }
-
-    rows, results = [], []
+    results = []
     for group in args.models.split(","):
-        for label, build in models(group).items():
+        for label, build in models(group, dtype, device).items():
             roofline = weight_bytes(build()) / bandwidth
             for mode in modes:
-                model = build()
-                compile_s = None
-                if mode != "eager":
-                    compile_s = model.compile_decode("reduce-overhead" if mode == "graphs" else None)
-                for b in batch_sizes:
-                    t1 = None
-                    for k in ks:
-                        t = time_forward(model, b, k, args.context, args.repeats, device)
-                        t1 = t if k == 1 else t1
-                        flat = t / t1 if t1 else None
-                        results.append(
-                            {
-                                "model": label,
-                                "mode": mode,
-                                "batch_size": b,
-                                "k": k,
-                                "ms": t * 1e3,
-                                "roofline_ms": roofline * 1e3,
-                                "fraction_of_roofline": roofline / t,
-                                "t_over_t1": flat,
-                                "compile_s": compile_s,
-                            }
-                        )
-                        rows.append((label, mode, b, k, t * 1e3, roofline * 1e3, roofline / t, flat))
-                print(
-                    f"  {label} {mode}: done" + (f" (compile {compile_s:.1f} s)" if compile_s else ""),
-                    flush=True,
-                )
-                del model
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                results += time_mode(label, build, mode, roofline, batch_sizes, ks, args, device)
+    rows = [
+        (r["model"], r["mode"], r["batch_size"], r["k"], r["ms"], r["roofline_ms"])
+        + (r["fraction_of_roofline"], r["t_over_t1"])
+        for r in results
+    ]
     print(columns(["model", "mode", "B", "k", "ms", "roofline ms", "fraction", "T(B,k)/T(B,1)"], rows))
     ar = [r for r in results if r["k"] == 1 and r["batch_size"] == 1 and r["mode"] == "graphs"]
     for r in ar:
@@ -197,6 +218,7 @@ def main() -> None:
     out.write_text(
         json.dumps(
             {
+                **stamp(fingerprint(str(device), args.dtype)["label"]),
                 "device": str(device),
                 "dtype": args.dtype,
                 "copy_bandwidth_bytes_per_s": bandwidth,
