@@ -82,20 +82,31 @@ This file is written by `python -m benchmarks readme` from `benchmarks/claims.py
 """
 
 
+def run_date(result: Path) -> str:
+    """The day a result was measured: its JSON's own date, else the last commit that changed its
+    content (renames skipped)."""
+    if result.is_file():
+        data = json.loads(result.read_text())
+        for key in ("date_utc", "started_utc"):
+            if isinstance(data.get(key), str):
+                return str(data[key])[:10]
+    return subprocess.run(
+        ["git", "log", "-1", "--follow", "--diff-filter=AM", "--format=%cs", "--", str(result)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
 def readme() -> str:
-    """benchmarks/README.md: the claims table, with each result file's last committed date."""
+    """benchmarks/README.md: the claims table, with the day each claim's result was measured."""
     rows = [
-        "| group | step | command (full) | results page | result file | last committed run |",
+        "| group | step | command (full) | results page | result file | last run |",
         "|---|---|---|---|---|---|",
     ]
     for s in CLAIMS:
         result = RESULTS / s.name / f"{s.name}.json"
-        date = subprocess.run(
-            ["git", "log", "-1", "--follow", "--format=%cs", "--", str(result)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+        date = run_date(result)
         command = shlex.join(s.command())
         link = f"[{result.name}](results/{s.name}/{result.name})" if result.is_file() else "-"
         page = f"[{s.page}](../docs/results/{s.page})"
