@@ -58,7 +58,7 @@ from autotune.stats import (
     paired_ratio,
     significantly_below,
 )
-from benchmarks._common import portable
+from benchmarks._common import claim_dir, portable
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTANT_KINDS = ("off", "constant")  # the rows the best constant (overall and per level) is taken from
@@ -137,7 +137,7 @@ def arguments(doc: str, stack: str, grid_help: str, tables: bool = False) -> arg
         default=None,
         help=f"profile id (default: newest {stack}-backend one)",
     )
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"schedule_{stack}.json")
+    p.add_argument("--out", type=Path, default=claim_dir(f"schedule_{stack}") / f"schedule_{stack}.json")
     p.add_argument(
         "--resume",
         type=Path,

@@ -29,6 +29,7 @@ from autotune.cli.text import columns, fmt
 from autotune.config import load_config
 from autotune.errors import USER_ERRORS
 from autotune.stats import Estimate, describe_difference, pairable, paired_ratio, significant
+from benchmarks._common import claim_dir
 from benchmarks._schedule import Plan, ratio_text, summary_text, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +57,7 @@ def arguments(doc: str, stack: str, extra: list[tuple[str, str, str]]) -> argpar
         default=None,
         help=f"profile id (default: newest {stack}-backend one)",
     )
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"transfer_{stack}.json")
+    p.add_argument("--out", type=Path, default=claim_dir(f"transfer_{stack}") / f"transfer_{stack}.json")
     return p.parse_args()
 
 

@@ -9,8 +9,8 @@ AR wall time / speculative wall time at the same C (docs/metrics.md).
 "Speculation stops paying" at the smallest measured C where no gamma > 0 has a speedup above
 1 + ``--margin``; none when some gamma beats AR at every level.
 
-Writes ``load_sweep.json`` and ``load_sweep.png`` (tokens/s vs concurrency, log2 x axis, one line
-per gamma) into ``--out-dir``.
+Writes ``load_sweep.json`` into ``--out-dir``; ``--plot FILE`` also draws tokens/s vs concurrency
+(log2 x axis, one line per gamma) there.
 
 Example:
     python -m benchmarks.engine.load_sweep                           # the demo pair, ~4 min on 2 cores
@@ -18,6 +18,8 @@ Example:
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from autotune.workload.runner import LoadSpec, run_load
 from benchmarks import _common
@@ -166,6 +168,7 @@ def main() -> None:
         default=0.0,
         help="a gamma 'beats' AR when its speedup exceeds 1 + margin (default 0)",
     )
+    p.add_argument("--plot", type=Path, default=None, help="also draw tokens/s vs concurrency into this PNG")
     args = p.parse_args()
     if 0 in args.concurrency:
         _common.fail("--concurrency levels must be >= 1")
@@ -191,10 +194,11 @@ def main() -> None:
         if stop is not None
         else "speculation pays at every measured concurrency"
     )
-    png = (args.out_dir or _common.claim_dir(NAME)) / f"{NAME}.png"
-    title = f"load sweep: {args.target.parent.name}/{args.target.name} on {bench.device} ({args.dtype})"
-    plotted = plot(cells, png, title)
-    print(f"wrote {png}" if plotted else "matplotlib not installed: no plot")
+    png, plotted = args.plot, False
+    if png is not None:
+        title = f"load sweep: {args.target.parent.name}/{args.target.name} on {bench.device} ({args.dtype})"
+        plotted = plot(cells, png, title)
+        print(f"wrote {png}" if plotted else "matplotlib not installed: no plot")
     _common.write_json(
         bench,
         {

@@ -26,14 +26,15 @@ n-max, or none, is significantly faster at that level) is printed as what a tabl
 Tables and JSON as in ``schedule_vllm.py`` (``benchmarks/_schedule.py``): one table per load level,
 one aggregate row per configuration (traffic-weighted tokens/s, the trace's, goodput under
 ``--slo-tpot-ms``); JSON
-``benchmarks/results/schedule_llamacpp.json``.
+``benchmarks/results/schedule_llamacpp/schedule_llamacpp.json``.
 
 Goals of the issue: at every level the tool's served choice >= 0.97x the best constant at that
 level and >= 0.98x no speculation (where the per-level best n-max differ, one n-max cannot reach
 every level's best: the table goal of 1.05x is vLLM's). Usage::
 
     python -m benchmarks.stacks.schedule_llamacpp [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
-[--slo-tpot-ms 50] [--out benchmarks/results/schedule_llamacpp.json] [--resume JSON [--measured-only]]
+[--slo-tpot-ms 50] [--out benchmarks/results/schedule_llamacpp/schedule_llamacpp.json] \
+[--resume JSON [--measured-only]]
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ the workload has ``workload.trace``, goodput under ``--slo-tpot-ms``, see ``benc
 and ``table_verdict(tuned table, best constant overall, no speculation)`` with its paired
 per-level ratios. The tool's served choice from this run is the tuned table where it wins that
 verdict, else the margin rule (``choose_with_margin`` on the sweep's tokens/s) over no speculation
-and the grid. JSON: ``benchmarks/results/schedule_vllm.json`` (every round of every level of
+and the grid. JSON: ``benchmarks/results/schedule_vllm/schedule_vllm.json`` (every round of every level of
 every configuration; rewritten after each configuration, ``complete`` false until the end).
 
 Goals of the issue: at every level the tool's served choice >= 0.97x the best constant at that
@@ -45,7 +45,7 @@ level and >= 0.98x no speculation; where the per-level best K differ, the tuned 
 
     python -m benchmarks.stacks.schedule_vllm [--config sweep.yaml] [--repeats 3] [--grid 1,2,3,5] \
 [--interleave N] [--no-bridge] [--slo-tpot-ms 50] [--table 1-16:2 ...] \
-[--out benchmarks/results/schedule_vllm.json] [--resume JSON [--measured-only]]
+[--out benchmarks/results/schedule_vllm/schedule_vllm.json] [--resume JSON [--measured-only]]
 """
 
 from __future__ import annotations
