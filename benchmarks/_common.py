@@ -50,7 +50,9 @@ from engine.speculative import Request
 from engine.workload import load_workload
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+# Where the claims' folders are: the committed results, or another root for a run that must not
+# replace them (``python -m benchmarks run --quick`` sets it to benchmarks/results-quick/).
+RESULTS = Path(os.environ.get("BENCHMARKS_RESULTS") or REPO / "benchmarks" / "results")
 
 
 def int_list(text: str) -> list[int]:

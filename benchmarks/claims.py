@@ -33,11 +33,6 @@ class Step:
         return ("python", "-m", self.script, *(self.quick if quick else self.full))
 
 
-def _out(name: str) -> tuple[str, str]:
-    """``--out`` into the claim's folder, for the scripts whose shared parser defaults elsewhere."""
-    return ("--out", f"benchmarks/results/{name}/{name}.json")
-
-
 CLAIMS: tuple[Step, ...] = (
     Step(
         "engine",
@@ -116,19 +111,16 @@ CLAIMS: tuple[Step, ...] = (
         "transfer_vllm",
         "benchmarks.stacks.transfer_vllm",
         "vllm.md",
-        _out("transfer_vllm"),
-        ("--repeats", "1", *_out("transfer_vllm")),
+        (),
+        ("--repeats", "1"),
     ),
     Step(
         "stacks",
         "schedule_vllm",
         "benchmarks.stacks.schedule_vllm",
         "vllm.md",
-        (
-            *("--config", "benchmarks/configs/schedule_sweep.yaml", "--repeats", "4", "--grid", "2,5,7"),
-            *_out("schedule_vllm"),
-        ),
-        ("--repeats", "1", "--grid", "3", *_out("schedule_vllm")),
+        (*("--config", "benchmarks/configs/schedule_sweep.yaml", "--repeats", "4", "--grid", "2,5,7"),),
+        ("--repeats", "1", "--grid", "3"),
     ),
     Step(
         "stacks",
@@ -151,16 +143,16 @@ CLAIMS: tuple[Step, ...] = (
         "transfer_llamacpp",
         "benchmarks.stacks.transfer_llamacpp",
         "llamacpp.md",
-        _out("transfer_llamacpp"),
-        ("--repeats", "1", *_out("transfer_llamacpp")),
+        (),
+        ("--repeats", "1"),
     ),
     Step(
         "stacks",
         "schedule_llamacpp",
         "benchmarks.stacks.schedule_llamacpp",
         "llamacpp.md",
-        _out("schedule_llamacpp"),
-        ("--repeats", "1", "--grid", "3", *_out("schedule_llamacpp")),
+        (),
+        ("--repeats", "1", "--grid", "3"),
     ),
     Step(
         "stacks",
