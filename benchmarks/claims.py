@@ -40,7 +40,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.engine.demo_pair_quality",
         "engine-cpu.md",
         (),
-        ("--num-prompts", "24"),
+        ("--num-prompts", "12", "--max-new-tokens", "32"),
     ),
     Step(
         "engine",
@@ -48,7 +48,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.engine.vs_transformers",
         "engine-cpu.md",
         (),
-        ("--num-prompts", "4"),
+        ("--num-prompts", "2", "--max-new-tokens", "32"),
     ),
     Step(
         "engine",
@@ -56,16 +56,23 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.engine.engine_speedup",
         "engine-cpu.md",
         ("--gammas", "2,4,6,8"),
-        ("--gammas", "2,4", "--batch-sizes", "1,4", "--num-prompts", "4"),
+        ("--gammas", "4", "--batch-sizes", "1,4", "--num-prompts", "4", "--max-new-tokens", "32"),
     ),
-    Step("engine", "load_sweep", "benchmarks.engine.load_sweep", "engine-cpu.md", (), ("--num-prompts", "4")),
+    Step(
+        "engine",
+        "load_sweep",
+        "benchmarks.engine.load_sweep",
+        "engine-cpu.md",
+        (),
+        ("--num-prompts", "4", "--max-new-tokens", "32", "--concurrency", "1,4,16", "--gammas", "0,4"),
+    ),
     Step(
         "engine",
         "costmodel_accuracy",
         "benchmarks.engine.costmodel_accuracy",
         "engine-cpu.md",
         (),
-        ("--gammas", "0,4", "--batch-sizes", "1,4", "--num-prompts", "4"),
+        ("--gammas", "0,4", "--batch-sizes", "1,4", "--num-prompts", "4", "--repeats", "3"),
     ),
     Step(
         "engine",
@@ -76,7 +83,11 @@ CLAIMS: tuple[Step, ...] = (
             *("--num-prompts", "6", "--max-new-tokens", "40", "--repeats", "3", "--threads", "1"),
             *("--gammas", "3,4,5,6,7,8", "--trees", "2,1,1,1;2,1,1,1,1;2,1,1,1,1,1;2,2,1,1,1"),
         ),
-        ("--num-prompts", "2", "--max-new-tokens", "24", "--repeats", "1", "--threads", "1"),
+        (
+            *("--num-prompts", "2", "--max-new-tokens", "24", "--repeats", "1", "--threads", "1"),
+            *("--batch-sizes", "1", "--gammas", "4,6", "--trees", "2,1,1,1", "--dynamic", "2x5/7"),
+            *("--modes", "greedy", "--cost-repeats", "5", "--engine", "eager"),
+        ),
     ),
     Step(
         "engine",
@@ -87,7 +98,12 @@ CLAIMS: tuple[Step, ...] = (
         ("--repeats", "2"),
     ),
     Step(
-        "tuner", "tuner_vs_grid", "benchmarks.tuner.tuner_vs_grid", "engine-cpu.md", (), ("--fraction", "0.1")
+        "tuner",
+        "tuner_vs_grid",
+        "benchmarks.tuner.tuner_vs_grid",
+        "engine-cpu.md",
+        (),
+        ("--config", "benchmarks/configs/quick.yaml", "--fraction", "0.25"),
     ),
     Step("tuner", "acceptance_tail", "benchmarks.tuner.acceptance_tail", "engine-cpu.md"),
     Step(
@@ -96,7 +112,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.tuner.noise_robustness",
         "busy-host.md",
         ("--k", "3", "--trials", "8", "--hog-procs", "1"),
-        ("--k", "1", "--trials", "4", "--hog-procs", "1"),
+        ("--config", "benchmarks/configs/quick.yaml", "--k", "1", "--trials", "3", "--hog-procs", "1"),
     ),
     Step(
         "tuner",
@@ -104,7 +120,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.tuner.budget",
         "budget.md",
         ("--runs", "engine:20,vllm:15"),
-        ("--runs", "engine:8,vllm:6"),
+        ("--runs", "engine:2,vllm:3"),
     ),
     Step(
         "stacks",
@@ -112,7 +128,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.transfer_vllm",
         "vllm.md",
         (),
-        ("--repeats", "1"),
+        ("--config", "benchmarks/configs/quick.yaml", "--repeats", "1"),
     ),
     Step(
         "stacks",
@@ -120,7 +136,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.schedule_vllm",
         "vllm.md",
         (*("--config", "benchmarks/configs/schedule_sweep.yaml", "--repeats", "4", "--grid", "2,5,7"),),
-        ("--repeats", "1", "--grid", "3"),
+        ("--config", "benchmarks/configs/quick.yaml", "--repeats", "1", "--grid", "3"),
     ),
     Step(
         "stacks",
@@ -128,7 +144,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.stack_cost",
         "vllm.md",
         ("--config", "tune.yaml", "--grid", "1,2,3,4,5,6,7,8", "--repeats", "1"),
-        ("--repeats", "1"),
+        ("--config", "benchmarks/configs/quick.yaml", "--grid", "2,4", "--repeats", "1"),
     ),
     Step(
         "stacks",
@@ -136,7 +152,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.vllm_plugin",
         "vllm-plugin.md",
         ("--repeats", "4"),
-        ("--repeats", "1"),
+        ("--config", "benchmarks/configs/quick.yaml", "--repeats", "1", "--levels", "1,4"),
     ),
     Step(
         "stacks",
@@ -144,7 +160,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.transfer_llamacpp",
         "llamacpp.md",
         (),
-        ("--repeats", "1"),
+        ("--config", "benchmarks/configs/quick.yaml", "--repeats", "1", "--n-max", "3"),
     ),
     Step(
         "stacks",
@@ -152,7 +168,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.schedule_llamacpp",
         "llamacpp.md",
         (),
-        ("--repeats", "1", "--grid", "3"),
+        ("--config", "benchmarks/configs/quick.yaml", "--repeats", "1", "--grid", "3"),
     ),
     Step(
         "stacks",
@@ -160,7 +176,10 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.quantized_llamacpp",
         "llamacpp.md",
         (),
-        ("--rounds", "1"),
+        (
+            *("--config", "benchmarks/configs/quick.yaml", "--rounds", "1", "--quantizations", "f32,q4_k_m"),
+            *("--n-max", "3", "--concurrency", "1,4", "--num-requests", "4", "--max-new-tokens", "24"),
+        ),
     ),
     Step(
         "stacks",
@@ -168,7 +187,20 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.chat_workload",
         "chat.md",
         (),
-        ("--repeats", "1"),
+        (
+            "--config",
+            "benchmarks/configs/quick.yaml",
+            "--repeats",
+            "1",
+            "--levels",
+            "1,4",
+            "--prompts",
+            "4",
+            "--requests",
+            "4",
+            "--grid",
+            "3",
+        ),
     ),
     Step(
         "stacks",
@@ -179,7 +211,11 @@ CLAIMS: tuple[Step, ...] = (
             *("--drafters", "model,eagle3", "--grid", "2,3,4,5", "--concurrency", "1,4", "--rounds", "2"),
             *("--vllm", "--vllm-plan", "model:3,model:4,eagle3:3,eagle3:4,eagle3:5", "--repeats", "3"),
         ),
-        ("--drafters", "model,eagle3", "--grid", "3,4", "--rounds", "1"),
+        (
+            *("--drafters", "model,eagle3", "--grid", "3", "--concurrency", "1,4", "--rounds", "1"),
+            *("--num-prompts", "4", "--max-new-tokens", "24"),
+            *("--vllm", "--vllm-plan", "model:3,eagle3:3", "--repeats", "1", "--vllm-requests", "4"),
+        ),
     ),
     Step(
         "stacks",
@@ -187,7 +223,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.deployment_scale",
         "deployment-scale.md",
         ("--budget", "25"),
-        ("--budget", "10"),
+        ("--budget", "4"),
     ),
     Step(
         "watch",
@@ -195,7 +231,11 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.watch.watch_drift",
         "watch-drift.md",
         ("--stack", "vllm"),
-        ("--stack", "vllm", "--steady-min", "2", "--switch-min", "1"),
+        (
+            *("--stack", "vllm", "--config", "benchmarks/configs/quick.yaml", "--phases", "steady,prose"),
+            *("--steady-min", "1", "--switch-min", "1", "--interval", "10", "--windows-to-stale", "2"),
+            *("--confirm-rounds", "1"),
+        ),
     ),
     Step(
         "watch",
@@ -203,6 +243,10 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.watch.watch_drift",
         "watch-drift.md",
         ("--stack", "llamacpp", "--phases", "steady,prose,sampled,code-again,saturation", "--retune"),
-        ("--stack", "llamacpp", "--steady-min", "2", "--switch-min", "1"),
+        (
+            *("--stack", "llamacpp", "--config", "benchmarks/configs/quick.yaml", "--phases", "steady,prose"),
+            *("--steady-min", "1", "--switch-min", "1", "--interval", "10", "--windows-to-stale", "2"),
+            *("--confirm-rounds", "1"),
+        ),
     ),
 )
