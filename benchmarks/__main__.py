@@ -2,6 +2,7 @@
 
     python -m benchmarks list                       # every claim: its group, scripts and results page
     python -m benchmarks readme                     # benchmarks/README.md from benchmarks/claims.py
+    python -m benchmarks pages                      # the "Latest runs" blocks of docs/results/ from the JSONs
     python -m benchmarks run engine                 # the engine claims, full size
     python -m benchmarks run all --quick            # every claim, smaller (fewer prompts, rounds, trials)
     python -m benchmarks run stacks --only transfer_vllm,transfer_llamacpp
@@ -18,6 +19,12 @@ reason. The time of each step is printed at the end and written to
 ``--quick`` writes into ``benchmarks/results-quick/`` (not committed), so a quick check of a host
 never replaces the committed results its pages cite; ``--results DIR`` picks another root. The
 scripts find the root in ``$BENCHMARKS_RESULTS`` (``benchmarks._common.RESULTS``).
+
+After each step that succeeded, its results page is regenerated (benchmarks/pages.py): the page's
+"Latest runs" block of that step, rendered from the JSON just written. For the committed root the
+page in docs/results/ is rewritten; for any other root a copy goes to ``<results>/pages/`` and
+docs/ is left alone. ``python -m benchmarks pages [--results DIR] [--out DIR]`` does the same for
+every page without running anything.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import pages
 from benchmarks.claims import CLAIMS, GROUPS, Step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +98,10 @@ of interleaved, repeated runs, and other processes widen its interval. The GPU c
 "Its minutes" is the wall time of the run that wrote the result file (from the file's own clock;
 its command line is inside: most are the full command, some a smaller run the page says so of).
 `--quick` runs write into `results-quick/` (not committed) and leave these files alone.
+Every results page ends with "Latest runs": per step, a block generated from its JSON (host, date,
+command, wall time and the headline table, by the renderers in `benchmarks/pages.py`). A run
+rewrites its step's block after the step succeeds (a `--quick` run writes page copies into
+`results-quick/pages/` instead); `python -m benchmarks pages` rewrites every block from these files.
 This file is written by `python -m benchmarks readme` from `benchmarks/claims.py`.
 
 """
@@ -116,13 +128,8 @@ def run_minutes(result: Path) -> str:
     ``wall_s``; the study and the grid of tuner_vs_grid), in minutes; "-" where it kept none."""
     if not result.is_file():
         return "-"
-    data = json.loads(result.read_text())
-    parts = [data.get(k) for k in ("elapsed_s", "wall_s")] or []
-    seconds = next((v for v in parts if isinstance(v, (int, float))), None)
-    if seconds is None and isinstance(data.get("grid_wall_s"), (int, float)):
-        seconds = data["grid_wall_s"] + float(data.get("study_wall_s") or 0)
-    # A report recomputed from an earlier run's JSON (``--resume ... --measured-only``) measured nothing.
-    return "-" if seconds is None or seconds < 1 else f"{seconds / 60:.1f}"
+    seconds = pages.wall_seconds(json.loads(result.read_text()))
+    return "-" if seconds is None else f"{seconds / 60:.1f}"
 
 
 def readme() -> str:
@@ -143,11 +150,31 @@ def readme() -> str:
     return README_HEAD + "\n".join(rows) + "\n"
 
 
+def run_steps(steps: list[Step], quick: bool, results: Path) -> dict[str, tuple[int, float]]:
+    """Each step in turn; after one that succeeded, its results page regenerated from its JSON."""
+    times: dict[str, tuple[int, float]] = {}
+    for s in steps:
+        times[s.name] = run_step(s, quick, results)
+        if times[s.name][0] == 0:
+            written = pages.after_step(s, results)
+            print(f"== {s.name}: regenerated {', '.join(map(str, written))}", flush=True)
+    return times
+
+
+def write_pages(args: argparse.Namespace) -> None:
+    """``python -m benchmarks pages``: every results page's blocks from the JSONs under ``--results``."""
+    for path in pages.write_pages(args.results.resolve(), args.out and args.out.resolve()):
+        print(f"wrote {path}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="every claim: group, step, script, results page")
     sub.add_parser("readme", help="write benchmarks/README.md from benchmarks/claims.py")
+    regen = sub.add_parser("pages", help="rewrite the Latest runs blocks of docs/results/ from the JSONs")
+    regen.add_argument("--results", type=Path, default=RESULTS, help="default benchmarks/results")
+    regen.add_argument("--out", type=Path, default=None, help="write the pages here instead of docs/results/")
     run = sub.add_parser("run", help="rerun a group of claims")
     run.add_argument("group", choices=(*GROUPS, "all"))
     run.add_argument("--quick", action="store_true", help="smaller runs: fewer prompts, rounds and trials")
@@ -163,13 +190,16 @@ def main() -> None:
         (ROOT / "benchmarks" / "README.md").write_text(readme())
         print("wrote benchmarks/README.md")
         return
+    if args.command == "pages":
+        write_pages(args)
+        return
     if args.command == "list":
         for s in CLAIMS:
             print(f"{s.group:7} {s.name:22} {s.script:38} docs/results/{s.page}")
         return
     results = (args.results or (QUICK_RESULTS if args.quick else RESULTS)).resolve()
     results.mkdir(parents=True, exist_ok=True)
-    times = {s.name: run_step(s, args.quick, results) for s in selected(args.group, args.only)}
+    times = run_steps(selected(args.group, args.only), args.quick, results)
     print("\nstep                    exit  seconds")
     for name, (code, seconds) in times.items():
         print(f"{name:22}  {code:4}  {seconds:7.0f}")
