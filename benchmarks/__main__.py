@@ -99,7 +99,7 @@ of interleaved, repeated runs, and other processes widen its interval. The GPU c
 its command line is inside: most are the full command, some a smaller run the page says so of).
 `--quick` runs write into `results-quick/` (not committed) and leave these files alone.
 Every results page ends with "Latest runs": per step, a block generated from its JSON (host, date,
-command, wall time and the headline table, by the renderers in `benchmarks/pages.py`). A run
+command, wall time and the headline table, by the renderers in `benchmarks/renderers.py`). A run
 rewrites its step's block after the step succeeds (a `--quick` run writes page copies into
 `results-quick/pages/` instead); `python -m benchmarks pages` rewrites every block from these files.
 This file is written by `python -m benchmarks readme` from `benchmarks/claims.py`.

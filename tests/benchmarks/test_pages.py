@@ -1,7 +1,7 @@
-"""The generated "Latest runs" blocks of docs/results (benchmarks/pages.py): each page's blocks are
-what the renderers make of the committed JSONs, every step has a renderer and a block, a JSON of
-another shape gives a one-line note instead of an error, and a run outside the committed root
-writes page copies under that root, never into docs/."""
+"""The generated "Latest runs" blocks of docs/results (benchmarks/pages.py, benchmarks/renderers.py):
+each page's blocks are what the renderers make of the committed JSONs, every step has a renderer
+and a block, a JSON of another shape gives a one-line note instead of an error, and a run outside
+the committed root writes page copies under that root, never into docs/."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import benchmarks.__main__ as entry
 from benchmarks import pages
 from benchmarks.claims import CLAIMS
+from benchmarks.renderers import RENDERERS
 
 PAGES = sorted({s.page for s in CLAIMS})
 STEP = next(s for s in CLAIMS if s.name == "draft_after_verify")
@@ -38,13 +39,13 @@ def test_each_page_is_what_the_renderers_make_of_the_committed_jsons(page: str) 
     text = (pages.DOCS / page).read_text(encoding="utf-8")
     assert text == pages.page_text(page, pages.COMMITTED, pages.DOCS), (
         f"docs/results/{page} differs from its JSONs: run `python -m benchmarks pages` "
-        "(edit the renderers in benchmarks/pages.py, not the generated blocks)"
+        "(edit the renderers in benchmarks/renderers.py, not the generated blocks)"
     )
     assert "Figures not shown" not in text, f"{page}: a renderer did not find its figures"
 
 
 def test_every_step_has_a_renderer_and_one_block_on_its_page() -> None:
-    assert set(pages.RENDERERS) == {s.name for s in CLAIMS}
+    assert set(RENDERERS) == {s.name for s in CLAIMS}
     for step in CLAIMS:
         text = (pages.DOCS / step.page).read_text(encoding="utf-8")
         begin, end = pages.begin_marker(step.name), pages.end_marker(step.name)
