@@ -39,7 +39,9 @@ import math
 import shlex
 import statistics
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,7 @@ from autotune.stats import (
     significantly_below,
 )
 from benchmarks._common import claim_dir, portable
+from profiles.schema import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTANT_KINDS = ("off", "constant")  # the rows the best constant (overall and per level) is taken from
@@ -1091,3 +1094,155 @@ def print_report(
     if extra:
         print("\n" + "\n".join(extra))
     print("\n" + "\n".join(summary_text(k, v) for k, v in result["summary"].items()))
+
+
+# the steps both benchmarks take --------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    """One run of a schedule benchmark: its flags, the stack it opened (``_transfer.open_stack``) and
+    its clock, what every step below reads."""
+
+    stack: str  # the backend's name: "vllm", "llamacpp"
+    args: argparse.Namespace
+    grid: list[int]
+    cfg: Any
+    ctx: Any
+    backend: Any
+    engine_profile: dict | None  # the newest engine-backend profile (None: the store has none)
+    stack_profile: dict | None  # the newest profile this stack's own tune stored
+    t0: float = field(default_factory=time.perf_counter)
+
+    @property
+    def batch(self) -> int:
+        """The server's batch limit: ``--max-num-seqs`` / ``-np``."""
+        return max(self.cfg.search.max_batch_size)
+
+    @property
+    def levels(self) -> list[int]:
+        """The load levels, by batch size."""
+        return list(self.cfg.batch_sizes)
+
+    @property
+    def workload(self) -> WorkloadConfig:
+        return self.cfg.workload
+
+    def elapsed(self) -> float:
+        """Seconds since the run began (the JSON's ``wall_s``)."""
+        return time.perf_counter() - self.t0
+
+
+def profile_brief(prof: dict | None) -> dict | None:
+    """A stored profile as the JSON names it: its id, choice and schedule (None stays None)."""
+    return prof and {k: prof[k] for k in ("id", "chosen", "schedule")}
+
+
+def checkpointer(bench: Bench, result: dict, version_key: str | None = None) -> Callable[[list[dict]], None]:
+    """What :class:`Plan` calls after each configuration: the rows and the clock into ``result``
+    (and the stack's version under ``version_key``, known once a server ran), the JSON rewritten."""
+
+    def checkpoint(rows: list[dict]) -> None:
+        result.update(rows=rows, wall_s=bench.elapsed())
+        if version_key is not None:
+            result[version_key] = bench.backend.version or result[version_key]
+        write_json(bench.args.out, result)
+
+    return checkpoint
+
+
+def new_plan(bench: Bench, checkpoint: Callable[[list[dict]], None]) -> Plan:
+    """The :class:`Plan` of this run: its levels, rounds, seed, interleaving and bridge from the flags
+    and the config (``--interleave`` by default the backend's ``keep_servers``)."""
+    return Plan(
+        bench.backend,
+        bench.batch,
+        bench.levels,
+        bench.args.repeats,
+        bench.cfg.budget.seed,
+        bench.workload.temperature == 0,
+        checkpoint,
+        interleave=bench.args.interleave or bench.backend.keep_servers,
+        bridge=bench.args.bridge,
+    )
+
+
+def resume_rows(bench: Bench, plan: Plan, result: dict, version_key: str) -> None:
+    """With ``--resume``: the rows of the earlier run into ``plan``, and its host and stack version
+    (under ``version_key``) into ``result``; a note when that host is not this one."""
+    args = bench.args
+    if args.resume is None:
+        return
+    plan.resume(args.resume, measure_new=not args.measured_only)
+    earlier = json.loads(args.resume.read_text())
+    result.update(
+        {"device": earlier.get("device", result["device"])},
+        **{version_key: earlier.get(version_key, result[version_key])},
+        resumed_from=str(args.resume),
+    )
+    if earlier.get("device") != bench.ctx.fingerprint["label"]:
+        print(f"note: the resumed rows were measured on {earlier.get('device')}", file=sys.stderr)
+
+
+def run_profiles(
+    bench: Bench, plan: Plan, serve: Callable[[Profile], tuple[list[str], dict[int, int]]]
+) -> list[str]:
+    """The rows of the stored profiles (the engine backend's export, this stack's own choice), each
+    served by ``serve`` (its server command and its K per level); their labels, in order."""
+    labels: list[str] = []
+    wanted = (
+        ("engine-backend export", bench.engine_profile, "autotune tune"),
+        (f"{bench.stack}-backend choice", bench.stack_profile, f"autotune tune --backend {bench.stack}"),
+    )
+    for label, prof in plan.profiles(wanted, labels):
+        command, k_per_level = serve(Profile.from_json(prof))
+        plan.run(label, command, "profile", k_per_level=k_per_level)
+    return labels
+
+
+def finish(
+    bench: Bench,
+    plan: Plan,
+    result: dict,
+    version: tuple[str, str | None],
+    choices: Sequence[LevelChoice],
+    summary: dict,
+    extra: list[str],
+    goal_labels: Sequence[str | None],
+) -> None:
+    """The goals of the rows named ``goal_labels`` and the noise per level into ``summary`` and
+    ``extra``; then the complete JSON written (``version``: the stack's version key and value)."""
+    rows, levels = plan.rows, bench.levels
+    found, lines = goal_lines(rows, goal_labels)
+    summary["goals"] = found
+    extra += lines
+    summary["noise"] = noise_by_level(rows, levels, level_requests(bench.workload, bench.batch))
+    extra += noise_lines(summary["noise"])
+    key, value = version
+    result.update(
+        {key: value or result[key]},
+        wall_s=bench.elapsed(),
+        complete=not plan.skipped,
+        skipped=plan.skipped,
+        per_level_choices=choices_json(choices),
+        summary=summary,
+        rows=rows,
+    )
+    write_json(bench.args.out, result)
+
+
+def report(bench: Bench, stack_text: str, batch_flag: str, result: dict, extra: list[str]) -> None:
+    """The printed report, headed by ``stack_text`` (the server, its version and host), the workload
+    and the server's batch limit (``batch_flag``: the stack's name for it)."""
+    w = bench.workload
+    print_report(
+        f"{stack_text}; workload {w.prompts.name}, concurrency {list(w.concurrency)}, "
+        f"{requests_text(level_requests(w, bench.batch))} x {w.max_new_tokens} tokens per level"
+        + (f", trace {w.trace}" if w.trace is not None else "")
+        + f"; {bench.args.repeats} rounds per server; {batch_flag} {bench.batch}",
+        result,
+        bench.levels,
+        w.rate is None,
+        extra,
+    )
+    print(f"\nwrote {bench.args.out}")

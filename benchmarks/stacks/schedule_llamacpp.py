@@ -39,32 +39,31 @@ every level's best: the table goal of 1.05x is vLLM's). Usage::
 
 from __future__ import annotations
 
-import json
 import shlex
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from autotune.backends.llamacpp import LlamacppBackend
+from autotune.decide.selection import LevelChoice
 from autotune.knobs import Knobs
 from benchmarks._common import stamp
 from benchmarks._schedule import (
+    Bench,
     Plan,
     analyse,
     arguments,
+    checkpointer,
     choice_lines,
-    choices_json,
     common_summary,
-    goal_lines,
+    finish,
     grid_values,
     level_choice_text,
-    level_requests,
-    noise_by_level,
-    noise_lines,
-    print_report,
-    requests_text,
-    write_json,
+    new_plan,
+    profile_brief,
+    report,
+    resume_rows,
+    run_profiles,
 )
 from benchmarks._transfer import open_stack
 from profiles.profile import export_inputs
@@ -75,17 +74,35 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def main() -> None:
     args = arguments(__doc__, "llamacpp", "--spec-draft-n-max values of the grid (draft model, p-min 0)")
-    grid = grid_values(args.grid)
-    cfg, ctx, backend, engine_prof, chosen_prof = open_stack(args, "llamacpp", LlamacppBackend)
-    batch = max(cfg.search.max_batch_size)
-    levels = list(cfg.batch_sizes)
-    w = cfg.workload
-    t0 = time.perf_counter()
+    bench = Bench("llamacpp", args, grid_values(args.grid), *open_stack(args, "llamacpp", LlamacppBackend))
+    result = opening(bench)
+    plan = new_plan(bench, checkpointer(bench, result))
+    resume_rows(bench, plan, result, "llama_server_version")
+    try:
+        sweep_label, profile_labels = measure(bench, plan)
+    finally:
+        bench.backend.close()
+    refs = analyse(plan.rows, bench.levels, args.slo_tpot_ms)
+    choices = plan.level_choices("model")
+    summary, extra, goal_labels = summarize(plan, refs, choices, sweep_label)
+    version = ("llama_server_version", bench.backend.version)
+    finish(bench, plan, result, version, choices, summary, extra, [*goal_labels, *profile_labels])
+    stack_text = (
+        f"llama-server {result['llama_server_version']} on {result['device']}, "
+        f"-t {bench.cfg.backend.llamacpp.threads}"
+    )
+    report(bench, stack_text, "-np", result, extra)
 
-    def constant(n_max: int) -> Knobs:
-        return Knobs("model" if n_max else "none", n_max, 0.0, max_batch_size=batch)
 
-    result: dict = {
+def constant(bench: Bench, n_max: int) -> Knobs:
+    """``--spec-draft-n-max`` n with the draft model and p-min 0 (n=0: no speculation)."""
+    return Knobs("model" if n_max else "none", n_max, 0.0, max_batch_size=bench.batch)
+
+
+def opening(bench: Bench) -> dict:
+    """The JSON before anything is measured: the run's identity, flags, GGUF files and profiles."""
+    ctx, args, backend, w = bench.ctx, bench.args, bench.backend, bench.workload
+    return {
         "command": shlex.join([sys.executable, *sys.argv]),
         **stamp(ctx.fingerprint["label"]),
         "device": ctx.fingerprint["label"],
@@ -93,86 +110,60 @@ def main() -> None:
         "llama_server_version": backend.version,
         "workload": ctx.workload,
         "trace": None if w.trace is None else str(w.trace),
-        "levels": levels,
-        "parallel": batch,
-        "threads": cfg.backend.llamacpp.threads,
+        "levels": bench.levels,
+        "parallel": bench.batch,
+        "threads": bench.cfg.backend.llamacpp.threads,
         "repeats": args.repeats,
-        "grid": grid,
+        "grid": bench.grid,
         "slo_tpot_ms": args.slo_tpot_ms,
         "gguf": backend.describe()["gguf"],
-        "engine_profile": engine_prof and {k: engine_prof[k] for k in ("id", "chosen", "schedule")},
-        "llamacpp_profile": chosen_prof and {k: chosen_prof[k] for k in ("id", "chosen", "schedule")},
+        "engine_profile": profile_brief(bench.engine_profile),
+        "llamacpp_profile": profile_brief(bench.stack_profile),
         "complete": False,
         "rows": [],
     }
 
-    def checkpoint(rows: list[dict]) -> None:
-        result.update(rows=rows, wall_s=time.perf_counter() - t0)
-        write_json(args.out, result)
 
-    interleave = args.interleave or backend.keep_servers
-    greedy = w.temperature == 0
-    plan = Plan(
-        backend,
-        batch,
-        levels,
-        args.repeats,
-        cfg.budget.seed,
-        greedy,
-        checkpoint,
-        interleave=interleave,
-        bridge=args.bridge,
+def measure(bench: Bench, plan: Plan) -> tuple[str | None, list[str]]:
+    """Items 1-4 and the drift check; the sweep-best n-max's label and the stored profiles' labels."""
+    command = bench.backend.command
+    with plan.together():
+        plan.run("no speculation", command(constant(bench, 0)), "off", constant(bench, 0))
+        grid_rows = {
+            n: plan.run(f"grid n-max {n}", command(constant(bench, n)), "constant", constant(bench, n))
+            for n in bench.grid
+        }
+    ok = [(n, r) for n, r in grid_rows.items() if "error" not in r]
+    sweep_label = None
+    if ok:  # the one n-max for every level: the grid's best traffic-weighted tokens/s over the sweep
+        n = max(ok, key=lambda nr: statistics.median(nr[1]["tokens_per_second_runs"]))[0]
+        sweep_label = f"sweep-best n-max {n} (from the grid)"
+        plan.run(sweep_label, command(constant(bench, n)), "alias", constant(bench, n))
+
+    with plan.together():
+        profile_labels = run_profiles(bench, plan, lambda profile: serve_profile(bench, profile))
+        plan.run("no speculation (again, last)", command(constant(bench, 0)), "off-again", constant(bench, 0))
+    return sweep_label, profile_labels
+
+
+def serve_profile(bench: Bench, profile: Profile) -> tuple[list[str], dict[int, int]]:
+    """A stored profile's exported llama-server command on this run's GGUF files, and its n-max
+    at every level (one n-max for all)."""
+    backend = bench.backend
+    inputs = export_inputs(
+        profile, str(backend.target_gguf), str(backend.draft_gguf) if backend.draft_gguf else None
     )
-    if args.resume is not None:  # the rows (and the host they were measured on) of an earlier run
-        plan.resume(args.resume, measure_new=not args.measured_only)
-        earlier = json.loads(args.resume.read_text())
-        result.update(
-            device=earlier.get("device", result["device"]),
-            llama_server_version=earlier.get("llama_server_version", result["llama_server_version"]),
-            resumed_from=str(args.resume),
-        )
-        if earlier.get("device") != ctx.fingerprint["label"]:
-            print(f"note: the resumed rows were measured on {earlier.get('device')}", file=sys.stderr)
-    try:
-        with plan.together():
-            plan.run("no speculation", backend.command(constant(0)), "off", constant(0))
-            grid_rows = {
-                n: plan.run(f"grid n-max {n}", backend.command(constant(n)), "constant", constant(n))
-                for n in grid
-            }
-        ok = [(n, r) for n, r in grid_rows.items() if "error" not in r]
-        sweep_label = None
-        if ok:  # the one n-max for every level: the grid's best traffic-weighted tokens/s over the sweep
-            n = max(ok, key=lambda nr: statistics.median(nr[1]["tokens_per_second_runs"]))[0]
-            sweep_label = f"sweep-best n-max {n} (from the grid)"
-            plan.run(sweep_label, backend.command(constant(n)), "alias", constant(n))
+    n = 0 if inputs.drafter == "none" else inputs.gamma
+    return backend.profile_command(inputs), {b: n for b in bench.levels}
 
-        profile_labels = []
-        with plan.together():
-            wanted = (
-                ("engine-backend export", engine_prof, "autotune tune"),
-                ("llamacpp-backend choice", chosen_prof, "autotune tune --backend llamacpp"),
-            )
-            for label, prof in plan.profiles(wanted, profile_labels):
-                inputs = export_inputs(
-                    Profile.from_json(prof),
-                    str(backend.target_gguf),
-                    str(backend.draft_gguf) if backend.draft_gguf else None,
-                )
-                n = 0 if inputs.drafter == "none" else inputs.gamma
-                plan.run(
-                    label,
-                    backend.profile_command(inputs),
-                    "profile",
-                    k_per_level={b: n for b in levels},
-                )
-            plan.run("no speculation (again, last)", backend.command(constant(0)), "off-again", constant(0))
-    finally:
-        backend.close()
 
+def summarize(
+    plan: Plan, refs: dict, choices: list[LevelChoice], sweep_label: str | None
+) -> tuple[dict, list[str], list[str | None]]:
+    """The summary and the report's lines on the one n-max against the per-level ones (``refs``:
+    what :func:`analyse` compared against), and the margin rule's choice; the labels of the rows
+    whose per-level goals are reported."""
     rows = plan.rows
-    refs = analyse(rows, levels, args.slo_tpot_ms)
-    choices = plan.level_choices("model")
     summary = common_summary(plan, refs, choices)
     summary["sweep_best_n_max"] = sweep_label
     differ = len({c.gamma for c in choices}) > 1
@@ -193,36 +184,7 @@ def main() -> None:
     extra.append(
         f"the tool's margin rule over no speculation and the grid (sweep tokens/s): {margin} ({why})"
     )
-    found, lines = goal_lines(rows, [sweep_label, None if margin == sweep_of else margin, *profile_labels])
-    summary["goals"] = found
-    extra += lines
-    summary["noise"] = noise_by_level(rows, levels, level_requests(w, batch))
-    extra += noise_lines(summary["noise"])
-
-    result.update(
-        llama_server_version=backend.version or result["llama_server_version"],
-        wall_s=time.perf_counter() - t0,
-        complete=not plan.skipped,
-        skipped=plan.skipped,
-        per_level_choices=choices_json(choices),
-        summary=summary,
-        rows=rows,
-    )
-    write_json(args.out, result)
-    print_report(
-        f"llama-server {result['llama_server_version']} on {result['device']}, "
-        f"-t {cfg.backend.llamacpp.threads}; "
-        f"workload {w.prompts.name}, concurrency {list(w.concurrency)}, "
-        f"{requests_text(level_requests(w, batch))} x "
-        f"{w.max_new_tokens} tokens per level"
-        + (f", trace {w.trace}" if w.trace is not None else "")
-        + f"; {args.repeats} rounds per server; -np {batch}",
-        result,
-        levels,
-        w.rate is None,
-        extra,
-    )
-    print(f"\nwrote {args.out}")
+    return summary, extra, [sweep_label, None if margin == sweep_of else margin]
 
 
 if __name__ == "__main__":
