@@ -53,7 +53,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from autotune import context
 from autotune.backends.openai_load import Endpoint, run_http_load
@@ -399,6 +401,36 @@ def replay(args: argparse.Namespace) -> None:
     print(f"\nwrote {out}")
 
 
+@dataclass
+class Run:
+    """One live run: its flags, the config with the stack's overrides, the context, the stack's
+    backend, the profile it serves and the prose requests; what every step below reads."""
+
+    args: argparse.Namespace
+    cfg: Any
+    ctx: Any
+    backend: Any
+    prof: dict  # the stored profile served (its JSON)
+    prose: list  # the --prose prompts as requests
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="watch_drift_")))
+
+    @property
+    def out(self) -> Path:
+        """The JSON (``--out``, by default in the claim's folder)."""
+        stack = self.args.stack
+        return self.args.out or claim_dir(f"watch_drift_{stack}") / f"watch_drift_{stack}.json"
+
+    @property
+    def low(self) -> int:
+        """The concurrency of the phases at low load (``--low``, by default the lowest level)."""
+        return self.args.low or sorted(self.cfg.batch_sizes)[0]
+
+    @property
+    def high(self) -> int:
+        """The concurrency of the saturation phase (``--high``, by default the largest level)."""
+        return self.args.high or sorted(self.cfg.batch_sizes)[-1]
+
+
 def main() -> None:
     args = arguments()
     if args.replay is not None:
@@ -408,6 +440,28 @@ def main() -> None:
             print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
             sys.exit(2)
         return
+    run = open_run(args)
+    served = served_command(run)
+    result = opening(run, served)
+    workloads = phase_workloads(run)
+    plan = phase_plan(args.phases, workloads)
+    t_start = time.time()
+    try:
+        watch_phases(run, served, plan, result)
+        confirm_stale(run, served, workloads, result)
+    finally:
+        run.backend.close()
+    retune_first_stale(run, result)
+    result["wall_s"] = time.time() - t_start
+    result["complete"] = True
+    write_json(run.out, result)
+    report(result)
+    print(f"\nwrote {run.out}")
+
+
+def open_run(args: argparse.Namespace) -> Run:
+    """The config with the stack's overrides, its context and backend, the profile to serve and the
+    prose requests; a user error (or no profile) is one line and exit 2."""
     try:
         cfg = load_config(args.config)
         overrides = {"backend.name": args.stack}
@@ -416,7 +470,7 @@ def main() -> None:
         cfg = cfg.with_overrides(overrides)
         ctx = context.build(cfg)  # a stack backend with a stored engine profile: no engine compile
         if args.stack == "vllm":
-            from autotune.backends.vllm import VllmBackend, serve_command
+            from autotune.backends.vllm import VllmBackend
 
             backend = VllmBackend(ctx)
         else:
@@ -443,31 +497,38 @@ def main() -> None:
     except USER_ERRORS as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         sys.exit(2)
-    code = ctx.requests
-    levels = sorted(cfg.batch_sizes)
-    low = args.low or levels[0]
-    high = args.high or levels[-1]
-    batch = max(cfg.search.max_batch_size)
-    profile = Profile.from_json(prof)
-    if args.stack == "vllm":
-        served = serve_command(
+    return Run(args, cfg, ctx, backend, prof, prose)
+
+
+def served_command(run: Run) -> list[str]:
+    """The server command of the profile's own exported flags (what a user would run)."""
+    backend, profile = run.backend, Profile.from_json(run.prof)
+    if run.args.stack == "vllm":
+        from autotune.backends.vllm import serve_command
+
+        return serve_command(
             backend.python, dataclasses.replace(export_inputs(profile), deployment=backend.deployment)
         )
-    else:
-        inputs = export_inputs(
-            profile, str(backend.target_gguf), str(backend.draft_gguf) if backend.draft_gguf else None
-        )
-        served = backend.profile_command(inputs)
-    drafter = prof["chosen"].get("drafter", "model")
+    inputs = export_inputs(
+        profile, str(backend.target_gguf), str(backend.draft_gguf) if backend.draft_gguf else None
+    )
+    return backend.profile_command(inputs)
+
+
+def command_for_k(run: Run, k: int) -> list[str]:
+    """The server command of constant K with the profile's drafter (the draft model where it chose
+    none): the alternative the watch named."""
+    drafter = run.prof["chosen"].get("drafter", "model")
     if drafter == "none":
         drafter = "model"
+    batch = max(run.cfg.search.max_batch_size)
+    return run.backend.command(Knobs(drafter if k else "none", k, 0.0, max_batch_size=batch))
 
-    def command_for_k(k: int) -> list[str]:
-        return backend.command(Knobs(drafter if k else "none", k, 0.0, max_batch_size=batch))
 
-    out = args.out or claim_dir(f"watch_drift_{args.stack}") / f"watch_drift_{args.stack}.json"
-    log_dir = Path(tempfile.mkdtemp(prefix="watch_drift_"))  # the watch's stderr, copied into the JSON
-    result: dict = {
+def opening(run: Run, served: list[str]) -> dict:
+    """The JSON before any phase ran: the run's identity, the profile and the watch's settings."""
+    args, ctx, prof = run.args, run.ctx, run.prof
+    return {
         **identity(ctx, args.config),
         **stamp(ctx.fingerprint["label"]),
         "stack": args.stack,
@@ -479,91 +540,113 @@ def main() -> None:
         "phases": [],
         "complete": False,
     }
+
+
+def phase_workloads(run: Run) -> dict[str, tuple[list, int, float]]:
+    """Every phase by name: its requests, its concurrency and its minutes."""
+    args, code, low = run.args, run.ctx.requests, run.low
     sampled = [dataclasses.replace(r, temperature=1.0) for r in code]  # the same prompts, sampled at T=1
-    phases = {
+    return {
         "steady": (code, low, args.steady_min),
-        "prose": (prose, low, args.switch_min),
+        "prose": (run.prose, low, args.switch_min),
         "sampled": (sampled, low, args.switch_min),
         "code-again": (code, low, args.switch_min),
-        "saturation": (code, high, args.switch_min),
+        "saturation": (code, run.high, args.switch_min),
     }
-    unknown = [name for name in args.phases if name not in phases]
+
+
+def phase_plan(names: list[str], workloads: dict[str, tuple[list, int, float]]) -> list[tuple]:
+    """The ``--phases`` in order, each ``(name, requests, concurrency, minutes)``; an unknown name
+    is one line and exit 2."""
+    unknown = [name for name in names if name not in workloads]
     if unknown:
         print(
-            f"error: --phases: unknown {', '.join(unknown)} (choose from {', '.join(phases)})",
+            f"error: --phases: unknown {', '.join(unknown)} (choose from {', '.join(workloads)})",
             file=sys.stderr,
         )
         sys.exit(2)
-    plan = [(name, *phases[name]) for name in args.phases]
-    watcher = None
-    t_start = time.time()
+    return [(name, *workloads[name]) for name in names]
+
+
+def watch_phases(run: Run, served: list[str], plan: list[tuple], result: dict) -> None:
+    """The served configuration's server, warmed up, and ``autotune watch --json`` following it while
+    the phases run; then each phase judged by the windows that fell in it. The JSON is rewritten
+    after each phase."""
+    args, backend = run.args, run.backend
+    server = backend.server_for(served)
+    endpoint = backend.endpoint(server)
+    result["startup_s"] = server.startup_s
+    run_http_load(
+        endpoint, run.ctx.requests, max(run.high, 4), concurrency=max(run.high, 4), seed=0, time_limit_s=600
+    )  # warm-up
+    watcher = WatchProcess(
+        server.base_url, args.stack, run.prof["id"], run.cfg.storage.url, args, run.log_dir / "watch.stderr"
+    )
     try:
-        server = backend.server_for(served)
-        endpoint = backend.endpoint(server)
-        result["startup_s"] = server.startup_s
-        run_http_load(
-            endpoint, code, max(high, 4), concurrency=max(high, 4), seed=0, time_limit_s=600
-        )  # warm-up
-        watcher = WatchProcess(
-            server.base_url, args.stack, prof["id"], cfg.storage.url, args, log_dir / "watch.stderr"
-        )
         result["watch_command"] = watcher.command
         time.sleep(args.interval * 1.5)  # the watch's first scrape is the baseline
         for name, reqs, conc, minutes in plan:
             print(f"phase {name}: concurrency {conc}, {minutes:g} min", file=sys.stderr)
-            measured = drive(endpoint, reqs, conc, minutes * 60, cfg.budget.seed)
+            measured = drive(endpoint, reqs, conc, minutes * 60, run.cfg.budget.seed)
             result["phases"].append({"phase": name, "concurrency": conc, "minutes": minutes, **measured})
             result["windows"] = watcher.windows
-            write_json(out, result)
+            write_json(run.out, result)
         time.sleep(args.interval)  # the last phase's last window
-        result["watch_rc"] = watcher.stop()
-        result["watch_stderr"] = (log_dir / "watch.stderr").read_text().splitlines()
-        result["windows"] = watcher.windows
-        watcher = None
-        for phase in result["phases"]:
-            phase.update(judge(phase, phase_windows(result["windows"], phase)))
-        write_json(out, result)
-        for phase in result["phases"]:
-            first = phase["first_stale"]
-            if first is None or first["alternative_k"] is None:
-                continue
-            reqs = phases[phase["phase"]][0]
-            n = args.confirm_requests or max(8 * phase["concurrency"], 8)
-            print(
-                f"confirming {phase['phase']}: K={first['alternative_k']} vs the served flags",
-                file=sys.stderr,
-            )
-            phase["confirm"] = confirm(
-                backend,
-                served,
-                command_for_k(first["alternative_k"]),
-                reqs,
-                phase["concurrency"],
-                n,
-                args.confirm_rounds,
-                cfg.budget.seed,
-            )
-            write_json(out, result)
-    finally:
-        if watcher is not None:
-            watcher.stop()
-        backend.close()
+    except BaseException:
+        watcher.stop()
+        raise
+    result["watch_rc"] = watcher.stop()
+    result["watch_stderr"] = (run.log_dir / "watch.stderr").read_text().splitlines()
+    result["windows"] = watcher.windows
+    for phase in result["phases"]:
+        phase.update(judge(phase, phase_windows(result["windows"], phase)))
+    write_json(run.out, result)
+
+
+def confirm_stale(
+    run: Run, served: list[str], workloads: dict[str, tuple[list, int, float]], result: dict
+) -> None:
+    """For each phase that turned stale, the alternative the watch named measured against the
+    served flags on the phase's workload (:func:`confirm`); the JSON rewritten after each."""
+    args = run.args
+    for phase in result["phases"]:
+        first = phase["first_stale"]
+        if first is None or first["alternative_k"] is None:
+            continue
+        reqs = workloads[phase["phase"]][0]
+        n = args.confirm_requests or max(8 * phase["concurrency"], 8)
+        print(
+            f"confirming {phase['phase']}: K={first['alternative_k']} vs the served flags",
+            file=sys.stderr,
+        )
+        phase["confirm"] = confirm(
+            run.backend,
+            served,
+            command_for_k(run, first["alternative_k"]),
+            reqs,
+            phase["concurrency"],
+            n,
+            args.confirm_rounds,
+            run.cfg.budget.seed,
+        )
+        write_json(run.out, result)
+
+
+def retune_first_stale(run: Run, result: dict) -> None:
+    """With ``--retune``, the first phase that named an alternative re-tuned for real
+    (:func:`retune_phase` on that phase's prompts), after the benchmark's servers are stopped."""
+    args = run.args
     stale = next(
         (ph for ph in result["phases"] if (ph.get("first_stale") or {}).get("alternative_k") is not None),
         None,
     )
     if args.retune and stale is not None:
-        source = args.prose if stale["phase"] == "prose" else Path(cfg.workload.prompts)
+        source = args.prose if stale["phase"] == "prose" else Path(run.cfg.workload.prompts)
         temperature = 1.0 if stale["phase"] == "sampled" else None
-        prompts = phase_prompts(source, temperature, log_dir / f"{stale['phase']}_prompts.jsonl")
+        prompts = phase_prompts(source, temperature, run.log_dir / f"{stale['phase']}_prompts.jsonl")
         print(f"re-tuning the {stale['phase']} phase on {args.stack}", file=sys.stderr)
-        result["retune"] = retune_phase(cfg, args.stack, stale, prompts)
-        write_json(out, result)
-    result["wall_s"] = time.time() - t_start
-    result["complete"] = True
-    write_json(out, result)
-    report(result)
-    print(f"\nwrote {out}")
+        result["retune"] = retune_phase(run.cfg, args.stack, stale, prompts)
+        write_json(run.out, result)
 
 
 def report(result: dict) -> None:

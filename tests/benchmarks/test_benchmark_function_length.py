@@ -18,7 +18,6 @@ NOT_SPLIT_YET = {
     ("benchmarks/stacks/drafters.py", "main"),
     ("benchmarks/stacks/vllm_plugin.py", "measure"),
     ("benchmarks/tuner/noise_robustness.py", "run_once"),
-    ("benchmarks/watch/watch_drift.py", "main"),
 }
 
 
