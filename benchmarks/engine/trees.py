@@ -63,6 +63,8 @@ TEMPERATURE = {"greedy": 0.0, "t1": 1.0}
 DEFAULT_TREES = "2,1,1,1;2,2,1,1;2,1,1,1,1;2,2,1,1,1;3,2,1,1,1"
 DEFAULT_DYNAMIC = "2x5/7;2x6/8;2x7/10;3x6/10"
 LABEL_GAMMA = 8  # the profiler's default profile.gamma_max: its label compares verifying 9 tokens with 1
+Cell = tuple[int, str, str]  # (batch size, mode, configuration label)
+Configs = dict[str, list[tuple[str, str, SpecConfig, str]]]  # mode -> what configs() gives
 HEADERS = [
     "B",
     "mode",
@@ -219,6 +221,26 @@ def min_costs(pair, spec: SpecConfig, batch: int, context: int, repeats: int) ->
 
 
 def main() -> None:
+    args, modes = arguments()
+    cfgs = configurations(args, modes)
+    bench = _common.start(NAME, args)
+    pair, requests = load_pair(bench, args)
+    runs, outputs = measure(pair, requests, args, modes, cfgs)
+    cells = tabulate_cells(args, modes, cfgs, runs, outputs, bench.device, len(requests))
+    summary = summarize(args, modes, cells)
+    # Least-disturbed step costs (min of --cost-repeats) and the throughput they imply with each
+    # configuration's measured mean accepted length: B x E / (draft + verify), no engine overhead.
+    context = max(len(r.prompt_ids) for r in requests) + args.max_new_tokens // 2
+    costs = modelled_costs(pair, args, modes, cfgs, cells, context)
+    pays = where_trees_pay(pair, args.batch_sizes, summary, context, args.cost_repeats)
+    print_where_trees_pay(pays, args.cost_repeats)
+    _common.write_json(
+        bench, {"cells": cells, "summary": summary, "min_costs": costs, "where_trees_pay": pays}
+    )
+
+
+def arguments() -> tuple[argparse.Namespace, list[str]]:
+    """The flags, and the modes asked for (``--modes``); bad values are one line and exit 2."""
     p = _common.parser(__doc__.split("\n\n")[0], num_prompts=8, max_new_tokens=48)
     p.add_argument("--batch-sizes", type=_common.int_list, default=[1, 4], help="default 1,4")
     p.add_argument(
@@ -262,14 +284,24 @@ def main() -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in TEMPERATURE for m in modes) or args.repeats < 1 or 0 in args.batch_sizes:
         _common.fail("--modes takes greedy and/or t1; --repeats and --batch-sizes must be >= 1")
+    return args, modes
+
+
+def configurations(args: argparse.Namespace, modes: list[str]) -> Configs:
+    """Every mode's configurations (:func:`configs`); a bad tree is one line and exit 2."""
     try:
-        cfgs = {
+        return {
             mode: configs(args.gammas, args.trees, args.hybrid_gammas, mode, args.dynamic, args.drafter)
             for mode in modes
         }
     except EngineInputError as exc:
         _common.fail(str(exc))
-    bench = _common.start(NAME, args)
+
+
+def load_pair(bench: _common.Bench, args: argparse.Namespace) -> tuple:
+    """The pair (with the ``--eagle3`` head where it drafts) and the held-out requests; with
+    ``--engine compiled`` the pair's compiled twin, its compile time printed (and left out of
+    every timing)."""
     pair, requests = _common.load(bench, eagle3=args.eagle3 if args.drafter == "eagle3" else None)
     if args.engine == "compiled":
         pair = _common.compiled_twin(pair, trees=args.trees + [(t.topk,) * t.depth for t in args.dynamic])
@@ -278,8 +310,16 @@ def main() -> None:
             "(excluded from every timing)",
             flush=True,
         )
-    runs: dict[tuple[int, str, str], list[dict]] = {}
-    outputs: dict[tuple[int, str, str], list[list[int]]] = {}
+    return pair, requests
+
+
+def measure(
+    pair, requests: list, args: argparse.Namespace, modes: list[str], cfgs: Configs
+) -> tuple[dict[Cell, list[dict]], dict[Cell, list[list[int]]]]:
+    """Every (B, mode, configuration) once per round, ``--repeats`` rounds, the configurations'
+    order rotated each round; per cell its rounds' metrics and its last round's output tokens."""
+    runs: dict[Cell, list[dict]] = {}
+    outputs: dict[Cell, list[list[int]]] = {}
     for rep in range(args.repeats):
         for b in args.batch_sizes:
             load = LoadSpec(max_batch_size=b, concurrency=b, num_requests=len(requests))
@@ -291,31 +331,48 @@ def main() -> None:
                 ):  # rotated each round
                     run = run_load(pair, reqs, spec, drafter, load, args.seed)
                     m = run.metrics
-                    draft_step = (m["draft_forward_ms"] or 0.0) * (m["draft_forwards_per_step"] or 0.0)
-                    runs.setdefault((b, mode, label), []).append(
-                        {
-                            "round": rep,
-                            "tokens_per_second": m["tokens_per_second"],
-                            "wall_s": m["wall_s"],
-                            "mean_acceptance_length": m["mean_acceptance_length"],
-                            "verify_step_ms": m["verify_step_ms"],
-                            "draft_ms_per_step": draft_step,
-                            "acceptance_rate": m["acceptance_rate"],
-                            "verify_tokens_per_row": m["verify_tokens_per_row"],
-                            "generated_tokens": m["generated_tokens"],
-                        }
-                    )
+                    runs.setdefault((b, mode, label), []).append(round_record(rep, m))
                     outputs[(b, mode, label)] = _common.outputs(run)
                     print(
                         f"  round {rep} B={b} {mode} {label}: {m['tokens_per_second']:.1f} tok/s, "
                         f"accepted length {m['mean_acceptance_length'] or 1:.2f}",
                         flush=True,
                     )
+    return runs, outputs
 
-    def med(rs: list[dict], key: str) -> float | None:
-        values = [r[key] for r in rs if r[key] is not None]
-        return statistics.median(values) if values else None
 
+def round_record(rep: int, m: dict) -> dict:
+    """What the JSON keeps of one round of one cell (``m``: the run's metrics)."""
+    draft_step = (m["draft_forward_ms"] or 0.0) * (m["draft_forwards_per_step"] or 0.0)
+    return {
+        "round": rep,
+        "tokens_per_second": m["tokens_per_second"],
+        "wall_s": m["wall_s"],
+        "mean_acceptance_length": m["mean_acceptance_length"],
+        "verify_step_ms": m["verify_step_ms"],
+        "draft_ms_per_step": draft_step,
+        "acceptance_rate": m["acceptance_rate"],
+        "verify_tokens_per_row": m["verify_tokens_per_row"],
+        "generated_tokens": m["generated_tokens"],
+    }
+
+
+def _med(rs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rs if r[key] is not None]
+    return statistics.median(values) if values else None
+
+
+def tabulate_cells(
+    args: argparse.Namespace,
+    modes: list[str],
+    cfgs: Configs,
+    runs: dict[Cell, list[dict]],
+    outputs: dict[Cell, list[list[int]]],
+    device: str,
+    n_requests: int,
+) -> list[dict]:
+    """One cell per (B, mode, configuration): medians over rounds, x AR (median of same-round
+    ratios) and, greedy, whether its tokens equal AR's; printed as the first table."""
     cells, rows = [], []
     for b in args.batch_sizes:
         for mode in modes:
@@ -335,10 +392,10 @@ def main() -> None:
                     "tree_topk": list(spec.tree_topk),
                     "tree_nodes": spec.tree_nodes,
                     "nodes": spec.tree.n_nodes if spec.tree is not None else spec.gamma,
-                    "mean_acceptance_length": med(rs, "mean_acceptance_length") or 1.0,
-                    "verify_step_ms": med(rs, "verify_step_ms"),
-                    "draft_ms_per_step": med(rs, "draft_ms_per_step"),
-                    "tokens_per_second": med(rs, "tokens_per_second"),
+                    "mean_acceptance_length": _med(rs, "mean_acceptance_length") or 1.0,
+                    "verify_step_ms": _med(rs, "verify_step_ms"),
+                    "draft_ms_per_step": _med(rs, "draft_ms_per_step"),
+                    "tokens_per_second": _med(rs, "tokens_per_second"),
                     "x_ar": x_ar,
                     "greedy_match": match,
                     "runs": rs,
@@ -359,57 +416,23 @@ def main() -> None:
                     )
                 )
     _common.print_table(
-        f"trees vs chains vs AR on {bench.device} ({len(requests)} held-out prompts, "
+        f"trees vs chains vs AR on {device} ({n_requests} held-out prompts, "
         f"{args.max_new_tokens} new tokens, medians of {args.repeats} interleaved rounds)",
         HEADERS,
         rows,
     )
+    return cells
+
+
+def summarize(args: argparse.Namespace, modes: list[str], cells: list[dict]) -> list[dict]:
+    """Per (B, mode) with a chain and a tree: the best chain, tree, dynamic tree and hybrid by
+    median x AR, and the trees' paired ratios over the best chain; printed as the second table."""
     summary, srows = [], []
     for b in args.batch_sizes:
         for mode in modes:
-            mine = [c for c in cells if c["batch_size"] == b and c["mode"] == mode]
-            ar = next(c for c in mine if c["kind"] == "ar")
-            best = {
-                k: max((c for c in mine if c["kind"] == k), key=lambda c: c["x_ar"], default=None)
-                for k in ("chain", "tree", "dynamic", "hybrid")
-            }
-            ch, tr, dy, hy = best["chain"], best["tree"], best["dynamic"], best["hybrid"]
-            if ch is None or (tr is None and dy is None):
+            s = best_of(b, mode, [c for c in cells if c["batch_size"] == b and c["mode"] == mode])
+            if s is None:
                 continue
-
-            def rounds(cell, ch=ch):  # same-round ratios to the best chain
-                return (
-                    [
-                        t["tokens_per_second"] / c["tokens_per_second"]
-                        for t, c in zip(cell["runs"], ch["runs"], strict=True)
-                    ]
-                    if cell
-                    else None
-                )
-
-            def paired(cell):
-                return statistics.median(rounds(cell)) if cell else None
-
-            s = {
-                "batch_size": b,
-                "mode": mode,
-                "ar_tokens_per_second": ar["tokens_per_second"],
-                "best_chain": ch["config"],
-                "chain_tokens_per_second": ch["tokens_per_second"],
-                "best_tree": tr["config"] if tr else None,
-                "tree_tokens_per_second": tr["tokens_per_second"] if tr else None,
-                "chain_x_ar": ch["x_ar"],
-                "tree_x_ar": tr["x_ar"] if tr else None,
-                "tree_over_chain_paired": paired(tr),
-                "tree_over_chain_rounds": rounds(tr),
-                "best_dynamic": dy["config"] if dy else None,
-                "dynamic_tokens_per_second": dy["tokens_per_second"] if dy else None,
-                "dynamic_x_ar": dy["x_ar"] if dy else None,
-                "dynamic_over_chain_paired": paired(dy),
-                "dynamic_over_chain_rounds": rounds(dy),
-                "best_hybrid": hy["config"] if hy else None,
-                "hybrid_x_ar": hy["x_ar"] if hy else None,
-            }
             summary.append(s)
             srows.append(
                 tuple(
@@ -418,7 +441,7 @@ def main() -> None:
                         b,
                         mode,
                         s["ar_tokens_per_second"],
-                        ch["config"],
+                        s["best_chain"],
                         s["chain_tokens_per_second"],
                         s["best_tree"],
                         s["tree_tokens_per_second"],
@@ -438,10 +461,67 @@ def main() -> None:
         SUMMARY_HEADERS,
         srows,
     )
-    # Least-disturbed step costs (min of --cost-repeats) and the throughput they imply with each
-    # configuration's measured mean accepted length: B x E / (draft + verify), no engine overhead.
-    costs, crows = [], []
-    context = max(len(r.prompt_ids) for r in requests) + args.max_new_tokens // 2
+    return summary
+
+
+def _over_chain_rounds(cell: dict | None, ch: dict) -> list[float] | None:
+    """Same-round tokens/s ratios of ``cell`` to the best chain ``ch`` (None without a cell)."""
+    return (
+        [
+            t["tokens_per_second"] / c["tokens_per_second"]
+            for t, c in zip(cell["runs"], ch["runs"], strict=True)
+        ]
+        if cell
+        else None
+    )
+
+
+def best_of(b: int, mode: str, mine: list[dict]) -> dict | None:
+    """The summary of one (B, mode)'s cells ``mine``; None without a chain or without any tree."""
+    ar = next(c for c in mine if c["kind"] == "ar")
+    best = {
+        k: max((c for c in mine if c["kind"] == k), key=lambda c: c["x_ar"], default=None)
+        for k in ("chain", "tree", "dynamic", "hybrid")
+    }
+    ch, tr, dy, hy = best["chain"], best["tree"], best["dynamic"], best["hybrid"]
+    if ch is None or (tr is None and dy is None):
+        return None
+
+    def rounds(cell: dict | None) -> list[float] | None:
+        return _over_chain_rounds(cell, ch)
+
+    def paired(cell: dict | None) -> float | None:
+        return statistics.median(rounds(cell)) if cell else None
+
+    return {
+        "batch_size": b,
+        "mode": mode,
+        "ar_tokens_per_second": ar["tokens_per_second"],
+        "best_chain": ch["config"],
+        "chain_tokens_per_second": ch["tokens_per_second"],
+        "best_tree": tr["config"] if tr else None,
+        "tree_tokens_per_second": tr["tokens_per_second"] if tr else None,
+        "chain_x_ar": ch["x_ar"],
+        "tree_x_ar": tr["x_ar"] if tr else None,
+        "tree_over_chain_paired": paired(tr),
+        "tree_over_chain_rounds": rounds(tr),
+        "best_dynamic": dy["config"] if dy else None,
+        "dynamic_tokens_per_second": dy["tokens_per_second"] if dy else None,
+        "dynamic_x_ar": dy["x_ar"] if dy else None,
+        "dynamic_over_chain_paired": paired(dy),
+        "dynamic_over_chain_rounds": rounds(dy),
+        "best_hybrid": hy["config"] if hy else None,
+        "hybrid_x_ar": hy["x_ar"] if hy else None,
+    }
+
+
+def modelled_costs(
+    pair, args: argparse.Namespace, modes: list[str], cfgs: Configs, cells: list[dict], context: int
+) -> list[dict]:
+    """Per B and configuration (hybrid aside; the draft model's only), the least-disturbed verify and
+    draft costs (:func:`min_costs`) and the tokens/s they imply with each mode's measured mean
+    accepted length, over the best chain's; printed as the third table."""
+    costs = []
     for b in args.batch_sizes if args.drafter == "model" else ():  # min_costs times the draft model
         for label, kind, spec, _ in cfgs[modes[0]]:
             if kind == "hybrid":
@@ -469,7 +549,15 @@ def main() -> None:
             chains = [c[key] for c in mine if c["config"].startswith("chain")]
             for c in mine:
                 c[f"modelled_x_best_chain_{mode}"] = c[key] / max(chains) if chains else None
-        for c in mine:
+    print_costs(costs, args, modes, context)
+    return costs
+
+
+def print_costs(costs: list[dict], args: argparse.Namespace, modes: list[str], context: int) -> None:
+    """The third table: :func:`modelled_costs`' rows, by B (a note where the head drafts)."""
+    crows = []
+    for b in args.batch_sizes:
+        for c in [c for c in costs if c["batch_size"] == b]:
             crows.append(
                 (
                     b,
@@ -501,10 +589,13 @@ def main() -> None:
         ],
         crows,
     )
-    pays = where_trees_pay(pair, args.batch_sizes, summary, context, args.cost_repeats)
+
+
+def print_where_trees_pay(pays: list[dict], cost_repeats: int) -> None:
+    """The last table: per B, the label, whether trees paid, whether the label said so."""
     _common.print_table(
         f"where trees pay vs the profiler's label (verify cost = T_verify(B, {LABEL_GAMMA}+1) / "
-        f"T_verify(B, 1), min of {args.cost_repeats}; autotune.device.classify.label)",
+        f"T_verify(B, 1), min of {cost_repeats}; autotune.device.classify.label)",
         [
             "B",
             "verify cost",
@@ -524,9 +615,6 @@ def main() -> None:
             )
             for r in pays
         ],
-    )
-    _common.write_json(
-        bench, {"cells": cells, "summary": summary, "min_costs": costs, "where_trees_pay": pays}
     )
 
 

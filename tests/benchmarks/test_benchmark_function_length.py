@@ -12,7 +12,6 @@ NOT_SPLIT_YET = {
     ("benchmarks/_transfer.py", "summarize"),
     ("benchmarks/engine/engine_speedup.py", "measure_cell"),
     ("benchmarks/engine/trees.py", "min_costs"),
-    ("benchmarks/engine/trees.py", "main"),
     ("benchmarks/stacks/drafters.py", "tune_part"),
     ("benchmarks/stacks/drafters.py", "vllm_part"),
     ("benchmarks/stacks/drafters.py", "main"),
