@@ -36,6 +36,7 @@ It prints the tables and writes ``benchmarks/results/drafters/drafters.json``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import statistics
 import sys
@@ -322,6 +323,29 @@ def vllm_part(args, levels) -> dict:
 
 
 def main() -> None:
+    args, drafters = arguments()
+    bench = _common.start(NAME, args)
+    pair, requests = _common.load(bench, eagle3=args.eagle3 if "eagle3" in drafters else None)
+    requests = [dataclasses.replace(r, temperature=0.0) for r in requests]
+    engine = engine_part(pair, requests, drafters, args.grid, args.concurrency, args.rounds, args.seed)
+    results: dict = {
+        "engine": engine,
+        "engine_goals": engine_goals(engine["best"], args.concurrency, engine["rows"]),
+    }
+    print_engine(args, engine, results["engine_goals"], len(requests))
+    if args.tune:
+        tuned = tune_part(args, drafters, args.concurrency, engine["rows"], pair, requests)
+        results["tune"] = tuned
+        print_tune(tuned, drafters)
+    if args.vllm:
+        vllm = vllm_part(args, args.concurrency)
+        results["vllm"] = vllm
+        print_vllm(vllm, args.concurrency)
+    _common.write_json(bench, results)
+
+
+def arguments() -> tuple[argparse.Namespace, list[str]]:
+    """The flags, and the drafters asked for (``--drafters``); bad values are one line and exit 2."""
     p = _common.parser(__doc__.split("\n\n")[0], num_prompts=12, max_new_tokens=48)
     p.add_argument("--drafters", default=",".join(DRAFTERS), help="model, eagle3, ngram, hybrid")
     p.add_argument(
@@ -351,16 +375,13 @@ def main() -> None:
         _common.fail(f"--drafters takes {', '.join(DRAFTERS)} (got {args.drafters!r})")
     if args.rounds < 1 or args.repeats < 1 or 0 in args.grid or 0 in args.concurrency:
         _common.fail("--rounds and --repeats must be >= 1; --grid and --concurrency values >= 1")
-    bench = _common.start(NAME, args)
-    pair, requests = _common.load(bench, eagle3=args.eagle3 if "eagle3" in drafters else None)
-    requests = [dataclasses.replace(r, temperature=0.0) for r in requests]
-    engine = engine_part(pair, requests, drafters, args.grid, args.concurrency, args.rounds, args.seed)
-    results: dict = {
-        "engine": engine,
-        "engine_goals": engine_goals(engine["best"], args.concurrency, engine["rows"]),
-    }
+    return args, drafters
+
+
+def print_engine(args: argparse.Namespace, engine: dict, goals: dict, n_requests: int) -> None:
+    """The engine's table, each drafter's best gamma per load, and the head's goals per load."""
     _common.print_table(
-        f"engine: {len(requests)} held-out prompts x {args.max_new_tokens} tokens, greedy, "
+        f"engine: {n_requests} held-out prompts x {args.max_new_tokens} tokens, greedy, "
         f"{args.rounds} interleaved rounds (x no speculation: paired over rounds)",
         [
             "drafter",
@@ -394,7 +415,7 @@ def main() -> None:
             f"best {key}: gamma {b['gamma']}, {x['value']:.2f}x, "
             f"accepted length {b['mean_acceptance_length']:.2f}"
         )
-    for c, g in results["engine_goals"].items():
+    for c, g in goals.items():
         cost = g["draft_cost_head_over_model"]
         print(
             f"goal at load {c}: head accepted length {g['accepted_length_head_over_model']:.2f}x the draft "
@@ -408,63 +429,65 @@ def main() -> None:
                 f"(gamma {top['gamma']}: accepted length ratio x step-cost ratio with a verify no dearer "
                 "than an AR step)"
             )
-    if args.tune:
-        tuned = tune_part(args, drafters, args.concurrency, engine["rows"], pair, requests)
-        results["tune"] = tuned
+
+
+def print_tune(tuned: dict, drafters: list[str]) -> None:
+    """What ``autotune tune`` chose and, per load, that choice over the best measured here."""
+    print(
+        f"\nautotune tune, search.drafter {drafters} ({tuned['trials']} trials, drafters tried "
+        f"{tuned['tried_drafters']}, {tuned['wall_s'] / 60:.1f} min): chose {tuned['chosen']['drafter']} "
+        f"gamma {tuned['chosen']['gamma']}"
+    )
+    for c, v in tuned["per_level"].items():
+        x = v["chosen_over_best"]
         print(
-            f"\nautotune tune, search.drafter {drafters} ({tuned['trials']} trials, drafters tried "
-            f"{tuned['tried_drafters']}, {tuned['wall_s'] / 60:.1f} min): chose {tuned['chosen']['drafter']} "
-            f"gamma {tuned['chosen']['gamma']}"
-        )
-        for c, v in tuned["per_level"].items():
-            x = v["chosen_over_best"]
-            print(
-                f"  load {c}: best here {v['best']} {v['best_tokens_per_second']:.1f} tok/s; the choice "
-                + (
-                    "not in the grid"
-                    if x is None
-                    else f"{v['chosen_tokens_per_second']:.1f} tok/s, {x:.2f}x the best"
-                )
+            f"  load {c}: best here {v['best']} {v['best_tokens_per_second']:.1f} tok/s; the choice "
+            + (
+                "not in the grid"
+                if x is None
+                else f"{v['chosen_tokens_per_second']:.1f} tok/s, {x:.2f}x the best"
             )
+        )
+    print(
+        "goal (the choice within 5% of the best at every level): "
+        + ("met" if tuned["goal_met"] else "NOT met")
+    )
+
+
+def print_vllm(vllm: dict, concurrency: list[int]) -> None:
+    """The vLLM table (per level: tokens/s and x no speculation) and the best head over the best
+    draft model per level."""
+    levels = [str(c) for c in concurrency]
+    _common.print_table(
+        f"inside vLLM {vllm['vllm_version']}: {vllm['requests_per_level']} requests per level, "
+        f"{vllm['repeats']} rounds per fresh server (x no speculation: paired over rounds)",
+        [
+            "configuration",
+            *(f"tok/s c={b}" for b in levels),
+            *(f"x no-spec c={b}" for b in levels),
+            "acceptance",
+            "greedy =",
+        ],
+        [
+            (
+                r["config"],
+                *(
+                    statistics.median(r["per_level_runs"][b]) if "error" not in r else "failed"
+                    for b in levels
+                ),
+                *(_x_text(r, b) for b in levels),
+                r.get("acceptance_rate"),
+                r.get("greedy_identical", "-"),
+            )
+            for r in vllm["rows"]
+        ],
+    )
+    for b, x in vllm["best_eagle3_over_best_model"].items():
+        lo, hi = x["ci95"]
         print(
-            "goal (the choice within 5% of the best at every level): "
-            + ("met" if tuned["goal_met"] else "NOT met")
+            f"vLLM c={b}: best EAGLE-3 ({x['eagle3']}) / best draft model ({x['model']}) = "
+            f"{x['value']:.2f}x (95% CI {lo:.2f}-{hi:.2f})"
         )
-    if args.vllm:
-        vllm = vllm_part(args, args.concurrency)
-        results["vllm"] = vllm
-        levels = [str(c) for c in args.concurrency]
-        _common.print_table(
-            f"inside vLLM {vllm['vllm_version']}: {vllm['requests_per_level']} requests per level, "
-            f"{vllm['repeats']} rounds per fresh server (x no speculation: paired over rounds)",
-            [
-                "configuration",
-                *(f"tok/s c={b}" for b in levels),
-                *(f"x no-spec c={b}" for b in levels),
-                "acceptance",
-                "greedy =",
-            ],
-            [
-                (
-                    r["config"],
-                    *(
-                        statistics.median(r["per_level_runs"][b]) if "error" not in r else "failed"
-                        for b in levels
-                    ),
-                    *(_x_text(r, b) for b in levels),
-                    r.get("acceptance_rate"),
-                    r.get("greedy_identical", "-"),
-                )
-                for r in vllm["rows"]
-            ],
-        )
-        for b, x in vllm["best_eagle3_over_best_model"].items():
-            lo, hi = x["ci95"]
-            print(
-                f"vLLM c={b}: best EAGLE-3 ({x['eagle3']}) / best draft model ({x['model']}) = "
-                f"{x['value']:.2f}x (95% CI {lo:.2f}-{hi:.2f})"
-            )
-    _common.write_json(bench, results)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ NOT_SPLIT_YET = {
     ("benchmarks/engine/trees.py", "min_costs"),
     ("benchmarks/stacks/drafters.py", "tune_part"),
     ("benchmarks/stacks/drafters.py", "vllm_part"),
-    ("benchmarks/stacks/drafters.py", "main"),
     ("benchmarks/stacks/vllm_plugin.py", "measure"),
     ("benchmarks/tuner/noise_robustness.py", "run_once"),
 }
