@@ -112,7 +112,18 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.tuner.noise_robustness",
         "busy-host.md",
         ("--k", "3", "--trials", "8", "--hog-procs", "1"),
-        ("--config", "benchmarks/configs/quick.yaml", "--k", "1", "--trials", "3", "--hog-procs", "1"),
+        (
+            "--config",
+            "benchmarks/configs/quick.yaml",
+            "--k",
+            "1",
+            "--trials",
+            "3",
+            "--hog-procs",
+            "1",
+            "--conditions",
+            "quiet,busy",
+        ),
     ),
     Step(
         "tuner",
@@ -120,7 +131,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.tuner.budget",
         "budget.md",
         ("--runs", "engine:20,vllm:15"),
-        ("--runs", "engine:2,vllm:3"),
+        ("--runs", "engine:1.5,vllm:2.5"),
     ),
     Step(
         "stacks",
@@ -128,7 +139,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.transfer_vllm",
         "vllm.md",
         (),
-        ("--config", "benchmarks/configs/quick.yaml", "--repeats", "1"),
+        ("--config", "benchmarks/configs/quick.yaml", "--repeats", "1", "--grid", "3"),
     ),
     Step(
         "stacks",
@@ -177,7 +188,7 @@ CLAIMS: tuple[Step, ...] = (
         "llamacpp.md",
         (),
         (
-            *("--config", "benchmarks/configs/quick.yaml", "--rounds", "1", "--quantizations", "f32,q4_k_m"),
+            *("--config", "benchmarks/configs/quick.yaml", "--rounds", "2", "--quantizations", "f32,q4_k_m"),
             *("--n-max", "3", "--concurrency", "1,4", "--num-requests", "4", "--max-new-tokens", "24"),
         ),
     ),
@@ -214,7 +225,6 @@ CLAIMS: tuple[Step, ...] = (
         (
             *("--drafters", "model,eagle3", "--grid", "3", "--concurrency", "1,4", "--rounds", "1"),
             *("--num-prompts", "4", "--max-new-tokens", "24"),
-            *("--vllm", "--vllm-plan", "model:3,eagle3:3", "--repeats", "1", "--vllm-requests", "4"),
         ),
     ),
     Step(
@@ -223,7 +233,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.deployment_scale",
         "deployment-scale.md",
         ("--budget", "25"),
-        ("--budget", "4"),
+        ("--budget", "3"),
     ),
     Step(
         "watch",
@@ -233,8 +243,8 @@ CLAIMS: tuple[Step, ...] = (
         ("--stack", "vllm"),
         (
             *("--stack", "vllm", "--config", "benchmarks/configs/quick.yaml", "--phases", "steady,prose"),
-            *("--steady-min", "1", "--switch-min", "1", "--interval", "10", "--windows-to-stale", "2"),
-            *("--confirm-rounds", "1"),
+            *("--steady-min", "0.5", "--switch-min", "0.75", "--interval", "5", "--windows-to-stale", "2"),
+            *("--confirm-rounds", "1", "--tune-if-missing"),
         ),
     ),
     Step(
@@ -245,8 +255,8 @@ CLAIMS: tuple[Step, ...] = (
         ("--stack", "llamacpp", "--phases", "steady,prose,sampled,code-again,saturation", "--retune"),
         (
             *("--stack", "llamacpp", "--config", "benchmarks/configs/quick.yaml", "--phases", "steady,prose"),
-            *("--steady-min", "1", "--switch-min", "1", "--interval", "10", "--windows-to-stale", "2"),
-            *("--confirm-rounds", "1"),
+            *("--steady-min", "0.5", "--switch-min", "0.75", "--interval", "5", "--windows-to-stale", "2"),
+            *("--confirm-rounds", "1", "--tune-if-missing"),
         ),
     ),
 )

@@ -116,6 +116,12 @@ def arguments() -> argparse.Namespace:
         help="re-tune the first stale phase for real (autotune.jobs.retune.retune) and compare its choice",
     )
     p.add_argument(
+        "--tune-if-missing",
+        action="store_true",
+        help="no profile of the stack for this host and pair: run `autotune tune --backend STACK` on "
+        "--config first (what a user does before watching), then watch its profile",
+    )
+    p.add_argument(
         "--replay",
         type=Path,
         default=None,
@@ -459,6 +465,16 @@ def main() -> None:
     print(f"\nwrote {run.out}")
 
 
+def tune_first(args: argparse.Namespace, storage: str) -> None:
+    """``autotune tune --backend STACK`` on ``--config`` into ``storage``, as its own process (the
+    command a user runs); its output goes to stderr, a failed tune is this run's failure."""
+    argv = [sys.executable, "-m", "autotune", "tune", "--backend", args.stack, "--config", str(args.config)]
+    print(f"no {args.stack} profile yet: {' '.join(argv[1:])} --storage {storage}", file=sys.stderr)
+    code = subprocess.run([*argv, "--storage", storage], stdout=sys.stderr).returncode
+    if code:
+        raise SystemExit(f"error: the tune before watching failed (exit {code})")
+
+
 def open_run(args: argparse.Namespace) -> Run:
     """The config with the stack's overrides, its context and backend, the profile to serve and the
     prose requests; a user error (or no profile) is one line and exit 2."""
@@ -478,6 +494,9 @@ def open_run(args: argparse.Namespace) -> Run:
 
             backend = LlamacppBackend(ctx)
         prof = newest_profile(ctx, args.stack, args.profile)
+        if prof is None and args.tune_if_missing and args.profile is None:
+            tune_first(args, cfg.storage.url)
+            prof = newest_profile(ctx, args.stack, None)
         if prof is None:
             raise SystemExit(
                 f"error: no {args.stack} profile for this host and pair in {cfg.storage.url} "
