@@ -99,7 +99,34 @@ def parse_table(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def arguments(doc: str, stack: str, grid_help: str, tables: bool = False) -> argparse.Namespace:
-    """The flags both schedule benchmarks take (``tables``: ``--table``, a stack that serves tables)."""
+    """The flags both schedule benchmarks take (``tables``: ``--table``, a stack that serves tables),
+    checked; with ``--resume``, the earlier run's rounds and grid."""
+    p = parser(doc, stack, grid_help, tables)
+    args = p.parse_args()
+    for text in getattr(args, "tables", []):
+        try:
+            parse_table(text)
+        except ValueError as e:
+            p.error(f"--table: {e}")
+    if args.measured_only and args.resume is None:
+        p.error("--measured-only needs --resume JSON")
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    if args.interleave is not None and args.interleave < 1:
+        p.error("--interleave must be >= 1")
+    if args.resume is not None:  # the earlier run's rounds and grid: new rows pair with its rounds
+        try:
+            earlier = json.loads(args.resume.read_text())
+        except (OSError, ValueError) as e:
+            p.error(f"--resume {args.resume}: {e}")
+        args.repeats = earlier.get("repeats", args.repeats)
+        if earlier.get("grid"):
+            args.grid = ",".join(str(k) for k in earlier["grid"])
+    return args
+
+
+def parser(doc: str, stack: str, grid_help: str, tables: bool) -> argparse.ArgumentParser:
+    """The parser of :func:`arguments`."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, default=ROOT / "tune.yaml")
     p.add_argument("--repeats", type=int, default=3, help="rounds per configuration")
@@ -141,6 +168,12 @@ def arguments(doc: str, stack: str, grid_help: str, tables: bool = False) -> arg
         help=f"profile id (default: newest {stack}-backend one)",
     )
     p.add_argument("--out", type=Path, default=claim_dir(f"schedule_{stack}") / f"schedule_{stack}.json")
+    add_resume_and_table_flags(p, tables)
+    return p
+
+
+def add_resume_and_table_flags(p: argparse.ArgumentParser, tables: bool) -> None:
+    """``--resume``, ``--measured-only`` and, where the stack serves tables, ``--table``."""
     p.add_argument(
         "--resume",
         type=Path,
@@ -164,27 +197,6 @@ def arguments(doc: str, stack: str, grid_help: str, tables: bool = False) -> arg
             help="also serve this table beside the grid, in the first group (repeatable), e.g. "
             "1-16:2 (one K everywhere: what the table mechanism costs over the constant) or 1-8:3,9-16:1",
         )
-    args = p.parse_args()
-    for text in getattr(args, "tables", []):
-        try:
-            parse_table(text)
-        except ValueError as e:
-            p.error(f"--table: {e}")
-    if args.measured_only and args.resume is None:
-        p.error("--measured-only needs --resume JSON")
-    if args.repeats < 1:
-        p.error("--repeats must be >= 1")
-    if args.interleave is not None and args.interleave < 1:
-        p.error("--interleave must be >= 1")
-    if args.resume is not None:  # the earlier run's rounds and grid: new rows pair with its rounds
-        try:
-            earlier = json.loads(args.resume.read_text())
-        except (OSError, ValueError) as e:
-            p.error(f"--resume {args.resume}: {e}")
-        args.repeats = earlier.get("repeats", args.repeats)
-        if earlier.get("grid"):
-            args.grid = ",".join(str(k) for k in earlier["grid"])
-    return args
 
 
 def grid_values(text: str) -> list[int]:
@@ -362,20 +374,7 @@ class Plan:
             }
         key = json.dumps(command)
         if label in self.previous:
-            row = self.previous[label]
-            self.rows.extend(  # its group's bridge, which no run() names, goes back in the report with it
-                prev
-                for prev in self.previous.values()
-                if prev["kind"] == "bridge"
-                and prev.get("group") == row.get("group")
-                and all(prev is not r for r in self.rows)
-            )
-            self.rows.append(row)
-            self._by_command.setdefault(key, row)
-            self._take_bridge(row, command)
-            print(f"{label}: measured in the resumed run, not run again", file=sys.stderr)
-            self._checkpoint()
-            return row
+            return self._resumed_row(label, key, command)
         if not self.measure_new:
             print(f"{label}: not in the resumed run, skipped (--measured-only)", file=sys.stderr)
             self.skipped.append(label)
@@ -406,6 +405,24 @@ class Plan:
             self.backend.close()  # a fresh server for every configuration
             self._measure([(row, command)])
             self.backend.close()
+        return row
+
+    def _resumed_row(self, label: str, key: str, command: list[str]) -> dict:
+        """The resumed run's row of ``label`` (command ``key``) in place of a measurement, appended
+        to ``rows`` after its group's bridge."""
+        row = self.previous[label]
+        self.rows.extend(  # its group's bridge, which no run() names, goes back in the report with it
+            prev
+            for prev in self.previous.values()
+            if prev["kind"] == "bridge"
+            and prev.get("group") == row.get("group")
+            and all(prev is not r for r in self.rows)
+        )
+        self.rows.append(row)
+        self._by_command.setdefault(key, row)
+        self._take_bridge(row, command)
+        print(f"{label}: measured in the resumed run, not run again", file=sys.stderr)
+        self._checkpoint()
         return row
 
     def _take_bridge(self, row: dict, command: list[str]) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 from tests.test_function_length import LIMIT, REASON, scan
 
 NOT_SPLIT_YET = {
-    ("benchmarks/_schedule.py", "arguments"),
-    ("benchmarks/_schedule.py", "run"),
     ("benchmarks/_transfer.py", "summarize"),
     ("benchmarks/engine/engine_speedup.py", "measure_cell"),
     ("benchmarks/engine/trees.py", "min_costs"),
