@@ -21,6 +21,7 @@ tool's, and no module of the tool imports it.
 from __future__ import annotations
 
 import os
+import sys
 
 __all__ = ["ENV", "SUPPORTED", "enabled", "refusal", "register"]
 
@@ -60,6 +61,8 @@ def register() -> None:
     reason = refusal(vllm.__version__)
     if reason is not None:
         raise RuntimeError(reason)
-    from . import _k0_skip
+    from . import _engine_core, _k0_skip
 
+    if "vllm.v1.engine.core" in sys.modules:  # the engine core's process: its EngineCore loads plugins
+        _engine_core.install()
     _k0_skip.install_after_kernel_overrides()

@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from . import _engine_core
+
 _PATCHED = "_spec_autotune_k0_skip"  # set on each wrapped function: a second install is a no-op
 INSTALLED = "spec-autotune k0 skip: on (a table's K=0 skips the drafter; caught up before the next K>0)"
 """Logged through vLLM's logger in the worker once the patches are in."""
@@ -310,6 +312,7 @@ def install() -> None:
     _patch(SpecDecodeBaseProposer, "propose", _wrap_propose)
     _patch(SpecDecodeBaseProposer, "initialize_attn_backend", _wrap_attn_backend)
     _patch(NgramProposer, "propose", _wrap_ngram)
+    _engine_core.install()  # an engine core in this process too (no worker process): the same skip
     logging.getLogger("vllm.spec_autotune").info(INSTALLED)
 
 

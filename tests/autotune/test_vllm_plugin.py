@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -16,6 +17,7 @@ from autotune.backends import vllm as vllm_backend
 from autotune.config import load_config
 from autotune.errors import ConfigError
 from autotune.vllm_plugin import ENV, refusal, register
+from autotune.vllm_plugin._engine_core import _wrap_post_step, _wrap_update_from_output
 from autotune.vllm_plugin._k0_skip import Lag, passes
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 
@@ -53,6 +55,57 @@ def test_catch_up_passes_hold_at_most_the_buffer_and_keep_a_rows_pieces_in_order
     assert passes([(0, 0, 3), (1, 5, 6)], 8) == [[(0, 0, 3), (1, 5, 6)]]
     assert passes([(2, 0, 10)], 4) == [[(2, 0, 4)], [(2, 4, 8)], [(2, 8, 10)]]
     assert passes([(0, 0, 3), (1, 0, 3)], 4) == [[(0, 0, 3)], [(1, 0, 3)]]
+
+
+class _Scheduler:
+    """vLLM's scheduler as the engine core's wrappers see it: each step's output is given back to it."""
+
+    def __init__(self) -> None:
+        self.updated: list[int] = []
+
+    def update_from_output(self, scheduler_output: SimpleNamespace, model_output: object) -> None:
+        self.updated.append(scheduler_output.num_spec_tokens_to_schedule)
+
+
+class _Engine:
+    """vLLM's EngineCore as the wrappers see it: ``post_step`` asks the worker for the step's drafts."""
+
+    def __init__(self, method: str) -> None:
+        self.vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method=method))
+        self.scheduler = _Scheduler()
+        self.asked = 0
+
+    def post_step(self, model_executed: bool) -> None:
+        self.asked += model_executed
+
+
+def _steps(method: str, ks: list[int], monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[int]]:
+    """Run steps scheduled at ``ks`` through the wrapped engine: (worker round trips, the K each
+    step's output carried to the scheduler)."""
+    monkeypatch.setattr(
+        _Scheduler, "update_from_output", _wrap_update_from_output(_Scheduler.update_from_output)
+    )
+    monkeypatch.setattr(_Engine, "post_step", _wrap_post_step(_Engine.post_step))
+    engine = _Engine(method)
+    for k in ks:
+        engine.scheduler.update_from_output(SimpleNamespace(num_spec_tokens_to_schedule=k), None)
+        engine.post_step(True)
+    engine.post_step(False)  # a step that ran no model asks nothing, as upstream
+    return engine.asked, engine.scheduler.updated
+
+
+def test_after_a_k0_step_the_engine_core_does_not_ask_the_worker_for_drafts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked, updated = _steps("draft_model", [3, 0, 0, 2, 0], monkeypatch)
+    assert asked == 2 and updated == [3, 0, 0, 2, 0]  # only the K>0 steps ask; the scheduler sees every step
+    assert _steps("ngram", [0, 1], monkeypatch)[0] == 1
+
+
+def test_a_method_whose_k0_step_may_draft_still_asks_after_every_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _steps("eagle3", [0, 0, 1], monkeypatch)[0] == 3
 
 
 def test_only_the_tested_vllm_line_is_accepted() -> None:
