@@ -167,12 +167,42 @@ def tune_part(args, drafters: list[str], levels: list[int], rows: list[dict], pa
     each level over the best (drafter, gamma) measured here (the issue's "within 5%"). A chosen
     gamma outside ``--grid`` is measured after the tune, ``--rounds`` rounds like the grid
     (``measured_after_the_grid``: not interleaved with it)."""
+    from autotune.jobs.tune import run_tune
+
+    cfg = tune_config(args, drafters, levels)
+    t0 = time.perf_counter()
+    profile = run_tune(cfg, say=print)
+    wall = time.perf_counter() - t0
+    chosen = profile["chosen"]
+    drafter = chosen.get("drafter", "none")
+    gamma = 0 if drafter == "none" else int(chosen["gamma"])
+    after = gamma > 0 and not any(r["drafter"] == drafter and r["gamma"] == gamma for r in rows)
+    if after:
+        rows = rows + engine_part(pair, requests, [drafter], [gamma], levels, args.rounds, args.seed)["rows"]
+    per_level = chosen_over_best(rows, levels, drafter, gamma)
+    ratios = [v["chosen_over_best"] for v in per_level.values() if v["chosen_over_best"] is not None]
+    return {
+        "search_drafter": drafters,
+        "chosen": {"drafter": drafter, "gamma": gamma},
+        "selection": profile["selection"]["reason"],
+        "trials": len(profile["trials"]),
+        "tried_drafters": sorted({t["params"]["drafter"] for t in profile["trials"]}),
+        "measured_after_the_grid": after,
+        "wall_s": wall,
+        "per_level": per_level,
+        "worst_level_chosen_over_best": min(ratios) if ratios else None,
+        "goal_met": bool(ratios) and len(ratios) == len(levels) and min(ratios) >= 0.95,
+    }
+
+
+def tune_config(args, drafters: list[str], levels: list[int]):
+    """The config of :func:`tune_part`'s tune: this benchmark's pair, prompts (written to a fresh
+    folder with the tune's store and exports), tokens and loads; a bad one is one line and exit 2."""
     import json
     import tempfile
 
     from autotune.config import load_config
     from autotune.errors import USER_ERRORS
-    from autotune.jobs.tune import run_tune
 
     tmp = Path(tempfile.mkdtemp(prefix="drafters_tune_"))
     prompts = tmp / "prompts.jsonl"
@@ -209,18 +239,14 @@ def tune_part(args, drafters: list[str], levels: list[int], rows: list[dict], pa
         "backend.name": "engine",
     }
     try:
-        cfg = load_config(args.config).with_overrides(overrides)
+        return load_config(args.config).with_overrides(overrides)
     except USER_ERRORS as exc:
         _common.fail(str(exc))
-    t0 = time.perf_counter()
-    profile = run_tune(cfg, say=print)
-    wall = time.perf_counter() - t0
-    chosen = profile["chosen"]
-    drafter = chosen.get("drafter", "none")
-    gamma = 0 if drafter == "none" else int(chosen["gamma"])
-    after = gamma > 0 and not any(r["drafter"] == drafter and r["gamma"] == gamma for r in rows)
-    if after:
-        rows = rows + engine_part(pair, requests, [drafter], [gamma], levels, args.rounds, args.seed)["rows"]
+
+
+def chosen_over_best(rows: list[dict], levels: list[int], drafter: str, gamma: int) -> dict:
+    """Per level: the best (drafter, gamma) measured here, and the tune's choice measured here over
+    it (no speculation's tokens/s where it chose none; None where the rows lack the choice)."""
     per_level = {}
     for c in levels:
         here = [r for r in rows if r["concurrency"] == c]
@@ -240,19 +266,7 @@ def tune_part(args, drafters: list[str], levels: list[int], rows: list[dict], pa
             "chosen_tokens_per_second": mine,
             "chosen_over_best": None if mine is None else mine / best["tokens_per_second"],
         }
-    ratios = [v["chosen_over_best"] for v in per_level.values() if v["chosen_over_best"] is not None]
-    return {
-        "search_drafter": drafters,
-        "chosen": {"drafter": drafter, "gamma": gamma},
-        "selection": profile["selection"]["reason"],
-        "trials": len(profile["trials"]),
-        "tried_drafters": sorted({t["params"]["drafter"] for t in profile["trials"]}),
-        "measured_after_the_grid": after,
-        "wall_s": wall,
-        "per_level": per_level,
-        "worst_level_chosen_over_best": min(ratios) if ratios else None,
-        "goal_met": bool(ratios) and len(ratios) == len(levels) and min(ratios) >= 0.95,
-    }
+    return per_level
 
 
 def vllm_part(args, levels) -> dict:
@@ -302,6 +316,18 @@ def vllm_part(args, levels) -> dict:
             for b in r["per_level_runs"]
         }
         r["greedy_identical"] = r["outputs"] == base["outputs"]
+    return {
+        "vllm_version": backend.version,
+        "requests_per_level": args.vllm_requests,
+        "repeats": args.repeats,
+        "rows": rows,
+        "best_eagle3_over_best_model": best_head_over_model(rows, levels),
+    }
+
+
+def best_head_over_model(rows: list[dict], levels) -> dict:
+    """Per level where both ran: the fastest EAGLE-3 row over the fastest draft-model row (median
+    tokens/s picks them), as a paired ratio over rounds."""
     head_over_model = {}
     for b in map(str, levels):
         best = {}
@@ -313,13 +339,7 @@ def vllm_part(args, levels) -> dict:
             e, m = best["eagle3"], best["model"]
             ratio = paired_ratio(e["per_level_runs"][b], m["per_level_runs"][b])
             head_over_model[b] = {"eagle3": e["config"], "model": m["config"], **ratio.as_dict()}
-    return {
-        "vllm_version": backend.version,
-        "requests_per_level": args.vllm_requests,
-        "repeats": args.repeats,
-        "rows": rows,
-        "best_eagle3_over_best_model": head_over_model,
-    }
+    return head_over_model
 
 
 def main() -> None:

@@ -10,8 +10,6 @@ NOT_SPLIT_YET = {
     ("benchmarks/_transfer.py", "summarize"),
     ("benchmarks/engine/engine_speedup.py", "measure_cell"),
     ("benchmarks/engine/trees.py", "min_costs"),
-    ("benchmarks/stacks/drafters.py", "tune_part"),
-    ("benchmarks/stacks/drafters.py", "vllm_part"),
     ("benchmarks/stacks/vllm_plugin.py", "measure"),
     ("benchmarks/tuner/noise_robustness.py", "run_once"),
 }
