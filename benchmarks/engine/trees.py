@@ -187,37 +187,54 @@ def min_costs(pair, spec: SpecConfig, batch: int, context: int, repeats: int) ->
             one = _min_ms(lambda: draft.decode(x[:, :1], caches[1], base, kv), repeats) if spec.gamma else 0.0
             return width, verify, one * spec.gamma
         if isinstance(shape, DynamicTree):
-            flat = TreeShape((width - 1,)).tensors(dev)
-            verify = _min_ms(
-                lambda: target.decode(x, caches[0], base, kv, flat.attention(base, 0, width, kv)), repeats
-            )
-            level = TreeShape((shape.topk,)).tensors(dev)
-            drafting = _min_ms(lambda: draft.decode(x[:, :1], caches[1], base, kv), repeats)
-            drafting += (shape.depth - 1) * _min_ms(
-                lambda: draft.decode(
-                    x[:, 1 : 1 + shape.topk],
-                    caches[1],
-                    base + 1,
-                    kv,
-                    level.attention(base, 1, shape.topk, kv),
-                ),
-                repeats,
-            )
-            return width, verify, drafting
-        tree = shape.tensors(dev)
-        verify = _min_ms(
-            lambda: target.decode(x, caches[0], base, kv, tree.attention(base, 0, width, kv)), repeats
+            return width, *_dynamic_tree_costs(pair, shape, x, caches, base, kv, repeats)
+        return width, *_tree_costs(pair, shape, x, caches, base, kv, repeats)
+
+
+def _dynamic_tree_costs(
+    pair, shape: DynamicTree, x, caches, base, kv: int, repeats: int
+) -> tuple[float, float]:
+    """:func:`min_costs` of a dynamic tree: its verify as a one-level tree of its width, its draft
+    as one token, then ``topk`` tokens per later depth."""
+    target, draft, dev = pair.target, pair.draft, x.device
+    width = x.shape[1]
+    flat = TreeShape((width - 1,)).tensors(dev)
+    verify = _min_ms(
+        lambda: target.decode(x, caches[0], base, kv, flat.attention(base, 0, width, kv)), repeats
+    )
+    level = TreeShape((shape.topk,)).tensors(dev)
+    drafting = _min_ms(lambda: draft.decode(x[:, :1], caches[1], base, kv), repeats)
+    drafting += (shape.depth - 1) * _min_ms(
+        lambda: draft.decode(
+            x[:, 1 : 1 + shape.topk],
+            caches[1],
+            base + 1,
+            kv,
+            level.attention(base, 1, shape.topk, kv),
+        ),
+        repeats,
+    )
+    return verify, drafting
+
+
+def _tree_costs(pair, shape: TreeShape, x, caches, base, kv: int, repeats: int) -> tuple[float, float]:
+    """:func:`min_costs` of a static tree: its verify under the tree mask, its draft one forward
+    per depth over that depth's parents."""
+    target, draft, width = pair.target, pair.draft, x.shape[1]
+    tree = shape.tensors(x.device)
+    verify = _min_ms(
+        lambda: target.decode(x, caches[0], base, kv, tree.attention(base, 0, width, kv)), repeats
+    )
+    drafting = 0.0
+    for d in range(shape.depth):
+        first, n = shape.level_offsets[d], (1 if d == 0 else shape.level_sizes[d - 1])
+        drafting += _min_ms(
+            lambda first=first, n=n: draft.decode(
+                x[:, first : first + n], caches[1], base + first, kv, tree.attention(base, first, n, kv)
+            ),
+            repeats,
         )
-        drafting = 0.0
-        for d in range(shape.depth):
-            first, n = shape.level_offsets[d], (1 if d == 0 else shape.level_sizes[d - 1])
-            drafting += _min_ms(
-                lambda first=first, n=n: draft.decode(
-                    x[:, first : first + n], caches[1], base + first, kv, tree.attention(base, first, n, kv)
-                ),
-                repeats,
-            )
-        return width, verify, drafting
+    return verify, drafting
 
 
 def main() -> None:
