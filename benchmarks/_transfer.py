@@ -190,6 +190,30 @@ def summarize(rows: list[dict], greedy: bool, chosen_prefix: str) -> dict:
     base = next((r for r in rows if r["config"] == "no speculation" and "error" not in r), None)
     grid = [r for r in rows if "error" not in r and r["config"].startswith("grid")]
     best = max(grid, key=lambda r: r["tokens_per_second"], default=None)
+    add_ratios(rows, base, best, greedy)
+
+    def first(prefix: str, key: str):
+        return next((r[key] for r in rows if r["config"].startswith(prefix) and "error" not in r), None)
+
+    last = rows[-1] if rows and rows[-1]["config"].startswith("no speculation (again") else None
+    drift = _over(last, base) if last and "error" not in last else None
+    return {
+        "grid_best": best["config"] if best else None,
+        "grid_best_tokens_per_second": best["tokens_per_second"] if best else None,
+        "grid_within_noise_of_best": _within_noise(grid, best),
+        "engine_export_over_grid_best": first("engine-backend export", "over_grid_best"),
+        "engine_export_vs_grid_best": _verdict(rows, "engine-backend export", best),
+        "engine_export_over_no_speculation": first("engine-backend export", "over_no_speculation"),
+        "choice_over_grid_best": first(chosen_prefix, "over_grid_best"),
+        "choice_vs_grid_best": _verdict(rows, chosen_prefix, best),
+        "choice_over_no_speculation": first(chosen_prefix, "over_no_speculation"),
+        "drift_no_speculation_last_over_first": drift and drift.as_dict(),
+    }
+
+
+def add_ratios(rows: list[dict], base: dict | None, best: dict | None, greedy: bool) -> None:
+    """Each measured row's paired ratios over no speculation (``base``) and over the grid's best
+    (``best``), and, greedy, whether its tokens equal no speculation's (in place)."""
     for r in rows:
         if "error" in r:
             continue
@@ -200,39 +224,28 @@ def summarize(rows: list[dict], greedy: bool, chosen_prefix: str) -> dict:
         if base and greedy and ids:
             r["greedy_identical"] = r["outputs"] == base["outputs"]
 
-    def first(prefix: str, key: str):
-        return next((r[key] for r in rows if r["config"].startswith(prefix) and "error" not in r), None)
 
-    def verdict(prefix: str) -> str | None:
-        row = next((r for r in rows if r["config"].startswith(prefix) and "error" not in r), None)
-        if row is None or best is None or row["over_grid_best"] is None:
-            return None
-        if row["tokens_per_second_runs"] == best["tokens_per_second_runs"]:
-            return f"the grid's best ({best['config']})"
-        return describe_difference(Estimate.from_dict(row["over_grid_best"]))
+def _within_noise(grid: list[dict], best: dict | None) -> list[str]:
+    """The grid rows the best is not significantly faster than (paired over rounds)."""
+    if not best:
+        return []
+    return [
+        r["config"]
+        for r in grid
+        if r["tokens_per_second_runs"] != best["tokens_per_second_runs"]
+        and (over := _over(best, r)) is not None
+        and not significant(over)
+    ]
 
-    last = rows[-1] if rows and rows[-1]["config"].startswith("no speculation (again") else None
-    drift = _over(last, base) if last and "error" not in last else None
-    return {
-        "grid_best": best["config"] if best else None,
-        "grid_best_tokens_per_second": best["tokens_per_second"] if best else None,
-        "grid_within_noise_of_best": [
-            r["config"]
-            for r in grid
-            if r["tokens_per_second_runs"] != best["tokens_per_second_runs"]
-            and (over := _over(best, r)) is not None
-            and not significant(over)
-        ]
-        if best
-        else [],
-        "engine_export_over_grid_best": first("engine-backend export", "over_grid_best"),
-        "engine_export_vs_grid_best": verdict("engine-backend export"),
-        "engine_export_over_no_speculation": first("engine-backend export", "over_no_speculation"),
-        "choice_over_grid_best": first(chosen_prefix, "over_grid_best"),
-        "choice_vs_grid_best": verdict(chosen_prefix),
-        "choice_over_no_speculation": first(chosen_prefix, "over_no_speculation"),
-        "drift_no_speculation_last_over_first": drift and drift.as_dict(),
-    }
+
+def _verdict(rows: list[dict], prefix: str, best: dict | None) -> str | None:
+    """The tuner's words for the first measured row named ``prefix`` against the grid's best."""
+    row = next((r for r in rows if r["config"].startswith(prefix) and "error" not in r), None)
+    if row is None or best is None or row["over_grid_best"] is None:
+        return None
+    if row["tokens_per_second_runs"] == best["tokens_per_second_runs"]:
+        return f"the grid's best ({best['config']})"
+    return describe_difference(Estimate.from_dict(row["over_grid_best"]))
 
 
 def report(out: Path, header: str, result: dict) -> None:
