@@ -5,8 +5,9 @@ every step (``EngineCore.post_step`` calls ``take_draft_token_ids`` through the 
 ``vllm/v1/engine/core.py``): with a worker process (``vllm serve``), a third synchronous message
 round trip per step, beside ``execute_model`` and ``sample_tokens``, on the critical path of every
 step. After a step scheduled at K=0 the worker has no draft to give: the draft-model proposer and
-the n-gram proposer return no draft token at K=0 (with the plugin, :mod:`._k0_skip`; as shipped,
-too), and the scheduler already emptied every scheduled request's ``spec_token_ids`` when it
+the n-gram proposer return no draft token at K=0 (the runner's and the n-gram wrappers of
+:mod:`._k0_skip`; upstream's draft-model proposer too, ``vllm/v1/spec_decode/llm_base_proposer.py``),
+and the scheduler already emptied every scheduled request's ``spec_token_ids`` when it
 scheduled the step (``Scheduler.schedule``, ``vllm/v1/core/sched/scheduler.py``), so the drafts the
 round trip would bring (an empty list per request) would leave the scheduler as it is. Two
 functions are wrapped:
