@@ -153,21 +153,7 @@ def run_once(cfg, folder: Path, hog_s: float | None = None) -> dict:
     out: dict = {}
     if "hog_start" in marks:
         assert hog_s is not None
-        end = min(marks["hog_start"] + timedelta(seconds=hog_s), marks["study_end_at"])
-        study = optuna.load_study(study_name=profile["study"]["name"], storage=run_cfg.storage.url)
-        trials = [
-            {
-                "trial": t.number,
-                "start": t.datetime_start,
-                "end": t.datetime_complete,
-                "state": t.state.name.lower(),
-                "marked": "disturbed" in t.user_attrs or t.state == optuna.trial.TrialState.PRUNED,
-            }
-            for t in study.get_trials(deepcopy=False)
-            if t.datetime_start is not None and t.datetime_complete is not None
-        ]
-        front = {r["trial"] for r in profile["pareto_front"]}
-        out["hog"] = {"seconds": hog_s, **hog_overlap(trials, marks["hog_start"], end, front)}
+        out["hog"] = {"seconds": hog_s, **hog_trials(profile, run_cfg.storage.url, marks, hog_s)}
     run = {
         **out,
         "disturbance_lines": marks.get("lines", []),
@@ -175,6 +161,26 @@ def run_once(cfg, folder: Path, hog_s: float | None = None) -> dict:
     }
     (folder / "run.json").write_text(json.dumps(run, default=str))  # what --resume reads
     return run
+
+
+def hog_trials(profile: dict, storage: str, marks: dict, hog_s: float) -> dict:
+    """:func:`hog_overlap` of the study's finished trials (read back from ``storage``) with the hog,
+    from its start (``marks``) for ``hog_s`` seconds or to the study's end, whichever is first."""
+    end = min(marks["hog_start"] + timedelta(seconds=hog_s), marks["study_end_at"])
+    study = optuna.load_study(study_name=profile["study"]["name"], storage=storage)
+    trials = [
+        {
+            "trial": t.number,
+            "start": t.datetime_start,
+            "end": t.datetime_complete,
+            "state": t.state.name.lower(),
+            "marked": "disturbed" in t.user_attrs or t.state == optuna.trial.TrialState.PRUNED,
+        }
+        for t in study.get_trials(deepcopy=False)
+        if t.datetime_start is not None and t.datetime_complete is not None
+    ]
+    front = {r["trial"] for r in profile["pareto_front"]}
+    return hog_overlap(trials, marks["hog_start"], end, front)
 
 
 def record(profile: dict, wall_s: float, study_s: float) -> dict:

@@ -9,7 +9,6 @@ from tests.test_function_length import LIMIT, REASON, scan
 NOT_SPLIT_YET = {
     ("benchmarks/engine/engine_speedup.py", "measure_cell"),
     ("benchmarks/stacks/vllm_plugin.py", "measure"),
-    ("benchmarks/tuner/noise_robustness.py", "run_once"),
 }
 
 
