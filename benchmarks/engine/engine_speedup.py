@@ -113,11 +113,32 @@ def measure_cell(
     ).speedup
     return {
         "engine": "compiled" if pair.target.compiled else "eager",
+        **cell_figures(spec, base, batch, gamma, num_requests, e_tokens, n_draft, model, pred, meas, dec),
+    }
+
+
+def cell_figures(
+    spec,
+    base,
+    batch: int,
+    gamma: int,
+    num_requests: int,
+    e_tokens: float,
+    n_draft: float,
+    model: float,
+    pred: float,
+    meas: float,
+    dec: float,
+) -> dict:
+    """A cell's JSON past its engine: the speculative (``spec``) and autoregressive (``base``) runs'
+    metrics, the speedups measured and the two predictions, and their ratios."""
+    sm, bm = spec.metrics, base.metrics
+    return {
         "batch_size": batch,
         "gamma": gamma,
         "num_requests": num_requests,
         "acceptance_rate": sm["acceptance_rate"],
-        "per_position_acceptance": ppa,
+        "per_position_acceptance": sm["per_position_acceptance"],
         "expected_tokens_per_step": e_tokens,
         "mean_acceptance_length": sm["mean_acceptance_length"],
         "draft_forwards_per_step": n_draft,

@@ -7,7 +7,6 @@ from __future__ import annotations
 from tests.test_function_length import LIMIT, REASON, scan
 
 NOT_SPLIT_YET = {
-    ("benchmarks/engine/engine_speedup.py", "measure_cell"),
     ("benchmarks/stacks/vllm_plugin.py", "measure"),
 }
 
