@@ -131,7 +131,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.tuner.budget",
         "budget.md",
         ("--runs", "engine:20,vllm:15"),
-        ("--runs", "engine:1.5,vllm:2.5"),
+        ("--runs", "engine:3,vllm:2.5"),
     ),
     Step(
         "stacks",
