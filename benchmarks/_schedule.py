@@ -680,29 +680,44 @@ def analyse(rows: list[dict], levels: Sequence[int], slo: float) -> dict:
                 "over_best_constant_here": pairing.ratio(r, best_at[b], level_tps(b)),
                 "best_constant_here": best_at[b]["config"],
             }
-        trace = r.get("trace_rounds")
-        over_off = pairing.ratio(r, base, sweep)
-        over_best = pairing.ratio(r, best, sweep)
-        worst_best = [lv["over_best_constant_here"] for lv in r["levels"].values()]
-        worst_off = [lv["over_no_speculation"] for lv in r["levels"].values()]
-        r["aggregate"] = {
-            "tokens_per_second": _spread(r["tokens_per_second_runs"]),
-            "trace_tokens_per_second": _spread([t["tokens_per_second"] for t in trace]) if trace else None,
-            "goodput_tokens_per_second": _spread(_goodput(r["per_level_rounds"], slo)),
-            "levels_meeting_slo": [b for b in levels if r["levels"][b]["meets_slo"]],
-            "over_no_speculation": over_off,
-            "over_best_constant": over_best,
-            "worst_level_over_best_constant_here": min(
-                (x for x in worst_best if x), key=lambda x: x["value"], default=None
-            ),
-            "worst_level_over_no_speculation": min(
-                (x for x in worst_off if x), key=lambda x: x["value"], default=None
-            ),
-        }
+        r["aggregate"] = _aggregate(r, base, best, pairing, slo)
     return {
         "no_speculation": base["config"],
         "best_constant": best["config"],
         "best_constant_at": {b: best_at[b]["config"] for b in levels},
+    }
+
+
+def _trace_tps(r: dict) -> list[float]:
+    """The arrival trace's tokens/s per round (``workload.trace``), empty without a trace."""
+    return [t["tokens_per_second"] for t in r.get("trace_rounds") or []]
+
+
+def _aggregate(r: dict, base: dict, best: dict, pairing: Pairing, slo: float) -> dict:
+    """One row's sweep figures, its trace's, and its worst levels (from ``r["levels"]``), paired
+    with no speculation (``base``) and the best constant over the sweep (``best``)."""
+    trace = r.get("trace_rounds")
+    worst_best = [lv["over_best_constant_here"] for lv in r["levels"].values()]
+    worst_off = [lv["over_no_speculation"] for lv in r["levels"].values()]
+
+    def over_trace(ref: dict) -> dict | None:
+        return pairing.ratio(r, ref, _trace_tps) if trace and ref.get("trace_rounds") else None
+
+    return {
+        "tokens_per_second": _spread(r["tokens_per_second_runs"]),
+        "trace_tokens_per_second": _spread(_trace_tps(r)) if trace else None,
+        "trace_over_no_speculation": over_trace(base),
+        "trace_over_best_constant": over_trace(best),
+        "goodput_tokens_per_second": _spread(_goodput(r["per_level_rounds"], slo)),
+        "levels_meeting_slo": [b for b, lv in r["levels"].items() if lv["meets_slo"]],
+        "over_no_speculation": pairing.ratio(r, base, lambda x: x["tokens_per_second_runs"]),
+        "over_best_constant": pairing.ratio(r, best, lambda x: x["tokens_per_second_runs"]),
+        "worst_level_over_best_constant_here": min(
+            (x for x in worst_best if x), key=lambda x: x["value"], default=None
+        ),
+        "worst_level_over_no_speculation": min(
+            (x for x in worst_off if x), key=lambda x: x["value"], default=None
+        ),
     }
 
 
@@ -882,7 +897,7 @@ def aggregate_table(rows: list[dict], slo: float, best: str | None) -> str:
         "configuration",
         "tok/s sweep",
         "min-max",
-        *(["trace tok/s"] if has_trace else []),
+        *(["trace tok/s", "trace x no-spec", f"trace x {best}"] if has_trace else []),
         f"goodput (TPOT p95 <= {slo:g} ms)",
         "levels meeting SLO",
         "x no-spec (95% CI)",
@@ -904,7 +919,11 @@ def aggregate_table(rows: list[dict], slo: float, best: str | None) -> str:
                 a["tokens_per_second"]["median"],
                 f"{fmt(a['tokens_per_second']['min'])}-{fmt(a['tokens_per_second']['max'])}",
                 *(
-                    [a["trace_tokens_per_second"] and a["trace_tokens_per_second"]["median"]]
+                    [
+                        a["trace_tokens_per_second"] and a["trace_tokens_per_second"]["median"],
+                        ratio_text(a.get("trace_over_no_speculation")),
+                        ratio_text(a.get("trace_over_best_constant")),
+                    ]
                     if has_trace
                     else []
                 ),

@@ -19,6 +19,7 @@ from autotune.cli.text import fmt
 from autotune.stats import Estimate
 from benchmarks import _schedule, _transfer
 from benchmarks.stacks import deployment_scale, quantized_llamacpp
+from benchmarks.stacks import vllm_plugin as vllm_plugin_bench
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,19 @@ def vllm_plugin(d: dict[str, Any]) -> Table:
     levels = [int(b) for b in d["levels"]]
     met = d["summary"].get("goal_met_on_point_ratios")
     notes = [f"Goal ({d['summary']['goal']}): {'met' if met else 'not met'} on the point ratios."]
-    return _level_table(_analysed(d["rows"], levels, d["slo_tpot_ms"]), levels, notes)
+    rows = _analysed(d["rows"], levels, d["slo_tpot_ms"])
+    for r in rows:
+        a = r.get("aggregate") or {}
+        if a.get("trace_tokens_per_second"):
+            notes.append(
+                f"Phase trace (low, burst, low), {r['config']}: "
+                f"{fmt(a['trace_tokens_per_second']['median'])} tok/s, "
+                f"x no speculation {_est(a['trace_over_no_speculation'])}, "
+                f"x the best constant {_est(a['trace_over_best_constant'])}."
+            )
+    for label, c in d["summary"].get("catch_ups", {}).items():
+        notes.append(f"Catch-ups: {vllm_plugin_bench.catch_up_text(label, c).strip()}.")
+    return _level_table(rows, levels, notes)
 
 
 def chat_workload(d: dict[str, Any]) -> Table:

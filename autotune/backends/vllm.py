@@ -131,6 +131,9 @@ CPU_ENV = (("VLLM_CPU_KVCACHE_SPACE", "2"),)
 K0_SKIP_ENV = "SPEC_AUTOTUNE_K0_SKIP"
 """Set to 1 in the server's environment by ``backend.vllm.k0_skip: true``: the vLLM plugin's switch
 (its own copy, ``autotune.vllm_plugin.ENV``, which the tool never imports)."""
+K0_STATS_ENV = "SPEC_AUTOTUNE_K0_STATS"
+"""For measurements only: a file the plugin appends one JSON line per catch-up to (its own copy,
+``autotune.vllm_plugin.STATS_ENV``); benchmarks/stacks/vllm_plugin.py sets it, the tool never does."""
 K0_SKIP_PLUGIN = "spec-autotune-vllm-plugin"
 """The plugin's distribution (``autotune/vllm_plugin/pyproject.toml``): what a profile whose table
 serves K=0 as off names as required (``describe()["k0_skip"]``, ``table_decision.needs_plugin``)."""

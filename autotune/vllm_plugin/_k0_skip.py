@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
+import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from . import _engine_core
+from . import STATS_ENV, _engine_core
 
 _PATCHED = "_spec_autotune_k0_skip"  # set on each wrapped function: a second install is a no-op
 INSTALLED = "spec-autotune k0 skip: on (a table's K=0 skips the drafter; caught up before the next K>0)"
@@ -114,8 +117,34 @@ def catch_up(proposer: Any, due: Sequence[tuple[int, int, int]], token_ids: Any,
     pass of :func:`passes`, the committed tokens at their own positions and slots (the block table
     rows of ``cad``, the step's common attention metadata); the outputs are discarded."""
     cap = int(proposer.input_ids.shape[0])
-    for chunk in passes(due, cap):
+    chunks = passes(due, cap)
+    stats = os.environ.get(STATS_ENV)
+    t0 = _synchronized_clock(proposer.device) if stats else 0.0
+    for chunk in chunks:
         _forward(proposer, chunk, token_ids, cad)
+    if stats:
+        seconds = _synchronized_clock(proposer.device) - t0
+        record(
+            stats,
+            rows=len(due),
+            tokens=sum(hi - lo for _, lo, hi in due),
+            passes=len(chunks),
+            seconds=seconds,
+        )
+
+
+def _synchronized_clock(device: Any) -> float:
+    """``time.perf_counter()`` once the device's queued work has finished (CUDA runs asynchronously)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def record(path: str, **fields: Any) -> None:
+    """Append one catch-up's figures to ``path`` as a JSON line (:data:`STATS_ENV`); one ``write`` of
+    one line in append mode, so the worker processes of one server can share the file."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(fields) + "\n")
 
 
 def _forward(proposer: Any, chunk: Sequence[tuple[int, int, int]], token_ids: Any, cad: Any) -> None:

@@ -19,13 +19,18 @@ run ``--repeats`` times, round r with the same seed everywhere, the rounds inter
 
 The workload is ``--config``'s (default benchmarks/configs/schedule_sweep.yaml, the draft model of
 the demo pair) at the concurrency levels ``--levels``, ``--requests`` per level (at least two
-batches' worth), no trace. Printed: one table per level (tokens/s, TPOT p95, the paired ratio over
-no speculation with its 95% interval), the aggregate, and per level the K=0 table's ratio without
-and with the plugin against the goal (>= 0.98x no speculation). JSON and text:
+batches' worth); with ``--trace`` every round also runs the config's arrival trace after the levels
+(``workload.trace: phases``: low load, a burst, low load again, which crosses a table's boundaries
+both ways). The servers of ``--table`` run with the plugin's catch-up record
+(``SPEC_AUTOTUNE_K0_STATS``): every catch-up's rows, tokens and seconds, so the cost of a switch
+back to K>0 is measured where it happens. Printed: one table per level (tokens/s, TPOT p95, the
+paired ratio over no speculation with its 95% interval), the aggregate (with the trace's tokens/s
+and ratios), per level the K=0 table's ratio without and with the plugin against the goal (>= 0.98x
+no speculation), and the catch-ups per table. JSON and text:
 ``benchmarks/results/vllm_plugin/vllm_plugin.{json,txt}``. Usage::
 
     python -m benchmarks.stacks.vllm_plugin [--config sweep.yaml] [--levels 1,4,16] [--requests 8] \
-[--repeats 4] [--table 1:3,2-16:0 ...] [--constant 5 ...] [--out JSON] \
+[--repeats 4] [--trace] [--table 1:3,2-16:0 ...] [--constant 5 ...] [--out JSON] \
 [--report JSON]
 """
 
@@ -41,7 +46,7 @@ from pathlib import Path
 
 import yaml
 
-from autotune.backends.vllm import K0_SKIP_ENV, VllmBackend
+from autotune.backends.vllm import K0_SKIP_ENV, K0_STATS_ENV, VllmBackend
 from autotune.knobs import Knobs
 from benchmarks._common import claim_dir, stamp
 from benchmarks._schedule import (
@@ -57,6 +62,7 @@ from benchmarks._schedule import (
     write_json,
 )
 from benchmarks._transfer import open_stack
+from engine.metrics import percentile
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,6 +77,9 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--levels", default="1,4,16", help="concurrency levels (comma-separated)")
     p.add_argument("--requests", type=int, default=8, help="requests per level (at least two batches' worth)")
     p.add_argument("--repeats", type=int, default=4, help="rounds per configuration")
+    p.add_argument(
+        "--trace", action="store_true", help="also run the config's workload.trace (phases) in every round"
+    )
     p.add_argument(
         "--interleave", type=int, default=None, help="servers alive at once (default: the backend's)"
     )
@@ -97,12 +106,15 @@ def arguments() -> argparse.Namespace:
     return args
 
 
-def sweep_config(path: Path, levels: list[int], requests: int, out_dir: Path) -> Path:
-    """``path`` with the workload at ``levels``, ``requests`` per level and no trace, its relative
-    paths resolved against ``path``'s folder, written in ``out_dir``."""
+def sweep_config(path: Path, levels: list[int], requests: int, out_dir: Path, trace: bool = False) -> Path:
+    """``path`` with the workload at ``levels``, ``requests`` per level and its trace only with
+    ``trace``, its relative paths resolved against ``path``'s folder, written in ``out_dir``."""
     raw = yaml.safe_load(path.read_text())
     workload = {**raw.get("workload", {}), "concurrency": levels, "num_requests": requests, "min_batches": 2}
-    workload.pop("trace", None)
+    if not trace:
+        workload.pop("trace", None)
+    elif "trace" not in workload:
+        raise SystemExit(f"--trace: {path} has no workload.trace")
     raw["workload"] = workload
     raw["search"] = {**raw.get("search", {}), "max_batch_size": [max(16, *levels)]}
     raw["storage"] = {"url": f"sqlite:///{out_dir / 'autotune.db'}"}
@@ -121,19 +133,24 @@ def measure(args: argparse.Namespace) -> dict:
     levels_asked = [int(x) for x in args.levels.split(",")]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vllm_plugin_") as tmp:
-        args.config, source = sweep_config(args.config, levels_asked, args.requests, Path(tmp)), args.config
+        args.config, source = (
+            sweep_config(args.config, levels_asked, args.requests, Path(tmp), args.trace),
+            args.config,
+        )
         args.engine_profile = args.stack_profile = None
         cfg, ctx, backend, _, _ = open_stack(args, "vllm", VllmBackend)
         batch = max(cfg.search.max_batch_size)
         levels = list(cfg.batch_sizes)
         w = cfg.workload
 
-        def table(ranges: list[list[int]], plugin: bool) -> list[str]:
-            """The chain's server command with vLLM's table set to ``ranges``; with the plugin on."""
+        def table(ranges: list[list[int]], plugin: bool, stats: Path | None = None) -> list[str]:
+            """The chain's server command with vLLM's table set to ``ranges``; with the plugin on (and
+            its catch-up record written to ``stats``)."""
             cmd = backend.command(Knobs("model", max(1, *(k for *_, k in ranges)), max_batch_size=batch))
             at = cmd.index("--speculative-config") + 1
             cmd[at] = json.dumps({**json.loads(cmd[at]), TABLE_KEY: ranges})
-            return ["env", f"{K0_SKIP_ENV}=1", *cmd] if plugin else cmd
+            env = [f"{K0_SKIP_ENV}=1", *([f"{K0_STATS_ENV}={stats}"] if stats else [])]
+            return ["env", *env, *cmd] if plugin else cmd
 
         result: dict = {
             **identity(ctx, source),
@@ -146,6 +163,7 @@ def measure(args: argparse.Namespace) -> dict:
             "levels": levels,
             "max_num_seqs": batch,
             "repeats": args.repeats,
+            "trace": args.trace,
             "slo_tpot_ms": SLO_TPOT_MS,
             "complete": False,
             "rows": [],
@@ -166,6 +184,7 @@ def measure(args: argparse.Namespace) -> dict:
             interleave=args.interleave or backend.keep_servers,
         )
         zero = [[1, batch, 0]]
+        stats_files: dict[str, Path] = {}
         try:
             with plan.together():
                 off = Knobs("none", 0, max_batch_size=batch)
@@ -183,13 +202,49 @@ def measure(args: argparse.Namespace) -> dict:
                         ranges.append([lo, hi, k])
                         lo = hi + 1
                     ks = {b: k_at(schedule, b) for b in levels}
-                    plan.run(f"table {text}, plugin", table(ranges, True), "table-plugin", k_per_level=ks)
+                    label = f"table {text}, plugin"
+                    stats_files[label] = Path(tmp) / f"catchups_{len(stats_files)}.jsonl"
+                    command = table(ranges, True, stats_files[label])
+                    plan.run(label, command, "table-plugin", k_per_level=ks)
         finally:
             backend.close()
+        for row in plan.rows:
+            if row["config"] in stats_files:
+                row["catch_ups"] = catch_ups(stats_files[row["config"]])
     result.update(
         vllm_version=backend.version, wall_s=time.perf_counter() - t0, complete=True, rows=plan.rows
     )
     return result
+
+
+def catch_ups(path: Path) -> dict:
+    """The catch-up record of one server (warm-up and every round): how many, and per catch-up the
+    rows, tokens and milliseconds (median and p90), and the milliseconds per token caught up."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    if not lines:
+        return {"count": 0}
+    ms = [x["seconds"] * 1e3 for x in lines]
+    tokens = [x["tokens"] for x in lines]
+    return {
+        "count": len(lines),
+        "rows_median": percentile([x["rows"] for x in lines], 50),
+        "tokens_median": percentile(tokens, 50),
+        "ms_median": percentile(ms, 50),
+        "ms_p90": percentile(ms, 90),
+        "ms_per_token": sum(ms) / sum(tokens),
+        "passes_max": max(x["passes"] for x in lines),
+    }
+
+
+def catch_up_text(label: str, c: dict) -> str:
+    """One line of the catch-up record of ``label``."""
+    if not c.get("count"):
+        return f"  {label}: no catch-up"
+    return (
+        f"  {label}: {c['count']} catch-ups, each {c['rows_median']:g} rows and {c['tokens_median']:g} "
+        f"tokens (medians), {c['ms_median']:.2f} ms median, {c['ms_p90']:.2f} ms p90, "
+        f"{c['ms_per_token'] * 1e3:.0f} us per token"
+    )
 
 
 def report(result: dict, out: Path) -> None:
@@ -212,6 +267,11 @@ def report(result: dict, out: Path) -> None:
             met = all(per[b] and per[b]["value"] >= GOAL for b in levels)
             summary["goal_met_on_point_ratios"] = met
             extra.append(f"  goal (>= {GOAL}x at every level, point ratios): {'met' if met else 'not met'}")
+    caught = {r["config"]: r["catch_ups"] for r in rows if "catch_ups" in r}
+    if caught:
+        summary["catch_ups"] = caught
+        extra += ["catch-ups of the drafter (switches back to K>0; warm-up included):"]
+        extra += [catch_up_text(label, c) for label, c in caught.items()]
     greedy = {r["config"]: r.get("greedy_identical") for r in rows if r["kind"] != "off" and "error" not in r}
     summary["greedy_identical_to_no_speculation"] = greedy
     extra.append(
