@@ -131,7 +131,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.tuner.budget",
         "budget.md",
         ("--runs", "engine:20,vllm:15"),
-        ("--runs", "engine:3,vllm:2.5"),
+        ("--config", "benchmarks/configs/quick.yaml", "--runs", "engine:1.5,vllm:1.5"),
     ),
     Step(
         "stacks",

@@ -206,7 +206,8 @@ def budget(d: dict[str, Any]) -> Table:
         )
         for r in d["runs"]
     ]
-    return Table(["backend", "budget", "wall (x budget)", "exit", "cut", "chosen"], rows)
+    notes = [f"Each run tunes {d['config']} from an empty store."] if "config" in d else []
+    return Table(["backend", "budget", "wall (x budget)", "exit", "cut", "chosen"], rows, notes)
 
 
 def _transfer_table(d: dict[str, Any], chosen_prefix: str) -> Table:

@@ -1,13 +1,15 @@
 """``budget.minutes`` kept: ``autotune tune --budget M`` on the bundled tune.yaml, timed from outside.
 
 For each ``BACKEND:MINUTES`` of ``--runs`` (run one after another, each from an empty store in a
-temporary folder holding a copy of the bundled tune.yaml, so its exports land there too): the
+temporary folder holding a copy of ``--config``, default the bundled tune.yaml, so its exports land
+there too; the quick run gives benchmarks/configs/quick.yaml, whose relative paths, if any, must be
+absolute or ``demo``): the
 wall time of the whole command against M (the goal: at most 1.1 x M), its exit code, every
 ``budget: ...`` line it printed (what was cut) and the choice it stored. Prints a table and writes
 ``<out-dir>/budget.json`` (the console of each run beside it as ``budget_<backend>_<M>.txt``).
 Usage::
 
-    python -m benchmarks.tuner.budget --runs engine:20,vllm:15
+    python -m benchmarks.tuner.budget [--config tune.yaml] --runs engine:20,vllm:15
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ def runs_arg(text: str) -> list[tuple[str, float]]:
     return out
 
 
-def run_one(backend: str, minutes: float, out_dir: Path) -> dict:
-    """One ``autotune tune --budget`` from an empty store; its console kept next to the JSON."""
+def run_one(backend: str, minutes: float, out_dir: Path, source: Path = ROOT / "tune.yaml") -> dict:
+    """One ``autotune tune --budget`` on a copy of ``source`` from an empty store; its console kept
+    next to the JSON."""
     with tempfile.TemporaryDirectory(prefix="budget-") as tmp:
         config = Path(tmp) / "tune.yaml"
-        shutil.copy(ROOT / "tune.yaml", config)
+        shutil.copy(source, config)
         autotune = Path(sys.executable).with_name("autotune")
         cmd = [
             str(autotune if autotune.exists() else "autotune"),
@@ -90,11 +93,12 @@ def run_one(backend: str, minutes: float, out_dir: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=runs_arg, default=runs_arg("engine:20,vllm:15"), help="BACKEND:MINUTES,...")
+    p.add_argument("--config", type=Path, default=ROOT / "tune.yaml", help="the config each run tunes")
     p.add_argument("--out-dir", type=Path, default=claim_dir("budget"))
     args = p.parse_args()
     bench = Bench("budget", args)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    results = [run_one(backend, minutes, args.out_dir) for backend, minutes in args.runs]
+    results = [run_one(backend, minutes, args.out_dir, args.config) for backend, minutes in args.runs]
     rows = [
         (
             r["backend"],
@@ -107,13 +111,14 @@ def main() -> None:
         for r in results
     ]
     print_table(
-        "autotune tune --budget M on the bundled tune.yaml (goal: wall <= 1.1 x M)",
+        f"autotune tune --budget M on {portable(str(args.config))} (goal: wall <= 1.1 x M)",
         ["backend", "M (min)", "wall (min)", "wall / M", "exit", "cut"],
         rows,
     )
     for r in results:
         print(f"{r['backend']} {r['budget_min']:g} min: chosen {r['chosen'] or '-'}")
-    write_json(bench, {"runs": results, "goal_wall_over_budget": 1.1}, dtype=None)
+    config = portable(str(args.config))
+    write_json(bench, {"config": config, "runs": results, "goal_wall_over_budget": 1.1}, dtype=None)
     print(json.dumps({"max_wall_over_budget": max(r["wall_over_budget"] for r in results)}))
 
 
