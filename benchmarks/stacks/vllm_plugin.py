@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import io
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -114,7 +115,8 @@ def sweep_config(path: Path, levels: list[int], requests: int, out_dir: Path, tr
     if not trace:
         workload.pop("trace", None)
     elif "trace" not in workload:
-        raise SystemExit(f"--trace: {path} has no workload.trace")
+        print(f"error: --trace: {path} has no workload.trace", file=sys.stderr)
+        sys.exit(2)
     raw["workload"] = workload
     raw["search"] = {**raw.get("search", {}), "max_batch_size": [max(16, *levels)]}
     raw["storage"] = {"url": f"sqlite:///{out_dir / 'autotune.db'}"}
