@@ -133,7 +133,7 @@ K0_SKIP_ENV = "SPEC_AUTOTUNE_K0_SKIP"
 (its own copy, ``autotune.vllm_plugin.ENV``, which the tool never imports)."""
 K0_STATS_ENV = "SPEC_AUTOTUNE_K0_STATS"
 """For measurements only: a file the plugin appends one JSON line per catch-up to (its own copy,
-``autotune.vllm_plugin.STATS_ENV``); benchmarks/stacks/vllm_plugin.py sets it, the tool never does."""
+``autotune.vllm_plugin._k0_skip.STATS_ENV``); benchmarks/stacks/vllm_plugin.py sets it, the tool never does."""
 K0_SKIP_PLUGIN = "spec-autotune-vllm-plugin"
 """The plugin's distribution (``autotune/vllm_plugin/pyproject.toml``): what a profile whose table
 serves K=0 as off names as required (``describe()["k0_skip"]``, ``table_decision.needs_plugin``)."""

@@ -23,13 +23,10 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["ENV", "STATS_ENV", "SUPPORTED", "enabled", "refusal", "register"]
+__all__ = ["ENV", "SUPPORTED", "enabled", "refusal", "register"]
 
 ENV = "SPEC_AUTOTUNE_K0_SKIP"
 """The switch: ``1`` enables the plugin in a vLLM server's processes; anything else leaves vLLM as shipped."""
-STATS_ENV = "SPEC_AUTOTUNE_K0_STATS"
-"""Optional, for measurements: a file path; each catch-up appends one JSON line to it (rows, tokens,
-forward passes, seconds), timed with the device synchronised. Unset (the default): nothing is timed."""
 SUPPORTED = "0.32."
 """The vLLM release line the patches are written against and tested on (version prefix)."""
 

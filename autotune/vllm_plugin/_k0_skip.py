@@ -37,8 +37,11 @@ from typing import Any
 
 import torch
 
-from . import STATS_ENV, _engine_core
+from . import _engine_core
 
+STATS_ENV = "SPEC_AUTOTUNE_K0_STATS"
+"""Optional, for measurements: a file path; each catch-up appends one JSON line to it (rows, tokens,
+forward passes, seconds), timed with the device synchronised. Unset (the default): nothing is timed."""
 _PATCHED = "_spec_autotune_k0_skip"  # set on each wrapped function: a second install is a no-op
 INSTALLED = "spec-autotune k0 skip: on (a table's K=0 skips the drafter; caught up before the next K>0)"
 """Logged through vLLM's logger in the worker once the patches are in."""

@@ -17,7 +17,7 @@ import yaml
 from autotune.backends import vllm as vllm_backend
 from autotune.config import load_config
 from autotune.errors import ConfigError
-from autotune.vllm_plugin import ENV, STATS_ENV, _k0_skip, refusal, register
+from autotune.vllm_plugin import ENV, _k0_skip, refusal, register
 from autotune.vllm_plugin._engine_core import _wrap_post_step, _wrap_update_from_output
 from autotune.vllm_plugin._k0_skip import Lag, passes
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
@@ -69,7 +69,7 @@ def test_with_the_stats_file_set_each_catch_up_appends_its_rows_tokens_and_passe
     stats = tmp_path / "catchups.jsonl"
     _k0_skip.catch_up(proposer, [(0, 2, 5)], None, None)  # no stats file asked: nothing written
     assert not stats.exists() and forwards == [[(0, 2, 5)]]
-    monkeypatch.setenv(STATS_ENV, str(stats))
+    monkeypatch.setenv(_k0_skip.STATS_ENV, str(stats))
     _k0_skip.catch_up(proposer, [(0, 0, 6), (1, 3, 4)], None, None)
     _k0_skip.catch_up(proposer, [(2, 7, 8)], None, None)
     lines = [json.loads(x) for x in stats.read_text().splitlines()]
@@ -186,7 +186,7 @@ def test_the_k0_skip_key_puts_the_plugins_switch_in_the_servers_environment(tmp_
     on = vllm_backend.deployment(_config(tmp_path, {"k0_skip": True}), {"kind": "cpu"}, 64)
     off = vllm_backend.deployment(_config(tmp_path, {}), {"kind": "cpu"}, 64)
     assert dict(on.env)[vllm_backend.K0_SKIP_ENV] == "1" == dict(on.env).get(ENV)
-    assert vllm_backend.K0_STATS_ENV == STATS_ENV  # the benchmark's name for the plugin's catch-up record
+    assert vllm_backend.K0_STATS_ENV == _k0_skip.STATS_ENV  # the benchmark's name for the plugin's catch-up record
     assert ENV not in dict(off.env)
     with pytest.raises(ConfigError, match=r"^backend\.vllm\.k0_skip: must be true or false \(got 'yes'\)$"):
         _config(tmp_path, {"k0_skip": "yes"})
