@@ -129,6 +129,68 @@ def sweep_config(path: Path, levels: list[int], requests: int, out_dir: Path, tr
     return out
 
 
+def table_command(
+    backend: VllmBackend, batch: int, ranges: list[list[int]], plugin: bool, stats: Path | None = None
+) -> list[str]:
+    """The chain's server command with vLLM's table set to ``ranges``; with the plugin on (and its
+    catch-up record written to ``stats``)."""
+    cmd = backend.command(Knobs("model", max(1, *(k for *_, k in ranges)), max_batch_size=batch))
+    at = cmd.index("--speculative-config") + 1
+    cmd[at] = json.dumps({**json.loads(cmd[at]), TABLE_KEY: ranges})
+    env = [f"{K0_SKIP_ENV}=1", *([f"{K0_STATS_ENV}={stats}"] if stats else [])]
+    return ["env", *env, *cmd] if plugin else cmd
+
+
+def result_head(args: argparse.Namespace, ctx, w, source: Path, batch: int, levels: list[int]) -> dict:
+    """The result's fields before any row: identity, host stamp, workload header, the run's settings."""
+    return {
+        **identity(ctx, source),
+        **stamp(ctx.fingerprint["label"]),
+        "header": (
+            f"workload {w.prompts.name}, concurrency {list(w.concurrency)}, "
+            f"{requests_text(level_requests(w, batch))} x {w.max_new_tokens} tokens per level; "
+            f"{args.repeats} rounds per server; --max-num-seqs {batch}"
+        ),
+        "levels": levels,
+        "max_num_seqs": batch,
+        "repeats": args.repeats,
+        "trace": args.trace,
+        "slo_tpot_ms": SLO_TPOT_MS,
+        "complete": False,
+        "rows": [],
+    }
+
+
+def serve_all(
+    plan: Plan, backend: VllmBackend, args: argparse.Namespace, batch: int, levels: list[int], tmp: Path
+) -> dict[str, Path]:
+    """Every configuration in order: no speculation, the K=0 table as shipped and with the plugin,
+    the ``--constant`` chains, the ``--table`` tables with the plugin; the asked tables' catch-up
+    record files by label."""
+    stats_files: dict[str, Path] = {}
+    with plan.together():
+        off = Knobs("none", 0, max_batch_size=batch)
+        plan.run("no speculation", backend.command(off), "off", off)
+        for label, plugin in (("K=0 table, vLLM as shipped", False), ("K=0 table, plugin", True)):
+            kind = "table-zero-plugin" if plugin else "table-zero"
+            zero = table_command(backend, batch, [[1, batch, 0]], plugin)
+            plan.run(label, zero, kind, k_per_level=dict.fromkeys(levels, 0))
+        for k in args.constants:
+            chain = Knobs("model", k, max_batch_size=batch)
+            plan.run(f"constant K={k}", backend.command(chain), "constant", chain)
+        for text in args.tables:
+            schedule = parse_table(text)
+            ranges, lo = [], 1
+            for hi, k in schedule:
+                ranges.append([lo, hi, k])
+                lo = hi + 1
+            label = f"table {text}, plugin"
+            stats_files[label] = tmp / f"catchups_{len(stats_files)}.jsonl"
+            command = table_command(backend, batch, ranges, True, stats_files[label])
+            plan.run(label, command, "table-plugin", k_per_level={b: k_at(schedule, b) for b in levels})
+    return stats_files
+
+
 def measure(args: argparse.Namespace) -> dict:
     """Serve every configuration and run its rounds; the result (rows of raw rounds), also written
     to ``args.out`` after each group."""
@@ -143,71 +205,25 @@ def measure(args: argparse.Namespace) -> dict:
         cfg, ctx, backend, _, _ = open_stack(args, "vllm", VllmBackend)
         batch = max(cfg.search.max_batch_size)
         levels = list(cfg.batch_sizes)
-        w = cfg.workload
-
-        def table(ranges: list[list[int]], plugin: bool, stats: Path | None = None) -> list[str]:
-            """The chain's server command with vLLM's table set to ``ranges``; with the plugin on (and
-            its catch-up record written to ``stats``)."""
-            cmd = backend.command(Knobs("model", max(1, *(k for *_, k in ranges)), max_batch_size=batch))
-            at = cmd.index("--speculative-config") + 1
-            cmd[at] = json.dumps({**json.loads(cmd[at]), TABLE_KEY: ranges})
-            env = [f"{K0_SKIP_ENV}=1", *([f"{K0_STATS_ENV}={stats}"] if stats else [])]
-            return ["env", *env, *cmd] if plugin else cmd
-
-        result: dict = {
-            **identity(ctx, source),
-            **stamp(ctx.fingerprint["label"]),
-            "header": (
-                f"workload {w.prompts.name}, concurrency {list(w.concurrency)}, "
-                f"{requests_text(level_requests(w, batch))} x {w.max_new_tokens} tokens per level; "
-                f"{args.repeats} rounds per server; --max-num-seqs {batch}"
-            ),
-            "levels": levels,
-            "max_num_seqs": batch,
-            "repeats": args.repeats,
-            "trace": args.trace,
-            "slo_tpot_ms": SLO_TPOT_MS,
-            "complete": False,
-            "rows": [],
-        }
+        result = result_head(args, ctx, cfg.workload, source, batch, levels)
 
         def checkpoint(rows: list[dict]) -> None:
             result.update(rows=rows, wall_s=time.perf_counter() - t0, vllm_version=backend.version)
             write_json(args.out, result)
 
+        interleave = args.interleave or backend.keep_servers
         plan = Plan(
             backend,
             batch,
             levels,
             args.repeats,
             cfg.budget.seed,
-            w.temperature == 0,
+            cfg.workload.temperature == 0,
             checkpoint,
-            interleave=args.interleave or backend.keep_servers,
+            interleave=interleave,
         )
-        zero = [[1, batch, 0]]
-        stats_files: dict[str, Path] = {}
         try:
-            with plan.together():
-                off = Knobs("none", 0, max_batch_size=batch)
-                plan.run("no speculation", backend.command(off), "off", off)
-                for label, plugin in (("K=0 table, vLLM as shipped", False), ("K=0 table, plugin", True)):
-                    kind = "table-zero-plugin" if plugin else "table-zero"
-                    plan.run(label, table(zero, plugin), kind, k_per_level=dict.fromkeys(levels, 0))
-                for k in args.constants:
-                    chain = Knobs("model", k, max_batch_size=batch)
-                    plan.run(f"constant K={k}", backend.command(chain), "constant", chain)
-                for text in args.tables:
-                    schedule = parse_table(text)
-                    ranges, lo = [], 1
-                    for hi, k in schedule:
-                        ranges.append([lo, hi, k])
-                        lo = hi + 1
-                    ks = {b: k_at(schedule, b) for b in levels}
-                    label = f"table {text}, plugin"
-                    stats_files[label] = Path(tmp) / f"catchups_{len(stats_files)}.jsonl"
-                    command = table(ranges, True, stats_files[label])
-                    plan.run(label, command, "table-plugin", k_per_level=ks)
+            stats_files = serve_all(plan, backend, args, batch, levels, Path(tmp))
         finally:
             backend.close()
         for row in plan.rows:
