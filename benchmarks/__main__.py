@@ -32,7 +32,6 @@ every page without running anything.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shlex
@@ -136,7 +135,9 @@ def run_minutes(result: Path) -> str:
     if not result.is_file():
         return "-"
     seconds = pages.wall_seconds(json.loads(result.read_text()))
-    return "-" if seconds is None else f"{seconds / 60:.1f}"
+    if seconds is None:
+        return "-"
+    return "<0.1" if seconds < 3 else f"{seconds / 60:.1f}"
 
 
 def quick_run_line(record: dict | None) -> str:
@@ -185,7 +186,7 @@ def record_times(
     record the README's quick column comes from (:data:`QUICK_TIMES`); ``rerun``: the quick storage
     held profiles when it started (the watch steps did not tune)."""
     record = {
-        "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **stamp(),  # host and date_utc: when the run finished
         "group": args.group,
         "quick": args.quick,
         "steps": {name: {"exit": code, "seconds": round(t)} for name, (code, t) in times.items()},
@@ -193,7 +194,7 @@ def record_times(
     (results / "run_times.log").write_text(json.dumps(record, indent=2) + "\n")
     whole = args.group == "all" and not args.only and all(code == 0 for code, _ in times.values())
     if args.quick and whole:
-        QUICK_TIMES.write_text(json.dumps({**stamp(), "rerun": rerun, **record}, indent=2) + "\n")
+        QUICK_TIMES.write_text(json.dumps({**record, "rerun": rerun}, indent=2) + "\n")
 
 
 def run_steps(steps: list[Step], quick: bool, results: Path) -> dict[str, tuple[int, float]]:

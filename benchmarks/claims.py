@@ -105,7 +105,14 @@ CLAIMS: tuple[Step, ...] = (
         (),
         ("--config", "benchmarks/configs/quick.yaml", "--fraction", "0.25"),
     ),
-    Step("tuner", "acceptance_tail", "benchmarks.tuner.acceptance_tail", "engine-cpu.md"),
+    Step(
+        "tuner",
+        "acceptance_tail",
+        "benchmarks.tuner.acceptance_tail",
+        "engine-cpu.md",
+        ("--at", "94340b3"),
+        (),
+    ),
     Step(
         "tuner",
         "noise_robustness",

@@ -62,7 +62,9 @@ def wall_seconds(data: dict[str, Any]) -> float | None:
     if seconds is None and isinstance(data.get("grid_wall_s"), (int, float)):
         seconds = data["grid_wall_s"] + float(data.get("study_wall_s") or 0)
     # A report recomputed from an earlier run's JSON (``--resume ... --measured-only``) measured nothing.
-    return None if seconds is None or seconds < 1 else float(seconds)
+    if seconds is None or (data.get("resumed_from") and seconds < 1):
+        return None
+    return float(seconds)
 
 
 def host(data: dict[str, Any]) -> str:
@@ -111,7 +113,13 @@ def block(step: Step, results: Path, page_dir: Path) -> str:
         return "\n".join([*lines, end_marker(step.name)])
     data = json.loads(path.read_text())
     seconds = wall_seconds(data) if isinstance(data, dict) else None
-    wall = "not recorded" if seconds is None else f"{seconds / 60:.1f} min"
+    wall = (
+        "not recorded"
+        if seconds is None
+        else f"{seconds:.1f} s"
+        if seconds < 60
+        else f"{seconds / 60:.1f} min"
+    )
     data = data if isinstance(data, dict) else {}
     lines += [
         f"- **Host:** {host(data)}; **date:** {date(data)}; **wall time:** {wall}",

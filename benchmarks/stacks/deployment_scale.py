@@ -242,6 +242,7 @@ def main() -> None:
     ap.add_argument("--out-dir", type=Path, default=claim_dir("deployment_scale"))
     ap.add_argument("--skip-tune", action="store_true", help="run the refusals only")
     args = ap.parse_args()
+    t0 = time.monotonic()
     work = args.models / "run"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -258,7 +259,7 @@ def main() -> None:
         print(columns(["1B-class tune (vLLM-CPU)", "value"], summary(results["tune"])))
     results["fingerprint"] = fingerprint("cpu", "float32")
     results["command"] = " ".join(sys.argv)
-    results.update(stamp(results["fingerprint"]["label"]))
+    results.update(stamp(results["fingerprint"]["label"]), wall_s=round(time.monotonic() - t0, 1))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "deployment_scale.json"
     out.write_text(portable(json.dumps(results, indent=1, default=str)) + "\n")

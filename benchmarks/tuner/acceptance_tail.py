@@ -9,9 +9,10 @@ p[0..m-1] past position m:
   conditional rates, p[m-1] ** (1 / m);
 - **last rate**: the last measured conditional rate, p[m-1] / p[m-2].
 
-No run: a replay of the grids already measured (``benchmarks/results/schedule_*.json`` and
-``stack_cost_vllm.json``: each constant K served in its own server, the per-position acceptance
-of every round at every load level from the stack's own counters). For every round and level,
+No run: a replay of the grids already measured (``schedule_*.json`` and ``stack_cost_vllm.json``
+under ``--results``, or under ``benchmarks/results`` as committed at ``--at COMMIT``: each constant
+K served in its own server, the per-position acceptance of every round at every load level from
+the stack's own counters). For every round and level,
 every measured K=m >= 2 (at m = 1 the rules agree) predicts every larger measured K=n: the
 predicted E(n) = 1 + p[0] + ... + p[n-1] against the E(n) the K=n server counted in the same
 round at the same level. Reported per stack and per gap n - m: the mean absolute and the mean
@@ -22,23 +23,28 @@ non-increasing).
 
 JSON: ``benchmarks/results/acceptance_tail/acceptance_tail.json``. Usage::
 
-    python -m benchmarks.tuner.acceptance_tail [--results benchmarks/results] \
+    python -m benchmarks.tuner.acceptance_tail [--results benchmarks/results | --at COMMIT] \
 [--out JSON]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from autotune.cli.text import columns
 from autotune.cost.acceptance import expected_tokens, extend
-from benchmarks._common import claim_dir, portable, stamp
+from benchmarks._common import claim_dir, fail, portable, stamp
 from benchmarks._schedule import write_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,6 +83,18 @@ def grid_rounds(result: dict) -> Iterator[tuple[int, dict[int, list[float]]]]:
 def grid_files(results: Path) -> list[Path]:
     """The stored grids under ``results`` (its claim folders searched too): schedule and stack-cost runs."""
     return sorted(results.rglob("schedule_*.json")) + sorted(results.rglob("stack_cost_vllm.json"))
+
+
+def stored_at(commit: str, into: Path) -> Path:
+    """``benchmarks/results`` as committed at ``commit``, unpacked under ``into`` (``git archive``)."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", commit, "benchmarks/results"],
+        capture_output=True,
+    )
+    if archive.returncode != 0:
+        fail(f"--at {commit}: {archive.stderr.decode().strip()}")
+    tarfile.open(fileobj=io.BytesIO(archive.stdout)).extractall(into, filter="data")
+    return into / "benchmarks" / "results"
 
 
 def cases(results: Path) -> list[dict]:
@@ -150,11 +168,21 @@ def report(groups: dict[str, dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument(
+        "--at",
+        metavar="COMMIT",
+        help="replay the grids stored under benchmarks/results at this git commit (read with git archive)",
+    )
     p.add_argument("--out", type=Path, default=claim_dir("acceptance_tail") / "acceptance_tail.json")
     args = p.parse_args()
-    rows = cases(args.results)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.at:
+            args.results = stored_at(args.at, Path(tmp))
+        rows = cases(args.results)
+        order = out_of_order(args.results)
     if not rows:
-        sys.exit(f"error: no grid of two K >= 2 in {args.results}/schedule_*.json")
+        fail(f"no grid of two K >= 2 in {args.at or args.results}: schedule_*.json, stack_cost_vllm.json")
     groups = {"all": summary(rows)}
     for stack in sorted({r["stack"] for r in rows}):
         groups[stack] = summary([r for r in rows if r["stack"] == stack])
@@ -162,11 +190,11 @@ def main() -> None:
         groups[f"n - m = {gap}"] = summary([r for r in rows if r["n"] - r["m"] == gap])
     print("E(n) predicted from the counters of K=m, relative to the E(n) the K=n server counted")
     print(report(groups))
-    order = out_of_order(args.results)
     print(f"\nper-position vectors counted: {order['vectors']}, rising somewhere: {order['rising']}")
     names = sorted({r["file"] for r in rows})
     files = {name: summary([r for r in rows if r["file"] == name]) for name in names}
     result = {"command": " ".join(sys.argv), **stamp(), "groups": groups, "files": files, "order": order}
+    result["wall_s"] = round(time.perf_counter() - t0, 2)
     write_json(args.out, result)
     print(f"\nwrote {portable(str(args.out))}")
 
