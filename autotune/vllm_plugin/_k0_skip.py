@@ -1,12 +1,16 @@
 """The patches: a K=0 step skips the drafter; a request's first K>0 step after it catches the drafter up.
 
-Five functions of vLLM 0.32 are wrapped (each once per process, whatever imports the plugin):
+Six functions of vLLM 0.32 are wrapped (each once per process, whatever imports the plugin):
 
 - ``GPUModelRunner.propose_draft_token_ids`` (``vllm/v1/worker/gpu_model_runner.py``; the CPU
   runner inherits it), for the draft-model proposer: at K=0 the step's rows lag and it returns the
   ``(batch, 0)`` drafts upstream's proposer returns at K=0, before upstream prepares the drafter's
   inputs or runs its forward; at K>0 it hands the proposer the step's request ids and the runner's
   token table, which the catch-up needs.
+- ``GPUModelRunner._prepare_inputs`` (same file), for the draft-model proposer and a target
+  without recurrent layers: a step scheduled at K=0 prepares its inputs as without speculation,
+  without the speculative decode metadata upstream builds for every step (its logits indices are
+  then each request's last token either way).
 - ``GPUModelRunner._sample`` (same file): a step with no draft token samples with the plain sampler
   instead of the rejection sampler with zero drafts (the same token).
 - ``SpecDecodeBaseProposer.propose`` (``vllm/v1/spec_decode/llm_base_proposer.py``): at K>0 first
@@ -295,6 +299,35 @@ def _wrap_runner(original: Callable[..., Any], model_drafter: Any) -> Callable[.
     return propose_draft_token_ids
 
 
+def _wrap_prepare_inputs(original: Callable[..., Any], model_drafter: Any) -> Callable[..., Any]:
+    """A step scheduled at K=0 (no request carries a draft token) prepares its inputs as without
+    speculation, for the draft-model proposer and a target without recurrent layers: upstream builds
+    the speculative decode metadata for every step once a speculative config is set (per-request
+    draft counts, five index arrays copied to the device, the draft-token gather), also for a step
+    without a single draft, whose logits indices then reduce to each request's last token, which is
+    what the step without a speculative config computes. A hybrid target keeps upstream's path: its
+    recurrent backends read the zero-draft rows' counts (``num_decode_draft_tokens``)."""
+
+    @functools.wraps(original)
+    def _prepare_inputs(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        plain = (
+            scheduler_output.num_spec_tokens_to_schedule == 0
+            and not scheduler_output.scheduled_spec_decode_tokens
+            and isinstance(getattr(self, "drafter", None), model_drafter)
+            and not self.model_config.is_hybrid
+        )
+        if not plain:
+            return original(self, scheduler_output, *args, **kwargs)
+        spec, self.speculative_config = self.speculative_config, None  # read once, by upstream's branch
+        try:
+            return original(self, scheduler_output, *args, **kwargs)
+        finally:
+            self.speculative_config = spec
+
+    setattr(_prepare_inputs, _PATCHED, True)
+    return _prepare_inputs
+
+
 def _wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
     """A step with no draft token samples as without speculation: upstream sends it through the
     rejection sampler with zero drafts, whose bonus token is the plain sampler's token anyway."""
@@ -339,6 +372,11 @@ def install() -> None:
         GPUModelRunner,
         "propose_draft_token_ids",
         functools.partial(_wrap_runner, model_drafter=DraftModelProposer),
+    )
+    _patch(
+        GPUModelRunner,
+        "_prepare_inputs",
+        functools.partial(_wrap_prepare_inputs, model_drafter=DraftModelProposer),
     )
     _patch(GPUModelRunner, "_sample", _wrap_sample)
     _patch(SpecDecodeBaseProposer, "propose", _wrap_propose)

@@ -129,6 +129,53 @@ def test_a_method_whose_k0_step_may_draft_still_asks_after_every_step(
     assert _steps("eagle3", [0, 0, 1], monkeypatch)[0] == 3
 
 
+class _DraftModel:
+    """Stands for vLLM's DraftModelProposer."""
+
+
+class _Runner:
+    """Upstream's ``_prepare_inputs`` reads ``speculative_config`` once to decide whether to build
+    the speculative decode metadata; this one records what it saw."""
+
+    def __init__(self, hybrid: bool = False, drafter: object | None = None) -> None:
+        self.speculative_config = "spec"
+        self.model_config = SimpleNamespace(is_hybrid=hybrid)
+        self.drafter = drafter if drafter is not None else _DraftModel()
+        self.seen: list[object] = []
+
+    def _prepare_inputs(self, scheduler_output: object, num_scheduled_tokens: object) -> str:
+        self.seen.append(self.speculative_config)
+        if num_scheduled_tokens == "fail":
+            raise RuntimeError("upstream failed")
+        return "inputs"
+
+
+def _prepared(runner: _Runner, k: int, drafts: dict, tokens: object = None) -> object:
+    wrapped = _k0_skip._wrap_prepare_inputs(_Runner._prepare_inputs, model_drafter=_DraftModel)
+    out = SimpleNamespace(num_spec_tokens_to_schedule=k, scheduled_spec_decode_tokens=drafts)
+    return wrapped(runner, out, tokens)
+
+
+def test_a_k0_step_without_drafts_prepares_its_inputs_as_without_speculation() -> None:
+    runner = _Runner()
+    assert _prepared(runner, 0, {}) == "inputs"
+    assert runner.seen == [None] and runner.speculative_config == "spec"  # restored after the call
+    with pytest.raises(RuntimeError):
+        _prepared(runner, 0, {}, "fail")
+    assert runner.speculative_config == "spec"  # restored when upstream raises too
+
+
+def test_a_step_with_drafts_a_hybrid_target_or_another_drafter_keeps_upstreams_path() -> None:
+    for runner, k, drafts in (
+        (_Runner(), 3, {"r": [1, 2, 3]}),  # a K>0 step
+        (_Runner(), 0, {"r": [1]}),  # drafts made before the table went to 0
+        (_Runner(hybrid=True), 0, {}),  # recurrent layers read the zero-draft rows
+        (_Runner(drafter=object()), 0, {}),  # n-gram, EAGLE: not the draft-model proposer
+    ):
+        _prepared(runner, k, drafts)
+        assert runner.seen == ["spec"]
+
+
 def test_only_the_tested_vllm_line_is_accepted() -> None:
     assert refusal("0.32.0") is None and refusal("0.32.3+cpu") is None
     line = refusal("0.33.0")
