@@ -55,7 +55,7 @@ from autotune.cli.text import columns
 from autotune.device.capacity import resolve_dtype
 from autotune.device.hardware import fingerprint
 from autotune.knobs import Knobs
-from autotune.stats import paired_ratio
+from autotune.stats import Estimate, paired_ratio
 from benchmarks._common import claim_dir, fail, stamp
 from benchmarks._schedule import (
     Plan,
@@ -120,6 +120,15 @@ def arguments() -> argparse.Namespace:
         "--repeats processes per configuration alternated (the cost of the switch per step)",
     )
     p.add_argument("--inner", type=int, default=8, help="--offline: timed generate() calls per batch")
+    p.add_argument(
+        "--alternate",
+        action="store_true",
+        help="--offline: every configuration's engine alive in one process per round, their timed "
+        "calls alternated one by one (process-to-process variation cancels within a round)",
+    )
+    p.add_argument(
+        "--pause", type=float, default=0.3, help="--alternate: seconds between calls (threads go idle)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=48, help="--offline: tokens per request")
     args = p.parse_args()
     if args.report is None:
@@ -367,6 +376,88 @@ def main():
 if __name__ == "__main__":
     main()
 """
+
+ALTERNATE_DRIVER = r"""
+import json, os, sys, time
+from vllm import LLM, SamplingParams
+
+
+def main():
+    a = json.loads(sys.argv[1])
+    engines = {}
+    for c in a["configs"]:  # each engine core is spawned with the environment of this moment
+        os.environ.pop(a["switch"], None)
+        if c["plugin"]:
+            os.environ[a["switch"]] = "1"
+        print("ENGINE " + c["label"], flush=True)
+        engines[c["label"]] = LLM(model=a["target"], dtype=a["dtype"], max_model_len=a["max_model_len"],
+                                  seed=0, max_num_seqs=a["max_num_seqs"], enable_prefix_caching=False,
+                                  speculative_config=c["spec"])
+    print("ENGINES READY", flush=True)
+    params = SamplingParams(temperature=0, max_tokens=a["tokens"], ignore_eos=True)
+    seconds = {c: {} for c in engines}
+    outputs = {c: {} for c in engines}
+    for b in a["batches"]:
+        batch = a["prompts"][:b]
+        for label, llm in engines.items():
+            got = llm.generate(batch, params, use_tqdm=False)
+            outputs[label][b] = [list(r.outputs[0].token_ids) for r in got]
+            seconds[label][b] = []
+        for i in range(a["repeats"]):
+            for label in a["orders"][i % len(a["orders"])]:
+                time.sleep(a["pause"])  # the previous engine's threads go idle first
+                t0 = time.perf_counter()
+                engines[label].generate(batch, params, use_tqdm=False)
+                seconds[label][b].append(time.perf_counter() - t0)
+    print("RESULT " + json.dumps({"seconds": seconds, "outputs": outputs}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+PLUGIN_LOG = "spec-autotune k0 skip: on"  # the plugin's INSTALLED line, logged by each process it patches
+
+
+def call_orders(labels: list[str]) -> list[list[str]]:
+    """The order of the configurations' calls, cycled call by call: every rotation of the labels,
+    then of the reversed labels, so each configuration takes each place and follows each other
+    configuration equally often over one cycle.
+
+    Example:
+        >>> call_orders(["a", "b", "c"])
+        [['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['c', 'b', 'a'], ['b', 'a', 'c'], ['a', 'c', 'b']]
+    """
+    back = labels[::-1]
+    n = len(labels)
+    return [labels[k:] + labels[:k] for k in range(n)] + [back[k:] + back[:k] for k in range(n)]
+
+
+def alternate_request(args: argparse.Namespace) -> dict:
+    """What the alternating driver runs: every configuration's engine alive in one process, each
+    timed call followed by the next configuration's (:func:`call_orders`), ``--pause`` seconds apart."""
+    base = offline_request(args, table=False)
+    configs = [
+        {"label": label, "spec": offline_request(args, table)["spec"], "plugin": plugin}
+        for label, _, table, plugin in OFFLINE_CONFIGS
+    ]
+    orders = call_orders([c["label"] for c in configs])
+    return {**base, "configs": configs, "orders": orders, "pause": args.pause, "switch": K0_SKIP_ENV}
+
+
+def plugin_engines(output: str) -> list[str]:
+    """The engines whose processes logged the plugin's line, from the driver's output (each engine's
+    start is marked ``ENGINE <label>``; the engine cores write to the same stream)."""
+    patched, current = [], None
+    for line in output.splitlines():
+        if line.startswith("ENGINE ") and not line.startswith("ENGINES READY"):
+            current = line[len("ENGINE ") :]
+        elif line.startswith("ENGINES READY"):
+            current = None
+        elif PLUGIN_LOG in line and current is not None and current not in patched:
+            patched.append(current)
+    return patched
+
+
 OFFLINE_CONFIGS = (  # label, kind, served through a K=0 table, with the plugin
     ("no speculation", "off", False, False),
     ("K=0 table, vLLM as shipped", "table-zero", True, False),
@@ -397,28 +488,51 @@ def offline_request(args: argparse.Namespace, table: bool) -> dict:
     }
 
 
-def offline_once(python: str, request: dict, plugin: bool, script: Path) -> dict:
-    """One engine in its own process group (vLLM's engine core and worker are its children, killed
-    with it): per batch, the greedy tokens of one generate(), then the seconds of the timed ones."""
+def run_driver(python: str, request: dict, plugin: bool, script: Path) -> tuple[dict, str]:
+    """A driver in its own process group (vLLM's engine cores and workers are its children, killed
+    with it): its RESULT line and its output (stdout and stderr); a failed engine is one line, exit 2."""
     env = {**os.environ, **OFFLINE_ENV}
     env.pop(K0_SKIP_ENV, None)
     if plugin:
         env[K0_SKIP_ENV] = "1"
+    if "configs" in request:  # several engines: each engine core a fresh interpreter, its own switch
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     cmd = [python, str(script), json.dumps(request)]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    proc = subprocess.Popen(  # one stream: vLLM logs to stdout, tracebacks go to stderr
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     try:
-        out, err = proc.communicate(timeout=1800)
+        out, _ = proc.communicate(timeout=3600)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        last = err.strip().splitlines()[-1:] or ["no output"]
+        last = out.strip().splitlines()[-1:] or ["no output"]
         fail(f"--offline: the vLLM engine failed (exit {proc.returncode}): {last[0]}")
-    got = json.loads(lines[-1][len("RESULT ") :])
-    return {int(b): {"seconds": s, "tokens": got["outputs"][b]} for b, s in got["seconds"].items()}
+    return json.loads(lines[-1][len("RESULT ") :]), out
+
+
+def per_batch(seconds: dict, outputs: dict) -> dict:
+    return {int(b): {"seconds": s, "tokens": outputs[b]} for b, s in seconds.items()}
+
+
+def offline_once(python: str, request: dict, plugin: bool, script: Path) -> dict:
+    """One engine: per batch, the greedy tokens of one generate(), then the seconds of the timed ones."""
+    got, _ = run_driver(python, request, plugin, script)
+    return per_batch(got["seconds"], got["outputs"])
+
+
+def alternate_once(python: str, request: dict, script: Path) -> dict[str, dict]:
+    """Every configuration's engine in one driver, calls alternated: per configuration what
+    :func:`offline_once` returns. Refuses a round in which the plugin patched another engine than
+    its own (or none), read off the engines' logs."""
+    got, output = run_driver(python, request, False, script)
+    want = [c["label"] for c in request["configs"] if c["plugin"]]
+    patched = plugin_engines(output)
+    if patched != want:
+        fail(f"--alternate: the plugin patched the engines {patched}, expected {want}")
+    return {label: per_batch(got["seconds"][label], got["outputs"][label]) for label in got["seconds"]}
 
 
 def offline(args: argparse.Namespace) -> dict:
@@ -436,22 +550,45 @@ def offline(args: argparse.Namespace) -> dict:
         **{"inner": args.inner, "repeats": args.repeats, "dtype": offline_dtype(args)},
         "rounds": {label: [] for label, *_ in OFFLINE_CONFIGS},
     }
+    if args.alternate:
+        result.update(alternate=True, pause=args.pause)
     with tempfile.TemporaryDirectory(prefix="vllm_plugin_offline_") as tmp:
         script = Path(tmp) / "driver.py"
-        script.write_text(OFFLINE_DRIVER)
+        script.write_text(ALTERNATE_DRIVER if args.alternate else OFFLINE_DRIVER)
         for r in range(args.repeats):
-            order = OFFLINE_CONFIGS if r % 2 == 0 else OFFLINE_CONFIGS[::-1]
-            for label, _, table, plugin in order:
-                run = offline_once(python, offline_request(args, table), plugin, script)
+            if args.alternate:
+                runs = alternate_once(python, alternate_request(args), script)
+            else:
+                order = OFFLINE_CONFIGS if r % 2 == 0 else OFFLINE_CONFIGS[::-1]
+                runs = {
+                    label: offline_once(python, offline_request(args, table), plugin, script)
+                    for label, _, table, plugin in order
+                }
+            for label, run in runs.items():
                 result["rounds"][label].append(run)
                 print(
                     f"round {r + 1} {label}: "
-                    + ", ".join(f"B={b} {min(v['seconds']):.3f}s" for b, v in run.items()),
+                    + ", ".join(f"B={b} {percentile(v['seconds'], 50):.3f}s" for b, v in run.items()),
                     flush=True,
                 )
             result["wall_s"] = time.perf_counter() - t0
             write_json(args.out, result)
     return result
+
+
+def call_ratio(seconds: list[list[float]], base: list[list[float]]) -> Estimate:
+    """Speed over the base from the alternated calls: call i of a round against the base's call i
+    (back to back in one process), every round's calls pooled; the interval is the paired t interval
+    over the calls, so it holds where rounds differ no more than calls do (the rounds' column says).
+
+    Example:
+        >>> r = call_ratio([[1.0, 2.0], [0.5]], [[1.1, 2.2], [0.55]])
+        >>> round(r.value, 6), r.n
+        (1.1, 3)
+    """
+    mine = [1.0 / s for run in seconds for s in run]
+    theirs = [1.0 / s for run in base for s in run]
+    return paired_ratio(mine, theirs)
 
 
 def offline_report(result: dict, out: Path) -> None:
@@ -475,6 +612,12 @@ def offline_report(result: dict, out: Path) -> None:
                 ratio = paired_ratio(tps, off)
                 summary.setdefault(kind, {})[str(b)] = ratio.as_dict()
                 row[-1] += f" ({ratio.cell()}x)"
+                if result.get("alternate"):  # call i of each configuration ran side by side
+                    calls = call_ratio(
+                        [run[b]["seconds"] for run in runs], [run[b]["seconds"] for run in base]
+                    )
+                    summary.setdefault("per_call", {}).setdefault(kind, {})[str(b)] = calls.as_dict()
+                    row[-1] += f" [{calls.cell()}x]"
         same = all(run[b]["tokens"] == base[0][b]["tokens"] for run in runs for b in batches)
         summary.setdefault("greedy_identical_to_no_speculation", {})[label] = same
         rows.append([*row, str(same)])
@@ -484,6 +627,11 @@ def offline_report(result: dict, out: Path) -> None:
     rounds = f"{result['repeats']} rounds x {result['inner']} generate() calls"
     print(f"vLLM engine, no HTTP server: {rounds}; {result['host']}, {result['dtype']}")
     print(columns(head, rows))
+    if result.get("alternate"):
+        print(
+            "(x): paired over rounds, each round's median call; [x]: paired over the calls, call i of "
+            f"each configuration back to back in one process ({result['pause']} s apart)"
+        )
     print(f"wrote {out}")
 
 

@@ -48,3 +48,53 @@ def test_the_report_pairs_rounds_and_flags_output_that_differs(tmp_path: Path) -
     again = tmp_path / "again.json"
     bench.offline_report(json.loads(out.read_text()), again)  # --report on the stored JSON
     assert json.loads(again.read_text())["summary"] == summary
+
+
+def test_alternated_calls_put_each_configuration_in_each_place_after_each_other() -> None:
+    orders = bench.call_orders(["a", "b", "c"])
+    assert len(orders) == 6 and all(sorted(o) == ["a", "b", "c"] for o in orders)
+    for label in "abc":  # each place equally often
+        assert [o.index(label) for o in orders].count(0) == 2
+    followed = [(o[i - 1], o[i]) for o in orders for i in range(1, 3)]  # each after each, twice
+    assert sorted(followed) == sorted(2 * [(x, y) for x in "abc" for y in "abc" if x != y])
+    request = bench.alternate_request(_args(pause=0.3))
+    assert [c["plugin"] for c in request["configs"]] == [False, False, True]
+    assert request["configs"][0]["spec"] is None and request["configs"][2]["spec"][bench.TABLE_KEY]
+    assert request["switch"] == "SPEC_AUTOTUNE_K0_SKIP" and request["pause"] == 0.3
+
+
+def test_the_plugin_line_is_attributed_to_the_engine_started_before_it() -> None:
+    log = "\n".join(
+        [
+            "ENGINE no speculation",
+            "INFO loading",
+            "ENGINE K=0 table, vLLM as shipped",
+            "ENGINE K=0 table, plugin",
+            f"(EngineCore pid=3) INFO {bench.PLUGIN_LOG} (a table's K=0 skips the drafter)",
+            f"(EngineCore pid=3) INFO {bench.PLUGIN_LOG} again",
+            "ENGINES READY",
+            f"{bench.PLUGIN_LOG} after the start: not an engine's",
+        ]
+    )
+    assert bench.plugin_engines(log) == ["K=0 table, plugin"]
+    assert bench.plugin_engines("ENGINE no speculation\nready") == []
+
+
+def test_alternated_calls_are_paired_call_by_call_and_by_round(tmp_path: Path) -> None:
+    def run(seconds: list[float]) -> dict:
+        return {1: {"seconds": seconds, "tokens": [[1]]}}
+
+    rounds = {  # round 2 is 10% slower for every engine: per call the plugin is 0.95x, 1.0x
+        "no speculation": [run([1.0, 1.0]), run([1.1, 1.1])],
+        "K=0 table, vLLM as shipped": [run([1.25, 1.25]), run([1.375, 1.375])],
+        "K=0 table, plugin": [run([1.0, 1.0 / 0.95]), run([1.1, 1.1 / 0.95])],
+    }
+    result = {"host": "test", "dtype": "float32", "batches": [1], "max_new_tokens": 8}
+    result.update(inner=2, repeats=2, mode="offline", rounds=rounds, alternate=True, pause=0.3)
+    out = tmp_path / "alternate.json"
+    bench.offline_report(result, out)
+    summary = json.loads(out.read_text())["summary"]
+    calls = summary["per_call"]["table-zero-plugin"]["1"]
+    assert math.isclose(calls["value"], math.sqrt(0.95), rel_tol=1e-9) and calls["n"] == 4
+    assert math.isclose(summary["per_call"]["table-zero"]["1"]["value"], 0.8, rel_tol=1e-9)
+    assert math.isclose(bench.call_ratio([[1.0, 2.0], [0.5]], [[1.1, 2.2], [0.55]]).value, 1.1)
