@@ -32,6 +32,16 @@ no speculation), and the catch-ups per table. JSON and text:
     python -m benchmarks.stacks.vllm_plugin [--config sweep.yaml] [--levels 1,4,16] [--requests 8] \
 [--repeats 4] [--trace] [--table 1:3,2-16:0 ...] [--constant 5 ...] [--out JSON] \
 [--report JSON]
+
+``--offline`` takes the HTTP server and client out: vLLM's ``LLM`` engine per configuration (no
+speculation, the K=0 table as shipped and with the plugin; each ``--constant K`` adds the draft
+model at K without and with the plugin), fixed batches (``--levels``), ``--inner`` timed
+``generate()`` calls per batch, one engine per process; with ``--alternate`` every configuration's
+engine lives in one process per round and their calls alternate one by one (paired per round and
+per call). JSON: ``benchmarks/results/vllm_plugin/vllm_plugin_offline.json``::
+
+    python -m benchmarks.stacks.vllm_plugin --offline --alternate [--levels 1,4,16] [--repeats 5] \
+[--inner 12] [--constant 4]
 """
 
 from __future__ import annotations
@@ -117,7 +127,8 @@ def arguments() -> argparse.Namespace:
         action="store_true",
         help="no HTTP server and no client: vLLM's LLM engine per configuration, fixed batches "
         "(--levels) of --max-new-tokens each, --inner timed generate() calls per batch and process, "
-        "--repeats processes per configuration alternated (the cost of the switch per step)",
+        "--repeats processes per configuration alternated (the cost of the switch per step); each "
+        "--constant K adds the draft model at K without and with the plugin (its cost at K>0)",
     )
     p.add_argument("--inner", type=int, default=8, help="--offline: timed generate() calls per batch")
     p.add_argument(
@@ -435,10 +446,10 @@ def call_orders(labels: list[str]) -> list[list[str]]:
 def alternate_request(args: argparse.Namespace) -> dict:
     """What the alternating driver runs: every configuration's engine alive in one process, each
     timed call followed by the next configuration's (:func:`call_orders`), ``--pause`` seconds apart."""
-    base = offline_request(args, table=False)
+    base = offline_request(args, None)
     configs = [
-        {"label": label, "spec": offline_request(args, table)["spec"], "plugin": plugin}
-        for label, _, table, plugin in OFFLINE_CONFIGS
+        {"label": label, "spec": offline_request(args, served)["spec"], "plugin": plugin}
+        for label, _, served, plugin in offline_configs(args)
     ]
     orders = call_orders([c["label"] for c in configs])
     return {**base, "configs": configs, "orders": orders, "pause": args.pause, "switch": K0_SKIP_ENV}
@@ -458,11 +469,25 @@ def plugin_engines(output: str) -> list[str]:
     return patched
 
 
-OFFLINE_CONFIGS = (  # label, kind, served through a K=0 table, with the plugin
-    ("no speculation", "off", False, False),
-    ("K=0 table, vLLM as shipped", "table-zero", True, False),
-    ("K=0 table, plugin", "table-zero-plugin", True, True),
+OFFLINE_CONFIGS = (  # label, kind, what is served (None: no speculation, 0: the K=0 table), plugin
+    ("no speculation", "off", None, False),
+    ("K=0 table, vLLM as shipped", "table-zero", 0, False),
+    ("K=0 table, plugin", "table-zero-plugin", 0, True),
 )
+
+
+def offline_configs(args: argparse.Namespace) -> list[tuple[str, str, int | None, bool]]:
+    """The engine-only configurations: the three K=0 ones, then each ``--constant K`` without and
+    with the plugin (what the plugin's per-step work costs where it speculates)."""
+    out = list(OFFLINE_CONFIGS)
+    for k in args.constants:
+        out += [
+            (f"constant K={k}", f"constant-{k}", k, False),
+            (f"constant K={k}, plugin", f"constant-{k}-plugin", k, True),
+        ]
+    return out
+
+
 OFFLINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_USE_AOT_COMPILE": "0", "VLLM_NO_USAGE_STATS": "1"}
 
 
@@ -472,14 +497,16 @@ def offline_dtype(args: argparse.Namespace) -> str:
     return str(resolve_dtype(args.dtype or "auto", checkpoint, "cpu")[0])
 
 
-def offline_request(args: argparse.Namespace, table: bool) -> dict:
-    """What the driver runs: the demo pair, the K=0 table (draft model, K=1 where it would draft)
-    or no speculative config, the batches, the greedy requests of the first prompts."""
+def offline_request(args: argparse.Namespace, served: int | None) -> dict:
+    """What the driver runs: the demo pair with no speculative config (``served`` None), the K=0
+    table (0: draft model, K=1 where it would draft) or the draft model at constant K (K >= 1); the
+    batches, the greedy requests of the first prompts."""
     batch = max(args.batches)
     spec = None
-    if table:
-        spec = {"method": "draft_model", "model": str(DEMO_DRAFT), "num_speculative_tokens": 1}
-        spec[TABLE_KEY] = [[1, batch, 0]]
+    if served is not None:
+        spec = {"method": "draft_model", "model": str(DEMO_DRAFT), "num_speculative_tokens": served or 1}
+        if served == 0:
+            spec[TABLE_KEY] = [[1, batch, 0]]
     prompts = [json.loads(line)["prompt"] for line in DEMO_PROMPTS.read_text().splitlines()][:batch]
     return {
         **{"target": str(DEMO_TARGET), "dtype": offline_dtype(args), "max_model_len": 1024},
@@ -548,7 +575,8 @@ def offline(args: argparse.Namespace) -> dict:
         "command": " ".join(sys.argv),
         **{"mode": "offline", "batches": args.batches, "max_new_tokens": args.max_new_tokens},
         **{"inner": args.inner, "repeats": args.repeats, "dtype": offline_dtype(args)},
-        "rounds": {label: [] for label, *_ in OFFLINE_CONFIGS},
+        "configs": offline_configs(args),
+        "rounds": {label: [] for label, *_ in offline_configs(args)},
     }
     if args.alternate:
         result.update(alternate=True, pause=args.pause)
@@ -559,10 +587,11 @@ def offline(args: argparse.Namespace) -> dict:
             if args.alternate:
                 runs = alternate_once(python, alternate_request(args), script)
             else:
-                order = OFFLINE_CONFIGS if r % 2 == 0 else OFFLINE_CONFIGS[::-1]
+                configs = offline_configs(args)
+                order = configs if r % 2 == 0 else configs[::-1]
                 runs = {
-                    label: offline_once(python, offline_request(args, table), plugin, script)
-                    for label, _, table, plugin in order
+                    label: offline_once(python, offline_request(args, served), plugin, script)
+                    for label, _, served, plugin in order
                 }
             for label, run in runs.items():
                 result["rounds"][label].append(run)
@@ -601,7 +630,8 @@ def offline_report(result: dict, out: Path) -> None:
     }
     base = result["rounds"]["no speculation"]
     rows, summary = [], {}
-    for label, kind, _, _ in OFFLINE_CONFIGS:
+    configs = [tuple(c) for c in result.get("configs", OFFLINE_CONFIGS)]  # older JSONs: the K=0 three
+    for label, kind, _, _ in configs:
         runs = result["rounds"][label]
         row = [label]
         for b in batches:
@@ -621,6 +651,7 @@ def offline_report(result: dict, out: Path) -> None:
         same = all(run[b]["tokens"] == base[0][b]["tokens"] for run in runs for b in batches)
         summary.setdefault("greedy_identical_to_no_speculation", {})[label] = same
         rows.append([*row, str(same)])
+    lines = plugin_over_without(result, configs, summary)
     result["summary"] = summary
     write_json(out, result)
     head = ["configuration", *(f"B={b} tok/s (x no spec.)" for b in batches), "greedy = no spec."]
@@ -632,7 +663,35 @@ def offline_report(result: dict, out: Path) -> None:
             "(x): paired over rounds, each round's median call; [x]: paired over the calls, call i of "
             f"each configuration back to back in one process ({result['pause']} s apart)"
         )
+    print("\n".join(lines))
     print(f"wrote {out}")
+
+
+def plugin_over_without(result: dict, configs: list, summary: dict) -> list[str]:
+    """Per constant K served without and with the plugin: with over without, per batch (paired over
+    rounds; with --alternate also over the calls), into ``summary["plugin_over_without"]``."""
+    labels = {kind: label for label, kind, _, _ in configs}
+    lines = []
+    for label, kind, served, plugin in configs:
+        if not plugin or not served:
+            continue
+        mine, theirs = result["rounds"][label], result["rounds"][labels[kind.removesuffix("-plugin")]]
+        cells = []
+        for b in result["batches"]:
+            ratio = paired_ratio(
+                [1 / percentile(r[b]["seconds"], 50) for r in mine],
+                [1 / percentile(r[b]["seconds"], 50) for r in theirs],
+            )
+            entry = {"rounds": ratio.as_dict()}
+            text = f"B={b} {ratio.cell()}x"
+            if result.get("alternate"):
+                calls = call_ratio([r[b]["seconds"] for r in mine], [r[b]["seconds"] for r in theirs])
+                entry["calls"] = calls.as_dict()
+                text += f" [{calls.cell()}x]"
+            summary.setdefault("plugin_over_without", {}).setdefault(f"K={served}", {})[str(b)] = entry
+            cells.append(text)
+        lines.append(f"constant K={served}, the plugin over without it: " + ", ".join(cells))
+    return lines
 
 
 def main() -> None:

@@ -17,10 +17,12 @@ def _args(**kw: object) -> argparse.Namespace:
 
 
 def test_the_k0_table_covers_every_batch_and_no_speculation_has_no_config() -> None:
-    table = bench.offline_request(_args(), table=True)
+    table = bench.offline_request(_args(), 0)
     assert table["spec"][bench.TABLE_KEY] == [[1, 4, 0]] and table["spec"]["method"] == "draft_model"
     assert len(table["prompts"]) == 4 and table["batches"] == [1, 4] and table["repeats"] == 3
-    assert bench.offline_request(_args(), table=False)["spec"] is None
+    assert bench.offline_request(_args(), None)["spec"] is None
+    constant = bench.offline_request(_args(), 4)["spec"]
+    assert constant["num_speculative_tokens"] == 4 and bench.TABLE_KEY not in constant
 
 
 def _run(seconds: float, tokens: list[int]) -> dict:
@@ -57,7 +59,7 @@ def test_alternated_calls_put_each_configuration_in_each_place_after_each_other(
         assert [o.index(label) for o in orders].count(0) == 2
     followed = [(o[i - 1], o[i]) for o in orders for i in range(1, 3)]  # each after each, twice
     assert sorted(followed) == sorted(2 * [(x, y) for x in "abc" for y in "abc" if x != y])
-    request = bench.alternate_request(_args(pause=0.3))
+    request = bench.alternate_request(_args(pause=0.3, constants=[]))
     assert [c["plugin"] for c in request["configs"]] == [False, False, True]
     assert request["configs"][0]["spec"] is None and request["configs"][2]["spec"][bench.TABLE_KEY]
     assert request["switch"] == "SPEC_AUTOTUNE_K0_SKIP" and request["pause"] == 0.3
@@ -98,3 +100,25 @@ def test_alternated_calls_are_paired_call_by_call_and_by_round(tmp_path: Path) -
     assert math.isclose(calls["value"], math.sqrt(0.95), rel_tol=1e-9) and calls["n"] == 4
     assert math.isclose(summary["per_call"]["table-zero"]["1"]["value"], 0.8, rel_tol=1e-9)
     assert math.isclose(bench.call_ratio([[1.0, 2.0], [0.5]], [[1.1, 2.2], [0.55]]).value, 1.1)
+
+
+def test_a_constant_k_is_served_without_and_with_the_plugin_and_compared(tmp_path: Path) -> None:
+    args = _args(pause=0.3, constants=[4])
+    configs = bench.offline_configs(args)
+    assert [c[1] for c in configs][-2:] == ["constant-4", "constant-4-plugin"]
+    request = bench.alternate_request(args)
+    assert [c["plugin"] for c in request["configs"]] == [False, False, True, False, True]
+    assert request["configs"][3]["spec"] == request["configs"][4]["spec"]
+
+    def run(seconds: float) -> dict:
+        return {1: {"seconds": [seconds, seconds], "tokens": [[1]]}}
+
+    rounds = {label: [run(1.0), run(1.1)] for label, *_ in configs}
+    rounds["constant K=4, plugin"] = [run(1.0 / 0.9), run(1.1 / 0.9)]  # 0.9x the constant without it
+    result = {"host": "test", "dtype": "float32", "batches": [1], "max_new_tokens": 8, "configs": configs}
+    result.update(inner=2, repeats=2, mode="offline", rounds=rounds, alternate=True, pause=0.3)
+    out = tmp_path / "constant.json"
+    bench.offline_report(result, out)
+    ratio = json.loads(out.read_text())["summary"]["plugin_over_without"]["K=4"]["1"]
+    assert math.isclose(ratio["rounds"]["value"], 0.9, rel_tol=1e-9)
+    assert math.isclose(ratio["calls"]["value"], 0.9, rel_tol=1e-9) and ratio["calls"]["n"] == 4
