@@ -264,6 +264,7 @@ def measure(args: argparse.Namespace) -> dict:
         result = result_head(args, ctx, cfg.workload, source, batch, levels)
 
         def checkpoint(rows: list[dict]) -> None:
+            without_tmp(rows, tmp)
             result.update(rows=rows, wall_s=time.perf_counter() - t0, vllm_version=backend.version)
             write_json(args.out, result)
 
@@ -285,10 +286,19 @@ def measure(args: argparse.Namespace) -> dict:
         for row in plan.rows:
             if row["config"] in stats_files:
                 row["catch_ups"] = catch_ups(stats_files[row["config"]])
+        without_tmp(plan.rows, tmp)
     result.update(
         vllm_version=backend.version, wall_s=time.perf_counter() - t0, complete=True, rows=plan.rows
     )
     return result
+
+
+def without_tmp(rows: list[dict], tmp: str) -> None:
+    """The rows' recorded commands with this run's temporary folder left out, so a catch-up record
+    reads as its file name (the folder is gone when the run ends)."""
+    for row in rows:
+        if "args" in row:
+            row["args"] = row["args"].replace(f"{tmp}/", "")
 
 
 def catch_ups(path: Path) -> dict:

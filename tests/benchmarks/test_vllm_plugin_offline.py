@@ -1,5 +1,6 @@
-"""The engine-only mode of benchmarks/stacks/vllm_plugin.py (``--offline``): what each engine is
-asked to run, and the paired ratios and greedy check of its report (no vLLM needed)."""
+"""benchmarks/stacks/vllm_plugin.py: the engine-only mode (``--offline``): what each engine is
+asked to run, the paired ratios and greedy check of its report; and the commands the HTTP mode records
+(no vLLM needed)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,15 @@ def test_a_constant_k_is_served_without_and_with_the_plugin_and_compared(tmp_pat
     ratio = json.loads(out.read_text())["summary"]["plugin_over_without"]["K=4"]["1"]
     assert math.isclose(ratio["rounds"]["value"], 0.9, rel_tol=1e-9)
     assert math.isclose(ratio["calls"]["value"], 0.9, rel_tol=1e-9) and ratio["calls"]["n"] == 4
+
+
+def test_the_recorded_commands_name_the_catch_up_record_without_the_runs_temporary_folder() -> None:
+    tmp = "/tmp/vllm_plugin_abc123"
+    rows = [
+        {"config": "no speculation", "args": "python serve target"},
+        {"config": "table", "args": f"SPEC_AUTOTUNE_K0_STATS={tmp}/catchups_0.jsonl python serve target"},
+        {"config": "K=4", "same_as": "no speculation"},
+    ]
+    bench.without_tmp(rows, tmp)
+    assert rows[1]["args"] == "SPEC_AUTOTUNE_K0_STATS=catchups_0.jsonl python serve target"
+    assert rows[0]["args"] == "python serve target" and "args" not in rows[2]
