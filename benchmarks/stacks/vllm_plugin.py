@@ -15,7 +15,9 @@ run ``--repeats`` times, round r with the same seed everywhere, the rounds inter
    requests up): every crossing into a K>0 range catches the drafter up; its greedy output is
    compared with no speculation's;
 5. each ``--constant K``: the chain at K with no table, the best constant such a table competes
-   with (the tuner's table contest serves the table beside it and no speculation).
+   with (the tuner's table contest serves the table beside it and no speculation);
+6. with ``--both``, each ``--constant K`` also with the plugin and each ``--table`` also without
+   it: what the plugin costs where it speculates, told apart from what vLLM's table costs.
 
 The workload is ``--config``'s (default benchmarks/configs/schedule_sweep.yaml, the draft model of
 the demo pair) at the concurrency levels ``--levels``, ``--requests`` per level (at least two
@@ -30,7 +32,7 @@ no speculation), and the catch-ups per table. JSON and text:
 ``benchmarks/results/vllm_plugin/vllm_plugin.{json,txt}``. Usage::
 
     python -m benchmarks.stacks.vllm_plugin [--config sweep.yaml] [--levels 1,4,16] [--requests 8] \
-[--repeats 4] [--trace] [--table 1:3,2-16:0 ...] [--constant 5 ...] [--out JSON] \
+[--repeats 4] [--trace] [--table 1:3,2-16:0 ...] [--constant 5 ...] [--both] [--out JSON] \
 [--report JSON]
 
 ``--offline`` takes the HTTP server and client out: vLLM's ``LLM`` engine per configuration (no
@@ -68,6 +70,7 @@ from autotune.knobs import Knobs
 from autotune.stats import Estimate, paired_ratio
 from benchmarks._common import claim_dir, fail, stamp
 from benchmarks._schedule import (
+    Pairing,
     Plan,
     analyse,
     identity,
@@ -113,6 +116,12 @@ def arguments() -> argparse.Namespace:
         help="also serve the chain at constant K (no table), the best constant a table is compared with",
     )
     p.add_argument(
+        "--both",
+        action="store_true",
+        help="serve each --constant also with the plugin and each --table also without it (tells "
+        "the plugin's cost at K>0 from the table's own)",
+    )
+    p.add_argument(
         "--dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default=None,
@@ -122,6 +131,20 @@ def arguments() -> argparse.Namespace:
     p.add_argument(
         "--report", type=Path, default=None, metavar="JSON", help="measure nothing: report this JSON"
     )
+    offline_arguments(p)
+    args = p.parse_args()
+    if args.report is None:
+        args.out = args.out or default_out(args.offline)
+    for text in args.tables:
+        try:
+            parse_table(text)
+        except ValueError as e:
+            p.error(f"--table: {e}")
+    return args
+
+
+def offline_arguments(p: argparse.ArgumentParser) -> None:
+    """The engine-only mode's options (``--offline``)."""
     p.add_argument(
         "--offline",
         action="store_true",
@@ -141,15 +164,6 @@ def arguments() -> argparse.Namespace:
         "--pause", type=float, default=0.3, help="--alternate: seconds between calls (threads go idle)"
     )
     p.add_argument("--max-new-tokens", type=int, default=48, help="--offline: tokens per request")
-    args = p.parse_args()
-    if args.report is None:
-        args.out = args.out or default_out(args.offline)
-    for text in args.tables:
-        try:
-            parse_table(text)
-        except ValueError as e:
-            p.error(f"--table: {e}")
-    return args
 
 
 def default_out(offline: bool) -> Path:
@@ -221,8 +235,9 @@ def serve_all(
     plan: Plan, backend: VllmBackend, args: argparse.Namespace, batch: int, levels: list[int], tmp: Path
 ) -> dict[str, Path]:
     """Every configuration in order: no speculation, the K=0 table as shipped and with the plugin,
-    the ``--constant`` chains, the ``--table`` tables with the plugin; the asked tables' catch-up
-    record files by label."""
+    the ``--constant`` chains, the ``--table`` tables with the plugin (with ``--both`` each chain
+    also with the plugin and each table also without it); the asked tables' catch-up record files
+    by label."""
     stats_files: dict[str, Path] = {}
     with plan.together():
         off = Knobs("none", 0, max_batch_size=batch)
@@ -234,16 +249,23 @@ def serve_all(
         for k in args.constants:
             chain = Knobs("model", k, max_batch_size=batch)
             plan.run(f"constant K={k}", backend.command(chain), "constant", chain)
+            if args.both:
+                on = ["env", f"{K0_SKIP_ENV}=1", *backend.command(chain)]
+                plan.run(f"constant K={k}, plugin", on, "constant-plugin", chain)
         for text in args.tables:
             schedule = parse_table(text)
             ranges, lo = [], 1
             for hi, k in schedule:
                 ranges.append([lo, hi, k])
                 lo = hi + 1
+            k_per_level = {b: k_at(schedule, b) for b in levels}
+            if args.both:
+                command = table_command(backend, batch, ranges, False)
+                plan.run(f"table {text}", command, "table-asked", k_per_level=k_per_level)
             label = f"table {text}, plugin"
             stats_files[label] = tmp / f"catchups_{len(stats_files)}.jsonl"
             command = table_command(backend, batch, ranges, True, stats_files[label])
-            plan.run(label, command, "table-plugin", k_per_level={b: k_at(schedule, b) for b in levels})
+            plan.run(label, command, "table-plugin", k_per_level=k_per_level)
     return stats_files
 
 
@@ -351,6 +373,7 @@ def report(result: dict, out: Path) -> None:
             met = all(per[b] and per[b]["value"] >= GOAL for b in levels)
             summary["goal_met_on_point_ratios"] = met
             extra.append(f"  goal (>= {GOAL}x at every level, point ratios): {'met' if met else 'not met'}")
+    extra += plugin_pairs(rows, levels, summary)
     caught = {r["config"]: r["catch_ups"] for r in rows if "catch_ups" in r}
     if caught:
         summary["catch_ups"] = caught
@@ -370,6 +393,28 @@ def report(result: dict, out: Path) -> None:
     print(text.getvalue())
     out.with_suffix(".txt").write_text(text.getvalue())
     print(f"wrote {out} and {out.with_suffix('.txt')}")
+
+
+def plugin_pairs(rows: list[dict], levels: list[int], summary: dict) -> list[str]:
+    """Per configuration served with and without the plugin (``--both``; the K=0 table too): with
+    over without at each level, paired by round (bridged where they ran in different groups), into
+    ``summary["plugin_over_without"]``."""
+    ok = [r for r in rows if "error" not in r and "per_level_rounds" in r]
+    by_label = {r["config"]: r for r in ok}
+    pairing, lines = Pairing(ok), []
+    for row in ok:
+        name = row["config"].removesuffix(", plugin")
+        other = by_label.get("K=0 table, vLLM as shipped" if row["kind"] == "table-zero-plugin" else name)
+        if name == row["config"] or other is None:
+            continue
+        per = {
+            b: pairing.ratio(row, other, lambda r, b=b: r["per_level_rounds"][b]["tokens_per_second"])
+            for b in levels
+        }
+        summary.setdefault("plugin_over_without", {})[row["config"]] = {str(b): v for b, v in per.items()}
+        lines.append(f"  {row['config']}: " + ", ".join(f"{b}: {ratio_text(per[b])}" for b in levels))
+    head = "with the plugin over without it, per level (paired rounds, 95% interval):"
+    return [head, *lines] if lines else []
 
 
 OFFLINE_DRIVER = r"""

@@ -135,3 +135,29 @@ def test_the_recorded_commands_name_the_catch_up_record_without_the_runs_tempora
     bench.without_tmp(rows, tmp)
     assert rows[1]["args"] == "SPEC_AUTOTUNE_K0_STATS=catchups_0.jsonl python serve target"
     assert rows[0]["args"] == "python serve target" and "args" not in rows[2]
+
+
+def test_each_configuration_served_both_ways_is_paired_with_its_own_without_the_plugin() -> None:
+    def row(label: str, kind: str, tps: list[float]) -> dict:
+        return {
+            "config": label,
+            "kind": kind,
+            "group": 0,
+            "per_level_rounds": {4: {"tokens_per_second": tps}},
+        }
+
+    rows = [
+        row("no speculation", "off", [100.0, 120.0]),
+        row("K=0 table, vLLM as shipped", "table-zero", [80.0, 90.0]),
+        row("K=0 table, plugin", "table-zero-plugin", [96.0, 108.0]),
+        row("constant K=4", "constant", [110.0, 100.0]),
+        row("constant K=4, plugin", "constant-plugin", [99.0, 90.0]),
+        row("table 1-16:4, plugin", "table-plugin", [50.0, 60.0]),  # served with the plugin only
+    ]
+    summary: dict = {}
+    lines = bench.plugin_pairs(rows, [4], summary)
+    pairs = summary["plugin_over_without"]
+    assert set(pairs) == {"K=0 table, plugin", "constant K=4, plugin"}
+    assert math.isclose(pairs["K=0 table, plugin"]["4"]["value"], 1.2, rel_tol=1e-9)
+    assert math.isclose(pairs["constant K=4, plugin"]["4"]["value"], 0.9, rel_tol=1e-9)
+    assert len(lines) == 3 and lines[2].startswith("  constant K=4, plugin: 4: 0.90")
