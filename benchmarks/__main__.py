@@ -49,7 +49,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 QUICK_RESULTS = ROOT / "benchmarks" / "results-quick"
 QUICK_TIMES = ROOT / "benchmarks" / "quick_run_times.json"
 """The last ``run all --quick`` where every step passed: its seconds per step, host and date."""
-QUICK_DB = ROOT / "benchmarks" / "configs" / "autotune.db"
 """benchmarks/configs/quick.yaml's storage: the watch steps' profiles (tuned by the first quick run)."""
 
 
@@ -140,28 +139,42 @@ def run_minutes(result: Path) -> str:
     return "<0.1" if seconds < 3 else f"{seconds / 60:.1f}"
 
 
-def quick_run_line(record: dict | None) -> str:
-    """The README's sentence on the last whole quick run (or that none is recorded)."""
-    if record is None:
+def quick_runs() -> list[dict]:
+    """The last whole quick run of each host (:data:`QUICK_TIMES`), oldest host first; a file of
+    one record (before hosts were kept apart) is that one."""
+    if not QUICK_TIMES.is_file():
+        return []
+    data = json.loads(QUICK_TIMES.read_text())
+    return [data] if "steps" in data else list(data["runs"])
+
+
+def quick_run_line(records: list[dict]) -> str:
+    """The README's sentence on the last whole quick run per host (or that none is recorded)."""
+    if not records:
         return "No whole `run all --quick` is recorded yet.\n\n"
-    total = sum(step["seconds"] for step in record["steps"].values())
-    kind = (
-        "a rerun: the watch steps' profiles were stored"
-        if record["rerun"]
-        else "a first run: the watch steps tuned their profiles, torch compiled what its cache lacked"
-    )
+    parts = []
+    for record in records:
+        total = sum(step["seconds"] for step in record["steps"].values())
+        kind = (
+            "a rerun: the watch steps' profiles were stored"
+            if record["rerun"]
+            else "a first run: the watch steps tuned their profiles, torch compiled what its cache lacked"
+        )
+        parts.append(
+            f"{total / 60:.1f} minutes for its {len(record['steps'])} steps on {record['host']} "
+            f"({record['date_utc'][:10]}; {kind})"
+        )
+    hosts = "one figure per host, in this order" if len(records) > 1 else "its figures"
     return (
-        f"The last `python -m benchmarks run all --quick`: {total / 60:.1f} minutes for its "
-        f"{len(record['steps'])} steps on {record['host']} ({record['date_utc'][:10]}; {kind}), each "
-        f'step\'s seconds in the "quick seconds" column.\n\n'
+        f"The last `python -m benchmarks run all --quick` per host: {'; '.join(parts)}. Each step's "
+        f'seconds are in the "quick seconds" column ({hosts}).\n\n'
     )
 
 
 def readme() -> str:
     """benchmarks/README.md: the claims table, with the day each claim's result was measured, how
     long that (full) run took and how long the step took in the last whole quick run."""
-    quick = json.loads(QUICK_TIMES.read_text()) if QUICK_TIMES.is_file() else None
-    quick_s = {name: step["seconds"] for name, step in (quick or {"steps": {}})["steps"].items()}
+    quick = quick_runs()
     rows = [
         "| group | step | command (full) | results page | result file | last run | its minutes "
         "| quick seconds |",
@@ -174,7 +187,8 @@ def readme() -> str:
         link = f"[{result.name}](results/{s.name}/{result.name})" if result.is_file() else "-"
         page = f"[{s.page}](../docs/results/{s.page})"
         minutes = run_minutes(result)
-        cells = (s.group, s.name, f"`{command}`", page, link, date or "-", minutes, quick_s.get(s.name, "-"))
+        quick_s = " / ".join(str(r["steps"].get(s.name, {}).get("seconds", "-")) for r in quick) or "-"
+        cells = (s.group, s.name, f"`{command}`", page, link, date or "-", minutes, quick_s)
         rows.append("| " + " | ".join(map(str, cells)) + " |")
     return README_HEAD + quick_run_line(quick) + "\n".join(rows) + "\n"
 
@@ -183,8 +197,8 @@ def record_times(
     times: dict[str, tuple[int, float]], args: argparse.Namespace, results: Path, rerun: bool
 ) -> None:
     """``<results>/run_times.log``; for a whole quick run where every step passed, also the committed
-    record the README's quick column comes from (:data:`QUICK_TIMES`); ``rerun``: the quick storage
-    held profiles when it started (the watch steps did not tune)."""
+    record the README's quick column comes from (:data:`QUICK_TIMES`, the latest per host);
+    ``rerun``: no watch step tuned its profile first (the quick storage held them)."""
     record = {
         **stamp(),  # host and date_utc: when the run finished
         "group": args.group,
@@ -194,7 +208,18 @@ def record_times(
     (results / "run_times.log").write_text(json.dumps(record, indent=2) + "\n")
     whole = args.group == "all" and not args.only and all(code == 0 for code, _ in times.values())
     if args.quick and whole:
-        QUICK_TIMES.write_text(json.dumps({**record, "rerun": rerun}, indent=2) + "\n")
+        runs = [r for r in quick_runs() if r["host"] != record["host"]] + [{**record, "rerun": rerun}]
+        QUICK_TIMES.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+
+
+def tuned_first(steps: list[Step], results: Path) -> bool:
+    """Whether a watch step of this run tuned its profile first (none was stored), read off the
+    JSONs it wrote (``tuned_first``)."""
+    for s in steps:
+        result = results / s.name / f"{s.name}.json"
+        if s.group == "watch" and result.is_file() and json.loads(result.read_text()).get("tuned_first"):
+            return True
+    return False
 
 
 def run_steps(steps: list[Step], quick: bool, results: Path) -> dict[str, tuple[int, float]]:
@@ -246,14 +271,14 @@ def main() -> None:
         return
     results = (args.results or (QUICK_RESULTS if args.quick else RESULTS)).resolve()
     results.mkdir(parents=True, exist_ok=True)
-    rerun = QUICK_DB.is_file()
-    times = run_steps(selected(args.group, args.only), args.quick, results)
+    steps = selected(args.group, args.only)
+    times = run_steps(steps, args.quick, results)
     print("\nstep                    exit  seconds")
     for name, (code, seconds) in times.items():
         print(f"{name:22}  {code:4}  {seconds:7.0f}")
     total = sum(t for _, t in times.values())
     print(f"{'total':22}  {'':4}  {total:7.0f}")
-    record_times(times, args, results, rerun)
+    record_times(times, args, results, not tuned_first(steps, results))
     sys.exit(1 if any(code for code, _ in times.values()) else 0)
 
 

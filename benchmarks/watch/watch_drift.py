@@ -418,6 +418,7 @@ class Run:
     backend: Any
     prof: dict  # the stored profile served (its JSON)
     prose: list  # the --prose prompts as requests
+    tuned_first: bool = False  # no profile was stored: this run tuned one first (--tune-if-missing)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="watch_drift_")))
 
     @property
@@ -494,7 +495,8 @@ def open_run(args: argparse.Namespace) -> Run:
 
             backend = LlamacppBackend(ctx)
         prof = newest_profile(ctx, args.stack, args.profile)
-        if prof is None and args.tune_if_missing and args.profile is None:
+        tuned = prof is None and args.tune_if_missing and args.profile is None
+        if tuned:
             tune_first(args, cfg.storage.url)
             prof = newest_profile(ctx, args.stack, None)
         if prof is None:
@@ -516,7 +518,7 @@ def open_run(args: argparse.Namespace) -> Run:
     except USER_ERRORS as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         sys.exit(2)
-    return Run(args, cfg, ctx, backend, prof, prose)
+    return Run(args, cfg, ctx, backend, prof, prose, tuned)
 
 
 def served_command(run: Run) -> list[str]:
@@ -553,6 +555,7 @@ def opening(run: Run, served: list[str]) -> dict:
         "stack": args.stack,
         "profile": {k: prof.get(k) for k in ("id", "chosen", "schedule", "table_decision")},
         "profile_json": prof,  # the whole profile: --replay judges with it, no store needed
+        "tuned_first": run.tuned_first,
         "served_args": served[1:],
         "interval_s": args.interval,
         "windows_to_stale": args.windows_to_stale,

@@ -122,10 +122,33 @@ def test_only_a_whole_passing_quick_run_is_recorded_for_the_readme(tmp_path, mon
         entry.record_times({**times, **({"vllm": (1, 3.0)} if failed else {})}, args, tmp_path, False)
         assert not record.exists(), (group, only, quick, failed)
         assert json.loads((tmp_path / "run_times.log").read_text())["group"] == group
-    entry.record_times(times, argparse.Namespace(group="all", only=None, quick=True), tmp_path, True)
-    written = json.loads(record.read_text())
+    whole = argparse.Namespace(group="all", only=None, quick=True)
+    entry.record_times(times, whole, tmp_path, True)
+    (written,) = json.loads(record.read_text())["runs"]
     assert written["steps"] == {"trees": {"exit": 0, "seconds": 7}, "budget": {"exit": 0, "seconds": 127}}
     assert written["rerun"] is True and written["host"] and written["date_utc"]
-    line = entry.quick_run_line(written)
+    line = entry.quick_run_line([written])
     assert "2.2 minutes for its 2 steps" in line and "a rerun" in line
-    assert entry.quick_run_line(None).startswith("No whole")
+    assert entry.quick_run_line([]).startswith("No whole")
+    other = {**written, "host": "another host", "rerun": False}
+    record.write_text(json.dumps({"runs": [other, written]}))
+    entry.record_times({"trees": (0, 9.0)}, whole, tmp_path, False)  # this host again: replaces its own
+    runs = json.loads(record.read_text())["runs"]
+    assert [r["host"] for r in runs] == ["another host", written["host"]]
+    assert runs[1]["steps"] == {"trees": {"exit": 0, "seconds": 9}} and runs[1]["rerun"] is False
+    line = entry.quick_run_line(runs)
+    assert "on another host" in line and "a first run" in line and "one figure per host" in line
+
+
+def test_a_quick_run_is_a_rerun_unless_a_watch_step_tuned_its_profile_first(tmp_path) -> None:
+    import json
+
+    from benchmarks import __main__ as entry
+    from benchmarks.claims import CLAIMS
+
+    watch = [s for s in CLAIMS if s.group == "watch"]
+    assert not entry.tuned_first(watch, tmp_path)  # nothing written: nothing tuned
+    for i, s in enumerate(watch):
+        (tmp_path / s.name).mkdir()
+        (tmp_path / s.name / f"{s.name}.json").write_text(json.dumps({"tuned_first": i == 1}))
+    assert entry.tuned_first(watch, tmp_path) and not entry.tuned_first(watch[:1], tmp_path)
