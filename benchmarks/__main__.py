@@ -48,8 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 QUICK_RESULTS = ROOT / "benchmarks" / "results-quick"
 QUICK_TIMES = ROOT / "benchmarks" / "quick_run_times.json"
-"""The last ``run all --quick`` where every step passed: its seconds per step, host and date."""
-"""benchmarks/configs/quick.yaml's storage: the watch steps' profiles (tuned by the first quick run)."""
+"""Per host, the last ``run all --quick`` where every step passed: its seconds per step, host, date
+and whether it was a rerun (no watch step tuned its profile first)."""
 
 
 def selected(group: str, only: str | None) -> list[Step]:

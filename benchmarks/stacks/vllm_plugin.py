@@ -206,8 +206,12 @@ def table_command(
     cmd = backend.command(Knobs("model", max(1, *(k for *_, k in ranges)), max_batch_size=batch))
     at = cmd.index("--speculative-config") + 1
     cmd[at] = json.dumps({**json.loads(cmd[at]), TABLE_KEY: ranges})
-    env = [f"{K0_SKIP_ENV}=1", *([f"{K0_STATS_ENV}={stats}"] if stats else [])]
-    return ["env", *env, *cmd] if plugin else cmd
+    return with_plugin(cmd, stats) if plugin else cmd
+
+
+def with_plugin(cmd: list[str], stats: Path | None = None) -> list[str]:
+    """``cmd`` run with the plugin's switch on (and its catch-up record written to ``stats``)."""
+    return ["env", f"{K0_SKIP_ENV}=1", *([f"{K0_STATS_ENV}={stats}"] if stats else []), *cmd]
 
 
 def result_head(args: argparse.Namespace, ctx, w, source: Path, batch: int, levels: list[int]) -> dict:
@@ -250,8 +254,9 @@ def serve_all(
             chain = Knobs("model", k, max_batch_size=batch)
             plan.run(f"constant K={k}", backend.command(chain), "constant", chain)
             if args.both:
-                on = ["env", f"{K0_SKIP_ENV}=1", *backend.command(chain)]
-                plan.run(f"constant K={k}, plugin", on, "constant-plugin", chain)
+                plan.run(
+                    f"constant K={k}, plugin", with_plugin(backend.command(chain)), "constant-plugin", chain
+                )
         for text in args.tables:
             schedule = parse_table(text)
             ranges, lo = [], 1
