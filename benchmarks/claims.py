@@ -56,7 +56,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.engine.engine_speedup",
         "engine-cpu.md",
         ("--gammas", "2,4,6,8"),
-        ("--gammas", "4", "--batch-sizes", "1,4", "--num-prompts", "4", "--max-new-tokens", "32"),
+        ("--gammas", "4", "--batch-sizes", "1,4", "--num-prompts", "4", "--max-new-tokens", "24"),
     ),
     Step(
         "engine",
@@ -240,7 +240,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.deployment_scale",
         "deployment-scale.md",
         ("--budget", "25"),
-        ("--budget", "3"),
+        ("--budget", "3", "--requests", "2", "--max-new-tokens", "16"),
     ),
     Step(
         "watch",
