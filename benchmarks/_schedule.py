@@ -12,7 +12,12 @@ back in a fresh server. Every group after the first measures no speculation agai
 row, ``--no-bridge`` to spare the slot), so a ratio between rows of different groups is
 (A / bridge in A's group) x (bridge / B in B's group): drift between the groups cancels instead of
 passing for a difference (``autotune.stats.bridged_ratio``; each ratio's ``across`` says so).
-Every round's per-level metrics are kept (``per_level_rounds``), and the arrival trace's
+With ``rounds_per_server`` R (``--rounds-per-server``), every configuration's server is started
+afresh every R rounds (a server set: the group's servers stopped together, round r's order kept):
+each set is then one observation in the ratios (:func:`server_sets`: the geometric mean of its
+rounds), so an interval counts the offsets between two servers of the same command, which rounds
+in one server share and cannot show. Every round's per-level metrics are kept
+(``per_level_rounds``), and the arrival trace's
 (``trace_rounds``) when the workload has one. A command already measured is
 not run twice (the row says ``same_as``), except no speculation, measured first and again last
 (the drift check).
@@ -114,12 +119,15 @@ def arguments(doc: str, stack: str, grid_help: str, tables: bool = False) -> arg
         p.error("--repeats must be >= 1")
     if args.interleave is not None and args.interleave < 1:
         p.error("--interleave must be >= 1")
+    if args.rounds_per_server is not None and args.rounds_per_server < 1:
+        p.error("--rounds-per-server must be >= 1")
     if args.resume is not None:  # the earlier run's rounds and grid: new rows pair with its rounds
         try:
             earlier = json.loads(args.resume.read_text())
         except (OSError, ValueError) as e:
             p.error(f"--resume {args.resume}: {e}")
         args.repeats = earlier.get("repeats", args.repeats)
+        args.rounds_per_server = earlier.get("rounds_per_server", args.rounds_per_server)
         if earlier.get("grid"):
             args.grid = ",".join(str(k) for k in earlier["grid"])
     return args
@@ -145,6 +153,7 @@ def parser(doc: str, stack: str, grid_help: str, tables: bool) -> argparse.Argum
         help="do not measure no speculation again in every later group (ratios across groups are then "
         "unpaired in time)",
     )
+    add_rounds_per_server(p)
     p.add_argument("--grid", default="1,2,3,5", help=grid_help)
     p.add_argument(
         "--slo-tpot-ms",
@@ -170,6 +179,19 @@ def parser(doc: str, stack: str, grid_help: str, tables: bool) -> argparse.Argum
     p.add_argument("--out", type=Path, default=claim_dir(f"schedule_{stack}") / f"schedule_{stack}.json")
     add_resume_and_table_flags(p, tables)
     return p
+
+
+def add_rounds_per_server(p: argparse.ArgumentParser) -> None:
+    """``--rounds-per-server R``: the :class:`Plan`'s server sets."""
+    p.add_argument(
+        "--rounds-per-server",
+        type=int,
+        default=None,
+        metavar="R",
+        help="start every configuration's server afresh every R rounds (a server set), each set one "
+        "observation in the ratios, so their intervals count the offsets between servers of the same "
+        "command (default: all rounds in one server)",
+    )
 
 
 def add_resume_and_table_flags(p: argparse.ArgumentParser, tables: bool) -> None:
@@ -238,6 +260,7 @@ class Plan:
         host_flag: str = "--host",
         interleave: int = 1,
         bridge: bool = True,
+        rounds_per_server: int | None = None,
     ) -> None:
         self.backend, self.batch, self.levels = backend, batch, list(levels)
         self.repeats, self.seed, self.greedy, self.host_flag = repeats, seed, greedy, host_flag
@@ -253,6 +276,8 @@ class Plan:
         if backend is not None and getattr(backend, "keep_servers", 1) < interleave:
             backend.keep_servers = interleave  # a group's servers stay up across its rounds
         self.bridge = bridge  # measure the first no speculation again in every later group (see together)
+        # servers started afresh every this many rounds (a server set, see server_sets); None: never
+        self.rounds_per_server = rounds_per_server if rounds_per_server and rounds_per_server < repeats else None
         self.keep_outputs = False  # a row also keeps its first level's output tokens (``outputs``)
         self._bridge: tuple[dict, list[str]] | None = None  # (row, command) of that configuration
         self._groups = 0  # groups measured so far: a row's ``group``
@@ -433,7 +458,8 @@ class Plan:
 
     def _measure(self, group: Sequence[tuple[dict, list[str]]]) -> None:
         """Every round of every configuration of ``group``, interleaved (round r of each, then r + 1),
-        each in its own server kept alive across the rounds; the rows filled in place."""
+        each in its own server kept alive across the rounds (across ``rounds_per_server`` of them,
+        then the group's servers are started afresh); the rows filled in place."""
         records: dict[str, dict] = {row["config"]: {} for row, _ in group}
         runs: dict[str, list] = {row["config"]: [] for row, _ in group}
         startup: dict[str, float | None] = {}
@@ -445,6 +471,8 @@ class Plan:
         for i, r in round_order(len(group), self.repeats, interleaved=True):
             row, command = group[i]
             label = row["config"]
+            if i == 0 and r and self.rounds_per_server and r % self.rounds_per_server == 0:
+                self.backend.close()  # the next server set: every configuration's server afresh
             if "error" in row:
                 continue
             keep_records = records[label] if r == 0 else None
@@ -467,6 +495,8 @@ class Plan:
     def _fill(self, row: dict, runs: list, records: dict, startup_s: float | None) -> None:
         label, kind = row["config"], row["kind"]
         tps = [res.tokens_per_second for res in runs]
+        if self.rounds_per_server:
+            row["rounds_per_server"] = self.rounds_per_server
         row.update(
             startup_s=startup_s,
             tokens_per_second_runs=tps,
@@ -577,8 +607,41 @@ class Plan:
 # analysis ------------------------------------------------------------------------------------------
 
 
-def _ratio(a: Sequence[float], b: Sequence[float]) -> Estimate | None:
-    """:func:`autotune.stats.paired_ratio`, None where the rounds cannot be paired."""
+def server_sets(xs: Sequence[float | None], rounds_per_server: int | None) -> list[float | None]:
+    """A row's per-round values as one observation per server set: the geometric mean of each run of
+    ``rounds_per_server`` consecutive rounds (one server's), the rounds themselves when None. Paired
+    over sets, a ratio's interval counts what differs between two servers of the same command.
+
+    Example:
+        >>> [round(x, 9) for x in server_sets([1.0, 4.0, 2.0, 8.0, 3.0], 2)], server_sets([1.0, 2.0], None)
+        ([2.0, 4.0, 3.0], [1.0, 2.0])
+    """
+    if not rounds_per_server:
+        return list(xs)
+    chunks = [xs[i : i + rounds_per_server] for i in range(0, len(xs), rounds_per_server)]
+    return [
+        math.exp(statistics.fmean(math.log(x) for x in c)) if all(x is not None and x > 0 for x in c) else None
+        for c in chunks
+    ]
+
+
+def rounds_text(repeats: int, rounds_per_server: int | None) -> str:
+    """The report header's rounds: ``8 rounds per server``, or in server sets.
+
+    Example:
+        >>> rounds_text(8, None), rounds_text(8, 2)
+        ('8 rounds per server', '8 rounds, every server started afresh every 2 (4 server sets, each one observation)')
+    """
+    if not rounds_per_server or rounds_per_server >= repeats:
+        return f"{repeats} rounds per server"
+    sets = -(-repeats // rounds_per_server)
+    return f"{repeats} rounds, every server started afresh every {rounds_per_server} ({sets} server sets, each one observation)"
+
+
+def _ratio(a: Sequence[float], b: Sequence[float], rounds_per_server: int | None = None) -> Estimate | None:
+    """:func:`autotune.stats.paired_ratio` (over server sets, see :func:`server_sets`), None where the
+    rounds cannot be paired."""
+    a, b = server_sets(a, rounds_per_server), server_sets(b, rounds_per_server)
     return paired_ratio(a, b) if pairable(a, b) else None
 
 
@@ -605,7 +668,14 @@ class Pairing:
 
     def ratio(self, a: dict, b: dict, series) -> dict | None:
         """``series(a)`` over ``series(b)``: :meth:`Estimate.as_dict` plus ``across`` when a and b
-        were measured in different groups (``bridge`` or ``groups``); None where rounds are missing."""
+        were measured in different groups (``bridge`` or ``groups``); None where rounds are missing.
+        Rows measured in server sets (``rounds_per_server``) are paired set by set (:func:`server_sets`)."""
+
+        rounds = series
+
+        def series(row: dict) -> list[float | None]:  # noqa: F811 (the rounds, one value per server set)
+            return server_sets(rounds(row), row.get("rounds_per_server"))
+
         x, y = series(a), series(b)
         ga, gb = a.get("group"), b.get("group")
         if ga is None or gb is None or ga == gb:
@@ -779,7 +849,7 @@ def drift(rows: list[dict]) -> dict | None:
     last = next((r for r in rows if r["kind"] == "off-again" and "error" not in r), None)
     if first is None or last is None:
         return None
-    est = _ratio(last["tokens_per_second_runs"], first["tokens_per_second_runs"])
+    est = _ratio(last["tokens_per_second_runs"], first["tokens_per_second_runs"], first.get("rounds_per_server"))
     return est and est.as_dict()
 
 
@@ -817,7 +887,8 @@ def table_ceiling(rows: list[dict], refs: dict) -> dict | None:
         for i in range(n):
             tokens[i] += toks[i]
             wall[i] += secs[i]
-    est = _ratio([t / w for t, w in zip(tokens, wall, strict=True)], best["tokens_per_second_runs"])
+    ceiling = [t / w for t, w in zip(tokens, wall, strict=True)]
+    est = _ratio(ceiling, best["tokens_per_second_runs"], best.get("rounds_per_server"))
     return {"per_level": dict(at), "over_best_constant": est and est.as_dict()}
 
 
@@ -1200,6 +1271,7 @@ def new_plan(bench: Bench, checkpoint: Callable[[list[dict]], None]) -> Plan:
         checkpoint,
         interleave=bench.args.interleave or bench.backend.keep_servers,
         bridge=bench.args.bridge,
+        rounds_per_server=bench.args.rounds_per_server,
     )
 
 
@@ -1275,7 +1347,7 @@ def report(bench: Bench, stack_text: str, batch_flag: str, result: dict, extra: 
         f"{stack_text}; workload {w.prompts.name}, concurrency {list(w.concurrency)}, "
         f"{requests_text(level_requests(w, bench.batch))} x {w.max_new_tokens} tokens per level"
         + (f", trace {w.trace}" if w.trace is not None else "")
-        + f"; {bench.args.repeats} rounds per server; {batch_flag} {bench.batch}",
+        + f"; {rounds_text(bench.args.repeats, bench.args.rounds_per_server)}; {batch_flag} {bench.batch}",
         result,
         bench.levels,
         w.rate is None,

@@ -56,7 +56,10 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.engine.engine_speedup",
         "engine-cpu.md",
         ("--gammas", "2,4,6,8"),
-        ("--gammas", "4", "--batch-sizes", "1,4", "--num-prompts", "4", "--max-new-tokens", "24"),
+        (
+            *("--gammas", "4", "--batch-sizes", "1,4", "--num-prompts", "4", "--max-new-tokens", "24"),
+            *("--engine", "eager"),
+        ),
     ),
     Step(
         "engine",
@@ -169,7 +172,10 @@ CLAIMS: tuple[Step, ...] = (
         "vllm_plugin",
         "benchmarks.stacks.vllm_plugin",
         "vllm-plugin.md",
-        ("--repeats", "8", "--trace", "--constant", "4", "--table", "1-4:4,5-16:0"),
+        (
+            *("--repeats", "5", "--rounds-per-server", "1", "--trace"),
+            *("--constant", "4", "--table", "1-4:4,5-16:0"),
+        ),
         ("--config", "benchmarks/configs/quick.yaml", "--repeats", "1", "--levels", "1,4"),
     ),
     Step(

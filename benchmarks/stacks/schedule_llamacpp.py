@@ -114,6 +114,7 @@ def opening(bench: Bench) -> dict:
         "parallel": bench.batch,
         "threads": bench.cfg.backend.llamacpp.threads,
         "repeats": args.repeats,
+        "rounds_per_server": args.rounds_per_server,
         "grid": bench.grid,
         "slo_tpot_ms": args.slo_tpot_ms,
         "gguf": backend.describe()["gguf"],

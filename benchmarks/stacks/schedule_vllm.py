@@ -147,6 +147,7 @@ def opening(bench: Bench) -> dict:
         "levels": bench.levels,
         "max_num_seqs": bench.batch,
         "repeats": bench.args.repeats,
+        "rounds_per_server": bench.args.rounds_per_server,
         "grid": bench.grid,
         "slo_tpot_ms": bench.args.slo_tpot_ms,
         "engine_profile": profile_brief(bench.engine_profile),

@@ -19,6 +19,10 @@ run ``--repeats`` times, round r with the same seed everywhere, the rounds inter
 6. with ``--both``, each ``--constant K`` also with the plugin and each ``--table`` also without
    it: what the plugin costs where it speculates, told apart from what vLLM's table costs.
 
+With ``--rounds-per-server R`` every server is started afresh every R rounds (a server set) and
+each set is one observation in every ratio: two servers of the same command differ by a few
+percent for as long as they run, which rounds in one server cannot show.
+
 The workload is ``--config``'s (default benchmarks/configs/schedule_sweep.yaml, the draft model of
 the demo pair) at the concurrency levels ``--levels``, ``--requests`` per level (at least two
 batches' worth); with ``--trace`` every round also runs the config's arrival trace after the levels
@@ -32,8 +36,8 @@ no speculation), and the catch-ups per table. JSON and text:
 ``benchmarks/results/vllm_plugin/vllm_plugin.{json,txt}``. Usage::
 
     python -m benchmarks.stacks.vllm_plugin [--config sweep.yaml] [--levels 1,4,16] [--requests 8] \
-[--repeats 4] [--trace] [--table 1:3,2-16:0 ...] [--constant 5 ...] [--both] [--out JSON] \
-[--report JSON]
+[--repeats 4] [--rounds-per-server R] [--trace] [--table 1:3,2-16:0 ...] [--constant 5 ...] [--both] \
+[--out JSON] [--report JSON]
 
 ``--offline`` takes the HTTP server and client out: vLLM's ``LLM`` engine per configuration (no
 speculation, the K=0 table as shipped and with the plugin; each ``--constant K`` adds the draft
@@ -72,6 +76,7 @@ from benchmarks._common import claim_dir, fail, stamp
 from benchmarks._schedule import (
     Pairing,
     Plan,
+    add_rounds_per_server,
     analyse,
     identity,
     k_at,
@@ -80,6 +85,7 @@ from benchmarks._schedule import (
     print_report,
     ratio_text,
     requests_text,
+    rounds_text,
     write_json,
 )
 from benchmarks._transfer import open_stack
@@ -105,6 +111,7 @@ def arguments() -> argparse.Namespace:
     p.add_argument(
         "--interleave", type=int, default=None, help="servers alive at once (default: the backend's)"
     )
+    add_rounds_per_server(p)
     p.add_argument("--table", dest="tables", action="append", default=[], metavar="RANGES")
     p.add_argument(
         "--constant",
@@ -222,12 +229,13 @@ def result_head(args: argparse.Namespace, ctx, w, source: Path, batch: int, leve
         "header": (
             f"workload {w.prompts.name}, concurrency {list(w.concurrency)}, "
             f"{requests_text(level_requests(w, batch))} x {w.max_new_tokens} tokens per level; "
-            f"{args.repeats} rounds per server; --max-num-seqs {batch}; {ctx.cfg.models.dtype}"
+            f"{rounds_text(args.repeats, args.rounds_per_server)}; --max-num-seqs {batch}; {ctx.cfg.models.dtype}"
         ),
         "dtype": ctx.cfg.models.dtype,
         "levels": levels,
         "max_num_seqs": batch,
         "repeats": args.repeats,
+        "rounds_per_server": args.rounds_per_server,
         "trace": args.trace,
         "slo_tpot_ms": SLO_TPOT_MS,
         "complete": False,
@@ -305,6 +313,7 @@ def measure(args: argparse.Namespace) -> dict:
             cfg.workload.temperature == 0,
             checkpoint,
             interleave=interleave,
+            rounds_per_server=args.rounds_per_server,
         )
         try:
             stats_files = serve_all(plan, backend, args, batch, levels, Path(tmp))
@@ -418,7 +427,7 @@ def plugin_pairs(rows: list[dict], levels: list[int], summary: dict) -> list[str
         }
         summary.setdefault("plugin_over_without", {})[row["config"]] = {str(b): v for b, v in per.items()}
         lines.append(f"  {row['config']}: " + ", ".join(f"{b}: {ratio_text(per[b])}" for b in levels))
-    head = "with the plugin over without it, per level (paired rounds, 95% interval):"
+    head = "with the plugin over without it, per level (paired rounds or server sets, 95% interval):"
     return [head, *lines] if lines else []
 
 

@@ -102,6 +102,27 @@ def test_run_outside_together_measures_at_once_in_a_fresh_server() -> None:
     assert stack.closes == 2  # before (fresh) and after
 
 
+def test_server_sets_restart_the_groups_servers_and_pair_the_ratios_set_by_set() -> None:
+    stack = FakeStack(keep_servers=2)
+    plan = _schedule.Plan(stack, 16, (1,), 4, 0, True, interleave=2, bridge=False, rounds_per_server=2)
+    with plan.together():
+        a = plan.run("A", ["a", "--host"], "off")
+        b = plan.run("B", ["b", "--host"], "constant")
+    # round order kept (A B A B A B A B); every server stopped before round 2 (the second set)
+    assert [c for c, _ in stack.calls] == list("abababab")
+    assert stack.closes == 3  # before the group, before the second set, after the group
+    assert a["rounds_per_server"] == b["rounds_per_server"] == 2
+    assert b["tokens_per_second_runs"] == [200.0, 400.0, 600.0, 800.0]
+    # one observation per set: geometric means (200x400)^.5/(100x300)^.5, (600x800)^.5/(500x700)^.5
+    est = _schedule.Pairing(plan.rows).ratio(b, a, lambda r: r["tokens_per_second_runs"])
+    sets = [(200 * 400 / (100 * 300)) ** 0.5, (600 * 800 / (500 * 700)) ** 0.5]
+    assert est["n"] == 2 and abs(est["value"] - (sets[0] * sets[1]) ** 0.5) < 1e-9
+    a4, b4 = ({**r, "rounds_per_server": None} for r in (a, b))  # the same rounds, paired one by one
+    assert _schedule.Pairing([a4, b4]).ratio(b4, a4, lambda r: r["tokens_per_second_runs"])["n"] == 4
+    plain = _schedule.Plan(FakeStack(), 16, (1,), 2, 0, True, rounds_per_server=2)  # one set: no sets
+    assert "rounds_per_server" not in plain.run("A", ["a", "--host"], "off")
+
+
 def test_every_later_group_measures_the_bridge_again_and_its_ratios_go_through_it() -> None:
     stack = FakeStack()
     plan = _schedule.Plan(stack, 16, (1,), 2, 10, True, interleave=3)
