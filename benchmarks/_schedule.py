@@ -277,7 +277,7 @@ class Plan:
             backend.keep_servers = interleave  # a group's servers stay up across its rounds
         self.bridge = bridge  # measure the first no speculation again in every later group (see together)
         # servers started afresh every this many rounds (a server set, see server_sets); None: never
-        self.rounds_per_server = rounds_per_server if rounds_per_server and rounds_per_server < repeats else None
+        self.rounds_per_server = rounds_per_server if (rounds_per_server or repeats) < repeats else None
         self.keep_outputs = False  # a row also keeps its first level's output tokens (``outputs``)
         self._bridge: tuple[dict, list[str]] | None = None  # (row, command) of that configuration
         self._groups = 0  # groups measured so far: a row's ``group``
@@ -620,7 +620,9 @@ def server_sets(xs: Sequence[float | None], rounds_per_server: int | None) -> li
         return list(xs)
     chunks = [xs[i : i + rounds_per_server] for i in range(0, len(xs), rounds_per_server)]
     return [
-        math.exp(statistics.fmean(math.log(x) for x in c)) if all(x is not None and x > 0 for x in c) else None
+        math.exp(statistics.fmean(math.log(x) for x in c))
+        if all(x is not None and x > 0 for x in c)
+        else None
         for c in chunks
     ]
 
@@ -630,18 +632,18 @@ def rounds_text(repeats: int, rounds_per_server: int | None) -> str:
 
     Example:
         >>> rounds_text(8, None), rounds_text(8, 2)
-        ('8 rounds per server', '8 rounds, every server started afresh every 2 (4 server sets, each one observation)')
+        ('8 rounds per server', '8 rounds, every server started afresh every 2 (4 server sets)')
     """
     if not rounds_per_server or rounds_per_server >= repeats:
         return f"{repeats} rounds per server"
     sets = -(-repeats // rounds_per_server)
-    return f"{repeats} rounds, every server started afresh every {rounds_per_server} ({sets} server sets, each one observation)"
+    return f"{repeats} rounds, every server started afresh every {rounds_per_server} ({sets} server sets)"
 
 
-def _ratio(a: Sequence[float], b: Sequence[float], rounds_per_server: int | None = None) -> Estimate | None:
+def _ratio(a: Sequence[float], b: Sequence[float], per_server: int | None = None) -> Estimate | None:
     """:func:`autotune.stats.paired_ratio` (over server sets, see :func:`server_sets`), None where the
     rounds cannot be paired."""
-    a, b = server_sets(a, rounds_per_server), server_sets(b, rounds_per_server)
+    a, b = server_sets(a, per_server), server_sets(b, per_server)
     return paired_ratio(a, b) if pairable(a, b) else None
 
 
@@ -849,7 +851,8 @@ def drift(rows: list[dict]) -> dict | None:
     last = next((r for r in rows if r["kind"] == "off-again" and "error" not in r), None)
     if first is None or last is None:
         return None
-    est = _ratio(last["tokens_per_second_runs"], first["tokens_per_second_runs"], first.get("rounds_per_server"))
+    per_server = first.get("rounds_per_server")
+    est = _ratio(last["tokens_per_second_runs"], first["tokens_per_second_runs"], per_server)
     return est and est.as_dict()
 
 
