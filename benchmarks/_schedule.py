@@ -673,12 +673,10 @@ class Pairing:
         were measured in different groups (``bridge`` or ``groups``); None where rounds are missing.
         Rows measured in server sets (``rounds_per_server``) are paired set by set (:func:`server_sets`)."""
 
-        rounds = series
+        def per_set(row: dict) -> list[float | None]:  # its rounds, one value per server set
+            return server_sets(series(row), row.get("rounds_per_server"))
 
-        def series(row: dict) -> list[float | None]:  # noqa: F811 (the rounds, one value per server set)
-            return server_sets(rounds(row), row.get("rounds_per_server"))
-
-        x, y = series(a), series(b)
+        x, y = per_set(a), per_set(b)
         ga, gb = a.get("group"), b.get("group")
         if ga is None or gb is None or ga == gb:
             est = _ratio(x, y)
@@ -687,8 +685,8 @@ class Pairing:
         if a is ba and b is bb:
             est = _ratio(x, y)
             return est and {**est.as_dict(), "across": "drift"}
-        if ba is not None and bb is not None and pairable(x, series(ba)) and pairable(y, series(bb)):
-            return {**bridged_ratio(x, series(ba), series(bb), y).as_dict(), "across": "bridge"}
+        if ba is not None and bb is not None and pairable(x, per_set(ba)) and pairable(y, per_set(bb)):
+            return {**bridged_ratio(x, per_set(ba), per_set(bb), y).as_dict(), "across": "bridge"}
         est = _ratio(x, y)
         return est and {**est.as_dict(), "across": "groups"}
 
