@@ -48,7 +48,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.engine.vs_transformers",
         "engine-cpu.md",
         (),
-        ("--num-prompts", "2", "--max-new-tokens", "32"),
+        ("--num-prompts", "2", "--max-new-tokens", "32", "--engine", "eager"),
     ),
     Step(
         "engine",
@@ -128,7 +128,7 @@ CLAIMS: tuple[Step, ...] = (
             "--k",
             "1",
             "--trials",
-            "3",
+            "2",
             "--hog-procs",
             "1",
             "--conditions",
@@ -141,7 +141,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.tuner.budget",
         "budget.md",
         ("--runs", "engine:20,vllm:15"),
-        ("--config", "benchmarks/configs/quick.yaml", "--runs", "engine:1.5,vllm:1.5"),
+        ("--config", "benchmarks/configs/quick.yaml", "--runs", "engine:1,vllm:1.5"),
     ),
     Step(
         "stacks",
@@ -246,7 +246,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.deployment_scale",
         "deployment-scale.md",
         ("--budget", "25"),
-        ("--budget", "3", "--requests", "2", "--max-new-tokens", "16"),
+        ("--budget", "3", "--target-layers", "4", "--requests", "2", "--max-new-tokens", "16"),
     ),
     Step(
         "watch",
@@ -256,7 +256,7 @@ CLAIMS: tuple[Step, ...] = (
         ("--stack", "vllm"),
         (
             *("--stack", "vllm", "--config", "benchmarks/configs/quick.yaml", "--phases", "steady,prose"),
-            *("--steady-min", "0.5", "--switch-min", "0.75", "--interval", "5", "--windows-to-stale", "2"),
+            *("--steady-min", "0.5", "--switch-min", "0.5", "--interval", "5", "--windows-to-stale", "2"),
             *("--confirm-rounds", "1", "--tune-if-missing"),
         ),
     ),
@@ -268,7 +268,7 @@ CLAIMS: tuple[Step, ...] = (
         ("--stack", "llamacpp", "--phases", "steady,prose,sampled,code-again,saturation", "--retune"),
         (
             *("--stack", "llamacpp", "--config", "benchmarks/configs/quick.yaml", "--phases", "steady,prose"),
-            *("--steady-min", "0.5", "--switch-min", "0.75", "--interval", "5", "--windows-to-stale", "2"),
+            *("--steady-min", "0.5", "--switch-min", "0.5", "--interval", "5", "--windows-to-stale", "2"),
             *("--confirm-rounds", "1", "--tune-if-missing"),
         ),
     ),

@@ -390,6 +390,7 @@ def drafters(d: dict[str, Any]) -> Table:
 def deployment_scale_table(d: dict[str, Any]) -> Table:
     refusal = d["refusal"]
     rows: list[list[object]] = [
+        ["target", f"Llama-3.2-1B's shapes, {d.get('target_layers', 16)} layers"],
         *deployment_scale.summary(d["tune"]),
         ["a checkpoint too large to fit", f"exit {refusal['exit_code']} in {refusal['seconds']:.1f} s"],
     ]

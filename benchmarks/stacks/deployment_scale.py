@@ -3,7 +3,8 @@
 1. Writes a checkpoint with Llama-3.2-1B's layer shapes (16 layers, hidden 2048, MLP 8192, 32 heads,
    8 KV heads, random weights in bf16 by transformers' ``save_pretrained``; the demo tokenizer, so
    the vocabulary is 4096 and the model about 0.98B parameters) and a 2-layer draft of the same
-   family, unless they exist in ``--models``.
+   family, unless they exist in ``--models``. ``--target-layers N`` keeps the shapes with N layers
+   (the quick run: 4, about 0.26B parameters, so a server starts and a trial runs in its budget).
 2. Runs ``autotune tune --backend vllm --budget <M>`` on them as a user would (a subprocess), sampling
    every second the resident memory of the autotune process and of its server processes: the
    tool must stay small while the servers hold the model (it never loads the target itself).
@@ -12,7 +13,8 @@
 
 Prints a table and writes ``<out-dir>/deployment_scale.json``. Usage::
 
-    python -m benchmarks.stacks.deployment_scale [--budget 25] [--models ~/.cache/spec-autotune/scale-models]
+    python -m benchmarks.stacks.deployment_scale [--budget 25] [--target-layers 16] \
+[--models ~/.cache/spec-autotune/scale-models]
 """
 
 from __future__ import annotations
@@ -235,6 +237,9 @@ def summary(run: dict) -> list[list[object]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=25.0, help="budget.minutes of the tune")
+    ap.add_argument(
+        "--target-layers", type=int, default=16, help="layers of the 1B-shaped target (default 16: 0.98B)"
+    )
     ap.add_argument("--models", type=Path, default=Path("~/.cache/spec-autotune/scale-models").expanduser())
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
     ap.add_argument("--requests", type=int, default=4)
@@ -249,14 +254,21 @@ def main() -> None:
     results: dict = {"refusal": refusal(work)}
     print(columns(["refusal", "value"], [[k, v] for k, v in results["refusal"].items()]))
     if not args.skip_tune:
-        target = write_llama(args.models / "llama-1b-shape", 16)
+        if args.target_layers < 1:
+            ap.error(f"--target-layers must be >= 1 (got {args.target_layers})")
+        layers = args.target_layers
+        target = write_llama(
+            args.models / ("llama-1b-shape" + ("" if layers == 16 else f"-{layers}layer")), layers
+        )
         draft = write_llama(args.models / "llama-1b-shape-2layer", 2)
         results["sizes_gib"] = {
             d.name: round(sum(f.stat().st_size for f in d.glob("*.safetensors")) / GIB, 2)
             for d in (target, draft)
         }
         results["tune"] = run_tune(tune_yaml(work, target, draft, args), args.budget, work / "tune.log")
-        print(columns(["1B-class tune (vLLM-CPU)", "value"], summary(results["tune"])))
+        results["target_layers"] = layers
+        title = "1B-class tune" if layers == 16 else f"1B-shaped, {layers} layers: tune"
+        print(columns([f"{title} (vLLM-CPU)", "value"], summary(results["tune"])))
     results["fingerprint"] = fingerprint("cpu", "float32")
     results["command"] = " ".join(sys.argv)
     results.update(stamp(results["fingerprint"]["label"]), wall_s=round(time.monotonic() - t0, 1))
