@@ -255,7 +255,7 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
     files = read_pair(cfg, needs_draft, needs_head)
     cfg, dtype_note = _with_dtype(cfg, files, device)
     items, requests, trace = _workload(cfg, files)
-    notes = [dtype_note]
+    notes = [dtype_note, *inert_max_new_tokens(cfg.workload.max_new_tokens, cfg.workload.prompts, items)]
     if cfg.backend.name == "engine":
         notes.append(check_fits(engine_needs(cfg, files, requests), free_bytes(device), device, FIT_KNOBS))
     store = Store(cfg.storage.url)
@@ -286,6 +286,29 @@ def build(cfg: TuneConfig, say: Callable[[str], None] | None = None, reprofile: 
     )
     _engine_for(ctx, stored, say)
     return ctx
+
+
+def inert_max_new_tokens(max_new_tokens: int, prompts: Path, items: Sequence[WorkloadItem]) -> list[str]:
+    """A note where ``workload.max_new_tokens`` reaches no request: every line of the prompts file
+    sets its own ``max_new_tokens``, to other values (the lines win: editing the key changes nothing).
+
+    Example:
+        >>> from engine.workload import WorkloadItem
+        >>> lines = [WorkloadItem("a", max_new_tokens=64), WorkloadItem("b", max_new_tokens=32)]
+        >>> inert_max_new_tokens(16, Path("p.jsonl"), lines)
+        ['workload.max_new_tokens: 16 reaches no request: every line of p.jsonl sets its own max_new_tokens (32-64)']
+        >>> inert_max_new_tokens(16, Path("p.jsonl"), [WorkloadItem("a", max_new_tokens=64), WorkloadItem("b")])
+        []
+    """
+    own = {i.max_new_tokens for i in items}
+    if not items or None in own or max_new_tokens in own:
+        return []
+    values = sorted(n for n in own if n is not None)
+    span = f"{values[0]}-{values[-1]}" if len(values) > 1 else str(values[0])
+    return [
+        f"workload.max_new_tokens: {max_new_tokens} reaches no request: every line of {prompts.name} "
+        f"sets its own max_new_tokens ({span})"
+    ]
 
 
 def _workload(

@@ -88,7 +88,7 @@ def test_bundled_tune_yaml_parses_with_documented_values(tmp_path, tiny_pair_dir
         cfg.workload.temperature,
         cfg.workload.top_k,
         cfg.workload.top_p,
-    ) == (48, 0.0, 0, 1.0)
+    ) == (64, 0.0, 0, 1.0)
     assert cfg.workload.concurrency == (1, 2, 4, 8, 16) and cfg.workload.rate is None
     assert cfg.batch_sizes == (1, 2, 4, 8, 16)
     assert cfg.workload.num_requests == 16 and cfg.workload.truncate_prompts is False

@@ -260,3 +260,17 @@ def test_a_stack_run_with_a_head_the_engine_refuses_goes_on_without_the_prior(
     (note,) = [n for n in ctx.notes if n.startswith("engine prior:")]
     assert "engine prior: none, the engine does not load this pair" in note and "qwen3" in note
     assert note.endswith("the vllm servers load it themselves")
+
+
+def test_a_max_new_tokens_every_line_overrides_is_named_in_the_notes(tmp_path, tiny_pair_dirs):
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": "def add(a, b):\n", "max_new_tokens": 5}, {"prompt": "x = ", "max_new_tokens": 7}]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    ctx = context.build(load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "db.sqlite")))
+    assert [r.max_new_tokens for r in ctx.requests] == [5, 7]  # the lines' own, not the key's 6
+    note = "workload.max_new_tokens: 6 reaches no request: every line of prompts.jsonl sets its own"
+    assert [n for n in ctx.notes if n.startswith("workload.")] == [f"{note} max_new_tokens (5-7)"]
+    prompts.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"prompt": "y = "}) + "\n")
+    ctx = context.build(load_config(write_config(tmp_path, tiny_pair_dirs, prompts, tmp_path / "db2.sqlite")))
+    assert [r.max_new_tokens for r in ctx.requests] == [5, 6]
+    assert not [n for n in ctx.notes if n.startswith("workload.")]

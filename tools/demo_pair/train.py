@@ -33,7 +33,8 @@ Everything is offline and CPU-only. The steps:
    hyper-parameters, validation losses, teacher-forced acceptance estimates and the measured
    per-token latency of both models.
 8. **Prompts.** ``prompts.jsonl``: function headers with their docstrings and plain runs of lines,
-   32-384 tokens long, cut from the held-out prompt files only (seeded).
+   32-384 tokens long, cut from the held-out prompt files only (seeded); no line sets its own
+   ``max_new_tokens``, so tune.yaml's ``workload.max_new_tokens`` applies to all of them.
 
 ``--draft-only`` runs phase 6 alone on the pair already in ``--out`` (target, tokenizer and
 prompts untouched). The shipped pair was made in two invocations on a 2-core CPU: phases 1-5
@@ -91,7 +92,6 @@ PROMPT_BUCKETS = 5  # bucket < 5: held-out prompt files
 VAL_BUCKETS = 10  # 5 <= bucket < 10: validation files
 
 PROMPT_MIN_TOKENS, PROMPT_MAX_TOKENS = 32, 384
-PROMPT_MAX_NEW_TOKENS = 64
 PROMPTS_PER_KIND = 130
 PROMPTS_PER_FILE_PER_KIND = 8
 
@@ -275,9 +275,7 @@ def build_prompts(
                 first -= 1
             prompt = "".join(lines[first : end + 1])
             if PROMPT_MIN_TOKENS <= n_tokens(prompt) <= PROMPT_MAX_TOKENS:
-                def_cands.append(
-                    {"prompt": prompt.rstrip("\n"), "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel}
-                )
+                def_cands.append({"prompt": prompt.rstrip("\n"), "source": rel})
                 per_kind["def"] += 1
         starts = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
         rng.shuffle(starts)
@@ -290,9 +288,7 @@ def build_prompts(
                 end += 1
             prompt = "".join(lines[start:end])
             if PROMPT_MIN_TOKENS <= n_tokens(prompt) <= PROMPT_MAX_TOKENS:
-                line_cands.append(
-                    {"prompt": prompt.rstrip("\n"), "max_new_tokens": PROMPT_MAX_NEW_TOKENS, "source": rel}
-                )
+                line_cands.append({"prompt": prompt.rstrip("\n"), "source": rel})
                 per_kind["lines"] += 1
     rng.shuffle(def_cands)
     rng.shuffle(line_cands)
