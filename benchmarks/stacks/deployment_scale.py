@@ -247,6 +247,8 @@ def main() -> None:
     ap.add_argument("--out-dir", type=Path, default=claim_dir("deployment_scale"))
     ap.add_argument("--skip-tune", action="store_true", help="run the refusals only")
     args = ap.parse_args()
+    if args.target_layers <= 2:
+        ap.error(f"--target-layers must be more than the draft's 2 (got {args.target_layers})")
     t0 = time.monotonic()
     work = args.models / "run"
     shutil.rmtree(work, ignore_errors=True)
@@ -254,8 +256,6 @@ def main() -> None:
     results: dict = {"refusal": refusal(work)}
     print(columns(["refusal", "value"], [[k, v] for k, v in results["refusal"].items()]))
     if not args.skip_tune:
-        if args.target_layers < 1:
-            ap.error(f"--target-layers must be >= 1 (got {args.target_layers})")
         layers = args.target_layers
         target = write_llama(
             args.models / ("llama-1b-shape" + ("" if layers == 16 else f"-{layers}layer")), layers
