@@ -206,14 +206,14 @@ def generators(args, eager: ModelPair, pair: ModelPair, target, draft) -> dict[s
     """The methods ``--engine`` runs, each a function from prompt ids to generated ids."""
     n_new = args.max_new_tokens
     every = {
-        "ours_spec": lambda: ours(pair, args.gamma, n_new, args.seed),
-        "ours_ar": lambda: ours(pair, 0, n_new, args.seed),
-        "ours_spec_eager": lambda: ours(eager, args.gamma, n_new, args.seed),
-        "ours_ar_eager": lambda: ours(eager, 0, n_new, args.seed),
-        "hf_assisted": lambda: hf(target, draft, n_new),
-        "hf_plain": lambda: hf(target, None, n_new),
+        "ours_spec": ours(pair, args.gamma, n_new, args.seed),
+        "ours_ar": ours(pair, 0, n_new, args.seed),
+        "ours_spec_eager": ours(eager, args.gamma, n_new, args.seed),
+        "ours_ar_eager": ours(eager, 0, n_new, args.seed),
+        "hf_assisted": hf(target, draft, n_new),
+        "hf_plain": hf(target, None, n_new),
     }
-    return {m: every[m]() for m in methods_of(args.engine)}
+    return {m: every[m] for m in methods_of(args.engine)}
 
 
 def timer(device) -> Callable[[Callable[[list[int]], list[int]], list[int]], tuple[list[int], float]]:
