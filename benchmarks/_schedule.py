@@ -6,15 +6,16 @@ every load level of the workload ``repeats`` times, round r with seed ``budget.s
 every configuration, so rounds are paired across configurations as in
 ``_transfer.measure_plan``. Configurations given together (:meth:`Plan.together`) are
 interleaved: their servers are up at once (at most ``--interleave``, by default as many as the
-backend keeps alive: for vLLM what the host's memory holds) and round r of each runs before round
-r + 1 of any, so host drift hits them alike; a configuration given alone runs its rounds back to
-back in a fresh server. Every group after the first measures no speculation again (a ``bridge``
+backend keeps alive: for vLLM what the host's memory holds, all started before the first round so
+every run has the same servers beside it) and round r of each runs before round r + 1 of any,
+round r starting at the r-th configuration (no configuration always first or last), so host drift
+hits them alike; a configuration given alone runs its rounds back to back in a fresh server. Every group after the first measures no speculation again (a ``bridge``
 row, ``--no-bridge`` to spare the slot), so a ratio between rows of different groups is
 (A / bridge in A's group) x (bridge / B in B's group): drift between the groups cancels instead of
 passing for a difference (``autotune.stats.bridged_ratio``; each ratio's ``across`` says so).
 With ``rounds_per_server`` R (``--rounds-per-server``), every configuration's server is started
-afresh every R rounds (a server set: the group's servers stopped together, round r's order kept):
-each set is then one observation in the ratios (:func:`server_sets`: the geometric mean of its
+afresh every R rounds (a server set: the group's servers stopped together; with R = 1 nothing is
+kept, each run has the host to itself): each set is then one observation in the ratios (:func:`server_sets`: the geometric mean of its
 rounds), so an interval counts the offsets between two servers of the same command, which rounds
 in one server share and cannot show. Every round's per-level metrics are kept
 (``per_level_rounds``), and the arrival trace's
@@ -457,9 +458,15 @@ class Plan:
             row["bridge"] = True
 
     def _measure(self, group: Sequence[tuple[dict, list[str]]]) -> None:
-        """Every round of every configuration of ``group``, interleaved (round r of each, then r + 1),
-        each in its own server kept alive across the rounds (across ``rounds_per_server`` of them,
-        then the group's servers are started afresh); the rows filled in place."""
+        """Every round of every configuration of ``group``, interleaved (round r of each, then r + 1;
+        round r starts at configuration r mod n, so none is always first or last), each in its own
+        server kept alive across the rounds (across ``rounds_per_server`` of them, then the group's
+        servers are started afresh); the rows filled in place.
+
+        Every run sees the same servers alive beside its own: with servers kept, a set's servers
+        are all started before its first round (else the first configuration of a round would run
+        alone and the last beside every other one, idle but awake); with one round per server
+        (``rounds_per_server`` 1) nothing is kept, and each run has the host to itself."""
         records: dict[str, dict] = {row["config"]: {} for row, _ in group}
         runs: dict[str, list] = {row["config"]: [] for row, _ in group}
         startup: dict[str, float | None] = {}
@@ -468,11 +475,19 @@ class Plan:
         for row, _ in group:
             row["group"] = self._groups
         self._groups += 1
-        for i, r in round_order(len(group), self.repeats, interleaved=True):
+        alone = self.rounds_per_server == 1  # a server serves one round: none is kept beside another
+        current = None
+        for i, r in round_order(len(group), self.repeats, interleaved=True, rotate=True):
             row, command = group[i]
             label = row["config"]
-            if i == 0 and r and self.rounds_per_server and r % self.rounds_per_server == 0:
-                self.backend.close()  # the next server set: every configuration's server afresh
+            first_of_set = r != current and (
+                r == 0 or bool(self.rounds_per_server) and r % self.rounds_per_server == 0
+            )
+            current = r
+            if alone or (first_of_set and r):
+                self.backend.close()  # the next server set (or the next run's own host)
+            if first_of_set and not alone and len(group) > 1:
+                self._start_all(group)
             if "error" in row:
                 continue
             keep_records = records[label] if r == 0 else None
@@ -491,6 +506,18 @@ class Plan:
                 self._fill(row, runs[row["config"]], records[row["config"]], startup.get(row["config"]))
         self._fill_aliases()
         self._checkpoint()
+
+    def _start_all(self, group: Sequence[tuple[dict, list[str]]]) -> None:
+        """Start the server of every configuration of ``group`` (kept alive: the backend keeps as
+        many as the group holds); a server that fails to start marks its row."""
+        for row, command in group:
+            if "error" in row:
+                continue
+            try:
+                self.backend.server_for(command)
+            except ServerError as exc:
+                print(f"{row['config']}: failed to start: {exc}", file=sys.stderr)
+                row["error"] = str(exc)[:2000]
 
     def _fill(self, row: dict, runs: list, records: dict, startup_s: float | None) -> None:
         label, kind = row["config"], row["kind"]

@@ -169,18 +169,26 @@ def _remeasured_point(
     return point, result
 
 
-def round_order(configs: int, rounds: int, interleaved: bool, start: int = 0) -> list[tuple[int, int]]:
+def round_order(
+    configs: int, rounds: int, interleaved: bool, start: int = 0, rotate: bool = False
+) -> list[tuple[int, int]]:
     """The runs of a paired re-measurement in the order they are made: ``(configuration, round)``
     for rounds ``start`` to ``rounds - 1``. Interleaved, round r of every configuration runs before
     round r + 1 of any (A B C A B C), so drift hits each round's configurations alike; else each
-    configuration's rounds run back to back (A A B B C C), as in one server kept for them. The
-    caller gives round r of every configuration the same seed, which is what pairs the rounds.
+    configuration's rounds run back to back (A A B B C C), as in one server kept for them. With
+    ``rotate`` (interleaved), round r starts at configuration r mod ``configs`` (A B C B C A C A B),
+    so each configuration runs in each place of a round equally often and no configuration is
+    always the first or the last of its round. The caller gives round r of every configuration the
+    same seed, which is what pairs the rounds.
 
     Example:
         >>> round_order(2, 2, True), round_order(2, 2, False), round_order(2, 3, True, start=2)
         ([(0, 0), (1, 0), (0, 1), (1, 1)], [(0, 0), (0, 1), (1, 0), (1, 1)], [(0, 2), (1, 2)])
+        >>> round_order(3, 3, True, rotate=True)
+        [(0, 0), (1, 0), (2, 0), (1, 1), (2, 1), (0, 1), (2, 2), (0, 2), (1, 2)]
     """
-    runs = [(i, r) for r in range(start, rounds) for i in range(configs)]
+    shift = (lambda r: r % configs) if rotate and interleaved else (lambda r: 0)
+    runs = [((i + shift(r)) % configs, r) for r in range(start, rounds) for i in range(configs)]
     return runs if interleaved else sorted(runs)
 
 

@@ -50,6 +50,10 @@ class FakeStack:
 
     def __init__(self, keep_servers: int = 1) -> None:
         self.keep_servers, self.calls, self.kept, self.closes, self.server = keep_servers, [], [], 0, None
+        self.started: list[tuple[str, int]] = []  # (command, calls so far) per server started ahead
+
+    def server_for(self, command):
+        self.started.append((command[0], len(self.calls)))
 
     def run_command(self, command, batch, seed, records=None, with_trace=False):  # noqa: ARG002
         from types import SimpleNamespace
@@ -80,12 +84,15 @@ def test_together_interleaves_the_rounds_in_groups_the_kept_servers_hold_and_fil
         bad = plan.run("broken", ["broken", "--host"], "constant")
         c = plan.run("C", ["c", "--host"], "constant")
         assert "tokens_per_second_runs" not in a  # measured on leaving the block
-    # groups of 2: A and B interleaved round by round, then broken and C; seeds pair the rounds
+    # groups of 2: A and B interleaved round by round (round 1 starts at B), then broken and C;
+    # seeds pair the rounds
     assert stack.calls == [
-        ("a", 10), ("b", 10), ("a", 11), ("b", 11), ("broken", 10), ("c", 10), ("c", 11)
+        ("a", 10), ("b", 10), ("b", 11), ("a", 11), ("broken", 10), ("c", 10), ("c", 11)
     ]  # fmt: skip
     assert set(stack.kept) == {2} and stack.keep_servers == 2  # both servers alive while interleaved
-    assert a["tokens_per_second_runs"] == [100.0, 300.0] and b["tokens_per_second_runs"] == [200.0, 400.0]
+    # every server of a group started before its first run: no run has fewer servers beside it
+    assert stack.started == [("a", 0), ("b", 0), ("broken", 4), ("c", 4)]
+    assert a["tokens_per_second_runs"] == [100.0, 400.0] and b["tokens_per_second_runs"] == [200.0, 300.0]
     assert c["tokens_per_second_runs"] == [600.0, 700.0]
     assert same["tokens_per_second_runs"] == a["tokens_per_second_runs"] and same["same_as"] == "A"
     assert same["config"] == "A again" and same["kind"] == "alias"
@@ -108,19 +115,34 @@ def test_server_sets_restart_the_groups_servers_and_pair_the_ratios_set_by_set()
     with plan.together():
         a = plan.run("A", ["a", "--host"], "off")
         b = plan.run("B", ["b", "--host"], "constant")
-    # round order kept (A B A B A B A B); every server stopped before round 2 (the second set)
-    assert [c for c, _ in stack.calls] == list("abababab")
+    # rounds rotated (A B, B A, A B, B A); every server stopped before round 2 (the second set),
+    # and each set's servers started before its first run
+    assert [c for c, _ in stack.calls] == list("abbaabba")
     assert stack.closes == 3  # before the group, before the second set, after the group
+    assert stack.started == [("a", 0), ("b", 0), ("a", 4), ("b", 4)]
     assert a["rounds_per_server"] == b["rounds_per_server"] == 2
-    assert b["tokens_per_second_runs"] == [200.0, 400.0, 600.0, 800.0]
-    # one observation per set: geometric means (200x400)^.5/(100x300)^.5, (600x800)^.5/(500x700)^.5
+    assert b["tokens_per_second_runs"] == [200.0, 300.0, 600.0, 700.0]
+    # one observation per set: geometric means (200x300)^.5/(100x400)^.5, (600x700)^.5/(500x800)^.5
     est = _schedule.Pairing(plan.rows).ratio(b, a, lambda r: r["tokens_per_second_runs"])
-    sets = [(200 * 400 / (100 * 300)) ** 0.5, (600 * 800 / (500 * 700)) ** 0.5]
+    sets = [(200 * 300 / (100 * 400)) ** 0.5, (600 * 700 / (500 * 800)) ** 0.5]
     assert est["n"] == 2 and abs(est["value"] - (sets[0] * sets[1]) ** 0.5) < 1e-9
     a4, b4 = ({**r, "rounds_per_server": None} for r in (a, b))  # the same rounds, paired one by one
     assert _schedule.Pairing([a4, b4]).ratio(b4, a4, lambda r: r["tokens_per_second_runs"])["n"] == 4
     plain = _schedule.Plan(FakeStack(), 16, (1,), 2, 0, True, rounds_per_server=2)  # one set: no sets
     assert "rounds_per_server" not in plain.run("A", ["a", "--host"], "off")
+
+
+def test_one_round_per_server_runs_every_server_alone_each_configuration_in_every_place() -> None:
+    stack = FakeStack(keep_servers=3)
+    plan = _schedule.Plan(stack, 16, (1,), 3, 0, True, interleave=3, bridge=False, rounds_per_server=1)
+    with plan.together():
+        for name in "abc":
+            plan.run(name.upper(), [name, "--host"], "off" if name == "a" else "constant")
+    assert [c for c, _ in stack.calls] == list("abcbcacab")  # each configuration first once, last once
+    assert [s for _, s in stack.calls] == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # round r: seed r for all
+    assert stack.started == []  # nothing started ahead: no server is kept beside another
+    assert stack.closes == 1 + 9 + 1  # before the group, before every run, after the group
+    assert [r["rounds_per_server"] for r in plan.rows] == [1, 1, 1]
 
 
 def test_every_later_group_measures_the_bridge_again_and_its_ratios_go_through_it() -> None:
@@ -133,11 +155,12 @@ def test_every_later_group_measures_the_bridge_again_and_its_ratios_go_through_i
     with plan.together():
         again = plan.run("off again", ["off", "--host"], "off-again")  # the drift check bridges its group
         plan.run("f", ["f", "--host"], "constant")
-    # groups of 3: [off b c], then [d e] + the bridge, then [off-again f] (no extra bridge)
+    # groups of 3: [off b c], then [d e] + the bridge, then [off-again f] (no extra bridge); each
+    # group's second round starts at its second configuration
     assert [c for c, _ in stack.calls] == [
-        *"off b c off b c".split(),
-        *"d e off d e off".split(),
-        *"off f off f".split(),
+        *"off b c b c off".split(),
+        *"d e off e off d".split(),
+        *"off f f off".split(),
     ]
     labels = [r["config"] for r in plan.rows]
     assert labels == ["off", "b", "c", "off (bridge, group 2)", "d", "e", "off again", "f"]

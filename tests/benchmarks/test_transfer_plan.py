@@ -24,6 +24,10 @@ class StackStub:
     def close(self) -> None:
         self.closes += 1
 
+    def server_for(self, command):  # a server started ahead of its group's first round
+        if command[1] == self.broken:
+            raise ServerError(f"{command[1]} died")
+
     def run_command(self, command, batch, seed, records=None, with_trace=False):  # noqa: ARG002
         name = command[1]
         if name == self.broken:
