@@ -330,7 +330,7 @@ class Plan:
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
         """Configurations given to :meth:`run` inside the block are measured on leaving it, their
-        rounds interleaved (A B C A B C ...), so drift hits them alike: in groups of at most
+        rounds interleaved (A B C B C A ...), so drift hits them alike: in groups of at most
         ``interleave`` (the servers kept alive at once; the backend's ``keep_servers``), each group's
         servers started once. The rows :meth:`run` returned are filled in place then.
 

@@ -173,7 +173,7 @@ CLAIMS: tuple[Step, ...] = (
         "benchmarks.stacks.vllm_plugin",
         "vllm-plugin.md",
         (
-            *("--repeats", "5", "--rounds-per-server", "1", "--trace"),
+            *("--repeats", "10", "--rounds-per-server", "1", "--trace"),
             *("--constant", "4", "--table", "1-4:4,5-16:0"),
         ),
         ("--config", "benchmarks/configs/quick.yaml", "--repeats", "1", "--levels", "1,4"),

@@ -81,7 +81,7 @@ class Backend(Protocol):
         """The study's trial count and cap on this backend (from tune.yaml)."""
 
     def remeasure_order(self, n_configs: int) -> str:
-        """How ``n_configs`` configurations are re-measured here: "interleaved" (A B C A B C) or
+        """How ``n_configs`` configurations are re-measured here: "interleaved" (A B C B C A) or
         "back-to-back per server" (where alternating would restart a server every run)."""
 
     def prepare(self, knobs: Knobs) -> None:

@@ -209,8 +209,9 @@ def remeasure(
     ``levels`` those rounds run at these batch sizes only (a second look where only some levels are
     undecided: the sweep's aggregate keeps its earlier rounds, each of those levels gets more).
 
-    Interleaved (A B C A B C ...) where the backend allows it (the engine; a serving stack that
-    keeps every configuration's server alive), so drift hits every configuration alike; else a
+    Interleaved (A B C B C A ...: :func:`round_order` rotated, no configuration always first or
+    last) where the backend allows it (the engine; a serving stack that keeps every configuration's
+    server alive, all started before the first run), so drift hits every configuration alike; else a
     configuration's repeats run back to back in its server (alternating would restart a server
     every run). ``what`` names the configurations for the progress line.
     """
@@ -232,7 +233,10 @@ def remeasure(
     )
     kw: dict[str, Any] = {"levels": levels} if levels is not None else {"with_trace": True}
     clock = budget if budget is not None else RunBudget(None)
-    plan = round_order(len(configs), repeats, order == "interleaved", start=done)
+    plan = round_order(len(configs), repeats, order == "interleaved", start=done, rotate=True)
+    if order == "interleaved":  # every server up before the first run: each run has the same ones beside it
+        for knobs, _ in configs:
+            backend.prepare(knobs)
     started = clock.clock()
     for ran, (i, r) in enumerate(plan, start=1):
         rounds[i].append(backend.run(configs[i][0], cfg.budget.seed + 1 + r, **kw))

@@ -256,14 +256,17 @@ def test_slos_become_constraints_and_drive_the_choice(tune_config, slo, met, con
 
 
 def noisy_run(gain_per_gamma: float):
-    """``synthetic_run`` scaled by a seeded host-drift factor per call (+-8%); ``.calls`` lists (seed, gamma)."""
+    """``synthetic_run`` scaled by a seeded noise factor per run (+-8%), drawn from the run's seed and
+    gamma so it does not hang on the order the runs are made in; ``.calls`` lists (seed, gamma)."""
     import random
 
     calls = []
 
     def run(cfg, knobs: Knobs, seed: int) -> TrialResult:
         calls.append((seed, knobs.gamma))
-        factor = random.Random(len(calls)).uniform(0.92, 1.08) * (1 + gain_per_gamma * knobs.gamma)
+        factor = random.Random(f"{seed}/{knobs.gamma}").uniform(0.92, 1.08) * (
+            1 + gain_per_gamma * knobs.gamma
+        )
         levels = {
             c: {"tokens_per_second": 100.0 * factor, "tpot_ms_p95": 40.0} for c in cfg.workload.concurrency
         }
@@ -286,15 +289,47 @@ def test_remeasurement_interleaves_paired_rounds_and_reports_intervals(tune_conf
     assert [seed for seed, _ in remeasure] == [
         s for s in (1, 2, 3, 4) for _ in range(k)
     ]  # A B A B, round by round
-    assert (
-        len({tuple(g for _, g in remeasure[i * k : (i + 1) * k]) for i in range(4)}) == 1
-    )  # same order each round
+    orders = [tuple(g for _, g in remeasure[i * k : (i + 1) * k]) for i in range(4)]
+    assert orders == [
+        orders[0][i % k :] + orders[0][: i % k] for i in range(4)
+    ]  # each round starts one later
     assert profile["remeasure"] == {"repeats": 4, "order": "interleaved"}
     m = profile["metrics"]
     assert m["repeats"] == 4 and m["speedup_ci95"][0] <= m["speedup"] <= m["speedup_ci95"][1]
     assert m["tokens_per_second_ci95"][0] < m["tokens_per_second_ci95"][1]
     assert all(len(r["rounds"]) == 4 for r in profile["remeasured"])
     assert profile["chosen"]["gamma"] > 0 and m["speedup_significant"]  # +25% per gamma step beats 8% noise
+
+
+def test_an_interleaved_remeasurement_starts_every_server_first_and_rotates_the_rounds(tune_config) -> None:
+    """Every run of an interleaved re-measurement has the same servers beside it (all prepared before
+    the first run) and no configuration is always first; back to back prepares nothing ahead."""
+    from autotune.decide.decision import remeasure
+
+    cfg, run, events = tune_config(), noisy_run(0.0), []
+
+    class Kept:
+        def __init__(self, order: str) -> None:
+            self.order = order
+
+        def remeasure_order(self, n: int) -> str:
+            return self.order
+
+        def prepare(self, knobs: Knobs) -> None:
+            events.append(("prepare", knobs.gamma))
+
+        def run(self, knobs: Knobs, seed: int, **kw) -> TrialResult:
+            events.append(("run", knobs.gamma))
+            return run(cfg, knobs, seed)
+
+    configs = [(Knobs("model", g, max_batch_size=2), None) for g in (0, 1, 2)]
+    done = remeasure(cfg, Kept("interleaved"), configs, lambda _: None, "re-measuring", repeats=3)
+    assert events[:3] == [("prepare", 0), ("prepare", 1), ("prepare", 2)]
+    assert [g for _, g in events[3:]] == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+    assert [len(r) for r in done.rounds] == [3, 3, 3] and done.order == "interleaved"
+    events.clear()
+    remeasure(cfg, Kept("back-to-back per server"), configs, lambda _: None, "again", repeats=2)
+    assert events == [("run", 0), ("run", 0), ("run", 1), ("run", 1), ("run", 2), ("run", 2)]
 
 
 def test_a_gain_inside_the_noise_keeps_speculation_off_and_says_why(tune_config) -> None:
