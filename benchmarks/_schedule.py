@@ -9,16 +9,17 @@ interleaved: their servers are up at once (at most ``--interleave``, by default 
 backend keeps alive: for vLLM what the host's memory holds, all started before the first round so
 every run has the same servers beside it) and round r of each runs before round r + 1 of any,
 round r starting at the r-th configuration (no configuration always first or last), so host drift
-hits them alike; a configuration given alone runs its rounds back to back in a fresh server. Every group after the first measures no speculation again (a ``bridge``
-row, ``--no-bridge`` to spare the slot), so a ratio between rows of different groups is
+hits them alike; a configuration given alone runs its rounds back to back in a fresh server.
+Every group after the first measures no speculation again (a ``bridge`` row, ``--no-bridge`` to
+spare the slot), so a ratio between rows of different groups is
 (A / bridge in A's group) x (bridge / B in B's group): drift between the groups cancels instead of
 passing for a difference (``autotune.stats.bridged_ratio``; each ratio's ``across`` says so).
 With ``rounds_per_server`` R (``--rounds-per-server``), every configuration's server is started
 afresh every R rounds (a server set: the group's servers stopped together; with R = 1 nothing is
-kept, each run has the host to itself): each set is then one observation in the ratios (:func:`server_sets`: the geometric mean of its
-rounds), so an interval counts the offsets between two servers of the same command, which rounds
-in one server share and cannot show. Every round's per-level metrics are kept
-(``per_level_rounds``), and the arrival trace's
+kept, each run has the host to itself): each set is then one observation in the ratios
+(:func:`server_sets`: the geometric mean of its rounds), so an interval counts the offsets
+between two servers of the same command, which rounds in one server share and cannot show. Every
+round's per-level metrics are kept (``per_level_rounds``), and the arrival trace's
 (``trace_rounds``) when the workload has one. A command already measured is
 not run twice (the row says ``same_as``), except no speculation, measured first and again last
 (the drift check).
