@@ -477,14 +477,11 @@ class Plan:
             row["group"] = self._groups
         self._groups += 1
         alone = self.rounds_per_server == 1  # a server serves one round: none is kept beside another
-        current = None
-        for i, r in round_order(len(group), self.repeats, interleaved=True, rotate=True):
+        per_set = self.rounds_per_server or self.repeats
+        for n, (i, r) in enumerate(round_order(len(group), self.repeats, interleaved=True, rotate=True)):
             row, command = group[i]
             label = row["config"]
-            first_of_set = r != current and (
-                r == 0 or bool(self.rounds_per_server) and r % self.rounds_per_server == 0
-            )
-            current = r
+            first_of_set = n % len(group) == 0 and r % per_set == 0  # the set's first run
             if alone or (first_of_set and r):
                 self.backend.close()  # the next server set (or the next run's own host)
             if first_of_set and not alone and len(group) > 1:

@@ -187,8 +187,8 @@ def round_order(
         >>> round_order(3, 3, True, rotate=True)
         [(0, 0), (1, 0), (2, 0), (1, 1), (2, 1), (0, 1), (2, 2), (0, 2), (1, 2)]
     """
-    shift = (lambda r: r % configs) if rotate and interleaved else (lambda r: 0)
-    runs = [((i + shift(r)) % configs, r) for r in range(start, rounds) for i in range(configs)]
+    step = 1 if rotate and interleaved else 0
+    runs = [((i + step * r) % configs, r) for r in range(start, rounds) for i in range(configs)]
     return runs if interleaved else sorted(runs)
 
 
