@@ -41,13 +41,16 @@ no speculation), and the catch-ups per table. JSON and text:
 
 ``--offline`` takes the HTTP server and client out: vLLM's ``LLM`` engine per configuration (no
 speculation, the K=0 table as shipped and with the plugin; each ``--constant K`` adds the draft
-model at K without and with the plugin), fixed batches (``--levels``), ``--inner`` timed
-``generate()`` calls per batch, one engine per process; with ``--alternate`` every configuration's
-engine lives in one process per round and their calls alternate one by one (paired per round and
-per call). JSON: ``benchmarks/results/vllm_plugin/vllm_plugin_offline.json``::
+model at K without and with the plugin; each ``--table`` the table with the plugin and its catch-up
+record), fixed batches (``--levels``), ``--inner`` timed ``generate()`` calls per batch, one engine
+per process; with ``--alternate`` every configuration's engine lives in one process per round and
+their calls alternate one by one (paired per round and per call). ``--drain`` (one level B) sends
+2B requests of spread lengths per call, so the batch is full while the queue lasts and then drains
+through every smaller batch size: the end of a burst, where a table with an off range switches back
+to K>0 and catches up. JSON: ``benchmarks/results/vllm_plugin/vllm_plugin_offline.json``::
 
     python -m benchmarks.stacks.vllm_plugin --offline --alternate [--levels 1,4,16] [--repeats 5] \
-[--inner 12] [--constant 4]
+[--inner 12] [--constant 4] [--table 1-4:4,5-16:0 --drain --levels 16]
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -70,7 +74,7 @@ from autotune.backends.vllm import K0_SKIP_ENV, K0_STATS_ENV, VllmBackend, vllm_
 from autotune.cli.text import columns
 from autotune.device.capacity import resolve_dtype
 from autotune.device.hardware import fingerprint
-from autotune.knobs import Knobs
+from autotune.knobs import Knobs, batch_ranges, table_text
 from autotune.stats import Estimate, paired_ratio
 from benchmarks._common import claim_dir, fail, stamp
 from benchmarks._schedule import (
@@ -147,6 +151,8 @@ def arguments() -> argparse.Namespace:
             parse_table(text)
         except ValueError as e:
             p.error(f"--table: {e}")
+    if args.drain and (not args.offline or "," in args.levels):
+        p.error("--drain: needs --offline and one level (--levels B)")
     return args
 
 
@@ -171,6 +177,13 @@ def offline_arguments(p: argparse.ArgumentParser) -> None:
         "--pause", type=float, default=0.3, help="--alternate: seconds between calls (threads go idle)"
     )
     p.add_argument("--max-new-tokens", type=int, default=48, help="--offline: tokens per request")
+    p.add_argument(
+        "--drain",
+        action="store_true",
+        help="--offline, one level B: each call sends 2B requests of 0.5-1.5x --max-new-tokens (mean "
+        "--max-new-tokens) to an engine of B sequences, so the batch stays full while the queue lasts "
+        "and then drains through every smaller batch size, a table's low-load range included",
+    )
 
 
 def default_out(offline: bool) -> Path:
@@ -338,10 +351,19 @@ def without_tmp(rows: list[dict], tmp: str) -> None:
             row["args"] = row["args"].replace(f"{tmp}/", "")
 
 
+def catch_up_lines(path: Path) -> list[dict]:
+    """The plugin's catch-up record (``SPEC_AUTOTUNE_K0_STATS``): one dict per catch-up."""
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
 def catch_ups(path: Path) -> dict:
-    """The catch-up record of one server (warm-up and every round): how many, and per catch-up the
-    rows, tokens and milliseconds (median and p90), and the milliseconds per token caught up."""
-    lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    """The catch-up record of one server (warm-up and every round): :func:`catch_up_summary`."""
+    return catch_up_summary(catch_up_lines(path))
+
+
+def catch_up_summary(lines: list[dict]) -> dict:
+    """How many catch-ups, and per catch-up the rows, tokens and milliseconds (median and p90), and
+    the milliseconds per token caught up."""
     if not lines:
         return {"count": 0}
     ms = [x["seconds"] * 1e3 for x in lines]
@@ -444,10 +466,11 @@ def main():
     a = json.loads(sys.argv[1])
     llm = LLM(model=a["target"], dtype=a["dtype"], max_model_len=a["max_model_len"], seed=0,
               max_num_seqs=a["max_num_seqs"], enable_prefix_caching=False, speculative_config=a["spec"])
-    params = SamplingParams(temperature=0, max_tokens=a["tokens"], ignore_eos=True)
     seconds, outputs = {}, {}
     for b in a["batches"]:
-        batch = a["prompts"][:b]
+        batch = a["prompts"][: a["per_call"][str(b)]]
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in a["lengths"]]
+        params = params[: len(batch)]
         outputs[b] = [list(r.outputs[0].token_ids) for r in llm.generate(batch, params, use_tqdm=False)]
         seconds[b] = []
         for _ in range(a["repeats"]):
@@ -471,18 +494,22 @@ def main():
     engines = {}
     for c in a["configs"]:  # each engine core is spawned with the environment of this moment
         os.environ.pop(a["switch"], None)
+        os.environ.pop(a["stats_switch"], None)
         if c["plugin"]:
             os.environ[a["switch"]] = "1"
+        if c.get("stats"):
+            os.environ[a["stats_switch"]] = c["stats"]
         print("ENGINE " + c["label"], flush=True)
         engines[c["label"]] = LLM(model=a["target"], dtype=a["dtype"], max_model_len=a["max_model_len"],
                                   seed=0, max_num_seqs=a["max_num_seqs"], enable_prefix_caching=False,
                                   speculative_config=c["spec"])
     print("ENGINES READY", flush=True)
-    params = SamplingParams(temperature=0, max_tokens=a["tokens"], ignore_eos=True)
     seconds = {c: {} for c in engines}
     outputs = {c: {} for c in engines}
     for b in a["batches"]:
-        batch = a["prompts"][:b]
+        batch = a["prompts"][: a["per_call"][str(b)]]
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in a["lengths"]]
+        params = params[: len(batch)]
         for label, llm in engines.items():
             got = llm.generate(batch, params, use_tqdm=False)
             outputs[label][b] = [list(r.outputs[0].token_ids) for r in got]
@@ -516,16 +543,21 @@ def call_orders(labels: list[str]) -> list[list[str]]:
     return [labels[k:] + labels[:k] for k in range(n)] + [back[k:] + back[:k] for k in range(n)]
 
 
-def alternate_request(args: argparse.Namespace) -> dict:
+def alternate_request(args: argparse.Namespace, stats: dict[str, str] | None = None) -> dict:
     """What the alternating driver runs: every configuration's engine alive in one process, each
-    timed call followed by the next configuration's (:func:`call_orders`), ``--pause`` seconds apart."""
+    timed call followed by the next configuration's (:func:`call_orders`), ``--pause`` seconds apart;
+    ``stats`` names the catch-up record of the configurations that have one (label: file)."""
     base = offline_request(args, None)
     configs = [
         {"label": label, "spec": offline_request(args, served)["spec"], "plugin": plugin}
         for label, _, served, plugin in offline_configs(args)
     ]
+    for c in configs:
+        if stats and c["label"] in stats:
+            c["stats"] = stats[c["label"]]
     orders = call_orders([c["label"] for c in configs])
-    return {**base, "configs": configs, "orders": orders, "pause": args.pause, "switch": K0_SKIP_ENV}
+    switches = {"switch": K0_SKIP_ENV, "stats_switch": K0_STATS_ENV}
+    return {**base, "configs": configs, "orders": orders, "pause": args.pause, **switches}
 
 
 def plugin_engines(output: str) -> list[str]:
@@ -549,15 +581,18 @@ OFFLINE_CONFIGS = (  # label, kind, what is served (None: no speculation, 0: the
 )
 
 
-def offline_configs(args: argparse.Namespace) -> list[tuple[str, str, int | None, bool]]:
+def offline_configs(args: argparse.Namespace) -> list[tuple[str, str, int | str | None, bool]]:
     """The engine-only configurations: the three K=0 ones, then each ``--constant K`` without and
-    with the plugin (what the plugin's per-step work costs where it speculates)."""
+    with the plugin (what the plugin's per-step work costs where it speculates), then each ``--table``
+    with the plugin (served: the table's text)."""
     out = list(OFFLINE_CONFIGS)
     for k in args.constants:
         out += [
             (f"constant K={k}", f"constant-{k}", k, False),
             (f"constant K={k}, plugin", f"constant-{k}-plugin", k, True),
         ]
+    for text in getattr(args, "tables", []):
+        out.append((f"table {table_text(parse_table(text))}, plugin", f"table-plugin {text}", text, True))
     return out
 
 
@@ -570,31 +605,65 @@ def offline_dtype(args: argparse.Namespace) -> str:
     return str(resolve_dtype(args.dtype or "auto", checkpoint, "cpu")[0])
 
 
-def offline_request(args: argparse.Namespace, served: int | None) -> dict:
+def offline_request(args: argparse.Namespace, served: int | str | None) -> dict:
     """What the driver runs: the demo pair with no speculative config (``served`` None), the K=0
-    table (0: draft model, K=1 where it would draft) or the draft model at constant K (K >= 1); the
-    batches, the greedy requests of the first prompts."""
+    table (0: draft model, K=1 where it would draft), the draft model at constant K (K >= 1) or
+    following a ``--table`` (its text); the batches, the greedy requests of the first prompts, per
+    call as many as the batch (with ``--drain`` twice as many, :func:`drain_lengths`)."""
     batch = max(args.batches)
     spec = None
-    if served is not None:
+    if isinstance(served, str):
+        points = parse_table(served)
+        ranges = [[lo, hi, k] for lo, hi, k in batch_ranges(points)]
+        spec = {
+            "method": "draft_model",
+            "model": str(DEMO_DRAFT),
+            "num_speculative_tokens": max(k for _, k in points),
+        }
+        spec[TABLE_KEY] = ranges
+    elif served is not None:
         spec = {"method": "draft_model", "model": str(DEMO_DRAFT), "num_speculative_tokens": served or 1}
         if served == 0:
             spec[TABLE_KEY] = [[1, batch, 0]]
-    prompts = [json.loads(line)["prompt"] for line in DEMO_PROMPTS.read_text().splitlines()][:batch]
+    drain = getattr(args, "drain", False)
+    per_call = {str(b): 2 * b if drain else b for b in args.batches}
+    n = max(per_call.values())
+    lengths = drain_lengths(n, args.max_new_tokens) if drain else [args.max_new_tokens] * n
+    prompts = [json.loads(line)["prompt"] for line in DEMO_PROMPTS.read_text().splitlines()][:n]
     return {
         **{"target": str(DEMO_TARGET), "dtype": offline_dtype(args), "max_model_len": 1024},
         **{"max_num_seqs": batch, "spec": spec, "tokens": args.max_new_tokens, "batches": args.batches},
-        **{"repeats": args.inner, "prompts": prompts},
+        **{"repeats": args.inner, "prompts": prompts, "per_call": per_call, "lengths": lengths},
     }
 
 
-def run_driver(python: str, request: dict, plugin: bool, script: Path) -> tuple[dict, str]:
+def drain_lengths(n: int, tokens: int) -> list[int]:
+    """``n`` requests' max_tokens spread evenly over 0.5-1.5x ``tokens`` and interleaved (a fixed
+    stride), so requests end one after another from early on and the queue refills the batch until
+    it is empty; then the batch drains one request at a time.
+
+    Example:
+        >>> drain_lengths(8, 48)
+        [24, 58, 37, 72, 51, 30, 65, 44]
+    """
+    spread = [tokens // 2 + (i * tokens) // (n - 1) for i in range(n)] if n > 1 else [tokens]
+    stride = next(k for k in (5, 3, 7, 11) if math.gcd(k, n) == 1) if n > 1 else 1
+    return [spread[(i * stride) % n] for i in range(n)]
+
+
+def run_driver(
+    python: str, request: dict, plugin: bool, script: Path, stats: Path | None = None
+) -> tuple[dict, str]:
     """A driver in its own process group (vLLM's engine cores and workers are its children, killed
-    with it): its RESULT line and its output (stdout and stderr); a failed engine is one line, exit 2."""
+    with it): its RESULT line and its output (stdout and stderr); a failed engine is one line, exit 2.
+    ``stats``: the plugin's catch-up record."""
     env = {**os.environ, **OFFLINE_ENV}
     env.pop(K0_SKIP_ENV, None)
+    env.pop(K0_STATS_ENV, None)
     if plugin:
         env[K0_SKIP_ENV] = "1"
+    if stats is not None:
+        env[K0_STATS_ENV] = str(stats)
     if "configs" in request:  # several engines: each engine core a fresh interpreter, its own switch
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     cmd = [python, str(script), json.dumps(request)]
@@ -617,9 +686,9 @@ def per_batch(seconds: dict, outputs: dict) -> dict:
     return {int(b): {"seconds": s, "tokens": outputs[b]} for b, s in seconds.items()}
 
 
-def offline_once(python: str, request: dict, plugin: bool, script: Path) -> dict:
+def offline_once(python: str, request: dict, plugin: bool, script: Path, stats: Path | None = None) -> dict:
     """One engine: per batch, the greedy tokens of one generate(), then the seconds of the timed ones."""
-    got, _ = run_driver(python, request, plugin, script)
+    got, _ = run_driver(python, request, plugin, script, stats)
     return per_batch(got["seconds"], got["outputs"])
 
 
@@ -653,19 +722,33 @@ def offline(args: argparse.Namespace) -> dict:
     }
     if args.alternate:
         result.update(alternate=True, pause=args.pause)
+    request = offline_request(args, None)
+    result["tokens_per_call"] = {
+        b: sum(request["lengths"][: request["per_call"][str(b)]]) for b in args.batches
+    }
+    if args.drain:
+        result.update(drain=True, lengths=request["lengths"])
+    tables = [label for label, _, served, _ in offline_configs(args) if isinstance(served, str)]
+    result["catch_ups"] = {label: [] for label in tables}
     with tempfile.TemporaryDirectory(prefix="vllm_plugin_offline_") as tmp:
         script = Path(tmp) / "driver.py"
         script.write_text(ALTERNATE_DRIVER if args.alternate else OFFLINE_DRIVER)
         for r in range(args.repeats):
+            stats = {label: Path(tmp) / f"catchups_{r}_{i}.jsonl" for i, label in enumerate(tables)}
             if args.alternate:
-                runs = alternate_once(python, alternate_request(args), script)
+                request = alternate_request(args, {label: str(path) for label, path in stats.items()})
+                runs = alternate_once(python, request, script)
             else:
                 configs = offline_configs(args)
                 order = configs if r % 2 == 0 else configs[::-1]
                 runs = {
-                    label: offline_once(python, offline_request(args, served), plugin, script)
+                    label: offline_once(
+                        python, offline_request(args, served), plugin, script, stats.get(label)
+                    )
                     for label, _, served, plugin in order
                 }
+            for label, path in stats.items():  # every call's catch-ups, the untimed first one's included
+                result["catch_ups"][label].append(catch_up_lines(path))
             for label, run in runs.items():
                 result["rounds"][label].append(run)
                 print(
@@ -702,16 +785,18 @@ def offline_report(result: dict, out: Path) -> None:
         for label, runs in result["rounds"].items()
     }
     base = result["rounds"]["no speculation"]
+    per_call = {int(b): n for b, n in result.get("tokens_per_call", {}).items()}  # older JSONs: b x tokens
     rows, summary = [], {}
     configs = [tuple(c) for c in result.get("configs", OFFLINE_CONFIGS)]  # older JSONs: the K=0 three
     for label, kind, _, _ in configs:
         runs = result["rounds"][label]
         row = [label]
         for b in batches:
-            tps = [b * tokens / percentile(run[b]["seconds"], 50) for run in runs]
+            n = per_call.get(b, b * tokens)
+            tps = [n / percentile(run[b]["seconds"], 50) for run in runs]
             row.append(f"{percentile(tps, 50):.0f}")
             if kind != "off":
-                off = [b * tokens / percentile(run[b]["seconds"], 50) for run in base]
+                off = [n / percentile(run[b]["seconds"], 50) for run in base]
                 ratio = paired_ratio(tps, off)
                 summary.setdefault(kind, {})[str(b)] = ratio.as_dict()
                 row[-1] += f" ({ratio.cell()}x)"
@@ -725,10 +810,18 @@ def offline_report(result: dict, out: Path) -> None:
         summary.setdefault("greedy_identical_to_no_speculation", {})[label] = same
         rows.append([*row, str(same)])
     lines = plugin_over_without(result, configs, summary)
+    for label, records in result.get("catch_ups", {}).items():  # every round's engine, every call
+        caught = catch_up_summary([x for record in records for x in record])
+        summary.setdefault("catch_ups", {})[label] = caught
+        calls = len(records) * (result["inner"] + 1) * len(batches)  # each engine's untimed call too
+        lines.append(catch_up_text(label, caught) + f" ({caught['count'] / calls:.1f} per call)")
     result["summary"] = summary
     write_json(out, result)
     head = ["configuration", *(f"B={b} tok/s (x no spec.)" for b in batches), "greedy = no spec."]
     rounds = f"{result['repeats']} rounds x {result['inner']} generate() calls"
+    if result.get("drain"):
+        b = batches[-1]
+        rounds += f"; each call {2 * b} requests of {min(result['lengths'])}-{max(result['lengths'])} tokens"
     print(f"vLLM engine, no HTTP server: {rounds}; {result['host']}, {result['dtype']}")
     print(columns(head, rows))
     if result.get("alternate"):
@@ -746,7 +839,7 @@ def plugin_over_without(result: dict, configs: list, summary: dict) -> list[str]
     labels = {kind: label for label, kind, _, _ in configs}
     lines = []
     for label, kind, served, plugin in configs:
-        if not plugin or not served:
+        if not plugin or not served or isinstance(served, str):  # a table is served with the plugin only
             continue
         mine, theirs = result["rounds"][label], result["rounds"][labels[kind.removesuffix("-plugin")]]
         cells = []

@@ -161,3 +161,44 @@ def test_each_configuration_served_both_ways_is_paired_with_its_own_without_the_
     assert math.isclose(pairs["K=0 table, plugin"]["4"]["value"], 1.2, rel_tol=1e-9)
     assert math.isclose(pairs["constant K=4, plugin"]["4"]["value"], 0.9, rel_tol=1e-9)
     assert len(lines) == 3 and lines[2].startswith("  constant K=4, plugin: 4: 0.90")
+
+
+def test_a_drain_queues_twice_the_batch_with_spread_lengths_and_a_table_is_served_with_the_plugin() -> None:
+    args = _args(levels="4", batches=[4], max_new_tokens=48, drain=True, tables=["1-2:4,3-4:0"], constants=[])
+    request = bench.offline_request(args, "1-2:4,3-4:0")
+    assert request["max_num_seqs"] == 4 and request["per_call"] == {"4": 8} and len(request["prompts"]) == 8
+    assert sorted(request["lengths"]) == sorted(bench.drain_lengths(8, 48))
+    assert min(request["lengths"]) == 24 and max(request["lengths"]) == 72
+    assert request["lengths"][:4] != sorted(request["lengths"][:4])  # long and short mixed in the batch
+    spec = request["spec"]
+    assert spec[bench.TABLE_KEY] == [[1, 2, 4], [3, 4, 0]] and spec["num_speculative_tokens"] == 4
+    configs = bench.offline_configs(args)
+    assert configs[-1] == ("table 1-2:4 3-4:0, plugin", "table-plugin 1-2:4,3-4:0", "1-2:4,3-4:0", True)
+    alt = bench.alternate_request(_args(**{**vars(args), "pause": 0.3}), {configs[-1][0]: "/x/c.jsonl"})
+    assert [c.get("stats") for c in alt["configs"]] == [None, None, None, "/x/c.jsonl"]
+    assert alt["stats_switch"] == "SPEC_AUTOTUNE_K0_STATS"
+    plain = bench.offline_request(_args(drain=False), None)
+    assert plain["per_call"] == {"1": 1, "4": 4} and plain["lengths"] == [8, 8, 8, 8]
+
+
+def test_a_drain_report_counts_the_calls_tokens_and_pools_every_engines_catch_ups(tmp_path: Path) -> None:
+    def run(seconds: float) -> dict:
+        return {4: {"seconds": [seconds, seconds], "tokens": [[1]]}}
+
+    label = "table 1-2:4 3-4:0, plugin"
+    configs = [*bench.OFFLINE_CONFIGS, (label, "table-plugin 1-2:4,3-4:0", "1-2:4,3-4:0", True)]
+    rounds = {c[0]: [run(2.0), run(2.2)] for c in configs}
+    rounds[label] = [run(2.0 / 0.96), run(2.2 / 0.96)]
+    caught = [{"rows": 2, "tokens": 100, "seconds": 0.01, "passes": 1}]
+    result = {"host": "test", "dtype": "float32", "batches": [4], "max_new_tokens": 48, "configs": configs}
+    result.update(inner=2, repeats=2, mode="offline", rounds=rounds, alternate=True, pause=0.3)
+    result.update(
+        tokens_per_call={"4": 380}, drain=True, lengths=[24, 72], catch_ups={label: [caught, 2 * caught]}
+    )
+    out = tmp_path / "drain.json"
+    bench.offline_report(result, out)
+    summary = json.loads(out.read_text())["summary"]
+    assert math.isclose(summary["table-plugin 1-2:4,3-4:0"]["4"]["value"], 0.96, rel_tol=1e-9)
+    assert summary["catch_ups"][label]["count"] == 3 and "plugin_over_without" not in summary
+    stored = json.loads(out.read_text())
+    assert stored["tokens_per_call"] == {"4": 380}
