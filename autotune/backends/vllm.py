@@ -131,6 +131,9 @@ CPU_ENV = (("VLLM_CPU_KVCACHE_SPACE", "2"),)
 K0_SKIP_ENV = "SPEC_AUTOTUNE_K0_SKIP"
 """Set to 1 in the server's environment by ``backend.vllm.k0_skip: true``: the vLLM plugin's switch
 (its own copy, ``autotune.vllm_plugin.ENV``, which the tool never imports)."""
+K0_HOLD_ENV = "SPEC_AUTOTUNE_K0_HOLD_TOKENS"
+"""Set by ``backend.vllm.k0_hold_tokens`` (with ``k0_skip``): the plugin's hold rule, K=0 kept while no
+request of a step has more tokens left (its own copy, ``autotune.vllm_plugin._engine_core.HOLD_ENV``)."""
 K0_STATS_ENV = "SPEC_AUTOTUNE_K0_STATS"
 """For measurements only: a file the plugin appends one JSON line per catch-up to (its own copy,
 ``autotune.vllm_plugin._k0_skip.STATS_ENV``); benchmarks/stacks/vllm_plugin.py sets it, the tool never does."""
@@ -163,6 +166,8 @@ def deployment(cfg: TuneConfig, fingerprint: Mapping[str, Any], longest_sequence
     v = cfg.backend.vllm
     cpu = fingerprint.get("kind", "cpu") == "cpu"
     k0_skip = {K0_SKIP_ENV: "1"} if v.k0_skip else {}  # the plugin's switch (autotune/vllm_plugin)
+    if v.k0_hold_tokens:
+        k0_skip[K0_HOLD_ENV] = str(v.k0_hold_tokens)  # its hold rule
     env = {**(dict(CPU_ENV) if cpu else {}), **k0_skip, **dict(v.env)}
     return Deployment(
         "vllm",

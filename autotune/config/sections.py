@@ -414,6 +414,9 @@ class VllmConfig:
     # the spec-autotune vLLM plugin (autotune/vllm_plugin, installed in vLLM's venv): a table's K=0
     # skips the drafter, caught up exactly before the next K>0 step (docs/stacks/vllm.md#the-k0-skip-plugin)
     k0_skip: bool = False
+    # with k0_skip: after a K=0 step, stay at K=0 while no request of the step has more than this
+    # many tokens left, where a switch back to K>0 cannot pay for its catch-up (0: never hold)
+    k0_hold_tokens: int = 0
 
     @classmethod
     def read(cls, v: Section, base: Path) -> VllmConfig:
@@ -446,9 +449,14 @@ class VllmConfig:
         k0_skip = v.get("k0_skip", default.k0_skip)
         if not isinstance(k0_skip, bool):
             raise ConfigError(f"{v.key('k0_skip')}: must be true or false (got {k0_skip!r})")
+        hold = v.int("k0_hold_tokens", default.k0_hold_tokens, lo=0)
+        if hold and not k0_skip:
+            raise ConfigError(
+                f"{v.key('k0_hold_tokens')}: needs {v.key('k0_skip')}: true (the plugin holds K=0)"
+            )
         v.done()
         assert cache is not None
-        assert tp is not None
+        assert tp is not None and hold is not None
         return cls(
             command,
             tp,
@@ -460,6 +468,7 @@ class VllmConfig:
             cache,
             keep,
             k0_skip,
+            hold,
         )
 
 

@@ -17,7 +17,11 @@ run ``--repeats`` times, round r with the same seed everywhere, the rounds inter
 5. each ``--constant K``: the chain at K with no table, the best constant such a table competes
    with (the tuner's table contest serves the table beside it and no speculation);
 6. with ``--both``, each ``--constant K`` also with the plugin and each ``--table`` also without
-   it: what the plugin costs where it speculates, told apart from what vLLM's table costs.
+   it: what the plugin costs where it speculates, told apart from what vLLM's table costs;
+7. with ``--hold N``, each ``--table`` also with the plugin's hold rule at N
+   (``SPEC_AUTOTUNE_K0_HOLD_TOKENS``, ``backend.vllm.k0_hold_tokens``): after a K=0 step the switch
+   back to K>0 waits until a request has more than N tokens left; reported over the same table
+   without the rule.
 
 With ``--rounds-per-server R`` every server is started afresh every R rounds (a server set) and
 each set is one observation in every ratio: two servers of the same command differ by a few
@@ -37,17 +41,18 @@ no speculation), and the catch-ups per table. JSON and text:
 
     python -m benchmarks.stacks.vllm_plugin [--config sweep.yaml] [--levels 1,4,16] [--requests 8] \
 [--repeats 4] [--rounds-per-server R] [--trace] [--table 1:3,2-16:0 ...] [--constant 5 ...] [--both] \
-[--out JSON] [--report JSON]
+[--hold N] [--out JSON] [--report JSON]
 
 ``--offline`` takes the HTTP server and client out: vLLM's ``LLM`` engine per configuration (no
 speculation, the K=0 table as shipped and with the plugin; each ``--constant K`` adds the draft
 model at K without and with the plugin; each ``--table`` the table with the plugin and its catch-up
-record), fixed batches (``--levels``), ``--inner`` timed ``generate()`` calls per batch, one engine
-per process; with ``--alternate`` every configuration's engine lives in one process per round and
-their calls alternate one by one (paired per round and per call). ``--drain`` (one level B) sends
-2B requests of spread lengths per call, so the batch is full while the queue lasts and then drains
-through every smaller batch size: the end of a burst, where a table with an off range switches back
-to K>0 and catches up. JSON: ``benchmarks/results/vllm_plugin/vllm_plugin_offline.json``::
+record, with ``--hold N`` also with the hold rule), fixed batches (``--levels``), ``--inner`` timed
+``generate()`` calls per batch, one engine per process; with ``--alternate`` every configuration's
+engine lives in one process per round and their calls alternate one by one (paired per round and
+per call). ``--drain`` (one level B) sends 2B requests of spread lengths per call, so the batch is
+full while the queue lasts and then drains through every smaller batch size: the end of a burst,
+where a table with an off range switches back to K>0 and catches up. JSON:
+``benchmarks/results/vllm_plugin/vllm_plugin_offline.json``::
 
     python -m benchmarks.stacks.vllm_plugin --offline --alternate [--levels 1,4,16] [--repeats 5] \
 [--inner 12] [--constant 4] [--table 1-4:4,5-16:0 --drain --levels 16]
@@ -70,7 +75,7 @@ from pathlib import Path
 
 import yaml
 
-from autotune.backends.vllm import K0_SKIP_ENV, K0_STATS_ENV, VllmBackend, vllm_found
+from autotune.backends.vllm import K0_HOLD_ENV, K0_SKIP_ENV, K0_STATS_ENV, VllmBackend, vllm_found
 from autotune.cli.text import columns
 from autotune.device.capacity import resolve_dtype
 from autotune.device.hardware import fingerprint
@@ -133,6 +138,13 @@ def arguments() -> argparse.Namespace:
         "the plugin's cost at K>0 from the table's own)",
     )
     p.add_argument(
+        "--hold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also serve each --table with the plugin's hold rule at N tokens left (0: not served)",
+    )
+    p.add_argument(
         "--dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default=None,
@@ -153,6 +165,10 @@ def arguments() -> argparse.Namespace:
             p.error(f"--table: {e}")
     if args.drain and (not args.offline or "," in args.levels):
         p.error("--drain: needs --offline and one level (--levels B)")
+    if args.hold < 0 or (args.hold and not args.tables):
+        p.error(f"--hold: needs a --table and N >= 0 (got {args.hold})")
+    if args.hold and args.offline and not args.alternate:
+        p.error("--hold: with --offline needs --alternate (one process sets each engine's switches)")
     return args
 
 
@@ -219,19 +235,26 @@ def sweep_config(
 
 
 def table_command(
-    backend: VllmBackend, batch: int, ranges: list[list[int]], plugin: bool, stats: Path | None = None
+    backend: VllmBackend,
+    batch: int,
+    ranges: list[list[int]],
+    plugin: bool,
+    stats: Path | None = None,
+    hold: int = 0,
 ) -> list[str]:
-    """The chain's server command with vLLM's table set to ``ranges``; with the plugin on (and its
-    catch-up record written to ``stats``)."""
+    """The chain's server command with vLLM's table set to ``ranges``; with the plugin on (its
+    catch-up record written to ``stats``, its hold rule at ``hold`` tokens where > 0)."""
     cmd = backend.command(Knobs("model", max(1, *(k for *_, k in ranges)), max_batch_size=batch))
     at = cmd.index("--speculative-config") + 1
     cmd[at] = json.dumps({**json.loads(cmd[at]), TABLE_KEY: ranges})
-    return with_plugin(cmd, stats) if plugin else cmd
+    return with_plugin(cmd, stats, hold) if plugin else cmd
 
 
-def with_plugin(cmd: list[str], stats: Path | None = None) -> list[str]:
-    """``cmd`` run with the plugin's switch on (and its catch-up record written to ``stats``)."""
-    return ["env", f"{K0_SKIP_ENV}=1", *([f"{K0_STATS_ENV}={stats}"] if stats else []), *cmd]
+def with_plugin(cmd: list[str], stats: Path | None = None, hold: int = 0) -> list[str]:
+    """``cmd`` run with the plugin's switch on (its catch-up record written to ``stats``, its hold
+    rule at ``hold`` tokens where > 0)."""
+    extra = [*([f"{K0_STATS_ENV}={stats}"] if stats else []), *([f"{K0_HOLD_ENV}={hold}"] if hold else [])]
+    return ["env", f"{K0_SKIP_ENV}=1", *extra, *cmd]
 
 
 def result_head(args: argparse.Namespace, ctx, w, source: Path, batch: int, levels: list[int]) -> dict:
@@ -289,10 +312,12 @@ def serve_all(
             if args.both:
                 command = table_command(backend, batch, ranges, False)
                 plan.run(f"table {text}", command, "table-asked", k_per_level=k_per_level)
-            label = f"table {text}, plugin"
-            stats_files[label] = tmp / f"catchups_{len(stats_files)}.jsonl"
-            command = table_command(backend, batch, ranges, True, stats_files[label])
-            plan.run(label, command, "table-plugin", k_per_level=k_per_level)
+            for hold in (0, args.hold) if args.hold else (0,):
+                label = f"table {text}, plugin" + (f", hold {hold}" if hold else "")
+                stats_files[label] = tmp / f"catchups_{len(stats_files)}.jsonl"
+                command = table_command(backend, batch, ranges, True, stats_files[label], hold)
+                kind = "table-plugin-hold" if hold else "table-plugin"
+                plan.run(label, command, kind, k_per_level=k_per_level)
     return stats_files
 
 
@@ -414,6 +439,7 @@ def report(result: dict, out: Path) -> None:
             summary["goal_met_on_point_ratios"] = met
             extra.append(f"  goal (>= {GOAL}x at every level, point ratios): {'met' if met else 'not met'}")
     extra += plugin_pairs(rows, levels, summary)
+    extra += hold_pairs(rows, levels, summary)
     caught = {r["config"]: r["catch_ups"] for r in rows if "catch_ups" in r}
     if caught:
         summary["catch_ups"] = caught
@@ -457,6 +483,31 @@ def plugin_pairs(rows: list[dict], levels: list[int], summary: dict) -> list[str
     return [head, *lines] if lines else []
 
 
+def hold_pairs(rows: list[dict], levels: list[int], summary: dict) -> list[str]:
+    """Per table served with the hold rule (``--hold``): over the same table without it and over
+    the K=0 table with the plugin, at each level (paired by round or server set), into
+    ``summary["hold_over"]``."""
+    ok = [r for r in rows if "error" not in r and "per_level_rounds" in r]
+    by_label = {r["config"]: r for r in ok}
+    pairing, lines = Pairing(ok), []
+    for row in (r for r in ok if r["kind"] == "table-plugin-hold"):
+        for name in (row["config"].rsplit(", hold ", 1)[0], "K=0 table, plugin"):
+            other = by_label.get(name)
+            if other is None:
+                continue
+            per = {
+                b: pairing.ratio(row, other, lambda r, b=b: r["per_level_rounds"][b]["tokens_per_second"])
+                for b in levels
+            }
+            summary.setdefault("hold_over", {}).setdefault(row["config"], {})[name] = {
+                str(b): v for b, v in per.items()
+            }
+            cells = ", ".join(f"{b}: {ratio_text(per[b])}" for b in levels)
+            lines.append(f"  {row['config']} over {name}: {cells}")
+    head = "the hold rule, per level (paired rounds or server sets, 95% interval):"
+    return [head, *lines] if lines else []
+
+
 OFFLINE_DRIVER = r"""
 import json, sys, time
 from vllm import LLM, SamplingParams
@@ -493,12 +544,14 @@ def main():
     a = json.loads(sys.argv[1])
     engines = {}
     for c in a["configs"]:  # each engine core is spawned with the environment of this moment
-        os.environ.pop(a["switch"], None)
-        os.environ.pop(a["stats_switch"], None)
+        for name in (a["switch"], a["stats_switch"], a["hold_switch"]):
+            os.environ.pop(name, None)
         if c["plugin"]:
             os.environ[a["switch"]] = "1"
         if c.get("stats"):
             os.environ[a["stats_switch"]] = c["stats"]
+        if c.get("hold"):
+            os.environ[a["hold_switch"]] = str(c["hold"])
         print("ENGINE " + c["label"], flush=True)
         engines[c["label"]] = LLM(model=a["target"], dtype=a["dtype"], max_model_len=a["max_model_len"],
                                   seed=0, max_num_seqs=a["max_num_seqs"], enable_prefix_caching=False,
@@ -552,11 +605,13 @@ def alternate_request(args: argparse.Namespace, stats: dict[str, str] | None = N
         {"label": label, "spec": offline_request(args, served)["spec"], "plugin": plugin}
         for label, _, served, plugin in offline_configs(args)
     ]
-    for c in configs:
+    for c, (_, kind, _, _) in zip(configs, offline_configs(args), strict=True):
         if stats and c["label"] in stats:
             c["stats"] = stats[c["label"]]
+        if kind.startswith("table-plugin-hold"):
+            c["hold"] = args.hold
     orders = call_orders([c["label"] for c in configs])
-    switches = {"switch": K0_SKIP_ENV, "stats_switch": K0_STATS_ENV}
+    switches = {"switch": K0_SKIP_ENV, "stats_switch": K0_STATS_ENV, "hold_switch": K0_HOLD_ENV}
     return {**base, "configs": configs, "orders": orders, "pause": args.pause, **switches}
 
 
@@ -584,15 +639,19 @@ OFFLINE_CONFIGS = (  # label, kind, what is served (None: no speculation, 0: the
 def offline_configs(args: argparse.Namespace) -> list[tuple[str, str, int | str | None, bool]]:
     """The engine-only configurations: the three K=0 ones, then each ``--constant K`` without and
     with the plugin (what the plugin's per-step work costs where it speculates), then each ``--table``
-    with the plugin (served: the table's text)."""
+    with the plugin (served: the table's text), with ``--hold N`` also with the hold rule."""
     out = list(OFFLINE_CONFIGS)
     for k in args.constants:
         out += [
             (f"constant K={k}", f"constant-{k}", k, False),
             (f"constant K={k}, plugin", f"constant-{k}-plugin", k, True),
         ]
+    hold = getattr(args, "hold", 0)
     for text in getattr(args, "tables", []):
-        out.append((f"table {table_text(parse_table(text))}, plugin", f"table-plugin {text}", text, True))
+        label = f"table {table_text(parse_table(text))}, plugin"
+        out.append((label, f"table-plugin {text}", text, True))
+        if hold:
+            out.append((f"{label}, hold {hold}", f"table-plugin-hold {text}", text, True))
     return out
 
 
@@ -809,7 +868,7 @@ def offline_report(result: dict, out: Path) -> None:
         same = all(run[b]["tokens"] == base[0][b]["tokens"] for run in runs for b in batches)
         summary.setdefault("greedy_identical_to_no_speculation", {})[label] = same
         rows.append([*row, str(same)])
-    lines = plugin_over_without(result, configs, summary)
+    lines = plugin_over_without(result, configs, summary) + offline_hold_over(result, configs, summary)
     for label, records in result.get("catch_ups", {}).items():  # every round's engine, every call
         caught = catch_up_summary([x for record in records for x in record])
         summary.setdefault("catch_ups", {})[label] = caught
@@ -857,6 +916,29 @@ def plugin_over_without(result: dict, configs: list, summary: dict) -> list[str]
             summary.setdefault("plugin_over_without", {}).setdefault(f"K={served}", {})[str(b)] = entry
             cells.append(text)
         lines.append(f"constant K={served}, the plugin over without it: " + ", ".join(cells))
+    return lines
+
+
+def offline_hold_over(result: dict, configs: list, summary: dict) -> list[str]:
+    """Per table served with the hold rule: over the same table without it, per batch (paired over
+    rounds and over the calls), into ``summary["hold_over"]``."""
+    labels = {kind: label for label, kind, _, _ in configs}
+    lines = []
+    for label, kind, _, _ in configs:
+        if not kind.startswith("table-plugin-hold"):
+            continue
+        mine, theirs = result["rounds"][label], result["rounds"][labels[kind.replace("-hold", "", 1)]]
+        cells = []
+        for b in result["batches"]:
+            ratio = paired_ratio(
+                [1 / percentile(r[b]["seconds"], 50) for r in mine],
+                [1 / percentile(r[b]["seconds"], 50) for r in theirs],
+            )
+            calls = call_ratio([r[b]["seconds"] for r in mine], [r[b]["seconds"] for r in theirs])
+            entry = {"rounds": ratio.as_dict(), "calls": calls.as_dict()}
+            summary.setdefault("hold_over", {}).setdefault(label, {})[str(b)] = entry
+            cells.append(f"B={b} {ratio.cell()}x [{calls.cell()}x]")
+        lines.append(f"{label} over the same table without the hold: " + ", ".join(cells))
     return lines
 
 

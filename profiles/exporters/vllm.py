@@ -327,14 +327,17 @@ PLUGIN_INSTALL = (
     "(docs/stacks/vllm.md#the-k0-skip-plugin)"
 )
 """How the spec-autotune vLLM plugin is installed (docs/stacks/vllm.md#the-k0-skip-plugin)."""
+PLUGIN_VARS = "SPEC_AUTOTUNE_K0_"
+"""The prefix of the plugin's environment variables, none of which a server without it needs."""
 
 
 def fallback_inputs(inputs: ExportInputs, need: PluginNeed) -> ExportInputs:
     """``inputs`` as a server without the plugin serves them: the need's fallback schedule, and the
-    plugin's switch dropped from the deployment's environment."""
+    plugin's variables (its switch, its hold rule's ``SPEC_AUTOTUNE_K0_HOLD_TOKENS``) dropped from
+    the deployment's environment."""
     deployment = inputs.deployment
     if deployment is not None:
-        env = tuple((k, v) for k, v in deployment.env if k != need.env)
+        env = tuple((k, v) for k, v in deployment.env if k != need.env and not k.startswith(PLUGIN_VARS))
         deployment = dataclasses.replace(deployment, env=env)
     return dataclasses.replace(inputs, schedule=need.fallback, deployment=deployment, needs_plugin=None)
 

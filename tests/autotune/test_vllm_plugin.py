@@ -18,7 +18,13 @@ from autotune.backends import vllm as vllm_backend
 from autotune.config import load_config
 from autotune.errors import ConfigError
 from autotune.vllm_plugin import ENV, _k0_skip, refusal, register
-from autotune.vllm_plugin._engine_core import _wrap_post_step, _wrap_update_from_output
+from autotune.vllm_plugin._engine_core import (
+    HOLD_ENV,
+    _wrap_post_step,
+    _wrap_update_after_schedule,
+    _wrap_update_from_output,
+    hold_tokens,
+)
 from autotune.vllm_plugin._k0_skip import Lag, passes
 from engine.demo import DEMO_DRAFT, DEMO_PROMPTS, DEMO_TARGET
 
@@ -129,6 +135,53 @@ def test_a_method_whose_k0_step_may_draft_still_asks_after_every_step(
     assert _steps("eagle3", [0, 0, 1], monkeypatch)[0] == 3
 
 
+class _HoldScheduler:
+    """vLLM's scheduler as the hold rule sees it: its requests, the method, the step it just
+    scheduled handed to ``_update_after_schedule`` (which records the K the worker will be given)."""
+
+    def __init__(self, method: str, left: dict[str, int]) -> None:
+        self.vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method=method))
+        self.requests = {
+            rid: SimpleNamespace(max_tokens=n + 5, num_output_tokens=5) for rid, n in left.items()
+        }
+        self.given: list[int] = []
+
+    def _update_after_schedule(self, scheduler_output: SimpleNamespace) -> None:
+        self.given.append(scheduler_output.num_spec_tokens_to_schedule)
+
+    def update_from_output(self, scheduler_output: SimpleNamespace, model_output: object) -> None:
+        pass
+
+
+def _held(n: int, left: dict[str, int], ks: list[int], method: str = "draft_model") -> list[int]:
+    """The K the worker is given for steps whose lookup asks ``ks``, every request in every step,
+    with ``left`` tokens left each (they do not change here), the rule at ``n``."""
+    wrapped = {
+        "_update_after_schedule": _wrap_update_after_schedule(_HoldScheduler._update_after_schedule, n=n),
+        "update_from_output": _wrap_update_from_output(_HoldScheduler.update_from_output),
+    }
+    scheduler = type("Wrapped", (_HoldScheduler,), wrapped)(method, left)
+    for k in ks:
+        out = SimpleNamespace(num_spec_tokens_to_schedule=k, num_scheduled_tokens=dict.fromkeys(left, 1))
+        scheduler._update_after_schedule(out)
+        scheduler.update_from_output(out, None)
+    return scheduler.given
+
+
+def test_the_hold_rule_keeps_k0_after_a_k0_step_while_no_request_has_more_than_n_tokens_left() -> None:
+    few = {"a": 16, "b": 3}
+    assert _held(16, few, [4, 0, 4, 4]) == [4, 0, 0, 0]  # held once off, to the end
+    assert _held(16, {**few, "c": 17}, [0, 4, 0]) == [0, 4, 0]  # one request with 17: drafts
+    assert _held(0, few, [0, 4]) == [0, 4]  # N=0: the rule is off
+    assert _held(16, few, [0, 4], method="ngram") == [0, 4]  # nothing to catch up: no hold
+
+
+def test_the_hold_rules_n_comes_from_the_environment_and_a_bad_value_is_one_line() -> None:
+    assert hold_tokens({}) == 0 and hold_tokens({HOLD_ENV: "24"}) == 24
+    with pytest.raises(ValueError, match=r"^spec-autotune k0 skip: SPEC_AUTOTUNE_K0_HOLD_TOKENS='-1' is not"):
+        hold_tokens({HOLD_ENV: "-1"})
+
+
 class _DraftModel:
     """Stands for vLLM's DraftModelProposer."""
 
@@ -236,9 +289,23 @@ def test_the_k0_skip_key_puts_the_plugins_switch_in_the_servers_environment(tmp_
     assert (
         vllm_backend.K0_STATS_ENV == _k0_skip.STATS_ENV
     )  # the benchmark's name for the plugin's catch-up record
-    assert ENV not in dict(off.env)
+    assert ENV not in dict(off.env) and vllm_backend.K0_HOLD_ENV not in dict(on.env)
     with pytest.raises(ConfigError, match=r"^backend\.vllm\.k0_skip: must be true or false \(got 'yes'\)$"):
         _config(tmp_path, {"k0_skip": "yes"})
+
+
+def test_the_hold_key_puts_its_n_in_the_servers_environment_beside_the_switch(tmp_path: Path) -> None:
+    held = vllm_backend.deployment(
+        _config(tmp_path, {"k0_skip": True, "k0_hold_tokens": 16}), {"kind": "cpu"}, 64
+    )
+    assert dict(held.env)[HOLD_ENV] == "16" and dict(held.env)[ENV] == "1"
+    assert vllm_backend.K0_HOLD_ENV == HOLD_ENV  # the tool's copy of the plugin's name
+    with pytest.raises(
+        ConfigError, match=r"^backend\.vllm\.k0_hold_tokens: needs backend\.vllm\.k0_skip: true"
+    ):
+        _config(tmp_path, {"k0_hold_tokens": 16})
+    with pytest.raises(ConfigError, match=r"^backend\.vllm\.k0_hold_tokens: must be >= 0 \(got -1\)$"):
+        _config(tmp_path, {"k0_skip": True, "k0_hold_tokens": -1})
 
 
 def test_the_launcher_refuses_the_switch_without_the_plugin_or_on_another_vllm(

@@ -5,7 +5,8 @@ Each run is one vLLM (its engine core in its own process, where the plugin is lo
 entry point, as in a server) driven by :data:`DRIVER` in vLLM's venv: one request alone, a burst of
 four whose batch shrinks back to one as they finish (the table ``[[1, 1, 3], [2, 16, 0]]``: K=0
 while two or more run, so the longest one drafts again after lagging), then alone again with a
-prompt of the burst (a prefix-cache hit on blocks written while the drafter was off). With the
+prompt of the burst (a prefix-cache hit on blocks written while the drafter was off); with the hold
+rule the burst's longest request stays at K=0 to its end. With the
 target as its own drafter and greedy sampling every draft token is accepted when the drafter's KV
 cache is what it would have been; without the catch-up, 77 of 99 were on this pair
 (docs/stacks/vllm.md#the-k0-skip-plugin). Needs vLLM and the plugin in vLLM's venv
@@ -64,7 +65,7 @@ if __name__ == "__main__":
 
 
 def _launch(
-    tmp_path: Path, spec: dict | None, plugin: bool, temperature: float = 0.0
+    tmp_path: Path, spec: dict | None, plugin: bool, temperature: float = 0.0, hold: int = 0
 ) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
@@ -77,8 +78,11 @@ def _launch(
         "VLLM_CACHE_ROOT": str(Path("~/.cache/spec-autotune/vllm-cache").expanduser()),
     }
     env.pop("SPEC_AUTOTUNE_K0_SKIP", None)
+    env.pop(vllm_backend.K0_HOLD_ENV, None)
     if plugin:
         env["SPEC_AUTOTUNE_K0_SKIP"] = "1"
+    if hold:
+        env[vllm_backend.K0_HOLD_ENV] = str(hold)
     args = {
         "prompts": str(DEMO_PROMPTS),
         "target": str(DEMO_TARGET),
@@ -96,8 +100,8 @@ def _launch(
     )
 
 
-def _run(tmp_path: Path, spec: dict | None, plugin: bool, temperature: float = 0.0) -> dict:
-    done = _launch(tmp_path, spec, plugin, temperature)
+def _run(tmp_path: Path, spec: dict | None, plugin: bool, temperature: float = 0.0, hold: int = 0) -> dict:
+    done = _launch(tmp_path, spec, plugin, temperature, hold)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     assert (INSTALLED in done.stdout + done.stderr) == plugin  # the worker patched vLLM, or did not
@@ -120,11 +124,18 @@ def off(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return out
 
 
+@pytest.fixture(scope="module")
+def own(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The target drafting for itself with the plugin: every draft token is accepted where the
+    drafter's KV cache is exact."""
+    out: dict = _run(tmp_path_factory.mktemp("own"), _draft(DEMO_TARGET), plugin=True)
+    return out
+
+
 def test_with_the_plugin_greedy_output_is_no_speculations_and_the_drafter_is_caught_up(
-    tmp_path: Path, off: dict
+    tmp_path: Path, off: dict, own: dict
 ) -> None:
     assert [len(t) for t in off["burst"]] == [10, 20, 30, 60]
-    own = _run(tmp_path, _draft(DEMO_TARGET), plugin=True)  # the target drafting for itself
     assert own["outputs"] == off
     counters = own["counters"]
     drafted, accepted = (
@@ -138,6 +149,22 @@ def test_with_the_plugin_greedy_output_is_no_speculations_and_the_drafter_is_cau
         _run(tmp_path, {**ngram, "num_speculative_tokens_per_batch_size": TABLE}, plugin=True)["outputs"]
         == off
     )
+
+
+def test_the_hold_rule_keeps_the_bursts_tail_at_k0_and_changes_no_token(
+    tmp_path: Path, off: dict, own: dict
+) -> None:
+    """Hold 35: the burst's 60-token request is alone (K=3 in the table) with 30 tokens left, so it
+    stays at K=0 to its end; the next request alone asks 40 > 35 tokens and drafts again, caught up."""
+    held = _run(tmp_path, _draft(DEMO_TARGET), plugin=True, hold=35)
+    assert held["outputs"] == off
+    drafted, accepted = (
+        held["counters"]["vllm:spec_decode_num_draft_tokens"],
+        held["counters"]["vllm:spec_decode_num_accepted_tokens"],
+    )
+    assert 0 < drafted == accepted, held["counters"]  # the phases alone drafted, the catch-up exact
+    # the burst's tail was not drafted: 30 tokens, 4 per step at K=3 without the rule, 8 drafts of 3
+    assert own["counters"]["vllm:spec_decode_num_draft_tokens"] - drafted == 24, (own["counters"], drafted)
 
 
 def test_with_the_plugin_a_k0_table_samples_the_very_tokens_of_no_speculation(

@@ -30,7 +30,11 @@ NEED: dict[str, Any] = {
     "fallback": [[1, 5], [2, 5], [4, 5], [8, 5]],
     "fallback_reason": "the best constant gamma=5, served live beside the table",
 }
-ENV = (("VLLM_CPU_KVCACHE_SPACE", "2"), ("SPEC_AUTOTUNE_K0_SKIP", "1"))
+ENV = (
+    ("VLLM_CPU_KVCACHE_SPACE", "2"),
+    ("SPEC_AUTOTUNE_K0_SKIP", "1"),
+    ("SPEC_AUTOTUNE_K0_HOLD_TOKENS", "16"),
+)
 
 
 def with_need(profile: dict[str, Any], need: dict[str, Any] | None = NEED, env=ENV) -> dict[str, Any]:
@@ -94,7 +98,7 @@ def test_the_vllm_export_says_the_plugin_is_required_and_writes_the_fallback(pro
     assert f"serves {FALLBACK_FILENAME} instead: gamma 5 at every batch size (the best constant" in note
     assert "only a table measured in vLLM" not in " ".join(exported.notes)  # the no-plugin note is not there
     words = shlex.split(exported.command or "")
-    assert "SPEC_AUTOTUNE_K0_SKIP=1" in words[: words.index("vllm")]
+    assert {"SPEC_AUTOTUNE_K0_SKIP=1", "SPEC_AUTOTUNE_K0_HOLD_TOKENS=16"} <= set(words[: words.index("vllm")])
 
     files = dict(exported.extra_files)
     fallback = json.loads(files[FALLBACK_FILENAME])
@@ -107,7 +111,7 @@ def test_the_vllm_export_says_the_plugin_is_required_and_writes_the_fallback(pro
     sidecar = json.loads(exported.sidecar or "")
     assert sidecar["needs_plugin"] == NEED
     command = shlex.split(sidecar["fallback_command"])
-    assert not any(w.startswith("SPEC_AUTOTUNE_K0_SKIP") for w in command)
+    assert not any(w.startswith("SPEC_AUTOTUNE_K0_") for w in command)  # the switch and the hold rule
     assert "VLLM_CPU_KVCACHE_SPACE=2" in command  # the rest of the deployment's environment stays
     assert json.loads(command[command.index("--speculative-config") + 1]) == fallback
 
