@@ -70,6 +70,8 @@ def holds(scheduler: Any, scheduler_output: Any, n: int) -> bool:
     the step has more than ``n`` tokens left."""
     if n <= 0 or scheduler_output.num_spec_tokens_to_schedule <= 0 or getattr(scheduler, _DRAFTED, True):
         return False
+    if not scheduler_output.num_scheduled_tokens:  # a step without requests: nothing to hold
+        return False
     if scheduler.vllm_config.speculative_config.method not in CATCHES_UP:
         return False
     running = (scheduler.requests[rid] for rid in scheduler_output.num_scheduled_tokens)

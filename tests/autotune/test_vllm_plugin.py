@@ -173,6 +173,7 @@ def test_the_hold_rule_keeps_k0_after_a_k0_step_while_no_request_has_more_than_n
     assert _held(16, few, [4, 0, 4, 4]) == [4, 0, 0, 0]  # held once off, to the end
     assert _held(16, {**few, "c": 17}, [0, 4, 0]) == [0, 4, 0]  # one request with 17: drafts
     assert _held(0, few, [0, 4]) == [0, 4]  # N=0: the rule is off
+    assert _held(16, {}, [0, 4]) == [0, 4]  # a step without requests is not held
     assert _held(16, few, [0, 4], method="ngram") == [0, 4]  # nothing to catch up: no hold
 
 
