@@ -155,7 +155,12 @@ def arguments() -> argparse.Namespace:
         "--report", type=Path, default=None, metavar="JSON", help="measure nothing: report this JSON"
     )
     offline_arguments(p)
-    args = p.parse_args()
+    return checked(p, p.parse_args())
+
+
+def checked(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the default output set; a combination the run cannot serve is one argparse
+    error (exit 2)."""
     if args.report is None:
         args.out = args.out or default_out(args.offline)
     for text in args.tables:
