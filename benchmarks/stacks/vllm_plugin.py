@@ -478,14 +478,20 @@ def plugin_pairs(rows: list[dict], levels: list[int], summary: dict) -> list[str
         other = by_label.get("K=0 table, vLLM as shipped" if row["kind"] == "table-zero-plugin" else name)
         if name == row["config"] or other is None:
             continue
-        per = {
-            b: pairing.ratio(row, other, lambda r, b=b: r["per_level_rounds"][b]["tokens_per_second"])
-            for b in levels
-        }
+        per = level_pairs(pairing, row, other, levels)
         summary.setdefault("plugin_over_without", {})[row["config"]] = {str(b): v for b, v in per.items()}
         lines.append(f"  {row['config']}: " + ", ".join(f"{b}: {ratio_text(per[b])}" for b in levels))
     head = "with the plugin over without it, per level (paired rounds or server sets, 95% interval):"
     return [head, *lines] if lines else []
+
+
+def level_pairs(pairing: Pairing, row: dict, other: dict, levels: list[int]) -> dict:
+    """``row`` over ``other`` at each level: tokens/s paired by round or server set (bridged where
+    they ran in different groups)."""
+    return {
+        b: pairing.ratio(row, other, lambda r, b=b: r["per_level_rounds"][b]["tokens_per_second"])
+        for b in levels
+    }
 
 
 def hold_pairs(rows: list[dict], levels: list[int], summary: dict) -> list[str]:
@@ -500,10 +506,7 @@ def hold_pairs(rows: list[dict], levels: list[int], summary: dict) -> list[str]:
             other = by_label.get(name)
             if other is None:
                 continue
-            per = {
-                b: pairing.ratio(row, other, lambda r, b=b: r["per_level_rounds"][b]["tokens_per_second"])
-                for b in levels
-            }
+            per = level_pairs(pairing, row, other, levels)
             summary.setdefault("hold_over", {}).setdefault(row["config"], {})[name] = {
                 str(b): v for b, v in per.items()
             }
@@ -840,6 +843,21 @@ def call_ratio(seconds: list[list[float]], base: list[list[float]]) -> Estimate:
     return paired_ratio(mine, theirs)
 
 
+def offline_pair(
+    mine: list[dict], theirs: list[dict], b: int, alternate: bool = True
+) -> tuple[Estimate, Estimate | None]:
+    """One configuration's rounds over another's at batch ``b``: paired over the rounds' median calls,
+    and (``alternate``: call i of each ran back to back) over the calls; None where not alternated."""
+    ratio = paired_ratio(
+        [1 / percentile(r[b]["seconds"], 50) for r in mine],
+        [1 / percentile(r[b]["seconds"], 50) for r in theirs],
+    )
+    calls = (
+        call_ratio([r[b]["seconds"] for r in mine], [r[b]["seconds"] for r in theirs]) if alternate else None
+    )
+    return ratio, calls
+
+
 def offline_report(result: dict, out: Path) -> None:
     """Per batch: tokens/s per configuration (median over rounds of each round's median) and the
     paired ratio over no speculation with its 95% interval; whether the greedy tokens matched."""
@@ -908,14 +926,10 @@ def plugin_over_without(result: dict, configs: list, summary: dict) -> list[str]
         mine, theirs = result["rounds"][label], result["rounds"][labels[kind.removesuffix("-plugin")]]
         cells = []
         for b in result["batches"]:
-            ratio = paired_ratio(
-                [1 / percentile(r[b]["seconds"], 50) for r in mine],
-                [1 / percentile(r[b]["seconds"], 50) for r in theirs],
-            )
+            ratio, calls = offline_pair(mine, theirs, b, result.get("alternate", False))
             entry = {"rounds": ratio.as_dict()}
             text = f"B={b} {ratio.cell()}x"
-            if result.get("alternate"):
-                calls = call_ratio([r[b]["seconds"] for r in mine], [r[b]["seconds"] for r in theirs])
+            if calls is not None:
                 entry["calls"] = calls.as_dict()
                 text += f" [{calls.cell()}x]"
             summary.setdefault("plugin_over_without", {}).setdefault(f"K={served}", {})[str(b)] = entry
@@ -935,11 +949,8 @@ def offline_hold_over(result: dict, configs: list, summary: dict) -> list[str]:
         mine, theirs = result["rounds"][label], result["rounds"][labels[kind.replace("-hold", "", 1)]]
         cells = []
         for b in result["batches"]:
-            ratio = paired_ratio(
-                [1 / percentile(r[b]["seconds"], 50) for r in mine],
-                [1 / percentile(r[b]["seconds"], 50) for r in theirs],
-            )
-            calls = call_ratio([r[b]["seconds"] for r in mine], [r[b]["seconds"] for r in theirs])
+            ratio, calls = offline_pair(mine, theirs, b)
+            assert calls is not None  # --hold runs alternated (checked())
             entry = {"rounds": ratio.as_dict(), "calls": calls.as_dict()}
             summary.setdefault("hold_over", {}).setdefault(label, {})[str(b)] = entry
             cells.append(f"B={b} {ratio.cell()}x [{calls.cell()}x]")
