@@ -164,8 +164,8 @@ def test_the_hold_rule_keeps_the_bursts_tail_at_k0_and_changes_no_token(
     )
     assert 0 < drafted == accepted, held["counters"]  # the phases alone drafted, the catch-up exact
     # the burst's tail was not drafted: 30 tokens, 4 per step at K=3 without the rule, 8 drafts of 3
-    # (24 draft tokens; without the rule two runs differ by a draft or so, 84 and 87 seen: how the
-    # burst's requests reach the engine core's first steps varies)
+    # (24 draft tokens; two runs without the rule may differ by a draft: how the burst's requests
+    # reach the engine core's first steps varies)
     assert own["counters"]["vllm:spec_decode_num_draft_tokens"] - drafted >= 18, (own["counters"], drafted)
 
 
